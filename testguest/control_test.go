@@ -1,0 +1,79 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+type fakeSwitch struct {
+	on  bool
+	err error
+}
+
+func (f *fakeSwitch) Start() error {
+	if f.err != nil {
+		return f.err
+	}
+	f.on = true
+	return nil
+}
+func (f *fakeSwitch) Stop()         { f.on = false }
+func (f *fakeSwitch) Running() bool { return f.on }
+
+func do(t *testing.T, h http.Handler, method, path string) (int, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(method, path, nil))
+	b, _ := io.ReadAll(rec.Body)
+	return rec.Code, string(b)
+}
+
+func TestControlAPI(t *testing.T) {
+	seeds := &SeedStore{}
+	proxy, agent := &fakeSwitch{on: true}, &fakeSwitch{on: true}
+	h := ControlHandler(seeds, proxy, agent)
+
+	if code, _ := do(t, h, "GET", "/instance-id"); code != 503 {
+		t.Fatalf("instance-id before seed: %d", code)
+	}
+	seeds.Set(&Seed{InstanceID: "i-42", LocalHostname: "h", MetaDataRaw: []byte("instance-id: i-42\n"), UserData: []byte("#cloud-config\n")}, nil)
+	if code, body := do(t, h, "GET", "/instance-id"); code != 200 || body != "i-42" {
+		t.Fatalf("instance-id: %d %q", code, body)
+	}
+	if _, body := do(t, h, "GET", "/meta-data"); body != "instance-id: i-42\n" {
+		t.Fatalf("meta-data %q", body)
+	}
+	if _, body := do(t, h, "GET", "/user-data"); body != "#cloud-config\n" {
+		t.Fatalf("user-data %q", body)
+	}
+	if code, _ := do(t, h, "GET", "/proxy/stop"); code != http.StatusMethodNotAllowed {
+		t.Fatalf("GET /proxy/stop: %d", code)
+	}
+	if _, body := do(t, h, "POST", "/proxy/stop"); body != "stopped\n" || proxy.on {
+		t.Fatalf("proxy/stop %q", body)
+	}
+	if _, body := do(t, h, "POST", "/agent/stop"); body != "stopped\n" || agent.on {
+		t.Fatalf("agent/stop %q", body)
+	}
+	_, body := do(t, h, "GET", "/healthz")
+	var st map[string]any
+	json.Unmarshal([]byte(body), &st)
+	if st["proxy"] != false || st["agent"] != false || st["instance_id"] != "i-42" {
+		t.Fatalf("healthz %s", body)
+	}
+	do(t, h, "POST", "/proxy/start")
+	do(t, h, "POST", "/agent/start")
+	if !proxy.on || !agent.on {
+		t.Fatal("not restarted")
+	}
+	proxy.err = errors.New("address in use")
+	proxy.on = false
+	if code, body := do(t, h, "POST", "/proxy/start"); code != 500 || !strings.Contains(body, "address in use") {
+		t.Fatalf("failing start: %d %q", code, body)
+	}
+}

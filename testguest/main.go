@@ -1,0 +1,142 @@
+// Command testguest is proxyfleet's test guest: a static program that runs as
+// /init in a busybox initramfs under direct kernel boot. It loads the virtio
+// modules, takes a DHCP lease (busybox udhcpc), reads its NoCloud seed, serves
+// an HTTP forward proxy on :3128, answers the QEMU guest-agent protocol on the
+// org.qemu.guest_agent.0 virtio-serial port and serves a control API on :9090
+// that can stop and start the proxy and the agent.
+//
+// Outside a VM (not PID 1) it runs only the proxy, the control API and,
+// with -seed-dir, a seed read from a directory; this is for local checks.
+package main
+
+import (
+	"flag"
+	"log"
+	"os"
+	"strings"
+	"time"
+)
+
+func main() {
+	proxyAddr := flag.String("proxy-addr", ":3128", "forward proxy listen address")
+	controlAddr := flag.String("control-addr", ":9090", "control API listen address")
+	seedDir := flag.String("seed-dir", "", "read the seed from this directory instead of a disk")
+	asInit := flag.Bool("init", os.Getpid() == 1, "run the VM init sequence (default when PID 1)")
+	flag.Parse()
+
+	if *asInit {
+		mountBase(log.Default())
+		useConsole()
+	}
+	logger := log.New(os.Stdout, "testguest: ", log.Lmicroseconds)
+	logger.Printf("starting (pid %d)", os.Getpid())
+
+	seeds := &SeedStore{}
+	ph := NewProxyHandler(logger)
+	proxy := &Server{Name: "proxy", Addr: *proxyAddr, Handler: ph, Log: logger, OnStop: ph.CloseTunnels}
+	agent := &Agent{
+		Handler: &AgentHandler{Interfaces: SystemInterfaces, Hostname: func() string { h, _ := os.Hostname(); return h }},
+		Locate:  func() (string, error) { return FindVirtioPort("/sys/class/virtio-ports", "/dev", AgentPortName) },
+		Log:     logger,
+	}
+	control := &Server{Name: "control", Addr: *controlAddr, Handler: ControlHandler(seeds, proxy, agentSwitch{agent}), Log: logger}
+
+	if !*asInit {
+		if *seedDir != "" {
+			seeds.Set(ReadSeedDir(*seedDir))
+		}
+		if err := proxy.Start(); err != nil {
+			logger.Fatal(err)
+		}
+		if err := control.Start(); err != nil {
+			logger.Fatal(err)
+		}
+		select {}
+	}
+
+	runInit(logger, seeds, proxy, control, agent)
+	select {} // PID 1 must never exit
+}
+
+func runInit(logger *log.Logger, seeds *SeedStore, proxy, control *Server, agent *Agent) {
+	t0 := time.Now()
+	loadModules("/lib/modules", moduleList("/etc/testguest/modules"), logger)
+	r := newReaper()
+	if err := ifUp("lo"); err != nil {
+		logger.Printf("init: lo up: %v", err)
+	}
+	// Listeners bind to the wildcard address, so they can start before the lease.
+	for _, s := range []*Server{control, proxy} {
+		if err := s.Start(); err != nil {
+			logger.Printf("init: %s: %v", s.Name, err)
+		}
+	}
+
+	// Read the seed in the background; wait briefly so its local-hostname
+	// can go into the DHCP request, but never hold the lease back for long.
+	seedDone := make(chan struct{})
+	go func() {
+		defer close(seedDone)
+		var seed *Seed
+		var err error
+		waitFor(30*time.Second, func() bool {
+			seed, err = readSeedFromDisks("/dev", "/run/seed", logger)
+			return seed != nil
+		})
+		seeds.Set(seed, err)
+		if seed == nil {
+			logger.Printf("seed: none: %v", err)
+			return
+		}
+		logger.Printf("seed: %s instance-id=%q local-hostname=%q user-data=%d bytes", seed.Source, seed.InstanceID, seed.LocalHostname, len(seed.UserData))
+		if seed.LocalHostname != "" {
+			if err := setHostname(seed.LocalHostname); err != nil {
+				logger.Printf("seed: sethostname: %v", err)
+			}
+		}
+	}()
+	select {
+	case <-seedDone:
+	case <-time.After(3 * time.Second):
+	}
+	hostname := ""
+	if s, _ := seeds.Get(); s != nil {
+		hostname = s.LocalHostname
+	}
+
+	var eth string
+	waitFor(20*time.Second, func() bool { eth = firstEthernet(); return eth != "" })
+	if eth == "" {
+		logger.Printf("init: no network interface")
+	} else {
+		if err := ifUp(eth); err != nil {
+			logger.Printf("init: %s up: %v", eth, err)
+		}
+		go runDHCP(r, "/bin/udhcpc", "/etc/udhcpc.script", eth, hostname, logger)
+		go func() {
+			if waitFor(60*time.Second, func() bool { return hasIPv4(eth) }) {
+				logger.Printf("init: %s has an address %.1fs after init started", eth, time.Since(t0).Seconds())
+			}
+		}()
+	}
+	agent.Start()
+	logger.Printf("init: ready after %.1fs", time.Since(t0).Seconds())
+}
+
+func hasIPv4(name string) bool {
+	ifs, err := SystemInterfaces()
+	if err != nil {
+		return false
+	}
+	for _, i := range ifs {
+		if i.Name != name {
+			continue
+		}
+		for _, a := range i.IPAddresses {
+			if a.Type == "ipv4" && !strings.HasPrefix(a.Address, "169.254.") {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,263 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+)
+
+// hopHeaders are removed when a request or response is forwarded (RFC 9110 7.6.1).
+var hopHeaders = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+func removeHopHeaders(h http.Header) {
+	for _, f := range h.Values("Connection") {
+		for _, k := range strings.Split(f, ",") {
+			if k = strings.TrimSpace(k); k != "" {
+				h.Del(k)
+			}
+		}
+	}
+	for _, k := range hopHeaders {
+		h.Del(k)
+	}
+}
+
+// ProxyHandler is an HTTP forward proxy: CONNECT tunnels and absolute-URI requests.
+type ProxyHandler struct {
+	Dial      func(ctx context.Context, network, addr string) (net.Conn, error)
+	Transport http.RoundTripper
+	Log       *log.Logger
+
+	mu      sync.Mutex
+	tunnels map[net.Conn]struct{}
+}
+
+func (p *ProxyHandler) track(cs ...net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.tunnels == nil {
+		p.tunnels = map[net.Conn]struct{}{}
+	}
+	for _, c := range cs {
+		p.tunnels[c] = struct{}{}
+	}
+}
+
+func (p *ProxyHandler) untrack(cs ...net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range cs {
+		delete(p.tunnels, c)
+	}
+}
+
+// CloseTunnels closes every open CONNECT tunnel (http.Server.Close does not
+// close hijacked connections).
+func (p *ProxyHandler) CloseTunnels() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.tunnels {
+		c.Close()
+	}
+	p.tunnels = nil
+	if t, ok := p.Transport.(*http.Transport); ok {
+		t.CloseIdleConnections()
+	}
+}
+
+// NewProxyHandler returns a handler with a plain dialer and its own transport.
+func NewProxyHandler(logger *log.Logger) *ProxyHandler {
+	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	return &ProxyHandler{
+		Dial: d.DialContext,
+		Transport: &http.Transport{
+			Proxy:                 nil,
+			DialContext:           d.DialContext,
+			MaxIdleConns:          16,
+			IdleConnTimeout:       30 * time.Second,
+			ResponseHeaderTimeout: 30 * time.Second,
+		},
+		Log: logger,
+	}
+}
+
+func (p *ProxyHandler) logf(format string, args ...any) {
+	if p.Log != nil {
+		p.Log.Printf(format, args...)
+	}
+}
+
+func (p *ProxyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodConnect {
+		p.connect(w, r)
+		return
+	}
+	if r.URL == nil || !r.URL.IsAbs() || r.URL.Host == "" {
+		http.Error(w, "this is a forward proxy: use an absolute URI or CONNECT", http.StatusBadRequest)
+		return
+	}
+	if r.URL.Scheme != "http" {
+		http.Error(w, "unsupported scheme "+r.URL.Scheme, http.StatusBadRequest)
+		return
+	}
+	out := r.Clone(r.Context())
+	out.RequestURI = ""
+	out.Header = r.Header.Clone()
+	removeHopHeaders(out.Header)
+	if r.ContentLength == 0 {
+		out.Body = nil
+	}
+	resp, err := p.Transport.RoundTrip(out)
+	if err != nil {
+		p.logf("proxy: %s %s: %v", r.Method, r.URL, err)
+		http.Error(w, "proxy: "+err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer resp.Body.Close()
+	removeHopHeaders(resp.Header)
+	for k, vs := range resp.Header {
+		for _, v := range vs {
+			w.Header().Add(k, v)
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		p.logf("proxy: %s %s: copying body: %v", r.Method, r.URL, err)
+	}
+}
+
+func (p *ProxyHandler) connect(w http.ResponseWriter, r *http.Request) {
+	target := r.Host
+	if target == "" && r.URL != nil {
+		target = r.URL.Host
+	}
+	if _, _, err := net.SplitHostPort(target); err != nil {
+		http.Error(w, "CONNECT needs host:port", http.StatusBadRequest)
+		return
+	}
+	up, err := p.Dial(r.Context(), "tcp", target)
+	if err != nil {
+		p.logf("proxy: CONNECT %s: %v", target, err)
+		http.Error(w, "proxy: "+err.Error(), http.StatusBadGateway)
+		return
+	}
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		up.Close()
+		http.Error(w, "hijacking not supported", http.StatusInternalServerError)
+		return
+	}
+	conn, brw, err := hj.Hijack()
+	if err != nil {
+		up.Close()
+		return
+	}
+	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		conn.Close()
+		up.Close()
+		return
+	}
+	// Bytes the client sent after its request head are already buffered.
+	if n := brw.Reader.Buffered(); n > 0 {
+		b, _ := brw.Reader.Peek(n)
+		if _, err := up.Write(b); err != nil {
+			conn.Close()
+			up.Close()
+			return
+		}
+	}
+	p.track(conn, up)
+	defer p.untrack(conn, up)
+	pipe(conn, up)
+}
+
+// pipe copies both ways and closes both connections when either side is done.
+func pipe(a, b net.Conn) {
+	var wg sync.WaitGroup
+	cp := func(dst, src net.Conn) {
+		defer wg.Done()
+		io.Copy(dst, src)
+		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		} else {
+			dst.Close()
+		}
+	}
+	wg.Add(2)
+	go cp(a, b)
+	go cp(b, a)
+	wg.Wait()
+	a.Close()
+	b.Close()
+}
+
+// Server is an HTTP server on a fixed address that can be stopped and started again.
+type Server struct {
+	Name    string
+	Addr    string
+	Handler http.Handler
+	Log     *log.Logger
+	// OnStop runs after the server is closed (e.g. to close hijacked tunnels).
+	OnStop func()
+
+	mu  sync.Mutex
+	srv *http.Server
+}
+
+// Start listens and serves in the background. Starting a running server is a no-op.
+func (s *Server) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.srv != nil {
+		return nil
+	}
+	ln, err := net.Listen("tcp", s.Addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: s.Handler, ReadHeaderTimeout: 30 * time.Second}
+	s.srv = srv
+	go func() {
+		err := srv.Serve(ln)
+		if err != nil && !errors.Is(err, http.ErrServerClosed) && s.Log != nil {
+			s.Log.Printf("%s: %v", s.Name, err)
+		}
+	}()
+	if s.Log != nil {
+		s.Log.Printf("%s: listening on %s", s.Name, ln.Addr())
+	}
+	return nil
+}
+
+// Stop closes the listener and every open connection, then runs OnStop.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	srv := s.srv
+	s.srv = nil
+	s.mu.Unlock()
+	if srv != nil {
+		srv.Close()
+		if s.OnStop != nil {
+			s.OnStop()
+		}
+		if s.Log != nil {
+			s.Log.Printf("%s: stopped", s.Name)
+		}
+	}
+}
+
+// Running reports whether the server is started.
+func (s *Server) Running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.srv != nil
+}
