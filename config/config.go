@@ -1,0 +1,506 @@
+// Package config reads proxyfleet's YAML configuration, fills defaults and
+// validates it, naming the first bad field by its YAML path.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"proxyfleet/messages"
+)
+
+// Config is the whole file.
+type Config struct {
+	NATS         NATS    `yaml:"nats"`
+	Hosts        []Host  `yaml:"hosts"`
+	Images       []Image `yaml:"images"`
+	DefaultImage string  `yaml:"default_image"`
+	Proxy        Proxy   `yaml:"proxy"`
+	Worker       Worker  `yaml:"worker"`
+	Health       Health  `yaml:"health"`
+}
+
+// NATS says how to reach the NATS system. An empty URL means the embedded
+// server of `serve`.
+type NATS struct {
+	URL    string `yaml:"url"`
+	Creds  string `yaml:"creds"`
+	TLS    TLS    `yaml:"tls"`
+	Prefix string `yaml:"prefix"`
+	// Replicas of every stream and bucket (1 for a single server, 3 in a
+	// cluster).
+	Replicas int `yaml:"replicas"`
+	// DuplicateWindow is PROXY_CMDS's dedupe window on Nats-Msg-Id.
+	DuplicateWindow time.Duration `yaml:"duplicate_window"`
+	// ResultsMaxAge is how long answers stay readable in PROXY_RESULTS.
+	ResultsMaxAge time.Duration `yaml:"results_max_age"`
+	// DeletedMaxAge is how long a proxy's "deleted" event stays in
+	// PROXY_EVENTS before it ages out.
+	DeletedMaxAge time.Duration `yaml:"deleted_max_age"`
+	// CommandIDMaxAge is how long a command id is remembered, so that a
+	// duplicate published after the dedupe window still has no effect.
+	CommandIDMaxAge time.Duration `yaml:"command_id_max_age"`
+}
+
+// TLS for the NATS connection.
+type TLS struct {
+	CA   string `yaml:"ca"`
+	Cert string `yaml:"cert"`
+	Key  string `yaml:"key"`
+}
+
+// Host is one KVM (or simulated) host.
+type Host struct {
+	Name       string  `yaml:"name"`
+	Driver     string  `yaml:"driver"` // "kvm" (default) or "sim"
+	SSH        SSH     `yaml:"ssh"`
+	Socket     string  `yaml:"socket"`
+	URI        string  `yaml:"uri"`
+	Pool       string  `yaml:"pool"`
+	Network    string  `yaml:"network"`
+	DomainType string  `yaml:"domain_type"`
+	MaxProxies int     `yaml:"max_proxies"`
+	Budgets    Budgets `yaml:"budgets"`
+	Sim        Sim     `yaml:"sim"`
+}
+
+// SSH reaches a host's libvirt socket.
+type SSH struct {
+	Address    string `yaml:"address"`
+	User       string `yaml:"user"`
+	KeyFile    string `yaml:"key_file"`
+	KnownHosts string `yaml:"known_hosts"`
+}
+
+// Budgets bound every call to a host.
+type Budgets struct {
+	Call          time.Duration `yaml:"call"`
+	TransferStall time.Duration `yaml:"transfer_stall"`
+	Close         time.Duration `yaml:"close"`
+	Connect       time.Duration `yaml:"connect"`
+	Keepalive     time.Duration `yaml:"keepalive"`
+}
+
+// Sim configures a host of driver "sim": its domains are files in Dir.
+type Sim struct {
+	Dir string `yaml:"dir"`
+	// Delay is added to every call, BootDelay between create and the
+	// proxy having an address.
+	Delay     time.Duration `yaml:"delay"`
+	BootDelay time.Duration `yaml:"boot_delay"`
+}
+
+// Image is a base image proxies boot from.
+type Image struct {
+	Name    string    `yaml:"name"`
+	URL     string    `yaml:"url"`
+	SHA256  string    `yaml:"sha256"`
+	Format  string    `yaml:"format"`
+	Kernel  *Artifact `yaml:"kernel"`
+	Initrd  *Artifact `yaml:"initrd"`
+	Cmdline string    `yaml:"cmdline"`
+}
+
+// Artifact is a file fetched by URL and checked by digest.
+type Artifact struct {
+	URL    string `yaml:"url"`
+	SHA256 string `yaml:"sha256"`
+}
+
+// Proxy holds the defaults of every proxy.
+type Proxy struct {
+	Port      int    `yaml:"port"`
+	CPUs      int    `yaml:"cpus"`
+	MemoryMiB int    `yaml:"memory_mib"`
+	UserData  string `yaml:"user_data"`
+}
+
+// Worker tunes intake and execution.
+type Worker struct {
+	// AckWait is how long JetStream waits for an ack before redelivering;
+	// long work keeps its message with InProgress at a third of it.
+	AckWait time.Duration `yaml:"ack_wait"`
+	// MaxAttempts bounds deliveries of one command's work before it is
+	// failed and dead-lettered.
+	MaxAttempts int `yaml:"max_attempts"`
+	// Backoff between attempts of transient failures.
+	BackoffInitial time.Duration `yaml:"backoff_initial"`
+	BackoffMax     time.Duration `yaml:"backoff_max"`
+	// ReadyTimeout bounds the wait for a created proxy to run with an IP.
+	ReadyTimeout time.Duration `yaml:"ready_timeout"`
+	// PollInterval is the pause between Get calls while waiting.
+	PollInterval time.Duration `yaml:"poll_interval"`
+	// PinnedTTL is how long a host's work consumer stays pinned to a worker
+	// that stopped pulling, i.e. how fast a dead worker's hosts move.
+	PinnedTTL time.Duration `yaml:"pinned_ttl"`
+	// Concurrency is the number of work items a worker runs at once per host.
+	Concurrency int `yaml:"concurrency"`
+	// DrainTimeout bounds the graceful stop.
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+}
+
+// Health tunes the health consumer.
+type Health struct {
+	HTTP     string        `yaml:"http"`
+	Interval time.Duration `yaml:"interval"`
+	Timeout  time.Duration `yaml:"timeout"`
+	Rise     int           `yaml:"rise"`
+	Fall     int           `yaml:"fall"`
+	Grace    time.Duration `yaml:"grace"`
+	Target   string        `yaml:"target"`
+}
+
+// Load reads, defaults and validates the file at path.
+func Load(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	c, err := Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse decodes YAML strictly (unknown keys are errors), fills defaults and
+// validates.
+func Parse(b []byte) (*Config, error) {
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	// An empty file is io.EOF: it decodes to the defaults.
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("parse: %w", err)
+	}
+	c.SetDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// SetDefaults fills every zero value that has a default.
+func (c *Config) SetDefaults() {
+	n := &c.NATS
+	if n.Prefix == "" {
+		n.Prefix = messages.DefaultPrefix
+	}
+	if n.Replicas == 0 {
+		n.Replicas = 1
+	}
+	setDur(&n.DuplicateWindow, 2*time.Minute)
+	setDur(&n.ResultsMaxAge, 24*time.Hour)
+	setDur(&n.DeletedMaxAge, 24*time.Hour)
+	setDur(&n.CommandIDMaxAge, 7*24*time.Hour)
+	for i := range c.Hosts {
+		h := &c.Hosts[i]
+		if h.Driver == "" {
+			h.Driver = "kvm"
+		}
+		if h.Driver != "kvm" {
+			continue
+		}
+		if h.Socket == "" {
+			h.Socket = "/run/libvirt/libvirt-sock"
+		}
+		if h.URI == "" {
+			h.URI = "qemu:///system"
+		}
+		if h.Pool == "" {
+			h.Pool = "default"
+		}
+		if h.Network == "" {
+			h.Network = "default"
+		}
+		if h.DomainType == "" {
+			h.DomainType = "kvm"
+		}
+		if h.MaxProxies == 0 {
+			h.MaxProxies = 20
+		}
+		b := &h.Budgets
+		setDur(&b.Call, 30*time.Second)
+		setDur(&b.TransferStall, 30*time.Second)
+		setDur(&b.Close, 5*time.Second)
+		setDur(&b.Connect, 10*time.Second)
+		setDur(&b.Keepalive, 10*time.Second)
+	}
+	if c.DefaultImage == "" && len(c.Images) == 1 {
+		c.DefaultImage = c.Images[0].Name
+	}
+	for i := range c.Images {
+		if c.Images[i].Format == "" {
+			c.Images[i].Format = "qcow2"
+		}
+	}
+	p := &c.Proxy
+	if p.Port == 0 {
+		p.Port = 3128
+	}
+	if p.CPUs == 0 {
+		p.CPUs = 1
+	}
+	if p.MemoryMiB == 0 {
+		p.MemoryMiB = 512
+	}
+	w := &c.Worker
+	setDur(&w.AckWait, 30*time.Second)
+	if w.MaxAttempts == 0 {
+		w.MaxAttempts = 8
+	}
+	setDur(&w.BackoffInitial, time.Second)
+	setDur(&w.BackoffMax, 2*time.Minute)
+	setDur(&w.ReadyTimeout, 5*time.Minute)
+	setDur(&w.PollInterval, 2*time.Second)
+	setDur(&w.PinnedTTL, 15*time.Second)
+	if w.Concurrency == 0 {
+		w.Concurrency = 8
+	}
+	setDur(&w.DrainTimeout, 30*time.Second)
+	hl := &c.Health
+	if hl.HTTP == "" {
+		hl.HTTP = "127.0.0.1:8080"
+	}
+	setDur(&hl.Interval, 2*time.Second)
+	setDur(&hl.Timeout, hl.Interval*8/10)
+	if hl.Rise == 0 {
+		hl.Rise = 2
+	}
+	if hl.Fall == 0 {
+		hl.Fall = 3
+	}
+	setDur(&hl.Grace, 30*time.Second)
+}
+
+func setDur(d *time.Duration, def time.Duration) {
+	if *d == 0 {
+		*d = def
+	}
+}
+
+// FieldError names the bad field by its YAML path.
+type FieldError struct {
+	Field  string
+	Reason string
+}
+
+func (e *FieldError) Error() string { return "invalid config: " + e.Field + ": " + e.Reason }
+
+func bad(field, format string, args ...any) error {
+	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// Validate returns the first bad field.
+func (c *Config) Validate() error {
+	if !messages.ValidPrefix(c.NATS.Prefix) {
+		return bad("nats.prefix", "%q is not a valid subject prefix", c.NATS.Prefix)
+	}
+	if c.NATS.Replicas < 1 || c.NATS.Replicas > 5 {
+		return bad("nats.replicas", "%d is out of range [1, 5]", c.NATS.Replicas)
+	}
+	if (c.NATS.TLS.Cert == "") != (c.NATS.TLS.Key == "") {
+		return bad("nats.tls", "cert and key go together")
+	}
+	for _, d := range []struct {
+		f string
+		v time.Duration
+	}{
+		{"nats.duplicate_window", c.NATS.DuplicateWindow},
+		{"nats.results_max_age", c.NATS.ResultsMaxAge},
+		{"nats.deleted_max_age", c.NATS.DeletedMaxAge},
+		{"nats.command_id_max_age", c.NATS.CommandIDMaxAge},
+		{"worker.ack_wait", c.Worker.AckWait},
+		{"worker.backoff_initial", c.Worker.BackoffInitial},
+		{"worker.backoff_max", c.Worker.BackoffMax},
+		{"worker.ready_timeout", c.Worker.ReadyTimeout},
+		{"worker.poll_interval", c.Worker.PollInterval},
+		{"worker.pinned_ttl", c.Worker.PinnedTTL},
+		{"worker.drain_timeout", c.Worker.DrainTimeout},
+		{"health.interval", c.Health.Interval},
+		{"health.timeout", c.Health.Timeout},
+		{"health.grace", c.Health.Grace},
+	} {
+		if d.v < 0 {
+			return bad(d.f, "negative duration %s", d.v)
+		}
+	}
+	if c.NATS.CommandIDMaxAge < c.NATS.DuplicateWindow {
+		return bad("nats.command_id_max_age", "%s is shorter than nats.duplicate_window %s", c.NATS.CommandIDMaxAge, c.NATS.DuplicateWindow)
+	}
+	if c.Worker.BackoffMax < c.Worker.BackoffInitial {
+		return bad("worker.backoff_max", "%s is less than worker.backoff_initial %s", c.Worker.BackoffMax, c.Worker.BackoffInitial)
+	}
+	if c.Worker.AckWait < time.Second {
+		return bad("worker.ack_wait", "%s is less than 1s", c.Worker.AckWait)
+	}
+	if c.Worker.MaxAttempts < 1 || c.Worker.MaxAttempts > 1000 {
+		return bad("worker.max_attempts", "%d is out of range [1, 1000]", c.Worker.MaxAttempts)
+	}
+	if c.Worker.Concurrency < 1 || c.Worker.Concurrency > 1024 {
+		return bad("worker.concurrency", "%d is out of range [1, 1024]", c.Worker.Concurrency)
+	}
+	if len(c.Hosts) == 0 {
+		return bad("hosts", "at least one host is needed")
+	}
+	seen := map[string]bool{}
+	for i, h := range c.Hosts {
+		f := fmt.Sprintf("hosts[%d]", i)
+		if !messages.ValidID(h.Name) {
+			return bad(f+".name", "%q is not a valid host name (lowercase letters, digits and '-')", h.Name)
+		}
+		if seen[h.Name] {
+			return bad(f+".name", "%q is named twice", h.Name)
+		}
+		seen[h.Name] = true
+		switch h.Driver {
+		case "sim":
+			if h.Sim.Dir == "" {
+				return bad(f+".sim.dir", "required for driver sim")
+			}
+		case "kvm":
+			if err := h.validateKVM(f); err != nil {
+				return err
+			}
+		default:
+			return bad(f+".driver", "%q is not a driver (kvm or sim)", h.Driver)
+		}
+	}
+	images := map[string]bool{}
+	for i, im := range c.Images {
+		f := fmt.Sprintf("images[%d]", i)
+		if !messages.ValidID(im.Name) {
+			return bad(f+".name", "%q is not a valid image name", im.Name)
+		}
+		if images[im.Name] {
+			return bad(f+".name", "%q is named twice", im.Name)
+		}
+		images[im.Name] = true
+		if err := checkArtifact(f, Artifact{URL: im.URL, SHA256: im.SHA256}); err != nil {
+			return err
+		}
+		if im.Format != "qcow2" && im.Format != "raw" {
+			return bad(f+".format", "%q is not qcow2 or raw", im.Format)
+		}
+		if im.Kernel != nil {
+			if err := checkArtifact(f+".kernel", *im.Kernel); err != nil {
+				return err
+			}
+		}
+		if im.Initrd != nil {
+			if im.Kernel == nil {
+				return bad(f+".initrd", "needs a kernel")
+			}
+			if err := checkArtifact(f+".initrd", *im.Initrd); err != nil {
+				return err
+			}
+		}
+	}
+	if c.DefaultImage != "" && !images[c.DefaultImage] {
+		return bad("default_image", "%q is not one of images", c.DefaultImage)
+	}
+	if c.Proxy.Port < 1 || c.Proxy.Port > 65535 {
+		return bad("proxy.port", "%d is not a port", c.Proxy.Port)
+	}
+	if c.Proxy.CPUs < messages.MinCPUs || c.Proxy.CPUs > messages.MaxCPUs {
+		return bad("proxy.cpus", "%d is out of range", c.Proxy.CPUs)
+	}
+	if c.Proxy.MemoryMiB < messages.MinMemoryMiB || c.Proxy.MemoryMiB > messages.MaxMemoryMiB {
+		return bad("proxy.memory_mib", "%d is out of range", c.Proxy.MemoryMiB)
+	}
+	if c.Health.Rise < 1 {
+		return bad("health.rise", "%d is less than 1", c.Health.Rise)
+	}
+	if c.Health.Fall < 1 {
+		return bad("health.fall", "%d is less than 1", c.Health.Fall)
+	}
+	if c.Health.Timeout > c.Health.Interval {
+		return bad("health.timeout", "%s is longer than health.interval %s", c.Health.Timeout, c.Health.Interval)
+	}
+	if _, _, err := net.SplitHostPort(c.Health.HTTP); err != nil {
+		return bad("health.http", "%v", err)
+	}
+	return nil
+}
+
+func (h Host) validateKVM(f string) error {
+	if _, _, err := net.SplitHostPort(h.SSH.Address); err != nil {
+		return bad(f+".ssh.address", "want host:port: %v", err)
+	}
+	if h.SSH.User == "" {
+		return bad(f+".ssh.user", "required")
+	}
+	if h.SSH.KeyFile == "" {
+		return bad(f+".ssh.key_file", "required")
+	}
+	if h.SSH.KnownHosts == "" {
+		return bad(f+".ssh.known_hosts", "required: host keys are always verified")
+	}
+	if h.DomainType != "kvm" && h.DomainType != "qemu" {
+		return bad(f+".domain_type", "%q is not kvm or qemu", h.DomainType)
+	}
+	if h.MaxProxies < 1 {
+		return bad(f+".max_proxies", "%d is less than 1", h.MaxProxies)
+	}
+	for _, d := range []struct {
+		f string
+		v time.Duration
+	}{
+		{"call", h.Budgets.Call}, {"transfer_stall", h.Budgets.TransferStall},
+		{"close", h.Budgets.Close}, {"connect", h.Budgets.Connect}, {"keepalive", h.Budgets.Keepalive},
+	} {
+		if d.v <= 0 {
+			return bad(f+".budgets."+d.f, "must be positive")
+		}
+	}
+	return nil
+}
+
+func checkArtifact(f string, a Artifact) error {
+	switch {
+	case a.URL == "":
+		return bad(f+".url", "required")
+	case !strings.HasPrefix(a.URL, "file://") && !strings.HasPrefix(a.URL, "http://") && !strings.HasPrefix(a.URL, "https://"):
+		return bad(f+".url", "%q: want file://, http:// or https://", a.URL)
+	case len(a.SHA256) != 64 || strings.Trim(strings.ToLower(a.SHA256), "0123456789abcdef") != "":
+		return bad(f+".sha256", "want 64 hex digits")
+	}
+	return nil
+}
+
+// HostNames lists the hosts in config order.
+func (c *Config) HostNames() []string {
+	out := make([]string, len(c.Hosts))
+	for i, h := range c.Hosts {
+		out[i] = h.Name
+	}
+	return out
+}
+
+// Host returns the named host.
+func (c *Config) Host(name string) (Host, bool) {
+	for _, h := range c.Hosts {
+		if h.Name == name {
+			return h, true
+		}
+	}
+	return Host{}, false
+}
+
+// Image returns the named image.
+func (c *Config) Image(name string) (Image, bool) {
+	for _, im := range c.Images {
+		if im.Name == name {
+			return im, true
+		}
+	}
+	return Image{}, false
+}

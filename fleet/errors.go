@@ -1,0 +1,106 @@
+// Package fleet is the vocabulary the worker and the providers share: the
+// Spec of a proxy, the Instance observed on a host, and the error classes
+// every layer agrees on:
+// transient (retry with backoff), permanent (fail now) and not-found.
+//
+// Providers classify their own failures once, at their boundary, by wrapping
+// with Transient, Permanent or NotFound; everything above matches with
+// errors.Is and ClassOf, never on error strings.
+package fleet
+
+import (
+	"context"
+	"errors"
+)
+
+// Class is the retry class of an error, as carried in the wire field "class".
+type Class string
+
+// The classes. ClassNone is the class of a nil error.
+const (
+	ClassNone      Class = ""
+	ClassTransient Class = "transient"
+	ClassPermanent Class = "permanent"
+	ClassNotFound  Class = "not_found"
+)
+
+// Sentinels matched with errors.Is.
+var (
+	ErrTransient = errors.New("transient")
+	ErrPermanent = errors.New("permanent")
+	ErrNotFound  = errors.New("not found")
+)
+
+// classed wraps an error with a class sentinel without changing its message.
+type classed struct {
+	err   error
+	class error
+}
+
+func (c *classed) Error() string   { return c.err.Error() }
+func (c *classed) Unwrap() []error { return []error{c.class, c.err} }
+
+func wrap(class, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &classed{err: err, class: class}
+}
+
+// Transient marks err as worth retrying. A Transient wrap wins over any class
+// found deeper inside err (see ClassOf).
+func Transient(err error) error { return wrap(ErrTransient, err) }
+
+// Permanent marks err as not worth retrying.
+func Permanent(err error) error { return wrap(ErrPermanent, err) }
+
+// NotFound marks err as "the thing is not there".
+func NotFound(err error) error { return wrap(ErrNotFound, err) }
+
+// ClassOf returns the class of err. The outermost explicit class wins, so a
+// Transient wrap around an error that contains a permanent code stays
+// transient. Context cancellation and deadlines are transient: the work was
+// interrupted, not refused. An unclassified error is permanent: only errors
+// known to be transient are retried.
+func ClassOf(err error) Class {
+	if err == nil {
+		return ClassNone
+	}
+	if c := outermost(err); c != ClassNone {
+		return c
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return ClassTransient
+	}
+	return ClassPermanent
+}
+
+// outermost walks the error tree breadth first and returns the first class
+// sentinel it meets, so the wrap closest to the caller decides.
+func outermost(err error) Class {
+	queue := []error{err}
+	for len(queue) > 0 {
+		e := queue[0]
+		queue = queue[1:]
+		switch e {
+		case ErrTransient:
+			return ClassTransient
+		case ErrPermanent:
+			return ClassPermanent
+		case ErrNotFound:
+			return ClassNotFound
+		}
+		switch u := e.(type) {
+		case interface{ Unwrap() error }:
+			if n := u.Unwrap(); n != nil {
+				queue = append(queue, n)
+			}
+		case interface{ Unwrap() []error }:
+			queue = append(queue, u.Unwrap()...)
+		}
+	}
+	return ClassNone
+}
+
+// IsTransient reports whether err should be retried.
+func IsTransient(err error) bool { return ClassOf(err) == ClassTransient }

@@ -1,0 +1,15 @@
+package messages
+
+// JetStream stream and KV bucket names of the contract.
+const (
+	StreamCommands = "PROXY_CMDS"    // work queue over <prefix>.cmd.{create,delete}.*
+	StreamWork     = "PROXY_WORK"    // work queue over <prefix>.work.<host>.<id>, one message per subject
+	StreamResults  = "PROXY_RESULTS" // <prefix>.result.>, kept for a while
+	StreamEvents   = "PROXY_EVENTS"  // <prefix>.state.>, the latest event per proxy
+	StreamDead     = "PROXY_DEAD"    // <prefix>.dead.>
+
+	BucketDesired  = "PROXY_DESIRED"  // key: proxy id; value: the desired state record
+	BucketCommands = "PROXY_CMDIDS"   // key: hash of a command id; value: the command's sequence (effect-once)
+	BucketRotation = "PROXY_ROTATION" // key: proxy id; value: ip:port
+	BucketLeases   = "PROXY_LEASES"   // leases (the publishing health process)
+)

@@ -1,0 +1,279 @@
+// Package sim is a simulated host driver: "domains" are JSON files in a
+// directory, calls take configurable delays, and faults can be injected from
+// outside the process by writing a file. It implements worker.Provider so
+// that tests across real processes, demos and load runs at thousands of
+// proxies need no VMs. It is used only for hosts whose config says
+// `driver: sim`.
+//
+// Every call holds an exclusive flock on the proxy's lock file, so calls for
+// one id are serialised across processes; a call that finds the lock taken
+// records the overlap in overlaps.log before waiting, which is how tests
+// prove the worker never runs two calls for one id at once. Every create
+// that makes a domain appends "id command-id" to creates.log.
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"proxyfleet/fleet"
+	"proxyfleet/messages"
+)
+
+// Config of one simulated host.
+type Config struct {
+	Host      string
+	Dir       string
+	Delay     time.Duration // added to every call
+	BootDelay time.Duration // from create until the proxy has an address
+	Now       func() time.Time
+}
+
+// Driver is one simulated host.
+type Driver struct {
+	cfg Config
+}
+
+// domain is the file a created proxy leaves, its mark included.
+type domain struct {
+	ID        string    `json:"id"`
+	Owner     string    `json:"owner"`
+	CommandID string    `json:"command_id"`
+	SpecHash  string    `json:"spec_hash"`
+	Image     string    `json:"image"`
+	CPUs      int       `json:"cpus"`
+	MemoryMiB int       `json:"memory_mib"`
+	CreatedAt time.Time `json:"created_at"`
+	// Stopped simulates a domain that was shut off behind the system's back.
+	Stopped bool `json:"stopped,omitempty"`
+}
+
+// New opens (and makes) the host directory.
+func New(cfg Config) (*Driver, error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("sim: dir is required")
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	for _, d := range []string{"domains", "locks"} {
+		if err := os.MkdirAll(filepath.Join(cfg.Dir, d), 0o755); err != nil {
+			return nil, fmt.Errorf("sim %s: %w", cfg.Host, err)
+		}
+	}
+	return &Driver{cfg: cfg}, nil
+}
+
+func (d *Driver) domainPath(id string) string { return filepath.Join(d.cfg.Dir, "domains", id+".json") }
+
+// lock takes the id's cross-process lock, recording an overlap if it was
+// already held. The returned func releases it.
+func (d *Driver) lock(ctx context.Context, op, id string) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(d.cfg.Dir, "locks", id+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fleet.Transient(fmt.Errorf("sim lock %s: %w", id, err))
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		appendLine(filepath.Join(d.cfg.Dir, "overlaps.log"), fmt.Sprintf("%s %s %d", id, op, os.Getpid()))
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+			f.Close()
+			return nil, fleet.Transient(fmt.Errorf("sim lock %s: %w", id, err))
+		}
+	}
+	return func() { f.Close() }, nil // closing the fd drops the flock
+}
+
+// appendLine appends one short line atomically (O_APPEND, one write).
+func appendLine(path, line string) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_, _ = f.WriteString(line + "\n")
+}
+
+func (d *Driver) pause(ctx context.Context, dur time.Duration) error {
+	if dur <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(dur)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return fleet.Transient(fmt.Errorf("sim %s: %w", d.cfg.Host, ctx.Err()))
+	}
+}
+
+// enter runs the common prologue of a call: lock, delay, injected fault.
+func (d *Driver) enter(ctx context.Context, op, id string) (func(), error) {
+	unlock, err := d.lock(ctx, op, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.pause(ctx, d.cfg.Delay); err != nil {
+		unlock()
+		return nil, err
+	}
+	if err := takeFault(d.cfg.Dir, op, id); err != nil {
+		unlock()
+		return nil, fmt.Errorf("%s %s on %s: %w", op, id, d.cfg.Host, err)
+	}
+	return unlock, nil
+}
+
+func (d *Driver) read(id string) (domain, error) {
+	b, err := os.ReadFile(d.domainPath(id))
+	if errors.Is(err, os.ErrNotExist) {
+		return domain{}, fleet.NotFound(fmt.Errorf("proxy %s on %s: no domain", id, d.cfg.Host))
+	}
+	if err != nil {
+		return domain{}, fleet.Transient(fmt.Errorf("read domain %s: %w", id, err))
+	}
+	var dom domain
+	if err := json.Unmarshal(b, &dom); err != nil {
+		return domain{}, fleet.Permanent(fmt.Errorf("read domain %s: %w", id, err))
+	}
+	return dom, nil
+}
+
+func (d *Driver) instance(dom domain) fleet.Instance {
+	in := fleet.Instance{
+		ID: dom.ID, CommandID: dom.CommandID, SpecHash: dom.SpecHash, CreatedAt: dom.CreatedAt,
+		State: messages.StateProvisioning,
+	}
+	switch {
+	case dom.Stopped:
+		in.State = messages.StateFailed
+		in.Reason = "domain is shut off"
+	case !d.cfg.Now().Before(dom.CreatedAt.Add(d.cfg.BootDelay)):
+		in.State = messages.StateRunning
+		in.IP = SimIP(dom.ID)
+		in.Source = messages.SourceSim
+	}
+	return in
+}
+
+// SimIP is the made-up address of a simulated proxy: 198.19.x.y, inside the
+// benchmarking range 198.18.0.0/15, and never sent traffic.
+func SimIP(id string) string {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	v := h.Sum32()
+	return fmt.Sprintf("198.19.%d.%d", (v>>8)&0xff, v&0xff%254+1)
+}
+
+// Create writes the domain file unless a marked one exists already.
+func (d *Driver) Create(ctx context.Context, spec fleet.Spec) (fleet.Instance, error) {
+	unlock, err := d.enter(ctx, "create", spec.ID)
+	if err != nil {
+		return fleet.Instance{}, err
+	}
+	defer unlock()
+	if dom, err := d.read(spec.ID); err == nil {
+		return d.instance(dom), nil
+	} else if !errors.Is(err, fleet.ErrNotFound) {
+		return fleet.Instance{}, err
+	}
+	dom := domain{
+		ID: spec.ID, Owner: "proxyfleet", CommandID: spec.CommandID, SpecHash: spec.SpecHash,
+		Image: spec.Image, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, CreatedAt: d.cfg.Now().UTC(),
+	}
+	if err := d.write(dom); err != nil {
+		return fleet.Instance{}, err
+	}
+	appendLine(filepath.Join(d.cfg.Dir, "creates.log"), spec.ID+" "+spec.CommandID)
+	return d.instance(dom), nil
+}
+
+func (d *Driver) write(dom domain) error {
+	b, _ := json.Marshal(dom)
+	tmp := d.domainPath(dom.ID) + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return fleet.Transient(fmt.Errorf("write domain %s: %w", dom.ID, err))
+	}
+	if err := os.Rename(tmp, d.domainPath(dom.ID)); err != nil {
+		return fleet.Transient(fmt.Errorf("write domain %s: %w", dom.ID, err))
+	}
+	return nil
+}
+
+// Get reads the domain file.
+func (d *Driver) Get(ctx context.Context, id string) (fleet.Instance, error) {
+	unlock, err := d.enter(ctx, "get", id)
+	if err != nil {
+		return fleet.Instance{}, err
+	}
+	defer unlock()
+	dom, err := d.read(id)
+	if err != nil {
+		return fleet.Instance{}, err
+	}
+	return d.instance(dom), nil
+}
+
+// Delete removes the domain file; an absent one is success.
+func (d *Driver) Delete(ctx context.Context, id string) error {
+	unlock, err := d.enter(ctx, "delete", id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := os.Remove(d.domainPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fleet.Transient(fmt.Errorf("delete domain %s: %w", id, err))
+	}
+	return nil
+}
+
+// List reads every domain file.
+func (d *Driver) List(ctx context.Context) ([]fleet.Instance, error) {
+	if err := d.pause(ctx, d.cfg.Delay); err != nil {
+		return nil, err
+	}
+	if err := takeFault(d.cfg.Dir, "list", ""); err != nil {
+		return nil, fmt.Errorf("list %s: %w", d.cfg.Host, err)
+	}
+	names, err := filepath.Glob(filepath.Join(d.cfg.Dir, "domains", "*.json"))
+	if err != nil {
+		return nil, fleet.Transient(err)
+	}
+	sort.Strings(names)
+	var out []fleet.Instance
+	for _, n := range names {
+		dom, err := d.read(strings.TrimSuffix(filepath.Base(n), ".json"))
+		if errors.Is(err, fleet.ErrNotFound) {
+			continue // deleted while listing
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, d.instance(dom))
+	}
+	return out, nil
+}
+
+// Close has nothing to release.
+func (d *Driver) Close() error { return nil }
+
+// Stop marks a proxy's domain shut off, as if it died behind the system's
+// back (for tests and demos).
+func (d *Driver) Stop(id string) error {
+	dom, err := d.read(id)
+	if err != nil {
+		return err
+	}
+	dom.Stopped = true
+	return d.write(dom)
+}

@@ -1,0 +1,103 @@
+package worker
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"hash/fnv"
+	"sort"
+	"time"
+
+)
+
+// Desired is a proxy's desired state, the value of its key in PROXY_DESIRED.
+// Records are never removed: a delete leaves a record with Op "delete", so
+// that an older command arriving late still finds a higher Seq and is
+// superseded.
+type Desired struct {
+	V         int               `json:"v"`
+	ID        string            `json:"id"`
+	Op        string            `json:"op"`
+	Seq       uint64            `json:"seq"` // PROXY_CMDS sequence of the command
+	CommandID string            `json:"command_id"`
+	Host      string            `json:"host"`
+	PrevHost  string            `json:"prev_host,omitempty"` // where it ran before a move, to clean up
+	Image     string            `json:"image,omitempty"`
+	CPUs      int               `json:"cpus,omitempty"`
+	MemoryMiB int               `json:"memory_mib,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	SpecHash  string            `json:"spec_hash,omitempty"`
+	At        time.Time         `json:"at"`
+}
+
+// specHash identifies what needs a new VM when it changes.
+func specHash(host, image string, cpus, mem int, labels map[string]string) string {
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	kv := make([][2]string, len(keys))
+	for i, k := range keys {
+		kv[i] = [2]string{k, labels[k]}
+	}
+	b, _ := json.Marshal(struct {
+		Host   string
+		Image  string
+		CPUs   int
+		Mem    int
+		Labels [][2]string
+	}{host, image, cpus, mem, kv})
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}
+
+// pickHost chooses a host for a proxy that names none, by rendezvous hashing
+// over the configured hosts: every worker with the same host list picks the
+// same host, and adding a host moves only the proxies it wins.
+func pickHost(id string, hosts []string) string {
+	var best string
+	var bestScore uint64
+	for _, h := range hosts {
+		f := fnv.New64a()
+		f.Write([]byte(h))
+		f.Write([]byte{0})
+		f.Write([]byte(id))
+		if s := f.Sum64(); best == "" || s > bestScore {
+			best, bestScore = h, s
+		}
+	}
+	return best
+}
+
+// commandKey is the PROXY_CMDIDS key of a command id: KV keys allow a
+// narrow alphabet and command ids are client strings.
+func commandKey(commandID string) string {
+	sum := sha256.Sum256([]byte(commandID))
+	return hex.EncodeToString(sum[:16])
+}
+
+// commandRecord is the value of a PROXY_CMDIDS key.
+type commandRecord struct {
+	ID  string `json:"id"`
+	Seq uint64 `json:"seq"`
+}
+
+func (d *Desired) workHosts() []string {
+	var out []string
+	add := func(h string) {
+		if h == "" {
+			return
+		}
+		for _, x := range out {
+			if x == h {
+				return
+			}
+		}
+		out = append(out, h)
+	}
+	add(d.Host)
+	add(d.PrevHost)
+	return out
+}
+

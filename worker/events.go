@@ -1,0 +1,98 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/messages"
+)
+
+// eventPublisher publishes state events whose per-proxy seq only grows, on
+// any number of workers: each publish names the stream sequence of the
+// subject's last message it read, and the server refuses it if another
+// publish came in between; then it reads again.
+type eventPublisher struct {
+	js         jetstream.JetStream
+	stream     jetstream.Stream
+	subjects   messages.Subjects
+	deletedTTL time.Duration
+	now        func() time.Time
+}
+
+func newEventPublisher(ctx context.Context, js jetstream.JetStream, subj messages.Subjects, deletedTTL time.Duration, now func() time.Time) (*eventPublisher, error) {
+	st, err := js.Stream(ctx, messages.StreamEvents)
+	if err != nil {
+		return nil, fmt.Errorf("bind stream %s: %w", messages.StreamEvents, err)
+	}
+	return &eventPublisher{js: js, stream: st, subjects: subj, deletedTTL: deletedTTL, now: now}, nil
+}
+
+// isWrongLastSeq reports a lost compare-and-set on a subject's last sequence.
+func isWrongLastSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) &&
+		(apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// last returns the latest event of id and its stream sequence (0 if none).
+func (p *eventPublisher) last(ctx context.Context, id string) (messages.StateEvent, uint64, error) {
+	var ev messages.StateEvent
+	raw, err := p.stream.GetLastMsgForSubject(ctx, p.subjects.State(id))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return ev, 0, nil
+	}
+	if err != nil {
+		return ev, 0, fmt.Errorf("read last event of %s: %w", id, err)
+	}
+	if err := json.Unmarshal(raw.Data, &ev); err != nil {
+		return ev, 0, fmt.Errorf("decode last event of %s: %w", id, err)
+	}
+	return ev, raw.Sequence, nil
+}
+
+// Publish sets ev's V, At and Seq and publishes it.
+func (p *eventPublisher) Publish(ctx context.Context, ev messages.StateEvent) (messages.StateEvent, error) {
+	ev.V = messages.Version
+	ev.At = p.now().UTC()
+	for attempt := 0; attempt < 16; attempt++ {
+		prev, lastStreamSeq, err := p.last(ctx, ev.ID)
+		if err != nil {
+			return ev, err
+		}
+		if lastStreamSeq == 0 {
+			// No event on record (never published, or "deleted" aged
+			// out): start above every seq this proxy ever had. Every
+			// seq is at most the stream sequence it was stored at, and
+			// the stream's last sequence only grows.
+			info, err := p.stream.Info(ctx)
+			if err != nil {
+				return ev, fmt.Errorf("read stream %s: %w", messages.StreamEvents, err)
+			}
+			ev.Seq = info.State.LastSeq + 1
+		} else {
+			ev.Seq = prev.Seq + 1
+		}
+		b, err := json.Marshal(ev)
+		if err != nil {
+			return ev, err
+		}
+		opts := []jetstream.PublishOpt{jetstream.WithExpectLastSequencePerSubject(lastStreamSeq)}
+		if ev.State == messages.StateDeleted && p.deletedTTL > 0 {
+			opts = append(opts, jetstream.WithMsgTTL(p.deletedTTL))
+		}
+		_, err = p.js.Publish(ctx, p.subjects.State(ev.ID), b, opts...)
+		if err == nil {
+			return ev, nil
+		}
+		if !isWrongLastSeq(err) {
+			return ev, fmt.Errorf("publish %s event of %s: %w", ev.State, ev.ID, err)
+		}
+	}
+	return ev, fmt.Errorf("publish %s event of %s: lost the race 16 times", ev.State, ev.ID)
+}

@@ -1,0 +1,271 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/fleet"
+	"proxyfleet/messages"
+)
+
+func classOf(err error) fleet.Class {
+	c := fleet.ClassOf(err)
+	if c == fleet.ClassNotFound {
+		return fleet.ClassPermanent
+	}
+	return c
+}
+
+// RetryInfo describes one transient failure handed back with NakWithDelay.
+type RetryInfo struct {
+	Host    string
+	ID      string
+	Attempt int
+	Delay   time.Duration
+	Err     error
+}
+
+// executor converges the proxies of one host.
+type executor struct {
+	w    *Worker
+	host string
+	prov Provider
+}
+
+// handle converges the proxy of one work item. It never returns without
+// acking, terminating or naking msg.
+func (e *executor) handle(ctx context.Context, msg jetstream.Msg) {
+	w := e.w
+	meta, err := msg.Metadata()
+	if err != nil {
+		_ = msg.Term()
+		return
+	}
+	_, id, err := w.subj.ParseWork(msg.Subject())
+	if err != nil {
+		_ = msg.Term()
+		return
+	}
+	unlock, err := w.locks.lock(ctx, id)
+	if err != nil {
+		_ = msg.NakWithDelay(0) // stopping
+		return
+	}
+	defer unlock()
+
+	d, err := w.readDesired(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		_ = msg.Ack() // nothing is wanted of this id
+		return
+	}
+	if err != nil {
+		e.retryOrFail(ctx, msg, meta, nil, id, err)
+		return
+	}
+	if err := e.converge(ctx, d); err != nil {
+		e.retryOrFail(ctx, msg, meta, d, id, err)
+		return
+	}
+	if err := msg.Ack(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+		w.log.Debug("ack work", "id", id, "err", err)
+	}
+	w.stats.converged.Add(1)
+}
+
+// owns reports whether this host is where d wants the proxy.
+func (e *executor) owns(d *Desired) bool { return d.Op == messages.OpCreate && d.Host == e.host }
+
+// converge makes the host match d.
+func (e *executor) converge(ctx context.Context, d *Desired) error {
+	obs, err := e.prov.Get(ctx, d.ID)
+	present := err == nil
+	if err != nil && !errors.Is(err, fleet.ErrNotFound) {
+		return fmt.Errorf("get %s: %w", d.ID, err)
+	}
+	if !e.owns(d) {
+		return e.remove(ctx, d, present)
+	}
+	if present && obs.SpecHash == d.SpecHash && obs.State != messages.StateFailed {
+		if obs.State == messages.StateRunning && obs.IP != "" {
+			// Nothing to do: republish what is there.
+			if err := e.publish(ctx, d, messages.StateRunning, obs, ""); err != nil {
+				return err
+			}
+			return e.done(ctx, d)
+		}
+		return e.awaitRunning(ctx, d)
+	}
+	reason := "creating"
+	if present {
+		reason = "replacing: spec changed"
+		if obs.SpecHash == d.SpecHash {
+			reason = "replacing: " + nonEmpty(obs.Reason, "domain is not running")
+		}
+	}
+	if err := e.publish(ctx, d, messages.StateProvisioning, fleet.Instance{}, reason); err != nil {
+		return err
+	}
+	if present {
+		if err := e.prov.Delete(ctx, d.ID); err != nil {
+			return fmt.Errorf("delete %s for replacement: %w", d.ID, err)
+		}
+	}
+	e.w.stats.creates.Add(1)
+	if _, err := e.prov.Create(ctx, e.spec(d)); err != nil {
+		return fmt.Errorf("create %s: %w", d.ID, err)
+	}
+	return e.awaitRunning(ctx, d)
+}
+
+func nonEmpty(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func (e *executor) spec(d *Desired) fleet.Spec {
+	return fleet.Spec{ID: d.ID, Image: d.Image, CPUs: d.CPUs, MemoryMiB: d.MemoryMiB, Labels: d.Labels, CommandID: d.CommandID, SpecHash: d.SpecHash}
+}
+
+// awaitRunning polls Get under the ready budget until the proxy runs with an
+// address.
+func (e *executor) awaitRunning(ctx context.Context, d *Desired) error {
+	w := e.w
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.ReadyTimeout)
+	defer cancel()
+	t := time.NewTicker(w.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		obs, err := e.prov.Get(ctx, d.ID)
+		switch {
+		case errors.Is(err, fleet.ErrNotFound):
+			return fleet.Transient(fmt.Errorf("proxy %s vanished while starting", d.ID))
+		case err != nil && ctx.Err() == nil && fleet.IsTransient(err):
+			// A transient read error while waiting: poll again.
+		case err != nil:
+			return fmt.Errorf("get %s: %w", d.ID, err)
+		case obs.State == messages.StateRunning && obs.IP != "":
+			if err := e.publish(ctx, d, messages.StateRunning, obs, ""); err != nil {
+				return err
+			}
+			return e.done(ctx, d)
+		case obs.State == messages.StateFailed:
+			return fleet.Transient(fmt.Errorf("proxy %s stopped while starting: %s", d.ID, nonEmpty(obs.Reason, "domain is not running")))
+		}
+		select {
+		case <-ctx.Done():
+			return fleet.Transient(fmt.Errorf("proxy %s not running with an address within %s: %w", d.ID, w.cfg.ReadyTimeout, ctx.Err()))
+		case <-t.C:
+		}
+	}
+}
+
+// remove deletes the proxy from this host. Only the host a delete was
+// dispatched to reports it; a host the proxy moved away from cleans up
+// quietly, because the proxy lives on elsewhere.
+func (e *executor) remove(ctx context.Context, d *Desired, present bool) error {
+	report := d.Op == messages.OpDelete && d.Host == e.host
+	if present {
+		if report {
+			if err := e.publish(ctx, d, messages.StateDeleting, fleet.Instance{}, ""); err != nil {
+				return err
+			}
+		}
+		if err := e.prov.Delete(ctx, d.ID); err != nil {
+			return fmt.Errorf("delete %s: %w", d.ID, err)
+		}
+	}
+	if !report {
+		return nil
+	}
+	if err := e.publish(ctx, d, messages.StateDeleted, fleet.Instance{}, ""); err != nil {
+		return err
+	}
+	return e.done(ctx, d)
+}
+
+func (e *executor) done(ctx context.Context, d *Desired) error {
+	err := e.w.publishResult(ctx, messages.Result{ID: d.ID, CommandID: d.CommandID, Op: d.Op, Outcome: messages.OutcomeDone})
+	return fleet.Transient(err) // NATS trouble is worth a retry
+}
+
+func (e *executor) publish(ctx context.Context, d *Desired, state string, obs fleet.Instance, reason string) error {
+	ev := messages.StateEvent{
+		ID: d.ID, State: state, Host: e.host, CommandID: d.CommandID, Reason: reason,
+	}
+	if state == messages.StateRunning {
+		ev.IP, ev.Source, ev.Port = obs.IP, obs.Source, e.w.cfg.ProxyPort
+	}
+	if _, err := e.w.events.Publish(ctx, ev); err != nil {
+		return fleet.Transient(err)
+	}
+	return nil
+}
+
+// retryOrFail hands a transiently failed work item back with a backoff
+// delay, or fails the proxy: at once for a permanent error, after
+// MaxAttempts for a transient one (with a dead letter).
+func (e *executor) retryOrFail(ctx context.Context, msg jetstream.Msg, meta *jetstream.MsgMetadata, d *Desired, id string, cause error) {
+	w := e.w
+	attempt := int(meta.NumDelivered)
+	class := classOf(cause)
+	if ctx.Err() != nil {
+		// Stopping: hand the work back for the next owner.
+		_ = msg.NakWithDelay(0)
+		return
+	}
+	if class == fleet.ClassTransient && attempt < w.cfg.MaxAttempts {
+		delay := w.cfg.Backoff.Delay(attempt)
+		w.log.Warn("retrying", "host", e.host, "id", id, "attempt", attempt, "delay", delay, "err", cause)
+		if w.cfg.OnRetry != nil {
+			w.cfg.OnRetry(RetryInfo{Host: e.host, ID: id, Attempt: attempt, Delay: delay, Err: cause})
+		}
+		w.stats.retries.Add(1)
+		_ = msg.NakWithDelay(delay)
+		return
+	}
+	w.log.Error("failed", "host", e.host, "id", id, "attempt", attempt, "class", class, "err", cause)
+	if d != nil && e.owns(d) {
+		// A failed create leaves nothing running behind it.
+		if err := e.prov.Delete(ctx, id); err != nil {
+			w.log.Error("clean up failed create", "id", id, "err", err)
+		}
+	}
+	if d != nil {
+		ev := messages.StateEvent{ID: id, State: messages.StateFailed, Host: e.host, CommandID: d.CommandID,
+			Reason: cause.Error(), Class: string(class)}
+		if _, err := w.events.Publish(ctx, ev); err != nil {
+			w.log.Error("publish failed state", "id", id, "err", err)
+		}
+		if class == fleet.ClassTransient {
+			body, _ := json.Marshal(d)
+			w.deadLetter(ctx, id, d.CommandID, d.Op, d.Seq, attempt, cause, body)
+		} else if err := w.publishResult(ctx, messages.Result{ID: id, CommandID: d.CommandID, Op: d.Op,
+			Outcome: messages.OutcomeFailed, Reason: cause.Error(), Class: string(class)}); err != nil {
+			w.log.Error("publish failed result", "id", id, "err", err)
+		}
+	}
+	w.stats.failed.Add(1)
+	_ = msg.Term()
+}
+
+func (w *Worker) readDesired(ctx context.Context, id string) (*Desired, error) {
+	e, err := w.desired.Get(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, fleet.Transient(fmt.Errorf("read desired state of %s: %w", id, err))
+	}
+	var d Desired
+	if err := json.Unmarshal(e.Value(), &d); err != nil {
+		return nil, fleet.Permanent(fmt.Errorf("decode desired state of %s: %w", id, err))
+	}
+	return &d, nil
+}

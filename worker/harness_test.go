@@ -1,0 +1,226 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/internal/natstest"
+	"proxyfleet/messages"
+	"proxyfleet/sim"
+	"proxyfleet/worker"
+)
+
+var subj = messages.NewSubjects("")
+
+// rig is an embedded server, sim hosts in a temp dir, and a recorder of
+// every result and state event.
+type rig struct {
+	t     *testing.T
+	srv   *natstest.Server
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	dir   string
+	hosts []string
+
+	mu      sync.Mutex
+	results []messages.Result
+	events  map[string][]messages.StateEvent
+}
+
+func newRig(t *testing.T, hosts ...string) *rig {
+	t.Helper()
+	if len(hosts) == 0 {
+		hosts = []string{"h1", "h2"}
+	}
+	srv := natstest.Start(t)
+	nc, js := srv.Connect(t)
+	r := &rig{t: t, srv: srv, nc: nc, js: js, dir: t.TempDir(), hosts: hosts, events: map[string][]messages.StateEvent{}}
+	sub, err := nc.Subscribe(subj.Prefix+".>", func(m *nats.Msg) {
+		switch {
+		case strings.HasPrefix(m.Subject, subj.Prefix+".result."):
+			var res messages.Result
+			if json.Unmarshal(m.Data, &res) == nil {
+				r.mu.Lock()
+				r.results = append(r.results, res)
+				r.mu.Unlock()
+			}
+		case strings.HasPrefix(m.Subject, subj.Prefix+".state."):
+			var ev messages.StateEvent
+			if json.Unmarshal(m.Data, &ev) == nil {
+				r.mu.Lock()
+				r.events[ev.ID] = append(r.events[ev.ID], ev)
+				r.mu.Unlock()
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return r
+}
+
+func (r *rig) hostDir(h string) string { return filepath.Join(r.dir, h) }
+
+type workerOpt func(*worker.Config)
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func testLogger(t *testing.T) *slog.Logger {
+	if os.Getenv("PROXYFLEET_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return quietLogger()
+}
+
+// startWorker runs a worker on its own connection, executing every host.
+func (r *rig) startWorker(opts ...workerOpt) *worker.Worker {
+	r.t.Helper()
+	_, js := r.srv.Connect(r.t)
+	provs := map[string]worker.Provider{}
+	for _, h := range r.hosts {
+		d, err := sim.New(sim.Config{Host: h, Dir: r.hostDir(h), Delay: time.Millisecond})
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		provs[h] = d
+	}
+	cfg := worker.Config{
+		Subjects:  subj,
+		Catalog:   worker.Catalog{Hosts: r.hosts, Images: []string{"img", "img2"}, DefaultImage: "img", DefaultCPUs: 1, DefaultMemoryMiB: 128},
+		Providers: provs,
+		AckWait:   5 * time.Second, MaxAttempts: 5,
+		ReadyTimeout: 10 * time.Second, PollInterval: 20 * time.Millisecond,
+		PinnedTTL: 2 * time.Second, DrainTimeout: 5 * time.Second,
+		Backoff: worker.ExpBackoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+		Logger:  testLogger(r.t),
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	w, err := worker.New(js, cfg)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.Start(ctx); err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		w.Stop(ctx)
+	})
+	return w
+}
+
+// publish sends a command body on subject with an optional message id and
+// returns its stream sequence.
+func (r *rig) publish(subject string, body []byte, msgID string) uint64 {
+	r.t.Helper()
+	m := nats.NewMsg(subject)
+	m.Data = body
+	if msgID != "" {
+		m.Header.Set(jetstream.MsgIDHeader, msgID)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ack, err := r.js.PublishMsg(ctx, m)
+	if err != nil {
+		r.t.Fatalf("publish %s: %v", subject, err)
+	}
+	return ack.Sequence
+}
+
+func (r *rig) create(id, msgID string, extra string) uint64 {
+	return r.publish(subj.Create(id), []byte(fmt.Sprintf(`{"v":1,"id":%q%s}`, id, extra)), msgID)
+}
+
+func (r *rig) delete(id, msgID string) uint64 {
+	return r.publish(subj.Delete(id), []byte(fmt.Sprintf(`{"v":1,"id":%q}`, id)), msgID)
+}
+
+// resultsFor returns the results of one command id.
+func (r *rig) resultsFor(cmdID string) []messages.Result {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []messages.Result
+	for _, res := range r.results {
+		if res.CommandID == cmdID {
+			out = append(out, res)
+		}
+	}
+	return out
+}
+
+// waitFor polls cond until it holds or the generous bound passes.
+func (r *rig) waitFor(what string, bound time.Duration, cond func() bool) {
+	r.t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("timed out after %s waiting for %s", bound, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (r *rig) waitOutcome(cmdID string, outcome string) messages.Result {
+	r.t.Helper()
+	var got messages.Result
+	r.waitFor("result "+outcome+" of "+cmdID, 30*time.Second, func() bool {
+		for _, res := range r.resultsFor(cmdID) {
+			if res.Outcome == outcome {
+				got = res
+				return true
+			}
+		}
+		return false
+	})
+	return got
+}
+
+// lastEvent reads the latest event of id from PROXY_EVENTS.
+func (r *rig) lastEvent(id string) (messages.StateEvent, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := r.js.Stream(ctx, messages.StreamEvents)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	raw, err := st.GetLastMsgForSubject(ctx, subj.State(id))
+	if err != nil {
+		return messages.StateEvent{}, false
+	}
+	var ev messages.StateEvent
+	if err := json.Unmarshal(raw.Data, &ev); err != nil {
+		r.t.Fatal(err)
+	}
+	return ev, true
+}
+
+func (r *rig) domainExists(host, id string) bool {
+	_, err := os.Stat(filepath.Join(r.hostDir(host), "domains", id+".json"))
+	return err == nil
+}
+
+func readLines(path string) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	return strings.Fields(strings.ReplaceAll(string(b), "\n", "\n "))
+}

@@ -1,0 +1,396 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/messages"
+)
+
+// Catalog is what intake checks commands against.
+type Catalog struct {
+	Hosts            []string
+	Images           []string
+	DefaultImage     string
+	DefaultCPUs      int
+	DefaultMemoryMiB int
+}
+
+func (c Catalog) hasHost(h string) bool  { return contains(c.Hosts, h) }
+func (c Catalog) hasImage(i string) bool { return contains(c.Images, i) }
+
+func contains(xs []string, x string) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+// maxCommandIDLen bounds the Nats-Msg-Id a client may set.
+const maxCommandIDLen = 256
+
+// commandID is the Nats-Msg-Id header, or one derived from the command's
+// stream sequence.
+func commandID(msg jetstream.Msg, streamSeq uint64) string {
+	if id := msg.Headers().Get(jetstream.MsgIDHeader); id != "" {
+		return id
+	}
+	return "seq-" + strconv.FormatUint(streamSeq, 10)
+}
+
+// intake turns commands into desired state and work items.
+type intake struct {
+	w *Worker
+}
+
+// handle processes one command message. It never returns without acking,
+// terminating or naking msg.
+func (in *intake) handle(ctx context.Context, msg jetstream.Msg) {
+	w := in.w
+	meta, err := msg.Metadata()
+	if err != nil {
+		w.log.Error("intake: message without metadata", "subject", msg.Subject(), "err", err)
+		_ = msg.Term()
+		return
+	}
+	seq := meta.Sequence.Stream
+	cmdID := commandID(msg, seq)
+	op, sid, err := w.subj.ParseCommand(msg.Subject())
+	if err != nil {
+		// The stream is bound to the two command patterns, so this is a
+		// message we cannot even answer on a per-proxy subject.
+		w.log.Error("intake: unexpected subject", "subject", msg.Subject())
+		_ = msg.Term()
+		return
+	}
+	res := messages.Result{V: messages.Version, ID: sid, CommandID: cmdID, Op: op}
+
+	rec, ferr := in.validate(op, sid, cmdID, msg.Data())
+	if ferr != nil {
+		res.Outcome = messages.OutcomeRejected
+		res.Field = ferr.Field
+		res.Reason = ferr.Reason
+		res.Class = "permanent"
+		w.log.Info("command rejected", "id", sid, "op", op, "command_id", cmdID, "field", ferr.Field, "reason", ferr.Reason)
+		// Answer first, then terminate: a lost answer is worse than a
+		// duplicate one (results are deduplicated on command id+outcome).
+		if err := w.publishResult(ctx, res); err != nil {
+			in.retry(ctx, msg, meta, err)
+			return
+		}
+		_ = msg.Term()
+		w.stats.rejected.Add(1)
+		return
+	}
+	rec.Seq = seq
+	outcome, reason, err := in.apply(ctx, rec)
+	if err != nil {
+		in.retry(ctx, msg, meta, err)
+		return
+	}
+	res.Outcome, res.Reason = outcome, reason
+	if err := w.publishResult(ctx, res); err != nil {
+		in.retry(ctx, msg, meta, err)
+		return
+	}
+	if err := msg.Ack(); err != nil {
+		w.log.Warn("intake: ack", "id", sid, "err", err)
+	}
+	w.stats.accepted.Add(1)
+}
+
+// validate decodes the body and checks it against the catalog.
+func (in *intake) validate(op, sid, cmdID string, body []byte) (*Desired, *messages.FieldError) {
+	w := in.w
+	if len(cmdID) > maxCommandIDLen {
+		return nil, &messages.FieldError{Field: "Nats-Msg-Id", Reason: fmt.Sprintf("longer than %d bytes", maxCommandIDLen)}
+	}
+	d := &Desired{V: messages.Version, ID: sid, Op: op, CommandID: cmdID, At: w.now().UTC()}
+	switch op {
+	case messages.OpCreate:
+		c, err := messages.DecodeCreate(body, sid)
+		if err != nil {
+			return nil, asFieldError(err)
+		}
+		if c.Host != "" && !w.catalog.hasHost(c.Host) {
+			return nil, &messages.FieldError{Field: "host", Reason: fmt.Sprintf("unknown host %q", c.Host)}
+		}
+		d.Host = c.Host
+		d.Image = c.Image
+		if d.Image == "" {
+			d.Image = w.catalog.DefaultImage
+		}
+		if d.Image == "" {
+			return nil, &messages.FieldError{Field: "image", Reason: "no image given and no default_image configured"}
+		}
+		if !w.catalog.hasImage(d.Image) {
+			return nil, &messages.FieldError{Field: "image", Reason: fmt.Sprintf("unknown image %q", d.Image)}
+		}
+		d.CPUs = c.CPUs
+		if d.CPUs == 0 {
+			d.CPUs = w.catalog.DefaultCPUs
+		}
+		d.MemoryMiB = c.MemoryMiB
+		if d.MemoryMiB == 0 {
+			d.MemoryMiB = w.catalog.DefaultMemoryMiB
+		}
+		d.Labels = c.Labels
+	case messages.OpDelete:
+		if _, err := messages.DecodeDelete(body, sid); err != nil {
+			return nil, asFieldError(err)
+		}
+	}
+	return d, nil
+}
+
+func asFieldError(err error) *messages.FieldError {
+	if fe, ok := messages.AsFieldError(err); ok {
+		return fe
+	}
+	return &messages.FieldError{Field: "body", Reason: err.Error()}
+}
+
+// apply records rec as the desired state unless a newer command is recorded,
+// then dispatches work. It is idempotent for one command: a redelivery finds
+// its own sequence recorded and only dispatches again.
+func (in *intake) apply(ctx context.Context, rec *Desired) (outcome, reason string, err error) {
+	w := in.w
+	key := commandKey(rec.CommandID)
+	if e, err := w.cmdIDs.Get(ctx, key); err == nil {
+		var prev commandRecord
+		if json.Unmarshal(e.Value(), &prev) == nil && prev.Seq != rec.Seq {
+			return messages.OutcomeSuperseded, fmt.Sprintf("duplicate of command %s (sequence %d): no effect", rec.CommandID, prev.Seq), nil
+		}
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return "", "", fmt.Errorf("read command id: %w", err)
+	}
+
+	var cur *Desired
+	for attempt := 0; ; attempt++ {
+		if attempt == 16 {
+			return "", "", fmt.Errorf("write desired state of %s: lost the race 16 times", rec.ID)
+		}
+		var rev uint64
+		cur = nil
+		e, err := w.desired.Get(ctx, rec.ID)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return "", "", fmt.Errorf("read desired state of %s: %w", rec.ID, err)
+		default:
+			rev = e.Revision()
+			cur = new(Desired)
+			if err := json.Unmarshal(e.Value(), cur); err != nil {
+				return "", "", fmt.Errorf("decode desired state of %s: %w", rec.ID, err)
+			}
+		}
+		if cur != nil && cur.Seq > rec.Seq {
+			return messages.OutcomeSuperseded, fmt.Sprintf("command %s (sequence %d) is newer", cur.CommandID, cur.Seq), nil
+		}
+		if cur != nil && cur.Seq == rec.Seq {
+			rec = cur // a redelivery of a command already recorded
+			break
+		}
+		in.place(rec, cur)
+		b, _ := json.Marshal(rec)
+		if rev == 0 {
+			_, err = w.desired.Create(ctx, rec.ID, b)
+		} else {
+			_, err = w.desired.Update(ctx, rec.ID, b, rev)
+		}
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !isWrongLastSeq(err) {
+			return "", "", fmt.Errorf("write desired state of %s: %w", rec.ID, err)
+		}
+	}
+	b, _ := json.Marshal(commandRecord{ID: rec.ID, Seq: rec.Seq})
+	if _, err := w.cmdIDs.Put(ctx, key, b); err != nil {
+		return "", "", fmt.Errorf("record command id: %w", err)
+	}
+	for _, h := range rec.workHosts() {
+		if err := w.dispatch(ctx, h, rec.ID, rec.Seq); err != nil {
+			return "", "", err
+		}
+	}
+	return messages.OutcomeAccepted, "", nil
+}
+
+// place decides the host of rec given the current record: a create that
+// names no host stays where the proxy is, or goes to the rendezvous pick; a
+// delete goes where the proxy was. A proxy that moves leaves PrevHost, so
+// the old host's executor removes it there.
+func (in *intake) place(rec, cur *Desired) {
+	hosts := in.w.catalog.Hosts
+	curHost := ""
+	if cur != nil {
+		curHost = cur.Host
+		if cur.Host == "" {
+			curHost = cur.PrevHost
+		}
+	}
+	switch rec.Op {
+	case messages.OpCreate:
+		if rec.Host == "" {
+			if cur != nil && cur.Op == messages.OpCreate && contains(hosts, cur.Host) {
+				rec.Host = cur.Host
+			} else {
+				rec.Host = pickHost(rec.ID, hosts)
+			}
+		}
+		rec.SpecHash = specHash(rec.Host, rec.Image, rec.CPUs, rec.MemoryMiB, rec.Labels)
+		if curHost != "" && curHost != rec.Host {
+			rec.PrevHost = curHost
+		}
+	case messages.OpDelete:
+		rec.Host = curHost
+		if rec.Host == "" {
+			// Never created through us: its executor still answers,
+			// and removes anything of that id it finds.
+			rec.Host = pickHost(rec.ID, hosts)
+		}
+		if cur != nil && cur.PrevHost != "" && cur.PrevHost != rec.Host {
+			rec.PrevHost = cur.PrevHost
+		}
+	}
+}
+
+// retry hands a command back after a transient failure, or gives up.
+func (in *intake) retry(ctx context.Context, msg jetstream.Msg, meta *jetstream.MsgMetadata, cause error) {
+	w := in.w
+	attempt := int(meta.NumDelivered)
+	if ctx.Err() != nil {
+		_ = msg.NakWithDelay(w.cfg.Backoff.Delay(1)) // stopping: hand it back
+		return
+	}
+	if attempt >= w.cfg.MaxAttempts {
+		w.log.Error("intake: giving up", "subject", msg.Subject(), "attempts", attempt, "err", cause)
+		op, id, _ := w.subj.ParseCommand(msg.Subject())
+		w.deadLetter(ctx, id, commandID(msg, meta.Sequence.Stream), op, meta.Sequence.Stream, attempt, cause, msg.Data())
+		_ = msg.Term()
+		return
+	}
+	d := w.cfg.Backoff.Delay(attempt)
+	w.log.Warn("intake: retrying", "subject", msg.Subject(), "attempt", attempt, "delay", d, "err", cause)
+	_ = msg.NakWithDelay(d)
+}
+
+// dispatch enqueues converge work for id on host. The work stream keeps one
+// message per subject, so repeated dispatches collapse into one.
+func (w *Worker) dispatch(ctx context.Context, host, id string, seq uint64) error {
+	m := nats.NewMsg(w.subj.Work(host, id))
+	m.Data = []byte(`{"v":1,"id":"` + id + `","seq":` + strconv.FormatUint(seq, 10) + `}`)
+	if _, err := w.js.PublishMsg(ctx, m); err != nil {
+		return fmt.Errorf("dispatch %s to %s: %w", id, host, err)
+	}
+	return nil
+}
+
+// publishResult answers a command. The message id makes a redelivered
+// command's identical answer a duplicate JetStream drops.
+func (w *Worker) publishResult(ctx context.Context, r messages.Result) error {
+	r.V = messages.Version
+	r.At = w.now().UTC()
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	_, err = w.js.Publish(ctx, w.subj.Result(r.ID), b, jetstream.WithMsgID(r.CommandID+"|"+r.Op+"|"+r.Outcome))
+	if err != nil {
+		return fmt.Errorf("publish result of %s: %w", r.ID, err)
+	}
+	return nil
+}
+
+// deadLetter records a command that ran out of attempts and answers failed.
+func (w *Worker) deadLetter(ctx context.Context, id, cmdID, op string, seq uint64, attempts int, cause error, body []byte) {
+	dl := messages.DeadLetter{
+		V: messages.Version, ID: id, CommandID: cmdID, Op: op, Seq: seq, Attempts: attempts,
+		LastError: cause.Error(), Class: string(classOf(cause)), At: w.now().UTC(),
+	}
+	if json.Valid(body) && len(body) <= messages.MaxBodySize {
+		dl.Command = json.RawMessage(body)
+	}
+	b, _ := json.Marshal(dl)
+	if _, err := w.js.Publish(ctx, w.subj.Dead(id), b, jetstream.WithMsgID(cmdID+"|dead")); err != nil {
+		w.log.Error("publish dead letter", "id", id, "err", err)
+	}
+	w.stats.dead.Add(1)
+	if err := w.publishResult(ctx, messages.Result{ID: id, CommandID: cmdID, Op: op, Outcome: messages.OutcomeFailed,
+		Reason: fmt.Sprintf("gave up after %d attempts: %v", attempts, cause), Class: string(classOf(cause))}); err != nil {
+		w.log.Error("publish failed result", "id", id, "err", err)
+	}
+}
+
+// runPool runs handle for every message of a consumer, at most n at once,
+// keeping each message in progress while it waits or runs. It returns when
+// ctx is done and every handler has returned.
+type pool struct {
+	sem  chan struct{}
+	wg   sync.WaitGroup
+	log  *slog.Logger
+	tick time.Duration
+}
+
+func newPool(n int, ackWait time.Duration, log *slog.Logger) *pool {
+	t := ackWait / 3
+	if t <= 0 {
+		t = time.Second
+	}
+	return &pool{sem: make(chan struct{}, n), log: log, tick: t}
+}
+
+// submit starts a goroutine for msg; it owns msg until it returns.
+func (p *pool) submit(ctx context.Context, msg jetstream.Msg, handle func(context.Context, jetstream.Msg)) {
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		stop := keepInProgress(msg, p.tick)
+		defer stop()
+		select {
+		case p.sem <- struct{}{}:
+		case <-ctx.Done():
+			_ = msg.NakWithDelay(0) // never started: hand it back now
+			return
+		}
+		defer func() { <-p.sem }()
+		handle(ctx, msg)
+	}()
+}
+
+func (p *pool) wait() { p.wg.Wait() }
+
+// keepInProgress tells JetStream every tick that msg is still being worked
+// on, until the returned func is called.
+func keepInProgress(msg jetstream.Msg, tick time.Duration) func() {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(tick)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				_ = msg.InProgress()
+			}
+		}
+	}()
+	return func() { close(done); wg.Wait() }
+}
+

@@ -1,0 +1,30 @@
+package worker
+
+import (
+	"context"
+
+	"proxyfleet/fleet"
+)
+
+// Provider runs proxies on one host. Worker declares it; the kvm and sim
+// packages implement it without importing worker.
+//
+// Errors are classed with package fleet: fleet.ErrNotFound from Get when the
+// proxy is not there, fleet.ErrTransient for what a retry may fix (a dead
+// link, a budget overrun, a busy host); anything else is permanent.
+// Every method must return once ctx is done.
+type Provider interface {
+	// Create makes the proxy and starts it. It is idempotent: a proxy
+	// already made for spec.ID is found by its mark, not made again. A
+	// failed create removes what it made before returning.
+	Create(ctx context.Context, spec fleet.Spec) (fleet.Instance, error)
+	// Get reads the proxy's state and address.
+	Get(ctx context.Context, id string) (fleet.Instance, error)
+	// Delete removes the proxy and everything made for it. A proxy that is
+	// not there is success.
+	Delete(ctx context.Context, id string) error
+	// List returns every proxy this project made on the host.
+	List(ctx context.Context) ([]fleet.Instance, error)
+	// Close releases the provider's connections.
+	Close() error
+}

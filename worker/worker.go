@@ -1,0 +1,303 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/messages"
+)
+
+// Config of a worker. New fills the zero values with defaults.
+type Config struct {
+	Subjects messages.Subjects
+	Topology Topology
+	Catalog  Catalog
+	// Providers are the hosts this worker executes work for, by name.
+	Providers map[string]Provider
+	// NoIntake runs execution only; by default a worker also runs intake.
+	NoIntake bool
+
+	AckWait      time.Duration
+	MaxAttempts  int
+	ReadyTimeout time.Duration
+	PollInterval time.Duration
+	PinnedTTL    time.Duration
+	Concurrency  int // work items run at once per host
+	DrainTimeout time.Duration
+	// DeletedTTL is how long a "deleted" event stays in PROXY_EVENTS.
+	DeletedTTL time.Duration
+	ProxyPort  int
+
+	Backoff Backoff
+	Now     func() time.Time
+	Logger  *slog.Logger
+	// OnRetry, if set, is told of every transient failure handed back.
+	OnRetry func(RetryInfo)
+}
+
+// Worker runs intake and execution until stopped.
+type Worker struct {
+	cfg     Config
+	js      jetstream.JetStream
+	subj    messages.Subjects
+	catalog Catalog
+	log     *slog.Logger
+	now     func() time.Time
+
+	desired jetstream.KeyValue
+	cmdIDs  jetstream.KeyValue
+	events  *eventPublisher
+	locks   *keyedLocks
+	stats   Stats
+
+	cancel    context.CancelFunc
+	consumers []jetstream.ConsumeContext
+	pools     []*pool
+	wg        sync.WaitGroup
+}
+
+// Stats counts what a worker did.
+type Stats struct {
+	accepted, rejected, converged, creates, retries, failed, dead atomic.Int64
+}
+
+// Snapshot returns the counters.
+func (s *Stats) Snapshot() map[string]int64 {
+	return map[string]int64{
+		"accepted": s.accepted.Load(), "rejected": s.rejected.Load(), "converged": s.converged.Load(),
+		"creates": s.creates.Load(), "retries": s.retries.Load(), "failed": s.failed.Load(), "dead": s.dead.Load(),
+	}
+}
+
+// New returns a worker on js. Call Start to run it.
+func New(js jetstream.JetStream, cfg Config) (*Worker, error) {
+	if cfg.Subjects.Prefix == "" {
+		cfg.Subjects = messages.NewSubjects("")
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&cfg.AckWait, 30*time.Second)
+	def(&cfg.ReadyTimeout, 5*time.Minute)
+	def(&cfg.PollInterval, 2*time.Second)
+	def(&cfg.PinnedTTL, 15*time.Second)
+	def(&cfg.DrainTimeout, 30*time.Second)
+	def(&cfg.DeletedTTL, 24*time.Hour)
+	if cfg.MaxAttempts == 0 {
+		cfg.MaxAttempts = 8
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = 8
+	}
+	if cfg.ProxyPort == 0 {
+		cfg.ProxyPort = 3128
+	}
+	if cfg.Backoff == nil {
+		cfg.Backoff = ExpBackoff{Initial: time.Second, Max: 2 * time.Minute}
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	t := &cfg.Topology
+	t.Subjects = cfg.Subjects
+	if t.AckWait == 0 {
+		t.AckWait = cfg.AckWait
+	}
+	if t.MaxAttempts == 0 {
+		t.MaxAttempts = cfg.MaxAttempts
+	}
+	if t.PinnedTTL == 0 {
+		t.PinnedTTL = cfg.PinnedTTL
+	}
+	if len(cfg.Catalog.Hosts) == 0 {
+		return nil, errors.New("worker: catalog has no hosts")
+	}
+	for h := range cfg.Providers {
+		if !contains(cfg.Catalog.Hosts, h) {
+			return nil, fmt.Errorf("worker: provider for %q, which the catalog does not name", h)
+		}
+	}
+	return &Worker{
+		cfg: cfg, js: js, subj: cfg.Subjects, catalog: cfg.Catalog,
+		log: cfg.Logger, now: cfg.Now, locks: newKeyedLocks(),
+	}, nil
+}
+
+// Stats returns the worker's counters.
+func (w *Worker) Stats() *Stats { return &w.stats }
+
+// Start ensures the topology and starts consuming. It returns once the
+// consumers run.
+func (w *Worker) Start(ctx context.Context) error {
+	hosts := make([]string, 0, len(w.cfg.Providers))
+	for h := range w.cfg.Providers {
+		hosts = append(hosts, h)
+	}
+	if err := w.cfg.Topology.Ensure(ctx, w.js, w.cfg.Catalog.Hosts); err != nil {
+		return err
+	}
+	var err error
+	if w.desired, err = w.js.KeyValue(ctx, messages.BucketDesired); err != nil {
+		return fmt.Errorf("bind bucket %s: %w", messages.BucketDesired, err)
+	}
+	if w.cmdIDs, err = w.js.KeyValue(ctx, messages.BucketCommands); err != nil {
+		return fmt.Errorf("bind bucket %s: %w", messages.BucketCommands, err)
+	}
+	if w.events, err = newEventPublisher(ctx, w.js, w.subj, w.cfg.DeletedTTL, w.now); err != nil {
+		return err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	if !w.cfg.NoIntake {
+		cons, err := w.js.Consumer(ctx, messages.StreamCommands, IntakeConsumer)
+		if err != nil {
+			cancel()
+			return fmt.Errorf("bind intake consumer: %w", err)
+		}
+		in := &intake{w: w}
+		if err := w.consume(runCtx, cons, 64, in.handle); err != nil {
+			w.Stop(ctx)
+			return fmt.Errorf("consume commands: %w", err)
+		}
+	}
+	for _, h := range hosts {
+		cons, err := w.js.Consumer(ctx, messages.StreamWork, WorkConsumer(h))
+		if err != nil {
+			w.Stop(ctx)
+			return fmt.Errorf("bind work consumer of %s: %w", h, err)
+		}
+		ex := &executor{w: w, host: h, prov: w.cfg.Providers[h]}
+		if err := w.consume(runCtx, cons, w.cfg.Concurrency, ex.handle, jetstream.PullPriorityGroup(PriorityGroup)); err != nil {
+			w.Stop(ctx)
+			return fmt.Errorf("consume work of %s: %w", h, err)
+		}
+	}
+	w.log.Info("worker started", "hosts", hosts, "intake", !w.cfg.NoIntake)
+	return nil
+}
+
+// consume runs handle for every message of cons on a pool of n.
+func (w *Worker) consume(ctx context.Context, cons jetstream.Consumer, n int, handle func(context.Context, jetstream.Msg), opts ...jetstream.PullConsumeOpt) error {
+	p := newPool(n, w.cfg.AckWait, w.log)
+	expiry := w.cfg.PinnedTTL / 2
+	if expiry < time.Second {
+		expiry = time.Second
+	}
+	if expiry > 30*time.Second {
+		expiry = 30 * time.Second
+	}
+	opts = append(opts, jetstream.PullMaxMessages(n), jetstream.PullExpiry(expiry),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			w.log.Debug("consume", "consumer", cons.CachedInfo().Name, "err", err)
+		}))
+	cc, err := cons.Consume(func(msg jetstream.Msg) { p.submit(ctx, msg, handle) }, opts...)
+	if err != nil {
+		return err
+	}
+	w.consumers = append(w.consumers, cc)
+	w.pools = append(w.pools, p)
+	return nil
+}
+
+// Stop stops pulling, lets in-flight work finish within the drain timeout,
+// then cancels what is left (it is handed back to JetStream) and releases
+// the host consumers' pins so other workers take over at once.
+func (w *Worker) Stop(ctx context.Context) {
+	for _, cc := range w.consumers {
+		cc.Drain() // stop pulling; what was delivered still runs
+	}
+	done := make(chan struct{})
+	go func() {
+		for _, p := range w.pools {
+			p.wait()
+		}
+		close(done)
+	}()
+	t := time.NewTimer(w.cfg.DrainTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		w.log.Warn("drain timeout: handing back in-flight work")
+	case <-ctx.Done():
+	}
+	if w.cancel != nil {
+		w.cancel()
+	}
+	<-done
+	for _, cc := range w.consumers {
+		<-cc.Closed()
+	}
+	w.unpin(ctx)
+	w.consumers, w.pools = nil, nil
+}
+
+// unpin releases this worker's pins, so the server pins another worker now
+// instead of after PinnedTTL. Unpinning a host pinned to another worker
+// costs that worker one pull; it repins at once.
+func (w *Worker) unpin(ctx context.Context) {
+	if len(w.cfg.Providers) == 0 {
+		return
+	}
+	st, err := w.js.Stream(ctx, messages.StreamWork)
+	if err != nil {
+		return
+	}
+	for h := range w.cfg.Providers {
+		uctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_ = st.UnpinConsumer(uctx, WorkConsumer(h), PriorityGroup)
+		cancel()
+	}
+}
+
+// keyedLocks serialises work per proxy id inside one worker.
+type keyedLocks struct {
+	mu    sync.Mutex
+	locks map[string]*keyedLock
+}
+
+type keyedLock struct {
+	ch   chan struct{}
+	refs int
+}
+
+func newKeyedLocks() *keyedLocks { return &keyedLocks{locks: map[string]*keyedLock{}} }
+
+// lock waits for id's lock or ctx.
+func (k *keyedLocks) lock(ctx context.Context, id string) (func(), error) {
+	k.mu.Lock()
+	l := k.locks[id]
+	if l == nil {
+		l = &keyedLock{ch: make(chan struct{}, 1)}
+		k.locks[id] = l
+	}
+	l.refs++
+	k.mu.Unlock()
+	release := func() {
+		k.mu.Lock()
+		l.refs--
+		if l.refs == 0 {
+			delete(k.locks, id)
+		}
+		k.mu.Unlock()
+	}
+	select {
+	case l.ch <- struct{}{}:
+		return func() { <-l.ch; release() }, nil
+	case <-ctx.Done():
+		release()
+		return nil, ctx.Err()
+	}
+}

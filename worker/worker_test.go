@@ -1,0 +1,51 @@
+package worker_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"proxyfleet/messages"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// The embedded server's and client's long-lived goroutines end
+		// asynchronously after Shutdown/Close.
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start"),
+		goleak.IgnoreTopFunction("time.Sleep"),
+	)
+}
+
+func TestCreateThenDelete(t *testing.T) {
+	r := newRig(t, "h1")
+	r.startWorker()
+	r.create("p1", "c1", "")
+	r.waitOutcome("c1", messages.OutcomeAccepted)
+	r.waitOutcome("c1", messages.OutcomeDone)
+	ev, ok := r.lastEvent("p1")
+	if !ok || ev.State != messages.StateRunning || ev.IP == "" || ev.Host != "h1" || ev.CommandID != "c1" {
+		t.Fatalf("last event = %+v, want running with an IP on h1 for c1", ev)
+	}
+	if !r.domainExists("h1", "p1") {
+		t.Fatal("no domain on h1")
+	}
+	r.delete("p1", "d1")
+	r.waitOutcome("d1", messages.OutcomeDone)
+	ev, _ = r.lastEvent("p1")
+	if ev.State != messages.StateDeleted {
+		t.Fatalf("last event = %+v, want deleted", ev)
+	}
+	if r.domainExists("h1", "p1") {
+		t.Fatal("domain still on h1")
+	}
+	// seq grows by one per event: provisioning, running, deleting, deleted.
+	r.mu.Lock()
+	evs := r.events["p1"]
+	r.mu.Unlock()
+	for i := 1; i < len(evs); i++ {
+		if evs[i].Seq != evs[i-1].Seq+1 {
+			t.Fatalf("event seqs %d then %d", evs[i-1].Seq, evs[i].Seq)
+		}
+	}
+}
