@@ -1,0 +1,282 @@
+package health
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	"proxyfleet/messages"
+)
+
+var t0 = time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
+
+// step is one input to a fold: an event at the fold clock's time t0+after,
+// or a Tick at that time.
+type step struct {
+	after   time.Duration
+	ev      messages.StateEvent
+	tick    bool
+	changed bool
+}
+
+func ev(id string, seq uint64, state, ip string) messages.StateEvent {
+	e := messages.StateEvent{V: 1, ID: id, State: state, Host: "h1", IP: ip, Seq: seq}
+	if ip != "" {
+		e.Port = 3128
+	}
+	return e
+}
+
+func at(e messages.StateEvent, d time.Duration) messages.StateEvent { e.At = t0.Add(d); return e }
+
+func entry(id, addr string, since time.Duration) messages.RotationEntry {
+	return messages.RotationEntry{ID: id, Addr: addr, Host: "h1", Since: t0.Add(since)}
+}
+
+func TestFold(t *testing.T) {
+	const (
+		prov    = messages.StateProvisioning
+		running = messages.StateRunning
+		failed  = messages.StateFailed
+		delng   = messages.StateDeleting
+		deleted = messages.StateDeleted
+		s       = time.Second
+	)
+	cases := []struct {
+		name    string
+		grace   time.Duration
+		steps   []step
+		want    []messages.RotationEntry
+		ignored uint64
+	}{{
+		name: "rise into rotation",
+		steps: []step{
+			{0, at(ev("p1", 1, prov, ""), 0), false, false},
+			{1 * s, at(ev("p1", 2, running, "10.0.0.1"), 1*s), false, true},
+		},
+		want: []messages.RotationEntry{entry("p1", "10.0.0.1:3128", 1*s)},
+	}, {
+		name: "running again with the same address is no change and keeps since",
+		steps: []step{
+			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
+			{5 * s, at(ev("p1", 3, running, "10.0.0.1"), 5*s), false, false},
+		},
+		want: []messages.RotationEntry{entry("p1", "10.0.0.1:3128", 0)},
+	}, {
+		name: "running without an IP does not enter",
+		steps: []step{
+			{0, at(ev("p1", 2, running, ""), 0), false, false},
+		},
+		want: []messages.RotationEntry{},
+	}, {
+		name: "failed removes",
+		steps: []step{
+			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
+			{1 * s, at(ev("p1", 3, failed, ""), 1*s), false, true},
+		},
+		want: []messages.RotationEntry{},
+	}, {
+		name: "deleting removes",
+		steps: []step{
+			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
+			{1 * s, at(ev("p1", 3, delng, "10.0.0.1"), 1*s), false, true},
+		},
+		want: []messages.RotationEntry{},
+	}, {
+		name: "deleted removes and its tombstone ignores a late running",
+		steps: []step{
+			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
+			{1 * s, at(ev("p1", 4, deleted, ""), 1*s), false, true},
+			{2 * s, at(ev("p1", 3, running, "10.0.0.1"), 0), false, false},
+		},
+		want:    []messages.RotationEntry{},
+		ignored: 1,
+	}, {
+		name: "a newer create after deleted comes back",
+		steps: []step{
+			{0, at(ev("p1", 4, deleted, ""), 0), false, false},
+			{1 * s, at(ev("p1", 9, running, "10.0.0.7"), 1*s), false, true},
+		},
+		want: []messages.RotationEntry{entry("p1", "10.0.0.7:3128", 1*s)},
+	}, {
+		name: "duplicate and older events are ignored",
+		steps: []step{
+			{0, at(ev("p1", 5, running, "10.0.0.1"), 0), false, true},
+			{1 * s, at(ev("p1", 5, failed, ""), 1*s), false, false},
+			{2 * s, at(ev("p1", 4, delng, ""), 2*s), false, false},
+			{3 * s, at(ev("p1", 1, prov, ""), 3*s), false, false},
+		},
+		want:    []messages.RotationEntry{entry("p1", "10.0.0.1:3128", 0)},
+		ignored: 3,
+	}, {
+		name: "out of order across proxies: each id has its own seq",
+		steps: []step{
+			{0, at(ev("p2", 7, running, "10.0.0.2"), 0), false, true},
+			{0, at(ev("p1", 3, running, "10.0.0.1"), 0), false, true},
+			{1 * s, at(ev("p1", 2, failed, ""), 1*s), false, false},
+		},
+		want:    []messages.RotationEntry{entry("p1", "10.0.0.1:3128", 0), entry("p2", "10.0.0.2:3128", 0)},
+		ignored: 1,
+	}, {
+		name: "IP change moves the entry",
+		steps: []step{
+			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
+			{3 * s, at(ev("p1", 3, running, "10.0.0.9"), 3*s), false, true},
+		},
+		want: []messages.RotationEntry{entry("p1", "10.0.0.9:3128", 3*s)},
+	}, {
+		name: "unknown state, wrong version, missing id are ignored",
+		steps: []step{
+			{0, at(ev("p1", 2, "exploded", "10.0.0.1"), 0), false, false},
+			{0, func() messages.StateEvent { e := ev("p1", 3, running, "10.0.0.1"); e.V = 2; return e }(), false, false},
+			{0, ev("", 3, running, "10.0.0.1"), false, false},
+		},
+		want:    []messages.RotationEntry{},
+		ignored: 3,
+	}, {
+		name: "no grace: provisioning without IP demotes at once",
+		steps: []step{
+			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
+			{1 * s, at(ev("p1", 3, prov, ""), 1*s), false, true},
+		},
+		want: []messages.RotationEntry{},
+	}, {
+		name:  "grace: keeps address and place, then Tick demotes",
+		grace: 30 * s,
+		steps: []step{
+			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
+			{10 * s, at(ev("p1", 3, prov, ""), 10*s), false, false},
+			{20 * s, at(ev("p1", 4, prov, ""), 20*s), false, false}, // does not extend the grace
+			{39 * s, messages.StateEvent{}, true, false},
+			{40 * s, messages.StateEvent{}, true, true},
+		},
+		want: []messages.RotationEntry{},
+	}, {
+		name:  "grace: running again in time keeps since and ends the grace",
+		grace: 30 * s,
+		steps: []step{
+			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
+			{10 * s, at(ev("p1", 3, prov, ""), 10*s), false, false},
+			{15 * s, at(ev("p1", 4, running, "10.0.0.1"), 15*s), false, false},
+			{60 * s, messages.StateEvent{}, true, false},
+		},
+		want: []messages.RotationEntry{entry("p1", "10.0.0.1:3128", 0)},
+	}, {
+		name:  "grace: one proxy's timeout never drops another",
+		grace: 30 * s,
+		steps: []step{
+			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
+			{0, at(ev("p2", 2, running, "10.0.0.2"), 0), false, true},
+			{10 * s, at(ev("p1", 3, prov, ""), 10*s), false, false},
+			{20 * s, at(ev("p2", 3, prov, ""), 20*s), false, false},
+			{40 * s, messages.StateEvent{}, true, true},
+			{45 * s, at(ev("p2", 4, running, "10.0.0.2"), 45*s), false, false},
+			{90 * s, messages.StateEvent{}, true, false},
+		},
+		want: []messages.RotationEntry{entry("p2", "10.0.0.2:3128", 0)},
+	}, {
+		name:  "grace: an event seen after its grace has passed demotes at once",
+		grace: 30 * s,
+		steps: []step{
+			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
+			{50 * s, at(ev("p1", 3, prov, ""), 10*s), false, true},
+		},
+		want: []messages.RotationEntry{},
+	}, {
+		name:  "grace: failed during grace removes at once",
+		grace: 30 * s,
+		steps: []step{
+			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
+			{10 * s, at(ev("p1", 3, prov, ""), 10*s), false, false},
+			{11 * s, at(ev("p1", 4, failed, ""), 11*s), false, true},
+		},
+		want: []messages.RotationEntry{},
+	}, {
+		name:  "grace: a provisioning for a proxy not in the rotation changes nothing",
+		grace: 30 * s,
+		steps: []step{
+			{0, at(ev("p1", 1, prov, ""), 0), false, false},
+			{60 * s, messages.StateEvent{}, true, false},
+		},
+		want: []messages.RotationEntry{},
+	}, {
+		name: "an event time in the future is bounded by the clock",
+		steps: []step{
+			{1 * s, at(ev("p1", 2, running, "10.0.0.1"), time.Hour), false, true},
+		},
+		want: []messages.RotationEntry{entry("p1", "10.0.0.1:3128", 1*s)},
+	}}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			now := t0
+			f := NewFold(tc.grace, func() time.Time { return now })
+			for i, st := range tc.steps {
+				now = t0.Add(st.after)
+				var got bool
+				if st.tick {
+					got = f.Tick(now)
+				} else {
+					got = f.Apply(st.ev)
+				}
+				if got != st.changed {
+					t.Fatalf("step %d (%+v): changed = %v, want %v", i, st, got, st.changed)
+				}
+			}
+			snap := f.Snapshot()
+			if !reflect.DeepEqual(snap, tc.want) {
+				t.Fatalf("snapshot = %+v\nwant       %+v", snap, tc.want)
+			}
+			if f.Len() != len(tc.want) {
+				t.Fatalf("Len = %d, want %d", f.Len(), len(tc.want))
+			}
+			if st := f.Stats(); st.Ignored != tc.ignored {
+				t.Fatalf("ignored = %d, want %d", st.Ignored, tc.ignored)
+			}
+		})
+	}
+}
+
+func TestFoldGraceKeepsAddressAndDeadline(t *testing.T) {
+	now := t0
+	f := NewFold(30*time.Second, func() time.Time { return now })
+	f.Apply(at(ev("p1", 2, messages.StateRunning, "10.0.0.1"), 0))
+	if _, ok := f.NextDeadline(); ok {
+		t.Fatal("deadline with no grace running")
+	}
+	now = t0.Add(10 * time.Second)
+	f.Apply(at(ev("p1", 3, messages.StateProvisioning, ""), 10*time.Second))
+	if !f.InGrace("p1") {
+		t.Fatal("p1 not in grace")
+	}
+	d, ok := f.NextDeadline()
+	if !ok || !d.Equal(t0.Add(40*time.Second)) {
+		t.Fatalf("NextDeadline = %v %v, want %v", d, ok, t0.Add(40*time.Second))
+	}
+	want := []messages.RotationEntry{entry("p1", "10.0.0.1:3128", 0)}
+	if got := f.Snapshot(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("in grace: snapshot = %+v, want %+v", got, want)
+	}
+}
+
+func TestFoldSnapshotSortedAndNeverNil(t *testing.T) {
+	f := NewFold(0, func() time.Time { return t0 })
+	if s := f.Snapshot(); s == nil || len(s) != 0 {
+		t.Fatalf("empty snapshot = %#v", s)
+	}
+	for i, id := range []string{"p3", "p1", "p2"} {
+		f.Apply(at(ev(id, 1, messages.StateRunning, "10.0.0."+string(rune('1'+i))), 0))
+	}
+	var ids []string
+	for _, e := range f.Snapshot() {
+		ids = append(ids, e.ID)
+	}
+	if !reflect.DeepEqual(ids, []string{"p1", "p2", "p3"}) {
+		t.Fatalf("ids = %v", ids)
+	}
+}
+
+func TestAddrIPv6(t *testing.T) {
+	if got := Addr("fd00::1", 3128); got != "[fd00::1]:3128" {
+		t.Fatalf("Addr = %q", got)
+	}
+}
