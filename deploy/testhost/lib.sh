@@ -1,0 +1,78 @@
+# Shared settings and helpers for the test host scripts (sourced, not run).
+# shellcheck shell=bash
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+STATE=${TESTHOST_DIR:-$repo/.testhost}
+NS=${TESTHOST_NETNS:-pftest}
+VETH_ROOT=${TESTHOST_VETH:-${NS:0:12}-r}
+VETH_NS=${VETH_ROOT%-r}-n
+ROOT_IP=198.18.0.1
+NS_IP=198.18.0.2
+BRIDGE=${TESTHOST_BRIDGE:-pfbr0}
+BRIDGE_IP=198.18.100.1
+VM_NET=198.18.100.0/24
+POOL=${TESTHOST_POOL:-pftest}
+POOL_DIR=${TESTHOST_POOL_DIR:-/var/lib/proxyfleet-testhost/pool}
+NETWORK=${TESTHOST_NETWORK:-pftest}
+URI=qemu:///system
+PKGS=(libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86
+	qemu-utils openssh-server dnsmasq-base genisoimage busybox-static linux-image-amd64
+	iproute2 curl)
+
+export PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
+[ -x /usr/local/go/bin/go ] && case ":$PATH:" in *:/usr/local/go/bin:*) ;; *) PATH=$PATH:/usr/local/go/bin ;; esac
+
+log() { echo "testhost: $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+now_ms() { date +%s%3N; }
+
+virsh_() { virsh -q -c "$URI" "$@"; }
+
+# ns_inode prints the inode of a network namespace file.
+ns_inode() { stat -Lc %i "$1" 2>/dev/null; }
+
+# pid_alive PID NAME: the process exists and its comm is NAME.
+pid_alive() {
+	local pid=$1 name=$2
+	[ -n "$pid" ] && [ -d "/proc/$pid" ] || return 1
+	[ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ]
+}
+
+# pid_in_ns PID: the process is in our network namespace.
+pid_in_ns() {
+	local want
+	want=$(ns_inode "/run/netns/$NS") || return 1
+	[ -n "$want" ] && [ "$(ns_inode "/proc/$1/ns/net")" = "$want" ]
+}
+
+# kill_pidfile FILE NAME: stop the process named NAME whose pid is in FILE
+# (TERM, then KILL after 5 s) and remove the file.
+kill_pidfile() {
+	local f=$1 name=$2 pid i
+	[ -f "$f" ] || return 0
+	pid=$(tr -dc 0-9 <"$f")
+	if pid_alive "$pid" "$name"; then
+		log "stopping $name (pid $pid)"
+		kill -TERM "$pid" 2>/dev/null || true
+		for i in $(seq 50); do pid_alive "$pid" "$name" || break; sleep 0.1; done
+		if pid_alive "$pid" "$name"; then kill -KILL "$pid" 2>/dev/null || true; sleep 0.2; fi
+	fi
+	rm -f "$f"
+}
+
+# wait_until SECONDS CMD...: poll CMD every 0.2 s until it succeeds.
+wait_until() {
+	local secs=$1; shift
+	local end=$(($(date +%s) + secs))
+	while ! "$@" >/dev/null 2>&1; do
+		[ "$(date +%s)" -lt "$end" ] || return 1
+		sleep 0.2
+	done
+}
+
+libvirt_up() { timeout 5 virsh -c "$URI" version >/dev/null 2>&1; }
+
+# net_active NAME: the libvirt network is active. (Output is captured rather
+# than piped into grep -q, which would SIGPIPE virsh under pipefail.)
+net_active() { grep -q '^Active:.*yes' <<<"$(virsh_ net-info "$1" 2>/dev/null)"; }

@@ -1,0 +1,262 @@
+#!/bin/bash
+# Sets up proxyfleet's test host on this machine (run as root; see README.md):
+# packages, network namespace $TESTHOST_NETNS (pftest) joined to the root
+# namespace by a veth pair, virtlogd + libvirtd + sshd inside it, a libvirt
+# storage pool and network, the test guest, and .testhost/env + proxyfleet.yaml.
+# Idempotent: rerun it after a crash or a SIGKILL of anything it started.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+[ "$(id -u)" = 0 ] || die "run as root"
+t_start=$(now_ms)
+mkdir -p "$STATE"/{run,logs,sshd}
+chmod 700 "$STATE/sshd"
+
+# --- packages ---------------------------------------------------------------
+missing=()
+for p in "${PKGS[@]}"; do
+	s=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+	[ "$s" = installed ] || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	log "installing ${missing[*]}"
+	t=$(now_ms)
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -q -o DPkg::Lock::Timeout=600
+	apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=600 "${PKGS[@]}"
+	log "apt took $(( ($(now_ms) - t) / 1000 ))s"
+fi
+command -v go >/dev/null || die "go not found (expected /usr/local/go/bin/go)"
+
+# --- the test guest ---------------------------------------------------------
+bash "$here/build-guest.sh"
+
+# --- network namespace ------------------------------------------------------
+if ! ip netns exec "$NS" true 2>/dev/null; then
+	ip netns del "$NS" 2>/dev/null || rm -f "/run/netns/$NS"
+	log "creating netns $NS"
+	ip netns add "$NS"
+fi
+ip -n "$NS" link set lo up
+# A veth whose peer is not in our namespace (left over from a deleted one) is rebuilt.
+if ! ip link show "$VETH_ROOT" >/dev/null 2>&1 || ! ip -n "$NS" link show "$VETH_NS" >/dev/null 2>&1; then
+	ip link del "$VETH_ROOT" 2>/dev/null || true
+	ip -n "$NS" link del "$VETH_NS" 2>/dev/null || true
+	ip link add "$VETH_ROOT" type veth peer name "$VETH_NS" netns "$NS"
+fi
+ip addr replace "$ROOT_IP/30" dev "$VETH_ROOT"
+ip link set "$VETH_ROOT" up
+ip -n "$NS" addr replace "$NS_IP/30" dev "$VETH_NS"
+ip -n "$NS" link set "$VETH_NS" up
+ip -n "$NS" route replace default via "$ROOT_IP" dev "$VETH_NS"
+ip netns exec "$NS" sysctl -qw net.ipv4.ip_forward=1
+ip route replace "$VM_NET" via "$NS_IP" dev "$VETH_ROOT"
+
+# --- libvirt daemons in the namespace ----------------------------------------
+# Never let libvirt autostart its 'default' network (192.168.122.0/24).
+rm -f /etc/libvirt/qemu/networks/autostart/default.xml
+
+# ensure_daemon NAME PIDFILE CMD...: keep a live daemon that runs in our
+# namespace; otherwise stop it (by its pid file) and start a fresh one.
+ensure_daemon() {
+	local name=$1 pidfile=$2; shift 2
+	local pid
+	pid=$(tr -dc 0-9 2>/dev/null <"$pidfile" || true)
+	if pid_alive "$pid" "$name" && pid_in_ns "$pid"; then
+		return 0
+	fi
+	kill_pidfile "$pidfile" "$name"
+	log "starting $name in netns $NS"
+	ip netns exec "$NS" "$@"
+}
+ensure_daemon virtlogd /run/virtlogd.pid virtlogd -d
+wait_until 10 test -S /run/libvirt/virtlogd-sock || die "virtlogd did not start"
+pid=$(tr -dc 0-9 2>/dev/null </run/libvirtd.pid || true)
+if pid_alive "$pid" libvirtd && pid_in_ns "$pid" && libvirt_up; then
+	:
+else
+	kill_pidfile /run/libvirtd.pid libvirtd
+	rm -f /etc/libvirt/qemu/networks/autostart/default.xml
+	log "starting libvirtd in netns $NS"
+	ip netns exec "$NS" libvirtd -d
+fi
+wait_until 30 libvirt_up || die "libvirtd is not answering on $URI after 30s"
+
+# The 'default' network must never run.
+if virsh_ net-info default >/dev/null 2>&1; then
+	virsh_ net-autostart default --disable >/dev/null 2>&1 || true
+	if net_active default; then
+		log "stopping libvirt's default network"
+		virsh_ net-destroy default >/dev/null
+	fi
+fi
+
+# --- storage pool -----------------------------------------------------------
+pool_xml="<pool type='dir'><name>$POOL</name><target><path>$POOL_DIR</path></target></pool>"
+if virsh_ pool-info "$POOL" >/dev/null 2>&1; then
+	if [ "$(virsh_ pool-dumpxml "$POOL" | sed -n 's:.*<path>\(.*\)</path>.*:\1:p' | head -1)" != "$POOL_DIR" ] ||
+		! grep -q "type='dir'" <<<"$(virsh_ pool-dumpxml "$POOL")"; then
+		log "pool $POOL has another definition: redefining"
+		virsh_ pool-destroy "$POOL" >/dev/null 2>&1 || true
+		virsh_ pool-undefine "$POOL" >/dev/null 2>&1 || true
+	fi
+fi
+if ! virsh_ pool-info "$POOL" >/dev/null 2>&1; then
+	printf '%s\n' "$pool_xml" >"$STATE/run/pool.xml"
+	virsh_ pool-define "$STATE/run/pool.xml" >/dev/null
+fi
+mkdir -p "$POOL_DIR"
+if ! grep -q '^State:.*running' <<<"$(virsh_ pool-info "$POOL")"; then
+	virsh_ pool-build "$POOL" >/dev/null 2>&1 || true
+	virsh_ pool-start "$POOL" >/dev/null
+fi
+virsh_ pool-autostart "$POOL" >/dev/null
+virsh_ pool-refresh "$POOL" >/dev/null
+
+# --- VM network -------------------------------------------------------------
+net_xml="<network>
+  <name>$NETWORK</name>
+  <forward mode='open'/>
+  <bridge name='$BRIDGE' stp='off' delay='0'/>
+  <ip address='$BRIDGE_IP' netmask='255.255.255.0'>
+    <dhcp>
+      <range start='198.18.100.10' end='198.18.100.250'/>
+    </dhcp>
+  </ip>
+</network>"
+if virsh_ net-info "$NETWORK" >/dev/null 2>&1; then
+	cur=$(virsh_ net-dumpxml --inactive "$NETWORK")
+	if ! grep -q "<forward mode='open'/>" <<<"$cur" || ! grep -q "name='$BRIDGE'" <<<"$cur" ||
+		! grep -q "address='$BRIDGE_IP'" <<<"$cur" || ! grep -q "start='198.18.100.10' end='198.18.100.250'" <<<"$cur"; then
+		log "network $NETWORK has another definition: redefining"
+		virsh_ net-destroy "$NETWORK" >/dev/null 2>&1 || true
+		virsh_ net-undefine "$NETWORK" >/dev/null 2>&1 || true
+	fi
+fi
+if ! virsh_ net-info "$NETWORK" >/dev/null 2>&1; then
+	printf '%s\n' "$net_xml" >"$STATE/run/network.xml"
+	virsh_ net-define "$STATE/run/network.xml" >/dev/null
+fi
+net_healthy() {
+	net_active "$NETWORK" || return 1
+	grep -q "inet $BRIDGE_IP/24" <<<"$(ip -n "$NS" -4 addr show dev "$BRIDGE" 2>/dev/null)" || return 1
+	local p
+	p=$(tr -dc 0-9 2>/dev/null <"/run/libvirt/network/$NETWORK.pid" || true)
+	pid_alive "$p" dnsmasq && pid_in_ns "$p"
+}
+if ! net_healthy; then
+	if net_active "$NETWORK"; then
+		log "network $NETWORK is active but broken (bridge or dnsmasq missing): restarting it"
+		virsh_ net-destroy "$NETWORK" >/dev/null
+	fi
+	virsh_ net-start "$NETWORK" >/dev/null
+fi
+virsh_ net-autostart "$NETWORK" --disable >/dev/null
+wait_until 10 net_healthy || die "network $NETWORK did not come up"
+
+# --- sshd in the namespace ----------------------------------------------------
+hostkey=$STATE/sshd/ssh_host_ed25519_key
+clientkey=$STATE/client_key
+authkeys=$STATE/sshd/authorized_keys
+known=$STATE/known_hosts
+sshd_conf=$STATE/sshd/sshd_config
+sshd_pid=$STATE/run/sshd.pid
+[ -s "$hostkey" ] || ssh-keygen -q -t ed25519 -N '' -C "proxyfleet-testhost-host" -f "$hostkey"
+[ -s "$clientkey" ] || ssh-keygen -q -t ed25519 -N '' -C "proxyfleet-testhost-client" -f "$clientkey"
+cp "$clientkey.pub" "$authkeys"
+chmod 600 "$authkeys" "$hostkey" "$clientkey"
+echo "$NS_IP $(cut -d' ' -f1,2 "$hostkey.pub")" >"$known"
+chmod 644 "$known"
+cat >"$sshd_conf.new" <<EOF
+# proxyfleet test host sshd (generated by deploy/testhost/up.sh)
+ListenAddress $NS_IP:22
+HostKey $hostkey
+PidFile $sshd_pid
+AuthorizedKeysFile $authkeys
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+UseDNS no
+PrintMotd no
+AllowTcpForwarding yes
+AllowStreamLocalForwarding yes
+StreamLocalBindUnlink yes
+MaxSessions 200
+MaxStartups 200:30:400
+LogLevel VERBOSE
+Subsystem sftp internal-sftp
+EOF
+mkdir -p /run/sshd
+chmod 755 /run/sshd
+pid=$(tr -dc 0-9 2>/dev/null <"$sshd_pid" || true)
+if pid_alive "$pid" sshd && pid_in_ns "$pid" && cmp -s "$sshd_conf" "$sshd_conf.new"; then
+	rm -f "$sshd_conf.new"
+else
+	kill_pidfile "$sshd_pid" sshd
+	mv -f "$sshd_conf.new" "$sshd_conf"
+	/usr/sbin/sshd -t -f "$sshd_conf" || die "sshd config test failed"
+	log "starting sshd on $NS_IP:22 in netns $NS"
+	ip netns exec "$NS" /usr/sbin/sshd -f "$sshd_conf" -E "$STATE/logs/sshd.log"
+fi
+ssh_ok() {
+	timeout 10 ssh -q -i "$clientkey" -o UserKnownHostsFile="$known" -o StrictHostKeyChecking=yes \
+		-o BatchMode=yes -o ConnectTimeout=3 "root@$NS_IP" true
+}
+wait_until 20 ssh_ok || die "ssh root@$NS_IP does not answer (see $STATE/logs/sshd.log)"
+
+# --- config and environment for the tests -----------------------------------
+g=$STATE/guest
+sum() { cat "$g/$1.sha256"; }
+cat >"$STATE/proxyfleet.yaml.new" <<EOF
+# Generated by deploy/testhost/up.sh for the test host in netns $NS.
+nats: {url: ""}
+hosts:
+  - name: th1
+    driver: kvm
+    ssh: {address: "$NS_IP:22", user: root, key_file: $clientkey, known_hosts: $known}
+    socket: /run/libvirt/libvirt-sock
+    uri: qemu:///system
+    pool: $POOL
+    network: $NETWORK
+    domain_type: qemu
+    max_proxies: 20
+    budgets: {call: 30s, transfer_stall: 30s, close: 5s}
+images:
+  - name: testguest
+    url: file://$g/disk.raw
+    sha256: "$(sum disk.raw)"
+    format: raw
+    kernel: {url: "file://$g/vmlinuz", sha256: "$(sum vmlinuz)"}
+    initrd: {url: "file://$g/initrd.img", sha256: "$(sum initrd.img)"}
+    cmdline: "console=ttyS0"
+default_image: testguest
+proxy: {port: 3128, cpus: 1, memory_mib: 128}
+EOF
+mv -f "$STATE/proxyfleet.yaml.new" "$STATE/proxyfleet.yaml"
+cat >"$STATE/env.new" <<EOF
+export TESTHOST_NETNS=$NS
+export TESTHOST_ROOT_IP=$ROOT_IP
+export TESTHOST_NS_IP=$NS_IP
+export TESTHOST_BRIDGE_IP=$BRIDGE_IP
+export TESTHOST_SSH_ADDR=$NS_IP:22
+export TESTHOST_SSH_USER=root
+export TESTHOST_SSH_KEY=$clientkey
+export TESTHOST_KNOWN_HOSTS=$known
+export TESTHOST_LIBVIRT_SOCKET=/run/libvirt/libvirt-sock
+export TESTHOST_URI=$URI
+export TESTHOST_POOL=$POOL
+export TESTHOST_NETWORK=$NETWORK
+export TESTHOST_GUEST_KERNEL=$g/vmlinuz
+export TESTHOST_GUEST_KERNEL_SHA256=$(sum vmlinuz)
+export TESTHOST_GUEST_INITRD=$g/initrd.img
+export TESTHOST_GUEST_INITRD_SHA256=$(sum initrd.img)
+export TESTHOST_GUEST_DISK=$g/disk.raw
+export TESTHOST_GUEST_DISK_SHA256=$(sum disk.raw)
+export TESTHOST_GUEST_CMDLINE='console=ttyS0'
+export PROXYFLEET_CONFIG=$STATE/proxyfleet.yaml
+EOF
+mv -f "$STATE/env.new" "$STATE/env"
+log "ready in $(( ($(now_ms) - t_start) / 1000 ))s: source $STATE/env"
