@@ -98,10 +98,30 @@ func truncate(s string) string {
 
 // DecodeCreate decodes and validates a create command published with
 // subjectID as the subject's id token.
+//
+// An explicit "cpus": 0 or "memory_mib": 0 is out of range; an absent field
+// takes the configured default.
 func DecodeCreate(body []byte, subjectID string) (CreateCommand, error) {
-	var c CreateCommand
-	if err := decodeStrict(body, &c); err != nil {
+	var w struct {
+		CreateCommand
+		CPUs      *int `json:"cpus"`
+		MemoryMiB *int `json:"memory_mib"`
+	}
+	if err := decodeStrict(body, &w); err != nil {
 		return CreateCommand{}, err
+	}
+	c := w.CreateCommand
+	if w.CPUs != nil {
+		if *w.CPUs == 0 {
+			return c, fieldErr("cpus", "0 is out of range [%d, %d]", MinCPUs, MaxCPUs)
+		}
+		c.CPUs = *w.CPUs
+	}
+	if w.MemoryMiB != nil {
+		if *w.MemoryMiB == 0 {
+			return c, fieldErr("memory_mib", "0 is out of range [%d, %d]", MinMemoryMiB, MaxMemoryMiB)
+		}
+		c.MemoryMiB = *w.MemoryMiB
 	}
 	return c, c.Validate(subjectID)
 }

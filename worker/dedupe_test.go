@@ -1,0 +1,49 @@
+package worker_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"proxyfleet/messages"
+	"proxyfleet/worker"
+)
+
+// TestDuplicateAfterDedupeWindowHasNoEffect republishes a create with the
+// same command id after JetStream's duplicate window has passed, so the
+// server stores it again: intake must recognise the command id and leave
+// the proxy alone (here: deleted, as the later delete said).
+func TestDuplicateAfterDedupeWindowHasNoEffect(t *testing.T) {
+	r := newRig(t, "h1")
+	const window = 200 * time.Millisecond
+	r.startWorker(func(c *worker.Config) { c.Topology.DuplicateWindow = window })
+
+	s1 := r.create("p1", "c1", "")
+	r.waitOutcome("c1", messages.OutcomeDone)
+	// Inside the window JetStream drops it.
+	if s := r.create("p1", "c1", ""); s != s1 {
+		t.Fatalf("in-window duplicate stored at %d, want the original %d", s, s1)
+	}
+	r.delete("p1", "d1")
+	r.waitOutcome("d1", messages.OutcomeDone)
+
+	time.Sleep(2 * window)
+	s2 := r.create("p1", "c1", "")
+	if s2 == s1 {
+		t.Fatal("duplicate after the window was dropped by the server; the test proves nothing")
+	}
+	res := r.waitOutcome("c1", messages.OutcomeSuperseded)
+	if !strings.Contains(res.Reason, "duplicate") {
+		t.Errorf("reason %q, want it to say duplicate", res.Reason)
+	}
+	ev, _ := r.lastEvent("p1")
+	if ev.State != messages.StateDeleted {
+		t.Errorf("last event %+v, want deleted", ev)
+	}
+	if r.domainExists("h1", "p1") {
+		t.Error("the duplicate made a VM")
+	}
+	if n := len(readLines(r.hostDir("h1") + "/creates.log")); n != 2 {
+		t.Errorf("creates.log has %d fields, want one create", n)
+	}
+}

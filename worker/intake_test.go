@@ -1,0 +1,93 @@
+package worker_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"proxyfleet/messages"
+	"proxyfleet/worker"
+)
+
+// TestBadInputRejected publishes bad commands around valid ones for a proxy
+// that is running: each bad one gets exactly one rejected result naming its
+// field, is never redelivered, changes no state, and does not hold up the
+// valid commands.
+func TestBadInputRejected(t *testing.T) {
+	r := newRig(t, "h1")
+	w := r.startWorker()
+	r.create("live", "live-1", "")
+	r.waitOutcome("live-1", messages.OutcomeDone)
+	before, _ := r.lastEvent("live")
+
+	big := `{"v":1,"id":"live","labels":{"a":"` + strings.Repeat("x", messages.MaxBodySize) + `"}}`
+	cases := []struct {
+		name, subject, body, field string
+	}{
+		{"malformed json", subj.Create("live"), `{"v":1,"id":"live"`, "body"},
+		{"unknown field", subj.Create("live"), `{"v":1,"id":"live","colour":"red"}`, "colour"},
+		{"missing id", subj.Create("live"), `{"v":1}`, "id"},
+		{"bad id", subj.Create("Live_1"), `{"v":1,"id":"Live_1"}`, "id"},
+		{"subject mismatch", subj.Create("live"), `{"v":1,"id":"other"}`, "id"},
+		{"unknown host", subj.Create("live"), `{"v":1,"id":"live","host":"nowhere"}`, "host"},
+		{"unknown image", subj.Create("live"), `{"v":1,"id":"live","image":"nope"}`, "image"},
+		{"cpus zero", subj.Create("live"), `{"v":1,"id":"live","cpus":0}`, "cpus"},
+		{"memory too large", subj.Create("live"), `{"v":1,"id":"live","memory_mib":1073741824}`, "memory_mib"},
+		{"wrong version", subj.Create("live"), `{"v":2,"id":"live"}`, "v"},
+		{"oversized", subj.Create("live"), big, "body"},
+		{"empty body", subj.Create("live"), ``, "body"},
+		{"trailing data", subj.Create("live"), `{"v":1,"id":"live"} {}`, "body"},
+		{"wrong type", subj.Create("live"), `{"v":1,"id":"live","cpus":"two"}`, "cpus"},
+		{"delete unknown field", subj.Delete("live"), `{"v":1,"id":"live","force":true}`, "force"},
+		{"not an object", subj.Delete("live"), `[1,2]`, "body"},
+	}
+	// Valid commands for other proxies, interleaved with the bad ones.
+	for i, c := range cases {
+		r.publish(c.subject, []byte(c.body), "bad-"+fmt.Sprint(i))
+		r.create(fmt.Sprintf("ok%d", i), fmt.Sprintf("ok-%d", i), "")
+	}
+	for i := range cases {
+		r.waitOutcome(fmt.Sprintf("ok-%d", i), messages.OutcomeDone)
+	}
+	for i, c := range cases {
+		res := r.waitOutcome("bad-"+fmt.Sprint(i), messages.OutcomeRejected)
+		if res.Field != c.field {
+			t.Errorf("%s: field %q, want %q (reason %q)", c.name, res.Field, c.field, res.Reason)
+		}
+		if res.Reason == "" {
+			t.Errorf("%s: no reason", c.name)
+		}
+	}
+	// Never redelivered: the command stream is empty and intake has
+	// nothing pending or unacked; each bad command was answered once.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cons, err := r.js.Consumer(ctx, messages.StreamCommands, worker.IntakeConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.waitFor("intake to settle", 10*time.Second, func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.NumRedelivered == 0
+	})
+	time.Sleep(200 * time.Millisecond) // a redelivery would show up as a second answer
+	for i, c := range cases {
+		if n := len(r.resultsFor("bad-" + fmt.Sprint(i))); n != 1 {
+			t.Errorf("%s: %d results, want 1", c.name, n)
+		}
+	}
+	after, _ := r.lastEvent("live")
+	if after.Seq != before.Seq || after.State != messages.StateRunning {
+		t.Errorf("live proxy changed: before %+v, after %+v", before, after)
+	}
+	if got := w.Stats().Snapshot()["rejected"]; got != int64(len(cases)) {
+		t.Errorf("rejected = %d, want %d", got, len(cases))
+	}
+	st, _ := r.js.Stream(ctx, messages.StreamCommands)
+	info, _ := st.Info(ctx)
+	if info.State.Msgs != 0 {
+		t.Errorf("%d commands left in %s", info.State.Msgs, messages.StreamCommands)
+	}
+}
