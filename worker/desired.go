@@ -7,7 +7,6 @@ import (
 	"hash/fnv"
 	"sort"
 	"time"
-
 )
 
 // Desired is a proxy's desired state, the value of its key in PROXY_DESIRED.
@@ -100,4 +99,3 @@ func (d *Desired) workHosts() []string {
 	add(d.PrevHost)
 	return out
 }
-

@@ -393,4 +393,3 @@ func keepInProgress(msg jetstream.Msg, tick time.Duration) func() {
 	}()
 	return func() { close(done); wg.Wait() }
 }
-
