@@ -1,0 +1,188 @@
+#!/bin/bash
+# Boots one test guest on the test host (after `make testhost`) and checks,
+# from the root namespace, everything the tests rely on:
+#   - DHCP lease (virsh domifaddr --source lease) and guest agent (--source agent)
+#   - the guest's forward proxy reaches a server on 198.18.0.1 (GET and CONNECT)
+#   - the control API returns the seed's instance-id; proxy and agent stop/start
+#   - ssh to the test host, and libvirt over ssh (libssh transport and ssh -L)
+# Every wait is bounded. The smoke domain and its files are removed at the end.
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+[ "$(id -u)" = 0 ] || die "run as root"
+[ -f "$STATE/env" ] || die "no $STATE/env: run make testhost first"
+source "$STATE/env"
+
+DOM=${SMOKE_DOMAIN:-pftest-smoke}
+SMOKE_DIR=/var/lib/proxyfleet-testhost/smoke
+CONSOLE_LOG=/var/log/libvirt/qemu/$DOM-console.log
+PORT=${SMOKE_PORT:-18080}
+IID="smoke-$(date +%s)-$RANDOM"
+fails=0
+httpd_pid=""
+fwd_pid=""
+
+ok() { echo "smoke: ok   $*"; }
+bad() { echo "smoke: FAIL $*"; fails=$((fails + 1)); }
+# cu: curl straight to a guest (never through an environment proxy).
+cu() { curl --noproxy '*' -s "$@"; }
+ms_since() { echo $(($(now_ms) - $1)); }
+
+cleanup() {
+	[ -n "$httpd_pid" ] && kill "$httpd_pid" 2>/dev/null
+	[ -n "$fwd_pid" ] && kill "$fwd_pid" 2>/dev/null
+	virsh_ destroy "$DOM" >/dev/null 2>&1
+	virsh_ undefine "$DOM" >/dev/null 2>&1
+	rm -rf "$SMOKE_DIR" "$STATE/run/libvirt-fwd.sock"
+	true
+}
+trap cleanup EXIT
+cleanup
+
+# --- files for the domain -----------------------------------------------------
+mkdir -p "$SMOKE_DIR/seed"
+chmod 755 "$SMOKE_DIR"
+cp "$TESTHOST_GUEST_KERNEL" "$SMOKE_DIR/vmlinuz"
+cp "$TESTHOST_GUEST_INITRD" "$SMOKE_DIR/initrd.img"
+cp "$TESTHOST_GUEST_DISK" "$SMOKE_DIR/disk.raw"
+printf 'instance-id: %s\nlocal-hostname: %s\n' "$IID" "$DOM" >"$SMOKE_DIR/seed/meta-data"
+printf '#cloud-config\n# smoke test\n' >"$SMOKE_DIR/seed/user-data"
+genisoimage -quiet -output "$SMOKE_DIR/seed.iso" -volid cidata -joliet -rock \
+	"$SMOKE_DIR/seed/user-data" "$SMOKE_DIR/seed/meta-data" || die "genisoimage failed"
+chmod 644 "$SMOKE_DIR"/*.*
+
+cat >"$SMOKE_DIR/domain.xml" <<EOF
+<domain type='qemu'>
+  <name>$DOM</name>
+  <memory unit='MiB'>128</memory>
+  <vcpu>1</vcpu>
+  <os>
+    <type arch='x86_64'>hvm</type>
+    <kernel>$SMOKE_DIR/vmlinuz</kernel>
+    <initrd>$SMOKE_DIR/initrd.img</initrd>
+    <cmdline>console=ttyS0</cmdline>
+  </os>
+  <features><acpi/></features>
+  <on_poweroff>destroy</on_poweroff>
+  <on_reboot>destroy</on_reboot>
+  <on_crash>destroy</on_crash>
+  <devices>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='raw'/>
+      <source file='$SMOKE_DIR/disk.raw'/>
+      <target dev='vda' bus='virtio'/>
+    </disk>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='raw'/>
+      <source file='$SMOKE_DIR/seed.iso'/>
+      <target dev='vdb' bus='virtio'/>
+      <readonly/>
+    </disk>
+    <interface type='network'>
+      <source network='$TESTHOST_NETWORK'/>
+      <model type='virtio'/>
+    </interface>
+    <serial type='pty'>
+      <log file='$CONSOLE_LOG' append='off'/>
+      <target port='0'/>
+    </serial>
+    <console type='pty'><target type='serial' port='0'/></console>
+    <channel type='unix'>
+      <target type='virtio' name='org.qemu.guest_agent.0'/>
+    </channel>
+    <memballoon model='none'/>
+  </devices>
+</domain>
+EOF
+
+# --- boot -------------------------------------------------------------------
+virsh_ define "$SMOKE_DIR/domain.xml" >/dev/null || die "define failed"
+t0=$(now_ms)
+virsh_ start "$DOM" >/dev/null || die "start failed"
+echo "smoke: started $DOM (console log $CONSOLE_LOG)"
+
+lease_ip() { virsh_ domifaddr "$DOM" --source lease 2>/dev/null | grep -o '198\.18\.100\.[0-9]*' | head -1; }
+agent_ip() { virsh_ domifaddr "$DOM" --source agent 2>/dev/null | grep -o '198\.18\.100\.[0-9]*' | head -1; }
+has_lease() { [ -n "$(lease_ip)" ]; }
+has_agent() { [ -n "$(agent_ip)" ]; }
+agent_fails() { ! timeout 20 virsh -q -c "$URI" domifaddr "$DOM" --source agent >/dev/null 2>&1; }
+
+if wait_until 120 has_lease; then
+	IP=$(lease_ip)
+	ok "lease $IP after $(ms_since "$t0") ms (virsh start to lease)"
+else
+	bad "no lease after 120 s"
+	tail -40 "$CONSOLE_LOG" || true
+	exit 1
+fi
+if wait_until 60 has_agent; then
+	[ "$(agent_ip)" = "$IP" ] && ok "agent source answers $IP after $(ms_since "$t0") ms" || bad "agent says $(agent_ip), lease says $IP"
+else
+	bad "agent source has no address after 60 s"
+fi
+grep -a 'testguest:' "$CONSOLE_LOG" | grep -aE 'has an address|ready after|seed:' | sed 's/^/smoke: guest: /' || true
+
+# --- proxy ------------------------------------------------------------------
+mkdir -p "$SMOKE_DIR/www"
+token="proxyfleet-smoke-$RANDOM$RANDOM"
+echo "$token" >"$SMOKE_DIR/www/index.html"
+busybox httpd -f -p "$ROOT_IP:$PORT" -h "$SMOKE_DIR/www" &
+httpd_pid=$!
+wait_until 5 cu -f -o /dev/null "http://$ROOT_IP:$PORT/" || bad "local httpd on $ROOT_IP:$PORT did not start"
+proxy_get() { curl -s --max-time 10 -x "http://$IP:3128" "http://$ROOT_IP:$PORT/"; }
+proxy_tunnel() { curl -s --max-time 10 -p -x "http://$IP:3128" "http://$ROOT_IP:$PORT/"; }
+wait_until 30 cu --max-time 2 -o /dev/null "http://$IP:9090/healthz" || bad "control API not answering"
+[ "$(proxy_get)" = "$token" ] && ok "GET through proxy $IP:3128 reached $ROOT_IP:$PORT" || bad "GET through proxy returned '$(proxy_get)'"
+[ "$(proxy_tunnel)" = "$token" ] && ok "CONNECT through proxy reached $ROOT_IP:$PORT" || bad "CONNECT through proxy failed"
+
+# --- control API ------------------------------------------------------------
+got=$(cu --max-time 5 "http://$IP:9090/instance-id")
+[ "$got" = "$IID" ] && ok "instance-id $got from the seed" || bad "instance-id '$got', want '$IID'"
+cu --max-time 5 "http://$IP:9090/meta-data" | grep -q "local-hostname: $DOM" && ok "meta-data served" || bad "meta-data"
+cu --max-time 5 -X POST "http://$IP:9090/proxy/stop" >/dev/null
+proxy_down() { ! curl -s --max-time 3 -o /dev/null -x "http://$IP:3128" "http://$ROOT_IP:$PORT/"; }
+wait_until 10 proxy_down && ok "proxy/stop: proxy refuses" || bad "proxy still answers after proxy/stop"
+cu --max-time 5 -X POST "http://$IP:9090/proxy/start" >/dev/null
+proxy_up() { [ "$(proxy_get)" = "$token" ]; }
+wait_until 10 proxy_up && ok "proxy/start: proxy answers again" || bad "proxy does not answer after proxy/start"
+
+# --- agent stop/start -------------------------------------------------------
+cu --max-time 5 -X POST "http://$IP:9090/agent/stop" >/dev/null
+t=$(now_ms)
+if wait_until 30 agent_fails; then
+	ok "agent/stop: --source agent fails ($(virsh -q -c "$URI" domifaddr "$DOM" --source agent 2>&1 | head -1)) after $(ms_since "$t") ms"
+else
+	bad "--source agent still answers after agent/stop"
+fi
+has_lease && ok "lease source still answers while the agent is stopped" || bad "lease source lost"
+cu --max-time 5 -X POST "http://$IP:9090/agent/start" >/dev/null
+t=$(now_ms)
+wait_until 30 has_agent && ok "agent/start: --source agent answers again after $(ms_since "$t") ms" || bad "agent does not answer after agent/start"
+
+# --- ssh and libvirt over ssh -------------------------------------------------
+sshopts=(-i "$TESTHOST_SSH_KEY" -o UserKnownHostsFile="$TESTHOST_KNOWN_HOSTS" -o StrictHostKeyChecking=yes -o BatchMode=yes -o ConnectTimeout=5)
+timeout 20 ssh "${sshopts[@]}" "root@$TESTHOST_NS_IP" true && ok "ssh root@$TESTHOST_NS_IP true" || bad "ssh"
+uri="qemu+libssh://root@$TESTHOST_NS_IP/system?keyfile=$TESTHOST_SSH_KEY&known_hosts=$TESTHOST_KNOWN_HOSTS&known_hosts_verify=normal&sshauth=privkey"
+if out=$(timeout 30 virsh -q -c "$uri" domstate "$DOM" 2>&1) && [ "$out" = running ]; then
+	ok "virsh over qemu+libssh:// sees $DOM $out"
+else
+	bad "virsh over qemu+libssh://: $out"
+fi
+fwd=$STATE/run/libvirt-fwd.sock
+rm -f "$fwd"
+ssh "${sshopts[@]}" -N -o ExitOnForwardFailure=yes -L "$fwd:/run/libvirt/libvirt-sock" "root@$TESTHOST_NS_IP" &
+fwd_pid=$!
+if wait_until 15 test -S "$fwd" && out=$(timeout 20 virsh -q -c "qemu+unix:///system?socket=$fwd" domstate "$DOM" 2>&1) && [ "$out" = running ]; then
+	ok "virsh through ssh -L of /run/libvirt/libvirt-sock sees $DOM $out"
+else
+	bad "virsh through ssh -L: ${out:-no socket}"
+fi
+
+# --- the default network must not run ---------------------------------------
+net_active default && bad "libvirt's default network is active" || ok "default network inactive"
+
+if [ "$fails" -gt 0 ]; then
+	echo "smoke: $fails check(s) failed; console log tail:"
+	tail -30 "$CONSOLE_LOG" || true
+	exit 1
+fi
+echo "smoke: all checks passed in $(ms_since "$t0") ms"
