@@ -1,0 +1,43 @@
+# proxyfleet. Run `make help` for the targets.
+SHELL := /bin/bash
+export PATH := /usr/local/go/bin:$(HOME)/go/bin:$(PATH)
+GO ?= go
+BIN := bin/proxyfleet
+RUN_DIR := .run
+STATICCHECK_VERSION := v0.8.2
+# Tests that need the test host run against it; everything else runs anywhere.
+TEST_PKGS ?= ./...
+TEST_TIMEOUT ?= 40m
+
+.PHONY: help build run test test-unit lint bench clean fuzz
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
+
+build: ## build bin/proxyfleet
+	$(GO) build -o $(BIN) ./cmd/proxyfleet
+
+run: build ## start `proxyfleet serve` (embedded NATS, two sim hosts) in the foreground
+	@bash deploy/run.sh
+
+test: testhost ## set up the test host, then run every test with -race (fails on any skip)
+	@bash deploy/gotest.sh $(TEST_PKGS)
+
+test-unit: ## run the tests without setting up the test host (kvm tests will fail)
+	@bash deploy/gotest.sh $(TEST_PKGS)
+
+lint: ## go vet, gofmt and staticcheck
+	$(GO) vet ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	@test -x bin/staticcheck || GOBIN=$(CURDIR)/bin $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	bin/staticcheck ./...
+
+bench: ## measure commands/s through intake and execution beside raw JetStream publish; writes BENCHMARKS.md
+	$(GO) run ./internal/tools/bench -out BENCHMARKS.md
+
+fuzz: ## fuzz the command decoder for 30s
+	$(GO) test -run XXX -fuzz FuzzDecodeCommand -fuzztime 30s ./messages/
+
+clean: ## remove build output and the make-run state
+	rm -rf bin $(RUN_DIR)
+
+include deploy/testhost/testhost.mk
