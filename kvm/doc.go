@@ -1,0 +1,52 @@
+// Package kvm is the libvirt provider over SSH: per-host links to libvirtd,
+// call budgets, and error classification, on which the provider's Create,
+// Get, Delete and List are built. It never imports package worker.
+//
+// # Links
+//
+// Each host has one shared Link for calls. It owns a connection made of our
+// own SSH client (DialSSH: TCP connect, handshake and forward under one
+// deadline, host key checked against known_hosts, keepalives) forwarding to
+// the host's libvirt unix socket, and a go-libvirt client on it. go-libvirt's
+// own SSH dialer is not used: it never closes its SSH client and sends no
+// keepalives, so a host that vanishes would hold a link for as long as TCP
+// retransmits.
+//
+// go-libvirt calls take no context. Link.call runs each one in a goroutine
+// and waits for it, its time budget, the caller's ctx and the link's death.
+// An overrun or a cancelled ctx kills the link: there is no other way to stop
+// the call, and a link that let a call overrun cannot be trusted. Every other
+// call in flight on it fails transient at the same moment, and the next call
+// redials (no more often than the redial backoff allows). So nothing ever
+// waits on TCP retransmission, and a budget is a real bound.
+//
+// # Why killing is done the way it is (review finding H1)
+//
+// Killing a link closes the SSH client's TCP socket, never the forwarded
+// channel first: closing an SSH channel writes a close message under the
+// channel's write mutex, which a writer stalled on a dead host holds until
+// the kernel gives up retransmitting, about 15 minutes. Closing the TCP
+// socket takes no lock and unblocks that writer at once.
+//
+// The link is marked dead before the kill runs: the reason is recorded and a
+// channel closed, under a mutex, and only then, outside the mutex, does the
+// winner of that race run the kill. Concurrent callers see the link dead at
+// once and return; none of them waits for the kill, and there is no
+// sync.Once around it (Once.Do would make every concurrent caller wait for
+// the first kill to return: the very queue this avoids).
+//
+// # Transfers
+//
+// Uploads run on a dedicated link opened for the transfer (Link.transfer),
+// with a no-progress watchdog on the source: if no bytes move for the
+// transfer-stall budget, the dedicated link is killed and the transfer fails
+// transient. A slow or stalled upload never costs the host's shared link.
+//
+// # Errors
+//
+// Every error leaving the package is classed for package fleet in one place
+// (Classify, classify.go): libvirt error codes and transport errors map to
+// transient, permanent or not-found; an explicit class set closer to the
+// caller always wins. Errors carry short lowercase context
+// ("define domain p1: ...") and name the host.
+package kvm

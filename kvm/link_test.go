@@ -1,0 +1,398 @@
+package kvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/digitalocean/go-libvirt"
+
+	"proxyfleet/fleet"
+)
+
+// version is a cheap RPC.
+func version(l *libvirt.Libvirt) error {
+	v, err := l.ConnectGetLibVersion()
+	if err != nil {
+		return err
+	}
+	if v == 0 {
+		return errors.New("lib version 0")
+	}
+	return nil
+}
+
+func TestLink_roundTrip(t *testing.T) {
+	s := startSSHD(t)
+	k := newTestLink(t, LinkConfig{SSH: s.sshConfig(t, s.addr)})
+	var v uint64
+	start := time.Now()
+	err := k.call(context.Background(), 5*time.Second, func(l *libvirt.Libvirt) error {
+		var err error
+		v, err = l.ConnectGetLibVersion()
+		return err
+	})
+	if err != nil {
+		t.Fatalf("ConnectGetLibVersion: %v", err)
+	}
+	t.Logf("libvirt %d.%d.%d, dial and first call in %s", v/1000000, v/1000%1000, v%1000, time.Since(start))
+	if err := k.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	err = k.call(context.Background(), time.Second, version)
+	if fleet.ClassOf(err) != fleet.ClassTransient || !errors.Is(err, ErrLinkClosed) {
+		t.Fatalf("call after Close = %v (class %q), want transient ErrLinkClosed", err, fleet.ClassOf(err))
+	}
+}
+
+// A call whose link stalls (no RST, no FIN: bytes just stop) ends in a
+// transient error within its budget, not after TCP retransmission, and the
+// next call redials and succeeds.
+func TestLink_stallMidCallIsTransientWithinBudget(t *testing.T) {
+	s := startSSHD(t)
+	p := s.proxy(t)
+	k := newTestLink(t, LinkConfig{SSH: s.sshConfig(t, p.Addr())})
+	if err := k.call(context.Background(), 5*time.Second, version); err != nil {
+		t.Fatal(err)
+	}
+	before := k.current(t)
+
+	const budget = 2 * time.Second
+	start := time.Now()
+	err := k.call(context.Background(), budget, func(l *libvirt.Libvirt) error {
+		p.Stall()
+		return version(l)
+	})
+	took := time.Since(start)
+	t.Logf("stalled call: %v after %s", err, took)
+	if fleet.ClassOf(err) != fleet.ClassTransient || !errors.Is(err, ErrLinkDead) {
+		t.Fatalf("stalled call = %v (class %q), want transient ErrLinkDead", err, fleet.ClassOf(err))
+	}
+	if took < budget || took > 10*time.Second {
+		t.Fatalf("stalled call took %s, want about its %s budget", took, budget)
+	}
+	if !before.isDead() {
+		t.Fatal("the link that overran is not dead")
+	}
+
+	p.Pass()
+	start = time.Now()
+	if err := k.call(context.Background(), 5*time.Second, version); err != nil {
+		t.Fatalf("call after the stall: %v", err)
+	}
+	t.Logf("redial and call after the stall: %s", time.Since(start))
+	if k.current(t) == before {
+		t.Fatal("the call after the stall did not redial")
+	}
+}
+
+// A reset (RST) under a call fails it at once, not at its budget, and the
+// next call redials.
+func TestLink_resetFailsAtOnceAndRedials(t *testing.T) {
+	s := startSSHD(t)
+	p := s.proxy(t)
+	k := newTestLink(t, LinkConfig{SSH: s.sshConfig(t, p.Addr())})
+	if err := k.call(context.Background(), 5*time.Second, version); err != nil {
+		t.Fatal(err)
+	}
+	before := k.current(t)
+
+	start := time.Now()
+	err := k.call(context.Background(), 10*time.Second, func(l *libvirt.Libvirt) error {
+		p.Reset()
+		return version(l)
+	})
+	took := time.Since(start)
+	t.Logf("reset call: %v after %s", err, took)
+	if fleet.ClassOf(err) != fleet.ClassTransient || !errors.Is(err, ErrLinkDead) {
+		t.Fatalf("reset call = %v (class %q), want transient ErrLinkDead", err, fleet.ClassOf(err))
+	}
+	if took > 2*time.Second {
+		t.Fatalf("reset call took %s, want it to fail at once", took)
+	}
+	if err := k.call(context.Background(), 5*time.Second, version); err != nil {
+		t.Fatalf("call after the reset: %v", err)
+	}
+	if k.current(t) == before {
+		t.Fatal("the call after the reset did not redial")
+	}
+}
+
+// One call overrunning its budget fails every other call in flight on the
+// link, at once and transient.
+func TestLink_overrunFailsEveryCallInFlight(t *testing.T) {
+	s := startSSHD(t)
+	k := newTestLink(t, LinkConfig{SSH: s.sshConfig(t, s.addr)})
+	c := k.current(t)
+
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	inFlight := make(chan struct{})
+	other := make(chan error, 1)
+	go func() {
+		other <- k.call(context.Background(), time.Minute, func(l *libvirt.Libvirt) error {
+			close(inFlight)
+			<-release
+			return nil
+		})
+	}()
+	<-inFlight
+
+	err := k.call(context.Background(), 200*time.Millisecond, func(l *libvirt.Libvirt) error {
+		<-release
+		return nil
+	})
+	if fleet.ClassOf(err) != fleet.ClassTransient || !strings.Contains(err.Error(), "budget") {
+		t.Fatalf("overrunning call = %v, want transient over budget", err)
+	}
+	err = within(t, 2*time.Second, "the other call in flight", func() error { return <-other })
+	if fleet.ClassOf(err) != fleet.ClassTransient || !errors.Is(err, ErrLinkDead) {
+		t.Fatalf("other call in flight = %v, want transient ErrLinkDead", err)
+	}
+	if !c.isDead() {
+		t.Fatal("link not dead after an overrun")
+	}
+}
+
+// A cancelled ctx ends the call at once, transient, and kills the link (the
+// call could not be stopped otherwise).
+func TestLink_cancelledCallIsTransient(t *testing.T) {
+	s := startSSHD(t)
+	k := newTestLink(t, LinkConfig{SSH: s.sshConfig(t, s.addr)})
+	c := k.current(t)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { time.Sleep(100 * time.Millisecond); cancel() }()
+	err := within(t, 2*time.Second, "cancelled call", func() error {
+		return k.call(ctx, time.Minute, func(l *libvirt.Libvirt) error { <-release; return nil })
+	})
+	if fleet.ClassOf(err) != fleet.ClassTransient || !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled call = %v, want transient context.Canceled", err)
+	}
+	if !c.isDead() {
+		t.Fatal("link not dead after a cancelled call")
+	}
+}
+
+// libvirtd's own errors come back classified and leave the link alive.
+func TestLink_libvirtErrorIsClassifiedAndLinkLives(t *testing.T) {
+	s := startSSHD(t)
+	k := newTestLink(t, LinkConfig{SSH: s.sshConfig(t, s.addr)})
+	c := k.current(t)
+	err := k.call(context.Background(), 5*time.Second, func(l *libvirt.Libvirt) error {
+		_, err := l.DomainLookupByName("proxyfleet-test-no-such-domain")
+		if err != nil {
+			return errors.New("look up domain proxyfleet-test-no-such-domain: " + err.Error())
+		}
+		return nil
+	})
+	// A message-only wrap loses the code: permanent (unknown).
+	if fleet.ClassOf(err) != fleet.ClassPermanent {
+		t.Fatalf("string-wrapped lookup error class = %q, want permanent", fleet.ClassOf(err))
+	}
+	err = k.call(context.Background(), 5*time.Second, func(l *libvirt.Libvirt) error {
+		_, err := l.DomainLookupByName("proxyfleet-test-no-such-domain")
+		if err != nil {
+			return fmt.Errorf("look up domain %s: %w", "proxyfleet-test-no-such-domain", err)
+		}
+		return nil
+	})
+	if fleet.ClassOf(err) != fleet.ClassNotFound {
+		t.Fatalf("lookup of a missing domain = %v (class %q), want not_found", err, fleet.ClassOf(err))
+	}
+	if !strings.HasPrefix(err.Error(), "look up domain proxyfleet-test-no-such-domain: ") {
+		t.Fatalf("error %q lacks its context", err)
+	}
+	if c.isDead() || k.current(t) != c {
+		t.Fatal("a libvirt error killed the link")
+	}
+}
+
+// The H1 regression test. A kill that blocks (as closing a channel behind a
+// stalled writer did, for ~15 minutes) must not hold up anyone but the
+// killer: the link is seen dead at once by a call parked on it, a second
+// markDead returns at once, and a new call redials without waiting.
+func TestMarkDead_slowKillDoesNotBlockCallers(t *testing.T) {
+	s := startSSHD(t)
+	k := newTestLink(t, LinkConfig{SSH: s.sshConfig(t, s.addr)})
+	c := k.current(t)
+
+	releaseKill := make(chan struct{})
+	c.mu.Lock()
+	realKill := c.kill
+	c.kill = func() { <-releaseKill; realKill() }
+	c.mu.Unlock()
+	releaseFn := make(chan struct{})
+	t.Cleanup(func() { close(releaseFn) })
+	t.Cleanup(func() { close(releaseKill) }) // runs first: unblocks the kill
+
+	// A caller genuinely parked inside a call on the link, not refused on
+	// the way in.
+	inFlight := make(chan struct{})
+	parked := make(chan error, 1)
+	go func() {
+		parked <- k.call(context.Background(), time.Minute, func(l *libvirt.Libvirt) error {
+			close(inFlight)
+			<-releaseFn
+			return nil
+		})
+	}()
+	<-inFlight
+
+	killerDone := make(chan struct{})
+	go func() {
+		defer close(killerDone)
+		c.markDead(errors.New("test: slow kill"))
+	}()
+
+	select {
+	case err := <-parked:
+		if fleet.ClassOf(err) != fleet.ClassTransient || !errors.Is(err, ErrLinkDead) {
+			t.Fatalf("parked call = %v, want transient ErrLinkDead", err)
+		}
+		if !strings.Contains(err.Error(), "test: slow kill") {
+			t.Fatalf("parked call = %v, want the kill's reason", err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("link not signalled dead while its kill is still running")
+	}
+	within(t, time.Second, "a second markDead during a slow kill", func() bool {
+		return c.markDead(errors.New("second"))
+	})
+	err := within(t, 5*time.Second, "a new call during a slow kill", func() error {
+		return k.call(context.Background(), 5*time.Second, version)
+	})
+	if err != nil {
+		t.Fatalf("new call during a slow kill: %v", err)
+	}
+	select {
+	case <-killerDone:
+		t.Fatal("the kill returned before it was released: the test did not test anything")
+	default:
+	}
+}
+
+// An idle link whose network stalls is killed by the SSH keepalive, without
+// any call noticing, and the next call redials.
+func TestKeepalive_killsStalledIdleLink(t *testing.T) {
+	s := startSSHD(t)
+	p := s.proxy(t)
+	cfg := s.sshConfig(t, p.Addr())
+	cfg.KeepaliveInterval = 100 * time.Millisecond
+	cfg.KeepaliveTimeout = 300 * time.Millisecond
+	k := newTestLink(t, LinkConfig{SSH: cfg})
+	c := k.current(t)
+	// Keepalives get replies while the network is fine.
+	time.Sleep(500 * time.Millisecond)
+	if c.isDead() {
+		t.Fatalf("healthy idle link died: %v", c.deadErr())
+	}
+
+	p.Stall()
+	start := time.Now()
+	select {
+	case <-c.dead:
+	case <-time.After(5 * time.Second):
+		t.Fatal("stalled idle link still alive after 5s")
+	}
+	t.Logf("keepalive killed the stalled link after %s: %v", time.Since(start), c.deadErr())
+	mustBe(t, c.deadErr(), ErrKeepalive, "dead link's reason")
+
+	p.Pass()
+	if err := k.call(context.Background(), 5*time.Second, version); err != nil {
+		t.Fatalf("call after keepalive kill: %v", err)
+	}
+}
+
+// After a failed dial the link does not dial again until its backoff allows;
+// calls meanwhile fail at once, transient, with the dial's error. A
+// successful dial resets the backoff.
+func TestLink_redialBackoff(t *testing.T) {
+	s := startSSHD(t)
+	var dials atomic.Int32
+	var refuse atomic.Bool
+	refuse.Store(true)
+	now := time.Unix(1_000_000, 0)
+	var clock atomic.Pointer[time.Time]
+	clock.Store(&now)
+	bo := &recordingBackOff{next: time.Hour}
+	cfg := LinkConfig{
+		SSH:        s.sshConfig(t, s.addr),
+		NewBackOff: func() backoff.BackOff { return bo },
+		Now:        func() time.Time { return *clock.Load() },
+	}
+	sshCfg := cfg.SSH
+	closed := freeAddr(t) // nothing listens there
+	cfg.Dial = func(ctx context.Context) (net.Conn, error) {
+		dials.Add(1)
+		c := sshCfg
+		if refuse.Load() {
+			c.Address = closed
+		}
+		return DialSSH(ctx, c)
+	}
+	k := newTestLink(t, cfg)
+
+	err := k.call(context.Background(), time.Second, version)
+	if fleet.ClassOf(err) != fleet.ClassTransient {
+		t.Fatalf("call with the host refusing = %v (class %q), want transient", err, fleet.ClassOf(err))
+	}
+	if n := dials.Load(); n != 1 {
+		t.Fatalf("dials = %d, want 1", n)
+	}
+	refuse.Store(false)
+	err = k.call(context.Background(), time.Second, version)
+	if fleet.ClassOf(err) != fleet.ClassTransient || !strings.Contains(err.Error(), "next dial in 1h0m0s") {
+		t.Fatalf("call inside the backoff = %v, want transient 'next dial in 1h0m0s'", err)
+	}
+	if n := dials.Load(); n != 1 {
+		t.Fatalf("dials inside the backoff = %d, want still 1", n)
+	}
+	later := now.Add(time.Hour)
+	clock.Store(&later)
+	if err := k.call(context.Background(), 5*time.Second, version); err != nil {
+		t.Fatalf("call after the backoff: %v", err)
+	}
+	if n := dials.Load(); n != 2 {
+		t.Fatalf("dials after the backoff = %d, want 2", n)
+	}
+	if next, resets := bo.counts(); next != 1 || resets != 1 {
+		t.Fatalf("backoff: %d intervals asked, %d resets; want 1 and 1 (one failed dial, one success)", next, resets)
+	}
+}
+
+// recordingBackOff is a constant backoff that counts what was asked of it.
+type recordingBackOff struct {
+	next time.Duration
+
+	mu     sync.Mutex
+	asked  int
+	resets int
+}
+
+func (b *recordingBackOff) NextBackOff() time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.asked++
+	return b.next
+}
+
+func (b *recordingBackOff) Reset() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.resets++
+}
+
+func (b *recordingBackOff) counts() (asked, resets int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.asked, b.resets
+}
