@@ -1,0 +1,483 @@
+package health
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/messages"
+)
+
+// DefaultHTTPAddr is where the health process serves HTTP unless told.
+const DefaultHTTPAddr = "127.0.0.1:8080"
+
+// Config of a health process. New fills the zero values with defaults.
+type Config struct {
+	Subjects messages.Subjects
+	// HTTPAddr is the listen address of /rotation, /healthz and /metrics;
+	// a port of 0 picks a free one (see Addr). Empty: DefaultHTTPAddr.
+	HTTPAddr string
+	Logger   *slog.Logger
+	// Now is the clock of the fold (grace) and of the snapshots' time.
+	Now func() time.Time
+	// Grace is how long a proxy keeps its place after reporting
+	// provisioning without an address. Zero demotes it at once.
+	Grace time.Duration
+
+	// OpTimeout bounds each request to NATS made while publishing
+	// (default 5s).
+	OpTimeout time.Duration
+	// RetryInterval is the wait before publishing again after a failure
+	// (default 1s).
+	RetryInterval time.Duration
+	// CatchUpPoll is how often the consumer's info is read while catching
+	// up, in case no message says it was the last (default 500ms).
+	CatchUpPoll time.Duration
+}
+
+// Health consumes state events and publishes the rotation.
+type Health struct {
+	cfg  Config
+	js   jetstream.JetStream
+	nc   *nats.Conn
+	subj messages.Subjects
+	log  *slog.Logger
+	now  func() time.Time
+
+	// mu guards the fold and everything derived from it.
+	mu            sync.Mutex
+	fold          *Fold
+	undecodable   uint64 // events the fold never saw: bad subject or body
+	handledSeq    uint64 // stream sequence of the last event handled
+	startLastSeq  uint64 // the stream's last sequence when the consumer started
+	caughtUp      bool
+	caughtUpCh    chan struct{}
+	version       uint64
+	snap          messages.Rotation
+	publishErrors uint64
+	published     uint64 // version of the last snapshot published
+
+	wake chan struct{}
+
+	startOnce sync.Once
+	started   bool
+	kv        jetstream.KeyValue
+	cons      jetstream.Consumer
+	cc        jetstream.ConsumeContext
+	ln        net.Listener
+	srv       *http.Server
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	stopOnce  sync.Once
+
+	// bucket is what the loop believes PROXY_ROTATION holds; nil until it
+	// has been read once, after the catch-up. Owned by the loop.
+	bucket map[string]string
+}
+
+// New returns a health process on js. Call Start to run it.
+func New(js jetstream.JetStream, cfg Config) (*Health, error) {
+	if js == nil {
+		return nil, errors.New("health: no JetStream context")
+	}
+	if cfg.Subjects.Prefix == "" {
+		cfg.Subjects = messages.NewSubjects("")
+	}
+	if !messages.ValidPrefix(cfg.Subjects.Prefix) {
+		return nil, fmt.Errorf("health: invalid subject prefix %q", cfg.Subjects.Prefix)
+	}
+	if cfg.HTTPAddr == "" {
+		cfg.HTTPAddr = DefaultHTTPAddr
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Grace < 0 {
+		return nil, fmt.Errorf("health: negative grace %v", cfg.Grace)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&cfg.OpTimeout, 5*time.Second)
+	def(&cfg.RetryInterval, time.Second)
+	def(&cfg.CatchUpPoll, 500*time.Millisecond)
+	return &Health{
+		cfg: cfg, js: js, nc: js.Conn(), subj: cfg.Subjects,
+		log: cfg.Logger.With("component", "health"), now: cfg.Now,
+		fold:       NewFold(cfg.Grace, cfg.Now),
+		caughtUpCh: make(chan struct{}),
+		wake:       make(chan struct{}, 1),
+	}, nil
+}
+
+// Start binds the stream and the bucket (created by the worker's topology;
+// a missing one is an error naming it), listens on HTTPAddr and starts
+// consuming. It returns once all runs; CaughtUp tells when the initial
+// picture is complete.
+func (h *Health) Start(ctx context.Context) error {
+	err := errors.New("health: already started")
+	h.startOnce.Do(func() { err = h.start(ctx) })
+	return err
+}
+
+func (h *Health) start(ctx context.Context) error {
+	stream, err := h.js.Stream(ctx, messages.StreamEvents)
+	if err != nil {
+		return fmt.Errorf("health: bind stream %s (the worker creates it): %w", messages.StreamEvents, err)
+	}
+	if h.kv, err = h.js.KeyValue(ctx, messages.BucketRotation); err != nil {
+		return fmt.Errorf("health: bind bucket %s (the worker creates it): %w", messages.BucketRotation, err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("health: read stream %s: %w", messages.StreamEvents, err)
+	}
+	h.cons, err = stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{h.subj.StateAll()},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("health: ordered consumer on %s: %w", messages.StreamEvents, err)
+	}
+	if h.ln, err = net.Listen("tcp", h.cfg.HTTPAddr); err != nil {
+		return fmt.Errorf("health: listen on %s: %w", h.cfg.HTTPAddr, err)
+	}
+	h.srv = &http.Server{Handler: h.Handler(), ReadHeaderTimeout: 10 * time.Second}
+
+	h.mu.Lock()
+	h.startLastSeq = info.State.LastSeq
+	if info.State.Msgs == 0 {
+		h.caughtUpLocked("the stream is empty")
+	}
+	h.mu.Unlock()
+
+	h.cc, err = h.cons.Consume(h.handle, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		h.log.Warn("consuming state events", "err", err)
+	}))
+	if err != nil {
+		h.ln.Close()
+		return fmt.Errorf("health: consume %s: %w", messages.StreamEvents, err)
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	h.started = true
+	h.wg.Add(2)
+	go func() {
+		defer h.wg.Done()
+		if err := h.srv.Serve(h.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			h.log.Error("http server", "err", err)
+		}
+	}()
+	go func() {
+		defer h.wg.Done()
+		h.loop(runCtx)
+	}()
+	h.log.Info("health started", "http", h.ln.Addr().String(), "grace", h.cfg.Grace)
+	return nil
+}
+
+// Stop stops consuming, publishing and serving, and waits for its
+// goroutines (or for ctx).
+func (h *Health) Stop(ctx context.Context) {
+	h.stopOnce.Do(func() {
+		h.startOnce.Do(func() {}) // a Start after Stop fails
+		if !h.started {
+			return
+		}
+		h.cc.Stop()
+		select {
+		case <-h.cc.Closed():
+		case <-ctx.Done():
+		}
+		h.cancel()
+		if err := h.srv.Shutdown(ctx); err != nil {
+			h.log.Warn("http shutdown", "err", err)
+			h.srv.Close()
+		}
+		done := make(chan struct{})
+		go func() { h.wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			h.log.Warn("health stop: goroutines still running", "err", ctx.Err())
+		}
+		// The ordered consumer is ephemeral; remove it now rather than
+		// after its inactivity threshold.
+		if ci := h.cons.CachedInfo(); ci != nil {
+			dctx, cancel := context.WithTimeout(ctx, h.cfg.OpTimeout)
+			_ = h.js.DeleteConsumer(dctx, messages.StreamEvents, ci.Name)
+			cancel()
+		}
+		h.log.Info("health stopped")
+	})
+}
+
+// Addr is the address HTTP is served on, once started ("" before).
+func (h *Health) Addr() string {
+	if h.ln == nil {
+		return ""
+	}
+	return h.ln.Addr().String()
+}
+
+// CaughtUp is closed once the events the stream held at start are folded.
+func (h *Health) CaughtUp() <-chan struct{} { return h.caughtUpCh }
+
+// Rotation returns the current snapshot and whether it is complete (caught
+// up); before that it is empty.
+func (h *Health) Rotation() (messages.Rotation, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.snap, h.caughtUp
+}
+
+// Metrics are the health process's counters.
+type Metrics struct {
+	RotationSize    int
+	RotationVersion uint64
+	Changes         uint64 // changes of the rotation, catch-up included
+	Events          uint64 // state events received
+	Ignored         uint64 // of which stale, duplicate or not understood
+	PublishErrors   uint64
+	CaughtUp        bool
+}
+
+// Metrics returns the counters.
+func (h *Health) Metrics() Metrics {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st := h.fold.Stats()
+	return Metrics{
+		RotationSize:    h.fold.Len(),
+		RotationVersion: h.version,
+		Changes:         st.Changes,
+		Events:          st.Events + h.undecodable,
+		Ignored:         st.Ignored + h.undecodable,
+		PublishErrors:   h.publishErrors,
+		CaughtUp:        h.caughtUp,
+	}
+}
+
+// handle folds one message of PROXY_EVENTS. The ordered consumer calls it
+// from one goroutine at a time.
+func (h *Health) handle(msg jetstream.Msg) {
+	var ev messages.StateEvent
+	id, err := h.subj.ParseState(msg.Subject())
+	if err == nil {
+		err = messages.Decode(msg.Data(), &ev)
+	}
+	if err == nil && ev.ID != id {
+		err = fmt.Errorf("body id %q does not match the subject's %q", ev.ID, id)
+	}
+	if err == nil && !messages.ValidID(id) {
+		err = fmt.Errorf("invalid id %q", id)
+	}
+	md, mdErr := msg.Metadata()
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err != nil {
+		h.undecodable++
+		h.log.Warn("ignoring a state event", "subject", msg.Subject(), "err", err)
+	} else if h.fold.Apply(ev) {
+		h.changedLocked()
+	}
+	if mdErr == nil {
+		h.handledSeq = max(h.handledSeq, md.Sequence.Stream)
+		switch {
+		case md.NumPending == 0:
+			h.caughtUpLocked("no event pending")
+		case h.handledSeq >= h.startLastSeq:
+			h.caughtUpLocked("reached the stream's last sequence at start")
+		}
+	}
+	h.signal()
+}
+
+func (h *Health) signal() {
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+}
+
+// changedLocked makes a new snapshot version once caught up. Before that,
+// the fold is a partial picture and nothing is published.
+func (h *Health) changedLocked() {
+	if !h.caughtUp {
+		return
+	}
+	h.version++
+	h.snap = messages.Rotation{V: messages.Version, Version: h.version, Proxies: h.fold.Snapshot(), At: h.now().UTC()}
+}
+
+func (h *Health) caughtUpLocked(why string) {
+	if h.caughtUp {
+		return
+	}
+	h.caughtUp = true
+	close(h.caughtUpCh)
+	h.changedLocked()
+	h.log.Info("caught up", "why", why, "rotation", len(h.snap.Proxies), "events", h.fold.Stats().Events+h.undecodable)
+	h.signal()
+}
+
+// loop owns publishing and the grace timer.
+func (h *Health) loop(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var retry, poll <-chan time.Time
+	for {
+		h.mu.Lock()
+		if h.fold.Tick(h.now()) {
+			h.changedLocked()
+		}
+		deadline, graceRunning := h.fold.NextDeadline()
+		caughtUp := h.caughtUp
+		h.mu.Unlock()
+
+		retry = nil
+		if err := h.publish(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			h.mu.Lock()
+			h.publishErrors++
+			h.mu.Unlock()
+			h.log.Warn("publishing the rotation", "err", err)
+			retry = time.After(h.cfg.RetryInterval)
+		}
+		poll = nil
+		if !caughtUp {
+			h.pollCatchUp(ctx)
+			poll = time.After(h.cfg.CatchUpPoll)
+		}
+		var graceC <-chan time.Time
+		if graceRunning {
+			timer.Reset(max(deadline.Sub(h.now()), time.Millisecond))
+			graceC = timer.C
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.wake:
+		case <-graceC:
+		case <-retry:
+		case <-poll:
+		}
+	}
+}
+
+// pollCatchUp declares the catch-up complete if the consumer has nothing
+// pending and everything it delivered was handled: the case where no
+// message said it was the last one (events aged out while catching up).
+func (h *Health) pollCatchUp(ctx context.Context) {
+	ictx, cancel := context.WithTimeout(ctx, h.cfg.OpTimeout)
+	defer cancel()
+	ci, err := h.cons.Info(ictx)
+	if err != nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if ci.NumPending == 0 && ci.Delivered.Stream <= h.handledSeq {
+		h.caughtUpLocked("the consumer has nothing pending")
+	}
+}
+
+// publish brings PROXY_ROTATION and <prefix>.rotation to the latest
+// snapshot, if it is newer than the last one published. Snapshots that
+// came and went while it was busy are skipped: versions published only
+// grow, possibly by more than one.
+func (h *Health) publish(ctx context.Context) error {
+	h.mu.Lock()
+	snap, ready, done := h.snap, h.caughtUp, h.published
+	h.mu.Unlock()
+	if !ready || snap.Version == done {
+		return nil
+	}
+	if h.bucket == nil {
+		b, err := h.readBucket(ctx)
+		if err != nil {
+			return err
+		}
+		h.bucket = b
+	}
+	want := make(map[string]string, len(snap.Proxies))
+	for _, e := range snap.Proxies {
+		want[e.ID] = e.Addr
+	}
+	for _, e := range snap.Proxies {
+		if addr, ok := h.bucket[e.ID]; ok && addr == e.Addr {
+			continue
+		}
+		octx, cancel := context.WithTimeout(ctx, h.cfg.OpTimeout)
+		_, err := h.kv.PutString(octx, e.ID, e.Addr)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("put %s in %s: %w", e.ID, messages.BucketRotation, err)
+		}
+		h.bucket[e.ID] = e.Addr
+	}
+	for key := range h.bucket {
+		if _, ok := want[key]; ok {
+			continue
+		}
+		octx, cancel := context.WithTimeout(ctx, h.cfg.OpTimeout)
+		err := h.kv.Delete(octx, key)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("delete %s from %s: %w", key, messages.BucketRotation, err)
+		}
+		delete(h.bucket, key)
+	}
+	body, err := json.Marshal(snap)
+	if err != nil {
+		return err
+	}
+	if err := h.nc.Publish(h.subj.Rotation(), body); err != nil {
+		return fmt.Errorf("publish %s: %w", h.subj.Rotation(), err)
+	}
+	h.mu.Lock()
+	h.published = snap.Version
+	h.mu.Unlock()
+	h.log.Debug("rotation published", "version", snap.Version, "size", len(snap.Proxies))
+	return nil
+}
+
+// readBucket returns every key and value of PROXY_ROTATION.
+func (h *Health) readBucket(ctx context.Context) (map[string]string, error) {
+	octx, cancel := context.WithTimeout(ctx, h.cfg.OpTimeout)
+	defer cancel()
+	w, err := h.kv.WatchAll(octx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", messages.BucketRotation, err)
+	}
+	defer w.Stop()
+	out := make(map[string]string)
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil {
+				return out, nil
+			}
+			out[e.Key()] = string(e.Value())
+		case <-octx.Done():
+			return nil, fmt.Errorf("read %s: %w", messages.BucketRotation, octx.Err())
+		}
+	}
+}

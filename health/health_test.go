@@ -1,0 +1,565 @@
+package health_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"proxyfleet/health"
+	"proxyfleet/internal/natstest"
+	"proxyfleet/messages"
+	"proxyfleet/worker"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// The embedded server's and client's long-lived goroutines end
+		// asynchronously after Shutdown/Close.
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start"),
+		goleak.IgnoreTopFunction("time.Sleep"),
+	)
+}
+
+var subj = messages.NewSubjects("")
+
+type rig struct {
+	t   *testing.T
+	srv *natstest.Server
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	kv  jetstream.KeyValue
+
+	mu    sync.Mutex
+	snaps []messages.Rotation
+}
+
+// newRig starts a server, creates the topology as a worker would, and
+// records every snapshot published on proxy.rotation.
+func newRig(t *testing.T) *rig {
+	t.Helper()
+	srv := natstest.Start(t)
+	nc, js := srv.Connect(t)
+	ctx := context.Background()
+	if err := (worker.Topology{Subjects: subj}).Ensure(ctx, js, []string{"h1"}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, messages.BucketRotation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{t: t, srv: srv, nc: nc, js: js, kv: kv}
+	sub, err := nc.Subscribe(subj.Rotation(), func(m *nats.Msg) {
+		var rot messages.Rotation
+		if err := messages.Decode(m.Data, &rot); err != nil {
+			t.Errorf("snapshot: %v", err)
+			return
+		}
+		r.mu.Lock()
+		r.snaps = append(r.snaps, rot)
+		r.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	return r
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// start runs a health process until the test ends and waits for its catch-up.
+func (r *rig) start(cfg health.Config) *health.Health {
+	r.t.Helper()
+	cfg.Subjects = subj
+	if cfg.HTTPAddr == "" {
+		cfg.HTTPAddr = "127.0.0.1:0"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(r.t)
+	}
+	if cfg.CatchUpPoll == 0 {
+		cfg.CatchUpPoll = 50 * time.Millisecond
+	}
+	if cfg.RetryInterval == 0 {
+		cfg.RetryInterval = 50 * time.Millisecond
+	}
+	h, err := health.New(r.js, cfg)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if err := h.Start(context.Background()); err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		h.Stop(ctx)
+	})
+	select {
+	case <-h.CaughtUp():
+	case <-time.After(10 * time.Second):
+		r.t.Fatal("health did not catch up within 10s")
+	}
+	return h
+}
+
+func event(id string, seq uint64, state, ip string) messages.StateEvent {
+	e := messages.StateEvent{V: 1, ID: id, State: state, Host: "h1", IP: ip, Source: messages.SourceSim, Seq: seq, At: time.Now().UTC()}
+	if ip != "" {
+		e.Port = 3128
+	}
+	return e
+}
+
+func (r *rig) publish(evs ...messages.StateEvent) {
+	r.t.Helper()
+	for _, ev := range evs {
+		b, err := json.Marshal(ev)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		r.publishRaw(subj.State(ev.ID), b)
+	}
+}
+
+func (r *rig) publishRaw(subject string, body []byte) {
+	r.t.Helper()
+	if _, err := r.js.Publish(context.Background(), subject, body); err != nil {
+		r.t.Fatalf("publish %s: %v", subject, err)
+	}
+}
+
+// bucket reads PROXY_ROTATION.
+func (r *rig) bucket() map[string]string {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	out := map[string]string{}
+	keys, err := r.kv.ListKeys(ctx)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for k := range keys.Keys() {
+		e, err := r.kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		out[k] = string(e.Value())
+	}
+	return out
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (r *rig) waitBucket(want map[string]string) {
+	r.t.Helper()
+	var got map[string]string
+	waitFor(r.t, fmt.Sprintf("bucket %v", want), func() bool {
+		got = r.bucket()
+		return reflect.DeepEqual(got, want)
+	})
+}
+
+func (r *rig) snapshots() []messages.Rotation {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]messages.Rotation(nil), r.snaps...)
+}
+
+// waitSnapshot waits for a published snapshot with exactly these addrs by id.
+func (r *rig) waitSnapshot(want map[string]string) messages.Rotation {
+	r.t.Helper()
+	var last messages.Rotation
+	waitFor(r.t, fmt.Sprintf("snapshot %v", want), func() bool {
+		s := r.snapshots()
+		if len(s) == 0 {
+			return false
+		}
+		last = s[len(s)-1]
+		return reflect.DeepEqual(addrs(last.Proxies), want)
+	})
+	return last
+}
+
+func addrs(es []messages.RotationEntry) map[string]string {
+	out := map[string]string{}
+	for _, e := range es {
+		out[e.ID] = e.Addr
+	}
+	return out
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+func getRotation(t *testing.T, h *health.Health) messages.Rotation {
+	t.Helper()
+	code, body := get(t, "http://"+h.Addr()+"/rotation")
+	if code != http.StatusOK {
+		t.Fatalf("GET /rotation = %d %q", code, body)
+	}
+	var rot messages.Rotation
+	if err := messages.Decode([]byte(body), &rot); err != nil {
+		t.Fatalf("GET /rotation: %v in %q", err, body)
+	}
+	return rot
+}
+
+func checkVersionsIncrease(t *testing.T, snaps []messages.Rotation) {
+	t.Helper()
+	for i := 1; i < len(snaps); i++ {
+		if snaps[i].Version <= snaps[i-1].Version {
+			t.Fatalf("snapshot versions %d then %d", snaps[i-1].Version, snaps[i].Version)
+		}
+	}
+}
+
+func TestRotationFollowsEvents(t *testing.T) {
+	r := newRig(t)
+	h := r.start(health.Config{})
+
+	// Caught up on an empty stream: one empty snapshot, version 1.
+	first := r.waitSnapshot(map[string]string{})
+	if first.V != 1 || first.Version != 1 || first.Proxies == nil {
+		t.Fatalf("first snapshot = %+v, want v1, version 1, proxies []", first)
+	}
+	if code, body := get(t, "http://"+h.Addr()+"/healthz"); code != 200 || body != "ok\n" {
+		t.Fatalf("GET /healthz = %d %q", code, body)
+	}
+
+	r.publish(
+		event("p1", 1, messages.StateProvisioning, ""),
+		event("p2", 1, messages.StateProvisioning, ""),
+		event("p1", 2, messages.StateRunning, "10.0.0.1"),
+		event("p2", 2, messages.StateRunning, "10.0.0.2"),
+	)
+	want := map[string]string{"p1": "10.0.0.1:3128", "p2": "10.0.0.2:3128"}
+	r.waitBucket(want)
+	r.waitSnapshot(want)
+	if got := addrs(getRotation(t, h).Proxies); !reflect.DeepEqual(got, want) {
+		t.Fatalf("GET /rotation = %v, want %v", got, want)
+	}
+
+	// A new IP moves p1.
+	r.publish(event("p1", 3, messages.StateRunning, "10.0.0.11"))
+	want = map[string]string{"p1": "10.0.0.11:3128", "p2": "10.0.0.2:3128"}
+	r.waitBucket(want)
+	r.waitSnapshot(want)
+
+	// deleting then deleted: p2's key goes.
+	r.publish(event("p2", 3, messages.StateDeleting, "10.0.0.2"), event("p2", 4, messages.StateDeleted, ""))
+	want = map[string]string{"p1": "10.0.0.11:3128"}
+	r.waitBucket(want)
+	r.waitSnapshot(want)
+	if _, err := r.kv.Get(context.Background(), "p2"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("p2 in the bucket: err = %v", err)
+	}
+
+	// A late, older running of p2 and a failed p1 with a stale seq: ignored.
+	before := h.Metrics()
+	r.publish(event("p2", 2, messages.StateRunning, "10.0.0.2"), event("p1", 3, messages.StateFailed, ""))
+	waitFor(t, "two events folded", func() bool { return h.Metrics().Events == before.Events+2 })
+	m := h.Metrics()
+	if m.Ignored != before.Ignored+2 || m.Changes != before.Changes || m.RotationSize != 1 {
+		t.Fatalf("metrics after stale events = %+v (before %+v)", m, before)
+	}
+
+	// failed removes p1.
+	r.publish(event("p1", 4, messages.StateFailed, ""))
+	last := r.waitSnapshot(map[string]string{})
+	r.waitBucket(map[string]string{})
+	if got := getRotation(t, h); got.Version != last.Version || len(got.Proxies) != 0 {
+		t.Fatalf("GET /rotation = %+v, want version %d and no proxies", got, last.Version)
+	}
+	checkVersionsIncrease(t, r.snapshots())
+
+	code, body := get(t, "http://"+h.Addr()+"/metrics")
+	if code != 200 {
+		t.Fatalf("GET /metrics = %d", code)
+	}
+	for _, line := range []string{
+		"# TYPE proxyfleet_rotation_size gauge\nproxyfleet_rotation_size 0\n",
+		"# TYPE proxyfleet_rotation_changes_total counter\nproxyfleet_rotation_changes_total 5\n",
+		"# TYPE proxyfleet_events_total counter\nproxyfleet_events_total 10\n",
+		"# TYPE proxyfleet_events_ignored_total counter\nproxyfleet_events_ignored_total 2\n",
+	} {
+		if !strings.Contains(body, line) {
+			t.Errorf("metrics lack %q:\n%s", line, body)
+		}
+	}
+}
+
+func TestLateStartRebuildsTheSameRotation(t *testing.T) {
+	r := newRig(t)
+	want := map[string]string{}
+	for i := range 40 {
+		id := fmt.Sprintf("p%02d", i)
+		ip := fmt.Sprintf("10.0.1.%d", i)
+		r.publish(event(id, 1, messages.StateProvisioning, ""), event(id, 2, messages.StateRunning, ip))
+		switch i % 4 {
+		case 0:
+			want[id] = ip + ":3128"
+		case 1:
+			r.publish(event(id, 3, messages.StateFailed, ""))
+		case 2:
+			r.publish(event(id, 3, messages.StateDeleting, ip), event(id, 4, messages.StateDeleted, ""))
+		case 3:
+			r.publish(event(id, 3, messages.StateRunning, "10.0.2.1"))
+			want[id] = "10.0.2.1:3128"
+		}
+	}
+	// A follower that saw everything live, and one that starts late.
+	h1 := r.start(health.Config{})
+	r.waitBucket(want)
+	rot1 := getRotation(t, h1)
+	if got := addrs(rot1.Proxies); !reflect.DeepEqual(got, want) {
+		t.Fatalf("first process: %v, want %v", got, want)
+	}
+	if m := h1.Metrics(); m.Events != 40 {
+		// Only the last event per proxy is delivered at start.
+		t.Fatalf("first process folded %d events, want 40 (the last of each proxy)", m.Events)
+	}
+
+	h2 := r.start(health.Config{})
+	rot2 := getRotation(t, h2)
+	if !reflect.DeepEqual(rot1.Proxies, rot2.Proxies) {
+		t.Fatalf("late process rotation differs:\n%+v\n%+v", rot1.Proxies, rot2.Proxies)
+	}
+	if code, _ := get(t, "http://"+h2.Addr()+"/healthz"); code != 200 {
+		t.Fatalf("late process /healthz = %d", code)
+	}
+	// Both keep following.
+	r.publish(event("p00", 3, messages.StateDeleted, ""))
+	delete(want, "p00")
+	r.waitBucket(want)
+	for _, h := range []*health.Health{h1, h2} {
+		waitFor(t, "both processes drop p00", func() bool {
+			rot, _ := h.Rotation()
+			return reflect.DeepEqual(addrs(rot.Proxies), want)
+		})
+	}
+}
+
+func TestStartReconcilesTheBucket(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	// Left over from an earlier process: a proxy gone since, a stale
+	// address, and a key that is no proxy id.
+	for k, v := range map[string]string{"gone": "10.9.9.9:3128", "p1": "10.0.0.99:3128", "_version": "7"} {
+		if _, err := r.kv.PutString(ctx, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.publish(event("p1", 2, messages.StateRunning, "10.0.0.1"), event("p2", 2, messages.StateRunning, "10.0.0.2"))
+	r.start(health.Config{})
+	r.waitBucket(map[string]string{"p1": "10.0.0.1:3128", "p2": "10.0.0.2:3128"})
+}
+
+// A process that starts with a bucket already right writes nothing to it:
+// in particular it never deletes a key before its catch-up completes.
+func TestStartDoesNotTouchACorrectBucket(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	want := map[string]string{}
+	for i := range 100 {
+		id, ip := fmt.Sprintf("p%03d", i), fmt.Sprintf("10.0.3.%d", i)
+		r.publish(event(id, 1, messages.StateProvisioning, ""), event(id, 2, messages.StateRunning, ip))
+		want[id] = ip + ":3128"
+		if _, err := r.kv.PutString(ctx, id, ip+":3128"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, err := r.kv.WatchAll(ctx, jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	h := r.start(health.Config{})
+	r.waitSnapshot(want)
+	if got := addrs(getRotation(t, h).Proxies); !reflect.DeepEqual(got, want) {
+		t.Fatalf("rotation = %v", got)
+	}
+	// Publish a marker through another key's change and see that it is
+	// the first write the process made.
+	r.publish(event("p000", 3, messages.StateRunning, "10.0.4.1"))
+	select {
+	case e := <-w.Updates():
+		if e == nil || e.Key() != "p000" || e.Operation() != jetstream.KeyValuePut || string(e.Value()) != "10.0.4.1:3128" {
+			t.Fatalf("first write to the bucket = %v, want the put of p000", e)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no write to the bucket")
+	}
+}
+
+func TestUndecodableEventsAreIgnored(t *testing.T) {
+	r := newRig(t)
+	h := r.start(health.Config{})
+	r.publishRaw(subj.State("p1"), []byte("not json"))
+	r.publishRaw(subj.State("p2"), []byte(`{"v":1,"id":"p3","state":"running","ip":"10.0.0.3","port":3128,"seq":1}`))
+	r.publishRaw(subj.State("p4"), []byte(`{"v":1,"id":"p4","state":"running","ip":"10.0.0.4","port":3128,"seq":1,"extra":1}`))
+	r.publish(event("p5", 1, messages.StateRunning, "10.0.0.5"))
+	r.waitBucket(map[string]string{"p5": "10.0.0.5:3128"})
+	if m := h.Metrics(); m.Events != 4 || m.Ignored != 3 || m.RotationSize != 1 {
+		t.Fatalf("metrics = %+v, want 4 events, 3 ignored, 1 in rotation", m)
+	}
+}
+
+func TestGraceKeepsThenDemotes(t *testing.T) {
+	r := newRig(t)
+	const grace = 300 * time.Millisecond
+	h := r.start(health.Config{Grace: grace})
+	r.publish(event("p1", 1, messages.StateRunning, "10.0.0.1"), event("p2", 1, messages.StateRunning, "10.0.0.2"))
+	both := map[string]string{"p1": "10.0.0.1:3128", "p2": "10.0.0.2:3128"}
+	r.waitBucket(both)
+
+	// p1's guest agent restarts: it reports provisioning with no IP and
+	// keeps its place; p2 is unaffected throughout.
+	began := time.Now()
+	r.publish(event("p1", 2, messages.StateProvisioning, ""))
+	waitFor(t, "p1's event folded", func() bool { return h.Metrics().Events == 3 })
+	if got := r.bucket(); !reflect.DeepEqual(got, both) && time.Since(began) < grace {
+		t.Fatalf("in grace, bucket = %v, want %v", got, both)
+	}
+	r.waitBucket(map[string]string{"p2": "10.0.0.2:3128"})
+	if d := time.Since(began); d < grace {
+		t.Fatalf("p1 demoted after %v, before its grace of %v", d, grace)
+	}
+
+	// Back to running: in again.
+	r.publish(event("p1", 3, messages.StateRunning, "10.0.0.1"))
+	r.waitBucket(both)
+
+	// A restart that comes back within the grace never leaves.
+	n := len(r.snapshots())
+	r.publish(event("p2", 2, messages.StateProvisioning, ""), event("p2", 3, messages.StateRunning, "10.0.0.2"))
+	waitFor(t, "p2's events folded", func() bool { return h.Metrics().Events == 6 })
+	time.Sleep(2 * grace)
+	if got := len(r.snapshots()); got != n {
+		t.Fatalf("%d snapshots published for a restart within the grace", got-n)
+	}
+	r.waitBucket(both)
+	checkVersionsIncrease(t, r.snapshots())
+}
+
+func TestStartNeedsTheTopology(t *testing.T) {
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	ctx := context.Background()
+	cfg := health.Config{HTTPAddr: "127.0.0.1:0", Logger: testLogger(t)}
+
+	h, err := health.New(js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = h.Start(ctx)
+	if err == nil || !strings.Contains(err.Error(), messages.StreamEvents) {
+		t.Fatalf("Start without the stream: %v, want an error naming %s", err, messages.StreamEvents)
+	}
+	h.Stop(ctx)
+
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: messages.StreamEvents, Subjects: []string{subj.StateAll()}}); err != nil {
+		t.Fatal(err)
+	}
+	h, err = health.New(js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = h.Start(ctx)
+	if err == nil || !strings.Contains(err.Error(), messages.BucketRotation) {
+		t.Fatalf("Start without the bucket: %v, want an error naming %s", err, messages.BucketRotation)
+	}
+	h.Stop(ctx)
+}
+
+func TestNotReadyBeforeCatchUp(t *testing.T) {
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	h, err := health.New(js, health.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(h.Handler())
+	defer ts.Close()
+	for _, path := range []string{"/healthz", "/rotation"} {
+		if code, _ := get(t, ts.URL+path); code != http.StatusServiceUnavailable {
+			t.Errorf("GET %s before Start = %d, want 503", path, code)
+		}
+	}
+	code, body := get(t, ts.URL+"/metrics")
+	if code != 200 || !strings.Contains(body, "proxyfleet_health_caught_up 0\n") {
+		t.Errorf("GET /metrics = %d %q", code, body)
+	}
+	resp, err := http.Post(ts.URL+"/rotation", "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("POST /rotation = %d, want 405", resp.StatusCode)
+	}
+}
+
+func TestStopThenStartFails(t *testing.T) {
+	r := newRig(t)
+	h := r.start(health.Config{})
+	ctx := context.Background()
+	h.Stop(ctx)
+	h.Stop(ctx) // idempotent
+	if err := h.Start(ctx); err == nil {
+		t.Fatal("Start after Stop succeeded")
+	}
+	if _, err := http.Get("http://" + h.Addr() + "/healthz"); err == nil {
+		t.Fatal("HTTP still served after Stop")
+	}
+}
