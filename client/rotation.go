@@ -1,0 +1,86 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/messages"
+)
+
+// Rotation reads the rotation from the KV bucket PROXY_ROTATION (key = proxy
+// id, value = ip:port). The snapshot's Version is the highest revision among
+// the keys (it grows with every change, but it is not the health process's
+// own version counter); each entry's Since is when its key was last written;
+// Host is left empty, since the bucket does not hold it. Proxies are sorted
+// by id.
+func (c *Client) Rotation(ctx context.Context) (messages.Rotation, error) {
+	rot := messages.Rotation{V: messages.Version, Proxies: []messages.RotationEntry{}}
+	kv, err := c.bucket(ctx, messages.BucketRotation)
+	if err != nil {
+		return rot, err
+	}
+	err = readBucket(ctx, kv, func(e jetstream.KeyValueEntry) error {
+		rot.Proxies = append(rot.Proxies, messages.RotationEntry{
+			ID: e.Key(), Addr: string(e.Value()), Since: e.Created().UTC(),
+		})
+		rot.Version = max(rot.Version, e.Revision())
+		return nil
+	})
+	if err != nil {
+		return rot, fmt.Errorf("read %s: %w", messages.BucketRotation, err)
+	}
+	sort.Slice(rot.Proxies, func(i, j int) bool { return rot.Proxies[i].ID < rot.Proxies[j].ID })
+	rot.At = time.Now().UTC()
+	return rot, nil
+}
+
+// maxRotationBody bounds a snapshot read over HTTP.
+const maxRotationBody = 32 << 20
+
+// RotationURL returns the snapshot served by a health process: base is its
+// address ("http://host:port", to which /rotation is added, or a full URL
+// with a path). hc nil means http.DefaultClient. It needs no NATS.
+func RotationURL(ctx context.Context, hc *http.Client, base string) (messages.Rotation, error) {
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	u, err := url.Parse(base)
+	if err != nil || u.Scheme == "" || u.Host == "" {
+		return messages.Rotation{}, fmt.Errorf("rotation url %q: want http(s)://host:port[/path]", base)
+	}
+	if u.Path == "" || u.Path == "/" {
+		u.Path = "/rotation"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return messages.Rotation{}, err
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return messages.Rotation{}, fmt.Errorf("get rotation: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return messages.Rotation{}, fmt.Errorf("get %s: %s: %s", u, resp.Status, strings.TrimSpace(string(snippet)))
+	}
+	var rot messages.Rotation
+	dec := json.NewDecoder(io.LimitReader(resp.Body, maxRotationBody))
+	if err := dec.Decode(&rot); err != nil {
+		return messages.Rotation{}, fmt.Errorf("decode rotation from %s: %w", u, err)
+	}
+	if rot.Proxies == nil {
+		rot.Proxies = []messages.RotationEntry{}
+	}
+	return rot, nil
+}

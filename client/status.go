@@ -1,0 +1,299 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/messages"
+	"proxyfleet/worker"
+)
+
+// Status is what is known of one proxy: its desired record and its latest
+// state event. Either may be nil, not both.
+type Status struct {
+	ID string `json:"id"`
+	// Desired is the proxy's record in PROXY_DESIRED: the last accepted
+	// command (Op create or delete) and its spec.
+	Desired *worker.Desired `json:"desired,omitempty"`
+	// Event is the latest event on <prefix>.state.<id>.
+	Event *messages.StateEvent `json:"event,omitempty"`
+}
+
+// State is the proxy's observed state, or "pending" for a desired create
+// that has no event yet ("-" when nothing is known).
+func (s Status) State() string {
+	switch {
+	case s.Event != nil:
+		return s.Event.State
+	case s.Desired != nil && s.Desired.Op == messages.OpCreate:
+		return "pending"
+	}
+	return "-"
+}
+
+// Converged reports whether the latest event is the outcome of the command
+// the desired record holds (the same command id) and is not a
+// work-in-progress state.
+func (s Status) Converged() bool {
+	if s.Desired == nil || s.Event == nil || s.Event.CommandID != s.Desired.CommandID {
+		return false
+	}
+	switch s.Event.State {
+	case messages.StateRunning, messages.StateFailed, messages.StateDeleted:
+		return true
+	}
+	return false
+}
+
+// Addr is ip:port of a proxy whose event carries an IP, else "".
+func (s Status) Addr() string {
+	if s.Event == nil || s.Event.IP == "" {
+		return ""
+	}
+	if s.Event.Port == 0 {
+		return s.Event.IP
+	}
+	return fmt.Sprintf("%s:%d", s.Event.IP, s.Event.Port)
+}
+
+// gone is a proxy deleted on purpose and finished with.
+func (s Status) gone() bool {
+	return s.Desired != nil && s.Desired.Op == messages.OpDelete &&
+		(s.Event == nil || s.Event.State == messages.StateDeleted)
+}
+
+// Get returns what is known of proxy id. It fails with an error wrapping
+// ErrNotFound when there is neither a desired record nor a state event.
+func (c *Client) Get(ctx context.Context, id string) (Status, error) {
+	if !messages.ValidID(id) {
+		return Status{}, &messages.FieldError{Field: "id", Reason: fmt.Sprintf("%q is not a valid proxy id", id)}
+	}
+	st := Status{ID: id}
+	kv, err := c.bucket(ctx, messages.BucketDesired)
+	if err != nil {
+		return st, err
+	}
+	switch e, err := kv.Get(ctx, id); {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+	case err != nil:
+		return st, fmt.Errorf("read desired record of %s: %w", id, err)
+	default:
+		var d worker.Desired
+		if err := json.Unmarshal(e.Value(), &d); err != nil {
+			return st, fmt.Errorf("decode desired record of %s: %w", id, err)
+		}
+		st.Desired = &d
+	}
+	stream, err := c.stream(ctx, messages.StreamEvents)
+	if err != nil {
+		return st, err
+	}
+	switch raw, err := stream.GetLastMsgForSubject(ctx, c.subj.State(id)); {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+	case err != nil:
+		return st, fmt.Errorf("read latest event of %s: %w", id, err)
+	default:
+		var ev messages.StateEvent
+		if err := json.Unmarshal(raw.Data, &ev); err != nil {
+			return st, fmt.Errorf("decode latest event of %s: %w", id, err)
+		}
+		st.Event = &ev
+	}
+	if st.Desired == nil && st.Event == nil {
+		return st, fmt.Errorf("proxy %s: %w (no desired record and no state event)", id, ErrNotFound)
+	}
+	return st, nil
+}
+
+// ListOption configures List.
+type ListOption func(*listOptions)
+
+type listOptions struct{ all bool }
+
+// IncludeDeleted makes List return proxies deleted on purpose too. Desired
+// records are never removed (a delete leaves one behind), so by default List
+// leaves out a proxy whose desired op is delete and whose latest event is
+// deleted or gone: it is no longer part of the fleet.
+func IncludeDeleted() ListOption { return func(o *listOptions) { o.all = true } }
+
+// List returns every proxy, sorted by id: the keys of PROXY_DESIRED joined
+// with their latest events, plus any proxy that has an event but no desired
+// record (which the worker's sweeps may report). See IncludeDeleted.
+func (c *Client) List(ctx context.Context, opts ...ListOption) ([]Status, error) {
+	var o listOptions
+	for _, f := range opts {
+		f(&o)
+	}
+	byID := map[string]*Status{}
+	get := func(id string) *Status {
+		s := byID[id]
+		if s == nil {
+			s = &Status{ID: id}
+			byID[id] = s
+		}
+		return s
+	}
+
+	kv, err := c.bucket(ctx, messages.BucketDesired)
+	if err != nil {
+		return nil, err
+	}
+	err = readBucket(ctx, kv, func(e jetstream.KeyValueEntry) error {
+		var d worker.Desired
+		if err := json.Unmarshal(e.Value(), &d); err != nil {
+			return fmt.Errorf("decode desired record of %s: %w", e.Key(), err)
+		}
+		get(e.Key()).Desired = &d
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", messages.BucketDesired, err)
+	}
+
+	events, err := c.latestEvents(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for id, ev := range events {
+		get(id).Event = ev
+	}
+
+	out := make([]Status, 0, len(byID))
+	for _, s := range byID {
+		if !o.all && s.gone() {
+			continue
+		}
+		out = append(out, *s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// latestEvents returns the latest event of every proxy, by id.
+func (c *Client) latestEvents(ctx context.Context) (map[string]*messages.StateEvent, error) {
+	out := map[string]*messages.StateEvent{}
+	prefix := c.subj.Prefix + ".state."
+	err := c.readStream(ctx, messages.StreamEvents, c.subj.StateAll(), jetstream.DeliverLastPerSubjectPolicy, func(m jetstream.Msg) {
+		var ev messages.StateEvent
+		if json.Unmarshal(m.Data(), &ev) != nil {
+			return
+		}
+		id := strings.TrimPrefix(m.Subject(), prefix)
+		if ev.ID == "" {
+			ev.ID = id
+		}
+		out[id] = &ev
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read latest events: %w", err)
+	}
+	return out, nil
+}
+
+// stream binds a stream, saying what its absence likely means.
+func (c *Client) stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	s, err := c.js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("stream %s not found (has a worker created the topology?): %w", name, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", name, err)
+	}
+	return s, nil
+}
+
+// bucket binds a KV bucket, saying what its absence likely means.
+func (c *Client) bucket(ctx context.Context, name string) (jetstream.KeyValue, error) {
+	kv, err := c.js.KeyValue(ctx, name)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("bucket %s not found (has a worker created the topology?): %w", name, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", name, err)
+	}
+	return kv, nil
+}
+
+// readBucket calls fn with the current value of every key of kv.
+func readBucket(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.KeyValueEntry) error) error {
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return err
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("watcher closed before the initial values were read")
+			}
+			if e == nil {
+				return nil // the initial values are all in
+			}
+			if err := fn(e); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// readStream calls fn with every message of name on filter from the start
+// the deliver policy gives up to the stream's end at the time of the call,
+// through a short-lived ephemeral consumer.
+func (c *Client) readStream(ctx context.Context, name, filter string, policy jetstream.DeliverPolicy, fn func(jetstream.Msg)) error {
+	st, err := c.stream(ctx, name)
+	if err != nil {
+		return err
+	}
+	cons, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		FilterSubject:     filter,
+		DeliverPolicy:     policy,
+		AckPolicy:         jetstream.AckNonePolicy,
+		MemoryStorage:     true,
+		Replicas:          1,
+		InactiveThreshold: time.Minute,
+	})
+	if err != nil {
+		return fmt.Errorf("create reader on %s: %w", name, err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = st.DeleteConsumer(dctx, cons.CachedInfo().Name)
+	}()
+	if cons.CachedInfo().NumPending == 0 {
+		return nil
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		batch, err := cons.FetchNoWait(256)
+		if err != nil {
+			return fmt.Errorf("read %s: %w", name, err)
+		}
+		n, done := 0, false
+		for m := range batch.Messages() {
+			n++
+			fn(m)
+			if meta, err := m.Metadata(); err == nil && meta.NumPending == 0 {
+				done = true
+			}
+		}
+		if err := batch.Error(); err != nil {
+			return fmt.Errorf("read %s: %w", name, err)
+		}
+		if done || n == 0 {
+			return nil
+		}
+	}
+}
