@@ -300,7 +300,7 @@ func hostKeyCheck(cfg SSHConfig) (ssh.HostKeyCallback, []string, error) {
 		var ke *knownhosts.KeyError
 		what := "refused"
 		if errors.As(err, &ke) {
-			what = "unknown to " + cfg.KnownHostsFile
+			what = "is unknown to " + cfg.KnownHostsFile
 			if len(ke.Want) > 0 {
 				what = "does not match " + cfg.KnownHostsFile
 			}
