@@ -64,6 +64,7 @@ type Health struct {
 	version       uint64
 	snap          messages.Rotation
 	publishErrors uint64
+	publishErr    error  // of the last attempt to publish, nil if it worked
 	published     uint64 // version of the last snapshot published
 
 	wake chan struct{}
@@ -245,6 +246,20 @@ func (h *Health) Rotation() (messages.Rotation, bool) {
 	return h.snap, h.caughtUp
 }
 
+// Ready reports whether the process has caught up and its last attempt to
+// publish the rotation worked; if not, the error says why.
+func (h *Health) Ready() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.caughtUp {
+		return errors.New("catching up")
+	}
+	if h.publishErr != nil {
+		return fmt.Errorf("publishing the rotation: %w", h.publishErr)
+	}
+	return nil
+}
+
 // Metrics are the health process's counters.
 type Metrics struct {
 	RotationSize    int
@@ -351,13 +366,21 @@ func (h *Health) loop(ctx context.Context) {
 		h.mu.Unlock()
 
 		retry = nil
-		if err := h.publish(ctx); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			h.mu.Lock()
+		err := h.publish(ctx)
+		if err != nil && ctx.Err() != nil {
+			return
+		}
+		h.mu.Lock()
+		if err != nil {
 			h.publishErrors++
-			h.mu.Unlock()
+		}
+		h.publishErr = err
+		h.mu.Unlock()
+		if err != nil {
+			// Read the bucket again before the next attempt: what
+			// it holds is no longer known (it may even have been
+			// deleted and created again).
+			h.bucket = nil
 			h.log.Warn("publishing the rotation", "err", err)
 			retry = time.After(h.cfg.RetryInterval)
 		}

@@ -563,3 +563,37 @@ func TestStopThenStartFails(t *testing.T) {
 		t.Fatal("HTTP still served after Stop")
 	}
 }
+
+func TestPublishFailureShowsAndRecovers(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	h := r.start(health.Config{})
+	r.publish(event("p1", 1, messages.StateRunning, "10.0.0.1"))
+	r.waitBucket(map[string]string{"p1": "10.0.0.1:3128"})
+
+	// The bucket vanishes: publishing fails, /healthz says so.
+	if err := r.js.DeleteKeyValue(ctx, messages.BucketRotation); err != nil {
+		t.Fatal(err)
+	}
+	r.publish(event("p2", 1, messages.StateRunning, "10.0.0.2"))
+	waitFor(t, "/healthz to fail", func() bool {
+		code, body := get(t, "http://"+h.Addr()+"/healthz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, messages.BucketRotation)
+	})
+	if h.Metrics().PublishErrors == 0 {
+		t.Fatal("no publish error counted")
+	}
+
+	// It comes back (empty): the process reads it again and fills it.
+	if err := (worker.Topology{Subjects: subj}).Ensure(ctx, r.js, []string{"h1"}); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"p1": "10.0.0.1:3128", "p2": "10.0.0.2:3128"}
+	r.waitBucket(want)
+	r.waitSnapshot(want)
+	waitFor(t, "/healthz to recover", func() bool {
+		code, _ := get(t, "http://"+h.Addr()+"/healthz")
+		return code == http.StatusOK
+	})
+	checkVersionsIncrease(t, r.snapshots())
+}

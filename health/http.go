@@ -10,7 +10,7 @@ import (
 // Handler serves:
 //
 //	GET /rotation  the current snapshot (messages.Rotation JSON); 503 until caught up
-//	GET /healthz   200 "ok" once caught up, 503 before
+//	GET /healthz   200 "ok" once caught up and publishing; 503 and the reason if not
 //	GET /metrics   Prometheus text format
 func (h *Health) Handler() http.Handler {
 	mux := http.NewServeMux()
@@ -38,8 +38,8 @@ func (h *Health) serveRotation(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (h *Health) serveHealthz(w http.ResponseWriter, _ *http.Request) {
-	if _, ok := h.Rotation(); !ok {
-		http.Error(w, "catching up", http.StatusServiceUnavailable)
+	if err := h.Ready(); err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		return
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
