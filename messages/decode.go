@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"regexp"
 	"strings"
+	"sync"
 )
 
 // FieldError is a rejected input, naming the field at fault. Field "body" means
@@ -51,7 +53,46 @@ func decodeStrict(body []byte, v any) error {
 	if _, err := dec.Token(); err != io.EOF {
 		return fieldErr("body", "trailing data after the JSON object")
 	}
+	return exactKeys(body, v)
+}
+
+// exactKeys refuses keys that encoding/json matched case-insensitively
+// ("ID" for "id"): the contract's field names are exact.
+func exactKeys(body []byte, v any) error {
+	t := reflect.TypeOf(v)
+	if t.Kind() != reflect.Pointer || t.Elem().Kind() != reflect.Struct {
+		return nil
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return fieldErr("body", "malformed JSON: %v", err)
+	}
+	known := jsonNames(t.Elem())
+	for k := range m {
+		if !known[k] {
+			return fieldErr(k, "unknown field")
+		}
+	}
 	return nil
+}
+
+var namesCache sync.Map // reflect.Type -> map[string]bool
+
+func jsonNames(t reflect.Type) map[string]bool {
+	if v, ok := namesCache.Load(t); ok {
+		return v.(map[string]bool)
+	}
+	names := map[string]bool{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" {
+			name = f.Name
+		}
+		names[name] = true
+	}
+	namesCache.Store(t, names)
+	return names
 }
 
 // jsonFieldErr names the field encoding/json complained about.
@@ -102,15 +143,20 @@ func truncate(s string) string {
 // An explicit "cpus": 0 or "memory_mib": 0 is out of range; an absent field
 // takes the configured default.
 func DecodeCreate(body []byte, subjectID string) (CreateCommand, error) {
+	// The wire form has pointers where presence matters.
 	var w struct {
-		CreateCommand
-		CPUs      *int `json:"cpus"`
-		MemoryMiB *int `json:"memory_mib"`
+		V         int               `json:"v"`
+		ID        string            `json:"id"`
+		Host      string            `json:"host"`
+		Image     string            `json:"image"`
+		CPUs      *int              `json:"cpus"`
+		MemoryMiB *int              `json:"memory_mib"`
+		Labels    map[string]string `json:"labels"`
 	}
 	if err := decodeStrict(body, &w); err != nil {
 		return CreateCommand{}, err
 	}
-	c := w.CreateCommand
+	c := CreateCommand{V: w.V, ID: w.ID, Host: w.Host, Image: w.Image, Labels: w.Labels}
 	if w.CPUs != nil {
 		if *w.CPUs == 0 {
 			return c, fieldErr("cpus", "0 is out of range [%d, %d]", MinCPUs, MaxCPUs)

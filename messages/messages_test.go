@@ -1,0 +1,131 @@
+package messages
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func TestDecodeCreate(t *testing.T) {
+	c, err := DecodeCreate([]byte(`{"v":1,"id":"p1","host":"h1","image":"debian-12","cpus":2,"memory_mib":512,"labels":{"team":"a"}}`), "p1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ID != "p1" || c.Host != "h1" || c.CPUs != 2 || c.MemoryMiB != 512 || c.Labels["team"] != "a" {
+		t.Fatalf("decoded %+v", c)
+	}
+	c, err = DecodeCreate([]byte(`{"v":1,"id":"p1"}`), "p1")
+	if err != nil || c.CPUs != 0 || c.MemoryMiB != 0 {
+		t.Fatalf("absent sizes: %+v, %v; want zero (defaults)", c, err)
+	}
+}
+
+func TestDecodeErrorsNameTheField(t *testing.T) {
+	for _, tc := range []struct {
+		body, sid, field string
+	}{
+		{``, "p1", "body"},
+		{`   `, "p1", "body"},
+		{`null`, "p1", "body"},
+		{`{"v":1,"id":"p1"`, "p1", "body"},
+		{`{"v":1,"id":"p1"}{}`, "p1", "body"},
+		{`{"v":1,"id":"p1","x":1}`, "p1", "x"},
+		{`{"v":1,"ID":"p1"}`, "p1", "ID"},
+		{`{"v":1}`, "p1", "id"},
+		{`{"v":1,"id":"P1"}`, "P1", "id"},
+		{`{"v":1,"id":"-p"}`, "-p", "id"},
+		{`{"v":1,"id":"` + strings.Repeat("a", 64) + `"}`, strings.Repeat("a", 64), "id"},
+		{`{"v":1,"id":"p2"}`, "p1", "id"},
+		{`{"v":0,"id":"p1"}`, "p1", "v"},
+		{`{"id":"p1"}`, "p1", "v"},
+		{`{"v":1,"id":"p1","cpus":0}`, "p1", "cpus"},
+		{`{"v":1,"id":"p1","cpus":65}`, "p1", "cpus"},
+		{`{"v":1,"id":"p1","cpus":1.5}`, "p1", "cpus"},
+		{`{"v":1,"id":"p1","memory_mib":0}`, "p1", "memory_mib"},
+		{`{"v":1,"id":"p1","memory_mib":63}`, "p1", "memory_mib"},
+		{`{"v":1,"id":"p1","host":"H 1"}`, "p1", "host"},
+		{`{"v":1,"id":"p1","image":"a.b"}`, "p1", "image"},
+		{`{"v":1,"id":"p1","labels":{"":"x"}}`, "p1", "labels"},
+		{`{"v":1,"id":"p1","labels":"x"}`, "p1", "labels"},
+		{`{"v":1,"id":"p1","labels":{"a":"` + strings.Repeat("x", MaxBodySize) + `"}}`, "p1", "body"},
+	} {
+		_, err := DecodeCreate([]byte(tc.body), tc.sid)
+		fe, ok := AsFieldError(err)
+		if !ok {
+			t.Errorf("%.60q: error %v, want a field error", tc.body, err)
+			continue
+		}
+		if fe.Field != tc.field {
+			t.Errorf("%.60q: field %q (%s), want %q", tc.body, fe.Field, fe.Reason, tc.field)
+		}
+	}
+}
+
+func TestDecodeDelete(t *testing.T) {
+	if _, err := DecodeDelete([]byte(`{"v":1,"id":"p1"}`), "p1"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := DecodeDelete([]byte(`{"v":1,"id":"p1","cpus":1}`), "p1")
+	if fe, ok := AsFieldError(err); !ok || fe.Field != "cpus" {
+		t.Fatalf("delete with cpus: %v", err)
+	}
+}
+
+func TestSubjects(t *testing.T) {
+	s := NewSubjects("")
+	if got := s.Create("p1"); got != "proxy.cmd.create.p1" {
+		t.Fatal(got)
+	}
+	op, id, err := s.ParseCommand("proxy.cmd.delete.p9")
+	if err != nil || op != OpDelete || id != "p9" {
+		t.Fatalf("%q %q %v", op, id, err)
+	}
+	for _, bad := range []string{"proxy.cmd.stop.p1", "proxy.cmd.create", "other.cmd.create.p1", "proxy.cmd.create.a.b"} {
+		if _, _, err := s.ParseCommand(bad); err == nil {
+			t.Errorf("ParseCommand(%q) accepted", bad)
+		}
+	}
+	h, id, err := NewSubjects("fleet.a").ParseWork("fleet.a.work.h1.p1")
+	if err != nil || h != "h1" || id != "p1" {
+		t.Fatalf("%q %q %v", h, id, err)
+	}
+	if id, err := s.ParseState("proxy.state.p3"); err != nil || id != "p3" {
+		t.Fatalf("%q %v", id, err)
+	}
+}
+
+// FuzzDecodeCommand: decoding never panics, every error names a field, and
+// whatever decodes re-encodes to a body that decodes to the same command.
+func FuzzDecodeCommand(f *testing.F) {
+	for _, s := range []string{
+		`{"v":1,"id":"p1"}`, `{"v":1,"id":"p1","host":"h1","cpus":2,"memory_mib":512,"labels":{"a":"b"}}`,
+		`{"v":1,"id":"p1"`, `[]`, `{"v":1,"id":"p1","x":1}`, `{"v":1,"id":"p1","cpus":"2"}`, ``,
+	} {
+		f.Add([]byte(s), "p1")
+	}
+	f.Fuzz(func(t *testing.T, body []byte, sid string) {
+		c, err := DecodeCreate(body, sid)
+		if err != nil {
+			if fe, ok := AsFieldError(err); !ok || fe.Field == "" {
+				t.Fatalf("error without a field: %v", err)
+			}
+		} else {
+			b, err := json.Marshal(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c2, err := DecodeCreate(b, sid)
+			if err != nil {
+				t.Fatalf("re-encoded %s: %v", b, err)
+			}
+			if c2.ID != c.ID || c2.CPUs != c.CPUs || c2.MemoryMiB != c.MemoryMiB || c2.Host != c.Host || c2.Image != c.Image || len(c2.Labels) != len(c.Labels) {
+				t.Fatalf("round trip %+v != %+v", c2, c)
+			}
+		}
+		if _, err := DecodeDelete(body, sid); err != nil {
+			if fe, ok := AsFieldError(err); !ok || fe.Field == "" {
+				t.Fatalf("delete error without a field: %v", err)
+			}
+		}
+	})
+}
