@@ -191,9 +191,17 @@ func (c *Client) send(ctx context.Context, op, id string, body []byte, commandID
 	}
 
 	seen := map[string]bool{}
+	var reused error
 	take := func(r messages.Result) bool {
 		if r.CommandID != commandID || seen[r.Outcome] {
 			return false
+		}
+		if r.Op != "" && r.Op != op {
+			// JetStream dedupes on the command id alone: this id was
+			// used for another command of this proxy, and ours was dropped.
+			reused = fmt.Errorf("command id %s was already used for a %s of %s (sequence %d): this %s was dropped as a duplicate; use a fresh command id",
+				commandID, r.Op, id, out.Sequence, op)
+			return true
 		}
 		seen[r.Outcome] = true
 		out.Results = append(out.Results, r)
@@ -216,7 +224,7 @@ func (c *Client) send(ctx context.Context, op, id string, body []byte, commandID
 		}
 		for _, r := range past {
 			if take(r) {
-				return out, nil
+				return out, reused
 			}
 		}
 	}
@@ -227,14 +235,18 @@ func (c *Client) send(ctx context.Context, op, id string, body []byte, commandID
 			if n := len(out.Results); n > 0 {
 				last = out.Results[n-1].Outcome
 			}
-			return out, fmt.Errorf("waiting for the outcome of %s %s (command %s, last outcome: %s): %w", op, id, commandID, last, err)
+			hint := ""
+			if out.Duplicate {
+				hint = "; JetStream had already stored a command with this id, whose answers may have aged out or be another proxy's"
+			}
+			return out, fmt.Errorf("waiting for the outcome of %s %s (command %s, last outcome: %s%s): %w", op, id, commandID, last, hint, err)
 		}
 		var r messages.Result
 		if err := json.Unmarshal(msg.Data, &r); err != nil {
 			continue // not ours to judge; keep waiting for a readable answer
 		}
 		if take(r) {
-			return out, nil
+			return out, reused
 		}
 	}
 }

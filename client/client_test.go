@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -364,12 +365,13 @@ func TestRotationFromKV(t *testing.T) {
 	if err := kv.Delete(ctx, "p3"); err != nil {
 		t.Fatal(err)
 	}
+	r.publishEvent(messages.StateEvent{ID: "p2", State: messages.StateRunning, Host: "h9", IP: "198.18.0.2", Port: 3128, Seq: 1})
 	rot, err = r.c.Rotation(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(rot.Proxies) != 2 || rot.Proxies[0].ID != "p1" || rot.Proxies[0].Addr != "198.18.0.1:3128" ||
-		rot.Proxies[1].ID != "p2" || rot.Proxies[1].Addr != "198.18.0.2:3128" || rot.Version == 0 || rot.Proxies[0].Since.IsZero() {
+		rot.Proxies[1].ID != "p2" || rot.Proxies[1].Addr != "198.18.0.2:3128" || rot.Proxies[1].Host != "h9" || rot.Proxies[0].Host != "" || rot.Version == 0 || rot.Proxies[0].Since.IsZero() {
 		t.Fatalf("rotation = %+v", rot)
 	}
 	var b bytes.Buffer
@@ -552,5 +554,56 @@ func TestPrintAndJSON(t *testing.T) {
 	}
 	if got := client.FormatEvent(*sts[2].Event); !strings.Contains(got, `reason="boom\nagain" class=permanent`) {
 		t.Fatalf("event line %q", got)
+	}
+}
+
+func TestCommandIDReusedForAnotherOp(t *testing.T) {
+	r := newRig(t, true)
+	wantFinal(t, r.create("p1", "x", ""), messages.OutcomeDone)
+	out, err := r.c.Delete(ctxFor(t, 10*time.Second), "p1", "x", true)
+	if err == nil || !strings.Contains(err.Error(), "already used") || !out.Duplicate || out.Final != nil {
+		t.Fatalf("delete reusing a create's command id: %+v, %v; want a duplicate reported as an error", out, err)
+	}
+	st, err := r.c.Get(ctxFor(t, 10*time.Second), "p1")
+	if err != nil || st.State() != messages.StateRunning {
+		t.Fatalf("p1 after the dropped delete: %+v, %v", st.Event, err)
+	}
+}
+
+// publishEvent puts a state event straight into PROXY_EVENTS.
+func (r *rig) publishEvent(ev messages.StateEvent) {
+	r.t.Helper()
+	ev.V = messages.Version
+	b, err := json.Marshal(ev)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if _, err := r.js.Publish(ctxFor(r.t, 5*time.Second), messages.NewSubjects("").State(ev.ID), b); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+func TestListManyProxies(t *testing.T) {
+	r := newRig(t, false)
+	const n = 600 // more than one fetch
+	for i := range n {
+		id := fmt.Sprintf("p%04d", i)
+		r.publishEvent(messages.StateEvent{ID: id, State: messages.StateProvisioning, Host: "h1", Seq: 1})
+		r.publishEvent(messages.StateEvent{ID: id, State: messages.StateRunning, Host: "h1", IP: "198.18.0.1", Port: 3128, Seq: 2})
+	}
+	list, err := r.c.List(ctxFor(t, 20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != n {
+		t.Fatalf("list has %d proxies, want %d", len(list), n)
+	}
+	for i, s := range list {
+		if i > 0 && list[i-1].ID >= s.ID {
+			t.Fatalf("not sorted at %d: %s, %s", i, list[i-1].ID, s.ID)
+		}
+		if s.Desired != nil || s.State() != messages.StateRunning || s.Event.Seq != 2 {
+			t.Fatalf("entry %+v %+v, want the latest event only", s.Desired, s.Event)
+		}
 	}
 }

@@ -20,8 +20,8 @@ import (
 // id, value = ip:port). The snapshot's Version is the highest revision among
 // the keys (it grows with every change, but it is not the health process's
 // own version counter); each entry's Since is when its key was last written;
-// Host is left empty, since the bucket does not hold it. Proxies are sorted
-// by id.
+// Host, which the bucket does not hold, comes from the proxy's latest state
+// event when there is one. Proxies are sorted by id.
 func (c *Client) Rotation(ctx context.Context) (messages.Rotation, error) {
 	rot := messages.Rotation{V: messages.Version, Proxies: []messages.RotationEntry{}}
 	kv, err := c.bucket(ctx, messages.BucketRotation)
@@ -40,6 +40,17 @@ func (c *Client) Rotation(ctx context.Context) (messages.Rotation, error) {
 	}
 	sort.Slice(rot.Proxies, func(i, j int) bool { return rot.Proxies[i].ID < rot.Proxies[j].ID })
 	rot.At = time.Now().UTC()
+	if len(rot.Proxies) > 0 {
+		// The bucket holds no host; the latest events do. Best effort:
+		// the rotation is complete without them.
+		if events, err := c.latestEvents(ctx); err == nil {
+			for i, p := range rot.Proxies {
+				if ev := events[p.ID]; ev != nil {
+					rot.Proxies[i].Host = ev.Host
+				}
+			}
+		}
+	}
 	return rot, nil
 }
 
