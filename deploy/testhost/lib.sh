@@ -23,7 +23,8 @@ PKGS=(libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-syst
 export PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
 [ -x /usr/local/go/bin/go ] && case ":$PATH:" in *:/usr/local/go/bin:*) ;; *) PATH=$PATH:/usr/local/go/bin ;; esac
 
-log() { echo "testhost: $*" >&2; }
+_t0=$(date +%s%3N)
+log() { local d=$(($(date +%s%3N) - _t0)); printf 'testhost: [%d.%03ds] %s\n' $((d / 1000)) $((d % 1000)) "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 now_ms() { date +%s%3N; }
 
@@ -32,10 +33,14 @@ virsh_() { virsh -q -c "$URI" "$@"; }
 # ns_inode prints the inode of a network namespace file.
 ns_inode() { stat -Lc %i "$1" 2>/dev/null; }
 
-# pid_alive PID NAME: the process exists and its comm is NAME.
+# pid_alive PID NAME: the process exists, is not a zombie (nothing reaps
+# orphans on a machine without an init system) and its comm is NAME.
 pid_alive() {
-	local pid=$1 name=$2
+	local pid=$1 name=$2 stat
 	[ -n "$pid" ] && [ -d "/proc/$pid" ] || return 1
+	stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
+	stat=${stat##*) }
+	[ "${stat%% *}" != Z ] || return 1
 	[ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ]
 }
 

@@ -81,6 +81,7 @@ else
 	ip netns exec "$NS" libvirtd -d
 fi
 wait_until 30 libvirt_up || die "libvirtd is not answering on $URI after 30s"
+log "libvirtd answers"
 
 # The 'default' network must never run.
 if virsh_ net-info default >/dev/null 2>&1; then
@@ -112,6 +113,8 @@ if ! grep -q '^State:.*running' <<<"$(virsh_ pool-info "$POOL")"; then
 fi
 virsh_ pool-autostart "$POOL" >/dev/null
 virsh_ pool-refresh "$POOL" >/dev/null
+
+log "pool $POOL ready"
 
 # --- VM network -------------------------------------------------------------
 net_xml="<network>
@@ -153,6 +156,7 @@ if ! net_healthy; then
 fi
 virsh_ net-autostart "$NETWORK" --disable >/dev/null
 wait_until 10 net_healthy || die "network $NETWORK did not come up"
+log "network $NETWORK ready"
 
 # --- sshd in the namespace ----------------------------------------------------
 hostkey=$STATE/sshd/ssh_host_ed25519_key
@@ -196,6 +200,15 @@ if pid_alive "$pid" sshd && pid_in_ns "$pid" && cmp -s "$sshd_conf" "$sshd_conf.
 	rm -f "$sshd_conf.new"
 else
 	kill_pidfile "$sshd_pid" sshd
+	# A listener whose pid file was lost still holds the port: find it by
+	# its config path (only listeners carry it in their command line).
+	for d in /proc/[0-9]*; do
+		[ "$(cat "$d/comm" 2>/dev/null)" = sshd ] || continue
+		tr '\0' ' ' <"$d/cmdline" 2>/dev/null | grep -qF -- "-f $sshd_conf " || continue
+		log "stopping sshd without pid file (pid ${d#/proc/})"
+		kill -TERM "${d#/proc/}" 2>/dev/null || true
+		for _ in $(seq 30); do pid_alive "${d#/proc/}" sshd || break; sleep 0.1; done
+	done
 	mv -f "$sshd_conf.new" "$sshd_conf"
 	/usr/sbin/sshd -t -f "$sshd_conf" || die "sshd config test failed"
 	log "starting sshd on $NS_IP:22 in netns $NS"
