@@ -117,7 +117,8 @@ virsh_ pool-refresh "$POOL" >/dev/null
 log "pool $POOL ready"
 
 # --- VM network -------------------------------------------------------------
-net_xml="<network>
+# no-ping: dnsmasq otherwise pings an address for ~3 s before offering it.
+net_xml="<network xmlns:dnsmasq='http://libvirt.org/schemas/network/dnsmasq/1.0'>
   <name>$NETWORK</name>
   <forward mode='open'/>
   <bridge name='$BRIDGE' stp='off' delay='0'/>
@@ -126,11 +127,14 @@ net_xml="<network>
       <range start='198.18.100.10' end='198.18.100.250'/>
     </dhcp>
   </ip>
+  <dnsmasq:options>
+    <dnsmasq:option value='no-ping'/>
+  </dnsmasq:options>
 </network>"
 if virsh_ net-info "$NETWORK" >/dev/null 2>&1; then
 	cur=$(virsh_ net-dumpxml --inactive "$NETWORK")
 	if ! grep -q "<forward mode='open'/>" <<<"$cur" || ! grep -q "name='$BRIDGE'" <<<"$cur" ||
-		! grep -q "address='$BRIDGE_IP'" <<<"$cur" || ! grep -q "start='198.18.100.10' end='198.18.100.250'" <<<"$cur"; then
+		! grep -q "address='$BRIDGE_IP'" <<<"$cur" || ! grep -q "start='198.18.100.10' end='198.18.100.250'" <<<"$cur" || ! grep -q "no-ping" <<<"$cur"; then
 		log "network $NETWORK has another definition: redefining"
 		virsh_ net-destroy "$NETWORK" >/dev/null 2>&1 || true
 		virsh_ net-undefine "$NETWORK" >/dev/null 2>&1 || true
