@@ -102,9 +102,32 @@ func unquoteYAML(v string) string {
 	return v
 }
 
+// seedFile returns the path of name in dir, also accepting the forms a plain
+// ISO9660 writer may leave: another case, '_' for '-', a ";1" version suffix.
+func seedFile(dir, name string) string {
+	p := filepath.Join(dir, name)
+	if _, err := os.Stat(p); err == nil {
+		return p
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return p
+	}
+	for _, e := range ents {
+		n := strings.ToLower(e.Name())
+		n = strings.TrimSuffix(n, ";1")
+		n = strings.TrimSuffix(n, ".")
+		n = strings.ReplaceAll(n, "_", "-")
+		if n == name && !e.IsDir() {
+			return filepath.Join(dir, e.Name())
+		}
+	}
+	return p
+}
+
 // ReadSeedDir reads meta-data (required) and user-data (optional) from dir.
 func ReadSeedDir(dir string) (*Seed, error) {
-	md, err := os.ReadFile(filepath.Join(dir, "meta-data"))
+	md, err := os.ReadFile(seedFile(dir, "meta-data"))
 	if err != nil {
 		return nil, err
 	}
@@ -112,7 +135,7 @@ func ReadSeedDir(dir string) (*Seed, error) {
 	if err != nil {
 		return nil, err
 	}
-	ud, err := os.ReadFile(filepath.Join(dir, "user-data"))
+	ud, err := os.ReadFile(seedFile(dir, "user-data"))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}

@@ -69,3 +69,13 @@ func TestCandidateDisks(t *testing.T) {
 		}
 	}
 }
+
+func TestReadSeedDirMangledNames(t *testing.T) {
+	d := t.TempDir()
+	os.WriteFile(filepath.Join(d, "META_DATA;1"), []byte("instance-id: m1\n"), 0o644)
+	os.WriteFile(filepath.Join(d, "user_data."), []byte("ud"), 0o644)
+	s, err := ReadSeedDir(d)
+	if err != nil || s.InstanceID != "m1" || string(s.UserData) != "ud" {
+		t.Fatalf("%+v %v", s, err)
+	}
+}
