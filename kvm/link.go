@@ -639,7 +639,11 @@ func (k *Link) transfer(ctx context.Context, src io.Reader, fn func(l *libvirt.L
 				}
 				return Classify(fmt.Errorf("transfer: %w", err))
 			}
-			return k.closeConn(c, k.cfg.Budgets.Close)
+			// The upload is complete (libvirtd acknowledged the
+			// stream's end); a failing polite close of the dedicated
+			// link cannot undo that, and closeConn kills it anyway.
+			_ = k.closeConn(c, k.cfg.Budgets.Close)
+			return nil
 		case <-c.dead:
 			w.stop(src)
 			select {

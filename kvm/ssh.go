@@ -105,7 +105,9 @@ type SSHConn struct {
 func (c *SSHConn) Close() error {
 	first := c.end(errSSHClosed)
 	err := c.client.Close() // idempotent; the TCP socket, never the channel
-	if !first {
+	if !first || errors.Is(err, net.ErrClosed) {
+		// Already closed, by us or because the transport failed: the
+		// connection is down, which is all Close promises.
 		return nil
 	}
 	return err
