@@ -51,6 +51,9 @@ func (e *executor) handle(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.Term()
 		return
 	}
+	if meta.NumDelivered > 1 {
+		w.log.Info("work redelivered", "host", e.host, "id", id, "delivery", meta.NumDelivered)
+	}
 	unlock, err := w.locks.lock(ctx, id)
 	if err != nil {
 		_ = msg.NakWithDelay(0) // stopping

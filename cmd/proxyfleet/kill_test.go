@@ -1,0 +1,240 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/internal/natstest"
+	"proxyfleet/messages"
+)
+
+// buildBinary builds proxyfleet once per test run.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "proxyfleet")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+type proc struct {
+	cmd *exec.Cmd
+	log string
+}
+
+func startProc(t *testing.T, bin, logPath string, args ...string) *proc {
+	t.Helper()
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, log: logPath}
+	t.Cleanup(func() { p.kill() })
+	return p
+}
+
+func (p *proc) kill() {
+	if p.cmd.ProcessState == nil {
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		_ = p.cmd.Wait()
+	}
+}
+
+// TestWorkersKilledMidCommand runs three worker processes of the built
+// binary on sim hosts and SIGKILLs them, one at a time, while commands run.
+// The others (and the restarted ones) finish the work: every proxy ends in
+// the state of its last command, no command id creates twice, and no
+// proxy's event seq ever goes back.
+func TestWorkersKilledMidCommand(t *testing.T) {
+	bin := buildBinary(t)
+	srv := natstest.Start(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yaml")
+	hosts := []string{"s1", "s2"}
+	var hostYAML strings.Builder
+	for _, h := range hosts {
+		fmt.Fprintf(&hostYAML, "  - {name: %s, driver: sim, sim: {dir: %q, delay: 100ms, boot_delay: 200ms}}\n", h, filepath.Join(dir, h))
+	}
+	writeFile(t, cfg, fmt.Sprintf(`nats: {url: %q}
+hosts:
+%simages:
+  - {name: img, url: "file:///dev/null", sha256: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", format: raw}
+worker: {ack_wait: 2s, pinned_ttl: 2s, poll_interval: 50ms, backoff_initial: 50ms, backoff_max: 500ms, max_attempts: 30, drain_timeout: 2s}
+`, srv.ClientURL(), hostYAML.String()))
+
+	workers := make([]*proc, 3)
+	start := func(i int) {
+		workers[i] = startProc(t, bin, filepath.Join(dir, fmt.Sprintf("worker%d.log", i)), "worker", "--config", cfg, "--debug")
+	}
+	for i := range workers {
+		start(i)
+	}
+
+	nc, js := srv.Connect(t)
+	// Every event of a proxy must carry a higher seq than the one before.
+	var mu sync.Mutex
+	lastSeq := map[string]uint64{}
+	var backwards []string
+	done := map[string]string{} // command id -> final outcome
+	sub, err := nc.Subscribe("proxy.>", func(m *nats.Msg) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case strings.HasPrefix(m.Subject, "proxy.state."):
+			var ev messages.StateEvent
+			if json.Unmarshal(m.Data, &ev) != nil {
+				return
+			}
+			if ev.Seq <= lastSeq[ev.ID] {
+				backwards = append(backwards, fmt.Sprintf("%s: seq %d after %d", ev.ID, ev.Seq, lastSeq[ev.ID]))
+			}
+			lastSeq[ev.ID] = ev.Seq
+		case strings.HasPrefix(m.Subject, "proxy.result."):
+			var r messages.Result
+			if json.Unmarshal(m.Data, &r) == nil && r.Outcome != messages.OutcomeAccepted {
+				done[r.CommandID] = r.Outcome
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+
+	// Wait for the topology, which the workers create.
+	waitUntil(t, "the topology", 30*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := js.Stream(ctx, messages.StreamWork)
+		return err == nil
+	})
+
+	const proxies = 40
+	last := map[string]string{} // id -> last command id
+	lastOp := map[string]string{}
+	publish := func(op, id string, n int) {
+		cmdID := fmt.Sprintf("%s-%s-%d", op, id, n)
+		m := nats.NewMsg(fmt.Sprintf("proxy.cmd.%s.%s", op, id))
+		m.Data = []byte(fmt.Sprintf(`{"v":1,"id":%q}`, id))
+		m.Header.Set(jetstream.MsgIDHeader, cmdID)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+		last[id], lastOp[id] = cmdID, op
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range proxies {
+		publish(messages.OpCreate, fmt.Sprintf("k%02d", i), 0)
+	}
+	// Kill a worker every 400ms for a while, restarting it at once, while
+	// deletes and re-creates arrive.
+	for round := range 10 {
+		time.Sleep(400 * time.Millisecond)
+		i := round % len(workers) // each worker is killed, the pinned ones among them
+		workers[i].kill()
+		start(i)
+		for range 4 {
+			id := fmt.Sprintf("k%02d", rng.IntN(proxies))
+			op := messages.OpDelete
+			if lastOp[id] == messages.OpDelete {
+				op = messages.OpCreate
+			}
+			publish(op, id, round+1)
+		}
+	}
+	waitUntil(t, "every last command to be done", 120*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range last {
+			if done[c] != messages.OutcomeDone {
+				return false
+			}
+		}
+		return true
+	})
+	// Final states, from the hosts themselves.
+	for id, op := range lastOp {
+		n := 0
+		for _, h := range hosts {
+			if _, err := os.Stat(filepath.Join(dir, h, "domains", id+".json")); err == nil {
+				n++
+			}
+		}
+		if want := map[string]int{messages.OpCreate: 1, messages.OpDelete: 0}[op]; n != want {
+			t.Errorf("%s: %d domains after %s, want %d", id, n, op, want)
+		}
+	}
+	for _, h := range hosts {
+		b, _ := os.ReadFile(filepath.Join(dir, h, "creates.log"))
+		seen := map[string]bool{}
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			if line == "" {
+				continue
+			}
+			if seen[line] {
+				t.Errorf("%s: created twice: %s", h, line)
+			}
+			seen[line] = true
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, h, "overlaps.log")); err == nil {
+			t.Errorf("%s: calls for one id overlapped:\n%s", h, b)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// Work a killed worker held is redelivered to the next owner, which
+	// logs it: proof the kills landed in the middle of commands.
+	redelivered := 0
+	for i := range workers {
+		b, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("worker%d.log", i)))
+		redelivered += strings.Count(string(b), "work redelivered")
+	}
+	t.Logf("%d work items redelivered after kills", redelivered)
+	if redelivered == 0 {
+		t.Error("no kill landed in the middle of a command; the test proved nothing")
+	}
+	for _, b := range backwards {
+		t.Error("event seq went back:", b)
+	}
+}
+
+func writeFile(t *testing.T, path, s string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitUntil(t *testing.T, what string, bound time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", bound, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

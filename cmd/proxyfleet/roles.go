@@ -1,0 +1,290 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/config"
+	"proxyfleet/messages"
+	"proxyfleet/sim"
+	"proxyfleet/worker"
+)
+
+const defaultNATSURL = "nats://127.0.0.1:4222"
+
+// natsFlags are the connection flags every command takes.
+type natsFlags struct {
+	url, creds, ca, cert, key, prefix string
+}
+
+func (n *natsFlags) register(fs *flag.FlagSet, defURL string) {
+	fs.StringVar(&n.url, "nats-url", defURL, "NATS server URL(s), comma-separated")
+	fs.StringVar(&n.creds, "creds", "", "NATS credentials file")
+	fs.StringVar(&n.ca, "tls-ca", "", "CA bundle to verify the NATS server")
+	fs.StringVar(&n.cert, "tls-cert", "", "client certificate for NATS")
+	fs.StringVar(&n.key, "tls-key", "", "client key for NATS")
+	fs.StringVar(&n.prefix, "prefix", "", "subject prefix (default from config, or \"proxy\")")
+}
+
+// merge fills flags left empty from the config file.
+func (n *natsFlags) merge(c *config.Config) {
+	if c == nil {
+		return
+	}
+	if n.url == "" {
+		n.url = c.NATS.URL
+	}
+	if n.creds == "" {
+		n.creds = c.NATS.Creds
+	}
+	if n.ca == "" {
+		n.ca = c.NATS.TLS.CA
+	}
+	if n.cert == "" {
+		n.cert = c.NATS.TLS.Cert
+	}
+	if n.key == "" {
+		n.key = c.NATS.TLS.Key
+	}
+	if n.prefix == "" {
+		n.prefix = c.NATS.Prefix
+	}
+}
+
+func (n *natsFlags) connect(name string, log *slog.Logger) (*nats.Conn, error) {
+	opts := []nats.Option{
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil && log != nil {
+				log.Warn("nats disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) {
+			if log != nil {
+				log.Info("nats reconnected", "url", c.ConnectedUrl())
+			}
+		}),
+	}
+	if n.creds != "" {
+		opts = append(opts, nats.UserCredentials(n.creds))
+	}
+	if n.ca != "" || n.cert != "" {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12}
+		if n.ca != "" {
+			pem, err := os.ReadFile(n.ca)
+			if err != nil {
+				return nil, fmt.Errorf("read tls ca: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("tls ca %s: no certificates", n.ca)
+			}
+			tc.RootCAs = pool
+		}
+		if n.cert != "" {
+			cert, err := tls.LoadX509KeyPair(n.cert, n.key)
+			if err != nil {
+				return nil, fmt.Errorf("load tls cert: %w", err)
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+		opts = append(opts, nats.Secure(tc))
+	}
+	nc, err := nats.Connect(n.url, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to nats at %s: %w", n.url, err)
+	}
+	return nc, nil
+}
+
+// loadConfig reads the config, or returns the defaults when path is empty
+// and a default is acceptable.
+func loadConfig(path string) (*config.Config, error) {
+	if path == "" {
+		return nil, errors.New("--config is required")
+	}
+	return config.Load(path)
+}
+
+// providers builds one Provider per configured host.
+func providers(c *config.Config, log *slog.Logger) (map[string]worker.Provider, error) {
+	out := map[string]worker.Provider{}
+	for _, h := range c.Hosts {
+		var (
+			p   worker.Provider
+			err error
+		)
+		switch h.Driver {
+		case "sim":
+			p, err = sim.New(sim.Config{Host: h.Name, Dir: h.Sim.Dir, Delay: h.Sim.Delay, BootDelay: h.Sim.BootDelay})
+		case "kvm":
+			p, err = newKVMProvider(c, h, log)
+		default:
+			err = fmt.Errorf("unknown driver %q", h.Driver)
+		}
+		if err != nil {
+			for _, q := range out {
+				q.Close()
+			}
+			return nil, fmt.Errorf("host %s: %w", h.Name, err)
+		}
+		out[h.Name] = p
+	}
+	return out, nil
+}
+
+func workerConfig(c *config.Config, provs map[string]worker.Provider, log *slog.Logger) worker.Config {
+	images := make([]string, len(c.Images))
+	for i, im := range c.Images {
+		images[i] = im.Name
+	}
+	subj := messages.NewSubjects(c.NATS.Prefix)
+	return worker.Config{
+		Subjects: subj,
+		Topology: worker.Topology{
+			Subjects: subj, Replicas: c.NATS.Replicas, DuplicateWindow: c.NATS.DuplicateWindow,
+			ResultsMaxAge: c.NATS.ResultsMaxAge, CommandIDMaxAge: c.NATS.CommandIDMaxAge,
+		},
+		Catalog: worker.Catalog{
+			Hosts: c.HostNames(), Images: images, DefaultImage: c.DefaultImage,
+			DefaultCPUs: c.Proxy.CPUs, DefaultMemoryMiB: c.Proxy.MemoryMiB,
+		},
+		Providers:    provs,
+		AckWait:      c.Worker.AckWait,
+		MaxAttempts:  c.Worker.MaxAttempts,
+		ReadyTimeout: c.Worker.ReadyTimeout,
+		PollInterval: c.Worker.PollInterval,
+		PinnedTTL:    c.Worker.PinnedTTL,
+		Concurrency:  c.Worker.Concurrency,
+		DrainTimeout: c.Worker.DrainTimeout,
+		DeletedTTL:   c.NATS.DeletedMaxAge,
+		ProxyPort:    c.Proxy.Port,
+		Backoff:      worker.ExpBackoff{Initial: c.Worker.BackoffInitial, Max: c.Worker.BackoffMax},
+		Logger:       log,
+	}
+}
+
+// startWorker runs a worker until ctx is done, then drains it.
+func startWorker(ctx context.Context, nc *nats.Conn, c *config.Config, log *slog.Logger) (stop func(), err error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	provs, err := providers(c, log)
+	if err != nil {
+		return nil, err
+	}
+	w, err := worker.New(js, workerConfig(c, provs, log))
+	if err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := w.Start(sctx); err != nil {
+		return nil, fmt.Errorf("start worker: %w", err)
+	}
+	return func() {
+		log.Info("draining worker", "timeout", c.Worker.DrainTimeout)
+		dctx, cancel := context.WithTimeout(context.Background(), c.Worker.DrainTimeout+5*time.Second)
+		defer cancel()
+		w.Stop(dctx)
+		for _, p := range provs {
+			p.Close()
+		}
+		log.Info("worker stopped", "stats", w.Stats().Snapshot())
+	}, nil
+}
+
+func runWorker(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var nf natsFlags
+	nf.register(fs, "")
+	cfgPath := fs.String("config", "", "config file (YAML)")
+	debug := fs.Bool("debug", false, "log at debug level")
+	if err := fs.Parse(args); err != nil {
+		return exitError{2}
+	}
+	log := newLogger(stderr, level(*debug)).With("role", "worker", "pid", os.Getpid())
+	c, err := loadConfig(*cfgPath)
+	if err != nil {
+		return err
+	}
+	nf.merge(c)
+	if nf.url == "" {
+		nf.url = defaultNATSURL
+	}
+	nc, err := nf.connect("proxyfleet-worker", log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	stop, err := startWorker(ctx, nc, c, log)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	stop()
+	return nil
+}
+
+func level(debug bool) slog.Level {
+	if debug {
+		return slog.LevelDebug
+	}
+	return slog.LevelInfo
+}
+
+// embedded runs the in-process nats-server of `serve`.
+func embedded(listen, dataDir string, log *slog.Logger) (*server.Server, error) {
+	host, portStr, err := net.SplitHostPort(listen)
+	if err != nil {
+		return nil, fmt.Errorf("--listen %q: %w", listen, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("--listen %q: bad port", listen)
+	}
+	if err := os.MkdirAll(dataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("--data-dir: %w", err)
+	}
+	abs, _ := filepath.Abs(dataDir)
+	s, err := server.NewServer(&server.Options{
+		ServerName: "proxyfleet",
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   abs,
+		NoSigs:     true,
+		NoLog:      true,
+		// A single node: sync to disk every 2 minutes like the default,
+		// see nats.conf for the trade-off.
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats-server: %w", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(15 * time.Second) {
+		s.Shutdown()
+		return nil, fmt.Errorf("embedded nats-server on %s: not ready within 15s", listen)
+	}
+	log.Info("embedded nats-server ready", "url", s.ClientURL(), "store", abs)
+	return s, nil
+}
