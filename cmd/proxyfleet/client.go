@@ -38,10 +38,10 @@ func clientVerb(ctx context.Context, verb string, args []string, stdout, stderr 
 	timeout := fs.Duration("timeout", 0, "give up after this long (default: 10m with --wait, 10s otherwise, none for watch)")
 	var (
 		host, image, commandID, httpURL string
-		cpus, mem                        int
-		wait, all                        bool
-		refresh                          time.Duration
-		labels                           = labelFlags{}
+		cpus, mem                       int
+		wait, all                       bool
+		refresh                         time.Duration
+		labels                          = labelFlags{}
 	)
 	switch verb {
 	case "create":
