@@ -69,7 +69,7 @@ ensure_daemon() {
 	log "starting $name in netns $NS"
 	ip netns exec "$NS" "$@"
 }
-ensure_daemon virtlogd /run/virtlogd.pid virtlogd -d
+ensure_daemon virtlogd /run/virtlogd.pid env LIBVIRT_LOG_OUTPUTS="3:file:$STATE/logs/virtlogd.log" virtlogd -d
 wait_until 10 test -S /run/libvirt/virtlogd-sock || die "virtlogd did not start"
 pid=$(tr -dc 0-9 2>/dev/null </run/libvirtd.pid || true)
 if pid_alive "$pid" libvirtd && pid_in_ns "$pid" && libvirt_up; then
@@ -78,7 +78,7 @@ else
 	kill_pidfile /run/libvirtd.pid libvirtd
 	rm -f /etc/libvirt/qemu/networks/autostart/default.xml
 	log "starting libvirtd in netns $NS"
-	ip netns exec "$NS" libvirtd -d
+	ip netns exec "$NS" env LIBVIRT_LOG_OUTPUTS="3:file:$STATE/logs/libvirtd.log" libvirtd -d
 fi
 wait_until 30 libvirt_up || die "libvirtd is not answering on $URI after 30s"
 log "libvirtd answers"
