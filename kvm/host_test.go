@@ -266,3 +266,36 @@ func mustBe(t *testing.T, err, target error, what string) {
 		t.Fatalf("%s = %v, want errors.Is %v", what, err, target)
 	}
 }
+
+// testhostEnv reads the project test host's settings: from the environment
+// (deploy/gotest.sh sources .testhost/env), else from .testhost/env at the
+// repository root, which `make testhost` writes.
+func testhostEnv(t *testing.T) map[string]string {
+	t.Helper()
+	keys := []string{"TESTHOST_SSH_ADDR", "TESTHOST_SSH_USER", "TESTHOST_SSH_KEY", "TESTHOST_KNOWN_HOSTS"}
+	env := map[string]string{}
+	for _, k := range keys {
+		if v := os.Getenv(k); v != "" {
+			env[k] = v
+		}
+	}
+	if len(env) < len(keys) {
+		b, err := os.ReadFile(filepath.Join("..", ".testhost", "env"))
+		if err != nil {
+			t.Fatalf("test host settings: %v in the environment and no .testhost/env (%v)\n%s", keys, err, testhostHint)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			line = strings.TrimPrefix(strings.TrimSpace(line), "export ")
+			k, v, ok := strings.Cut(line, "=")
+			if ok && env[k] == "" {
+				env[k] = strings.Trim(v, `'"`)
+			}
+		}
+	}
+	for _, k := range keys {
+		if env[k] == "" {
+			t.Fatalf("test host setting %s missing\n%s", k, testhostHint)
+		}
+	}
+	return env
+}

@@ -528,7 +528,7 @@ func (k *Link) closeConn(c *conn, budget time.Duration) error {
 			err = fmt.Errorf("close %s: %w", k.name, err)
 		}
 	case <-timer.C:
-		err = fleet.Transient(fmt.Errorf("close %s: over its %s budget", k.name, budget))
+		err = fleet.Transient(fmt.Errorf("close %s: no answer to connect-close within %s of the close budget", k.name, budget))
 	}
 	c.markDead(ErrLinkClosed)
 	return err
@@ -560,7 +560,10 @@ func (k *Link) Close() error {
 		d.markDead(ErrLinkClosed)
 	}
 	if c != nil {
-		errs = append(errs, k.closeConn(c, budget))
+		// The polite close gets three quarters of the budget; if it
+		// overruns, the kill leaves the rest for the link's goroutines
+		// to end, which a kill makes them do at once.
+		errs = append(errs, k.closeConn(c, budget*3/4))
 	}
 	waited := make(chan struct{})
 	go func() { // ends with the last of the link's goroutines

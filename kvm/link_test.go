@@ -396,3 +396,69 @@ func (b *recordingBackOff) counts() (asked, resets int) {
 	defer b.mu.Unlock()
 	return b.asked, b.resets
 }
+
+// The link reaches the project's own test host the way a worker does: its
+// sshd inside the test host's network namespace, with the key and
+// known_hosts that `make testhost` wrote.
+func TestLink_projectTesthost(t *testing.T) {
+	requireHost(t)
+	env := testhostEnv(t)
+	k := newTestLink(t, LinkConfig{SSH: SSHConfig{
+		Host:           "testhost",
+		Address:        env["TESTHOST_SSH_ADDR"],
+		User:           env["TESTHOST_SSH_USER"],
+		KeyFile:        env["TESTHOST_SSH_KEY"],
+		KnownHostsFile: env["TESTHOST_KNOWN_HOSTS"],
+	}})
+	start := time.Now()
+	if err := k.call(context.Background(), 5*time.Second, version); err != nil {
+		t.Fatalf("call on the project test host: %v", err)
+	}
+	t.Logf("dial and first call on %s: %s", env["TESTHOST_SSH_ADDR"], time.Since(start))
+}
+
+// A dial that hangs (the network stalls during the handshake) is bounded by
+// the connect budget and fails transient.
+func TestLink_connectBudgetBoundsADial(t *testing.T) {
+	s := startSSHD(t)
+	p := s.proxy(t)
+	p.Stall()
+	cfg := s.sshConfig(t, p.Addr())
+	cfg.ConnectTimeout = 0 // from the budget
+	k := newTestLink(t, LinkConfig{SSH: cfg, Budgets: Budgets{Connect: 500 * time.Millisecond}})
+	start := time.Now()
+	err := k.call(context.Background(), 10*time.Second, version)
+	took := time.Since(start)
+	t.Logf("dial through a stalled network: %v after %s", err, took)
+	if fleet.ClassOf(err) != fleet.ClassTransient {
+		t.Fatalf("dial through a stalled network = %v (class %q), want transient", err, fleet.ClassOf(err))
+	}
+	if took > 3*time.Second {
+		t.Fatalf("dial through a stalled network took %s, want about its 500ms budget", took)
+	}
+}
+
+// Close of a link whose network stalled returns within its close budget,
+// says so, and leaves no goroutine (goleak, TestMain).
+func TestLink_closeBudgetOnAStalledLink(t *testing.T) {
+	s := startSSHD(t)
+	p := s.proxy(t)
+	k, err := NewLink(LinkConfig{SSH: s.sshConfig(t, p.Addr()), Budgets: Budgets{Close: 500 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.call(context.Background(), 5*time.Second, version); err != nil {
+		t.Fatal(err)
+	}
+	p.Stall()
+	start := time.Now()
+	err = within(t, 3*time.Second, "Close of a stalled link", k.Close)
+	took := time.Since(start)
+	t.Logf("Close of a stalled link: %v after %s", err, took)
+	if err == nil || !strings.Contains(err.Error(), "budget") || strings.Contains(err.Error(), "still running") {
+		t.Fatalf("Close of a stalled link = %v, want an over-budget polite close and every goroutine ended", err)
+	}
+	if took > time.Second {
+		t.Fatalf("Close of a stalled link took %s, want its 500ms budget", took)
+	}
+}
