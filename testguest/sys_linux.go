@@ -3,7 +3,6 @@
 package main
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"log"
@@ -232,18 +231,6 @@ func firstEthernet() string {
 		}
 	}
 	return ""
-}
-
-// logKmsgLine appends one line to the kernel log, useful when stdout is lost.
-func logKmsgLine(msg string) {
-	f, err := os.OpenFile("/dev/kmsg", os.O_WRONLY, 0)
-	if err != nil {
-		return
-	}
-	defer f.Close()
-	w := bufio.NewWriter(f)
-	w.WriteString("testguest: " + msg + "\n")
-	w.Flush()
 }
 
 // sysFinitModule is finit_module(2) on amd64 (the only architecture the test

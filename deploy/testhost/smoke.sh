@@ -5,7 +5,8 @@
 #   - the guest's forward proxy reaches a server on 198.18.0.1 (GET and CONNECT)
 #   - the control API returns the seed's instance-id; proxy and agent stop/start
 #   - ssh to the test host, and libvirt over ssh (libssh transport and ssh -L)
-# Every wait is bounded. The smoke domain and its files are removed at the end.
+# Every wait is bounded. The smoke domain and its files are removed at the end
+# (SMOKE_KEEP=1 leaves the domain running).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 [ "$(id -u)" = 0 ] || die "run as root"
@@ -35,8 +36,13 @@ cleanup() {
 	rm -rf "$SMOKE_DIR" "$STATE/run/libvirt-fwd.sock"
 	true
 }
-trap cleanup EXIT
 cleanup
+if [ -n "${SMOKE_KEEP:-}" ]; then
+	# Leave the domain running for debugging; the next run or testhost-down removes it.
+	trap '[ -n "$httpd_pid" ] && kill "$httpd_pid"; [ -n "$fwd_pid" ] && kill "$fwd_pid"; true' EXIT
+else
+	trap cleanup EXIT
+fi
 
 # --- files for the domain -----------------------------------------------------
 mkdir -p "$SMOKE_DIR/seed"
