@@ -149,6 +149,17 @@ func (r *rig) publish(evs ...messages.StateEvent) {
 	}
 }
 
+// publishFolded publishes events one at a time, each once h has folded the
+// one before.
+func (r *rig) publishFolded(h *health.Health, evs ...messages.StateEvent) {
+	r.t.Helper()
+	for _, ev := range evs {
+		n := h.Metrics().Events
+		r.publish(ev)
+		waitFor(r.t, fmt.Sprintf("%s seq %d folded", ev.ID, ev.Seq), func() bool { return h.Metrics().Events > n })
+	}
+}
+
 func (r *rig) publishRaw(subject string, body []byte) {
 	r.t.Helper()
 	if _, err := r.js.Publish(context.Background(), subject, body); err != nil {
@@ -277,7 +288,10 @@ func TestRotationFollowsEvents(t *testing.T) {
 		t.Fatalf("GET /healthz = %d %q", code, body)
 	}
 
-	r.publish(
+	// One event at a time, each folded before the next is published: the
+	// stream keeps only the latest event of a proxy, so events published
+	// back to back may be collapsed before the consumer sees them.
+	r.publishFolded(h,
 		event("p1", 1, messages.StateProvisioning, ""),
 		event("p2", 1, messages.StateProvisioning, ""),
 		event("p1", 2, messages.StateRunning, "10.0.0.1"),
@@ -291,13 +305,13 @@ func TestRotationFollowsEvents(t *testing.T) {
 	}
 
 	// A new IP moves p1.
-	r.publish(event("p1", 3, messages.StateRunning, "10.0.0.11"))
+	r.publishFolded(h, event("p1", 3, messages.StateRunning, "10.0.0.11"))
 	want = map[string]string{"p1": "10.0.0.11:3128", "p2": "10.0.0.2:3128"}
 	r.waitBucket(want)
 	r.waitSnapshot(want)
 
 	// deleting then deleted: p2's key goes.
-	r.publish(event("p2", 3, messages.StateDeleting, "10.0.0.2"), event("p2", 4, messages.StateDeleted, ""))
+	r.publishFolded(h, event("p2", 3, messages.StateDeleting, "10.0.0.2"), event("p2", 4, messages.StateDeleted, ""))
 	want = map[string]string{"p1": "10.0.0.11:3128"}
 	r.waitBucket(want)
 	r.waitSnapshot(want)
@@ -307,15 +321,14 @@ func TestRotationFollowsEvents(t *testing.T) {
 
 	// A late, older running of p2 and a failed p1 with a stale seq: ignored.
 	before := h.Metrics()
-	r.publish(event("p2", 2, messages.StateRunning, "10.0.0.2"), event("p1", 3, messages.StateFailed, ""))
-	waitFor(t, "two events folded", func() bool { return h.Metrics().Events == before.Events+2 })
+	r.publishFolded(h, event("p2", 2, messages.StateRunning, "10.0.0.2"), event("p1", 3, messages.StateFailed, ""))
 	m := h.Metrics()
 	if m.Ignored != before.Ignored+2 || m.Changes != before.Changes || m.RotationSize != 1 {
 		t.Fatalf("metrics after stale events = %+v (before %+v)", m, before)
 	}
 
 	// failed removes p1.
-	r.publish(event("p1", 4, messages.StateFailed, ""))
+	r.publishFolded(h, event("p1", 4, messages.StateFailed, ""))
 	last := r.waitSnapshot(map[string]string{})
 	r.waitBucket(map[string]string{})
 	if got := getRotation(t, h); got.Version != last.Version || len(got.Proxies) != 0 {
@@ -479,11 +492,11 @@ func TestGraceKeepsThenDemotes(t *testing.T) {
 	// Back to running: in again.
 	r.publish(event("p1", 3, messages.StateRunning, "10.0.0.1"))
 	r.waitBucket(both)
+	r.waitSnapshot(both)
 
 	// A restart that comes back within the grace never leaves.
 	n := len(r.snapshots())
-	r.publish(event("p2", 2, messages.StateProvisioning, ""), event("p2", 3, messages.StateRunning, "10.0.0.2"))
-	waitFor(t, "p2's events folded", func() bool { return h.Metrics().Events == 6 })
+	r.publishFolded(h, event("p2", 2, messages.StateProvisioning, ""), event("p2", 3, messages.StateRunning, "10.0.0.2"))
 	time.Sleep(2 * grace)
 	if got := len(r.snapshots()); got != n {
 		t.Fatalf("%d snapshots published for a restart within the grace", got-n)
