@@ -238,8 +238,8 @@ type Link struct {
 	closed    bool
 
 	// wg counts every goroutine the link starts: calls, dials, watchers,
-	// transfers, closes. Add happens under mu while !closed, or from a
-	// goroutine already counted.
+	// transfers, closes. Add happens under mu while !closed, from a
+	// goroutine already counted, or in Close before its Wait.
 	wg sync.WaitGroup
 }
 
@@ -329,6 +329,10 @@ func (k *Link) closedErr() error {
 func (k *Link) call(ctx context.Context, budget time.Duration, fn func(l *libvirt.Libvirt) error) error {
 	if budget <= 0 {
 		budget = k.cfg.Budgets.Call
+	}
+	if err := ctx.Err(); err != nil {
+		// Done before it started: no reason to kill a healthy link.
+		return fleet.Transient(fmt.Errorf("libvirt %s: %w", k.name, err))
 	}
 	c, err := k.get(ctx)
 	if err != nil {
@@ -423,7 +427,7 @@ func (k *Link) get(ctx context.Context) (*conn, error) {
 // others wait for.
 func (k *Link) redial(d *dialing) {
 	defer k.wg.Done()
-	c, err := k.connect()
+	c, err := k.connect(k.ctx)
 	k.mu.Lock()
 	k.dialer = nil
 	closed := k.closed
@@ -452,9 +456,9 @@ func (k *Link) redial(d *dialing) {
 }
 
 // connect dials the transport and opens libvirt on it, within the connect
-// budget. It must run in a goroutine counted by k.wg.
-func (k *Link) connect() (*conn, error) {
-	ctx, cancel := context.WithTimeout(k.ctx, k.cfg.Budgets.Connect)
+// budget and parent. It must run in a goroutine counted by k.wg.
+func (k *Link) connect(parent context.Context) (*conn, error) {
+	ctx, cancel := context.WithTimeout(parent, k.cfg.Budgets.Connect)
 	defer cancel()
 	t, err := k.dial(ctx)
 	if err != nil {
@@ -602,7 +606,16 @@ func (k *Link) transfer(ctx context.Context, src io.Reader, fn func(l *libvirt.L
 	k.mu.Unlock()
 	defer k.wg.Done()
 
-	c, err := k.connect()
+	if err := ctx.Err(); err != nil {
+		return fleet.Transient(fmt.Errorf("transfer on %s: %w", k.name, err))
+	}
+	// The dedicated link's dial is this caller's alone: it ends with the
+	// caller's ctx as well as with the link.
+	dialCtx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(k.ctx, cancel)
+	c, err := k.connect(dialCtx)
+	stop()
+	cancel()
 	if err != nil {
 		return fmt.Errorf("transfer link: %w", err)
 	}

@@ -180,6 +180,16 @@ func TestLink_cancelledCallIsTransient(t *testing.T) {
 	if !c.isDead() {
 		t.Fatal("link not dead after a cancelled call")
 	}
+
+	// A call whose ctx is done before it starts does not touch the link.
+	c = k.current(t)
+	err = k.call(ctx, time.Minute, version)
+	if fleet.ClassOf(err) != fleet.ClassTransient || !errors.Is(err, context.Canceled) {
+		t.Fatalf("call with a done ctx = %v, want transient context.Canceled", err)
+	}
+	if c.isDead() {
+		t.Fatal("a call with a done ctx killed the link")
+	}
 }
 
 // libvirtd's own errors come back classified and leave the link alive.
