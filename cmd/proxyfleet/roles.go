@@ -274,8 +274,9 @@ func embedded(listen, dataDir string, log *slog.Logger) (*server.Server, error) 
 		StoreDir:   abs,
 		NoSigs:     true,
 		NoLog:      true,
-		// A single node: sync to disk every 2 minutes like the default,
-		// see nats.conf for the trade-off.
+		// A single node: flush every write before acknowledging it, as
+		// nats.conf does and for the same reason.
+		SyncAlways: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats-server: %w", err)

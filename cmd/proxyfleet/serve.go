@@ -81,8 +81,17 @@ func startHealth(ctx context.Context, nc *nats.Conn, c *config.Config, log *slog
 	if err != nil {
 		return nil, err
 	}
+	// Create-or-bind the streams and buckets, so a health process may
+	// start before any worker.
+	subj := messages.NewSubjects(c.NATS.Prefix)
+	topo := workerConfig(c, nil, log).Topology
+	tctx, tcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer tcancel()
+	if err := topo.Ensure(tctx, js, nil); err != nil {
+		return nil, err
+	}
 	h, err := health.New(js, health.Config{
-		Subjects: messages.NewSubjects(c.NATS.Prefix),
+		Subjects: subj,
 		HTTPAddr: c.Health.HTTP,
 		Logger:   log,
 		Grace:    c.Health.Grace,
@@ -102,8 +111,7 @@ func startHealth(ctx context.Context, nc *nats.Conn, c *config.Config, log *slog
 	}, nil
 }
 
-// runHealth runs the health role alone. The topology must exist (a worker
-// creates it), so it waits for it.
+// runHealth runs the health role alone.
 func runHealth(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("health", flag.ContinueOnError)
 	fs.SetOutput(stderr)
