@@ -186,12 +186,16 @@ type AgentHandler struct {
 	Interfaces func() ([]GuestInterface, error)
 	Hostname   func() string
 	Now        func() time.Time
+	// Shutdown carries out guest-shutdown ("powerdown", "reboot" or "halt");
+	// nil means the command is refused.
+	Shutdown func(mode string)
 }
 
 // agentCommands lists what guest-info reports as supported.
 var agentCommands = []string{
 	"guest-sync", "guest-sync-delimited", "guest-ping", "guest-info",
 	"guest-network-get-interfaces", "guest-get-host-name", "guest-get-time",
+	"guest-shutdown",
 }
 
 // Handle answers one raw request. ok is false when no reply must be sent.
@@ -228,7 +232,7 @@ func (h *AgentHandler) Handle(raw []byte) (AgentReply, bool) {
 		}
 		cmds := make([]cmd, 0, len(agentCommands))
 		for _, c := range agentCommands {
-			cmds = append(cmds, cmd{Name: c, Enabled: true, SuccessResponse: true})
+			cmds = append(cmds, cmd{Name: c, Enabled: true, SuccessResponse: c != "guest-shutdown"})
 		}
 		rep.Return = map[string]any{"version": agentVersion, "supported_commands": cmds}
 	case "guest-network-get-interfaces":
@@ -257,6 +261,30 @@ func (h *AgentHandler) Handle(raw []byte) (AgentReply, bool) {
 			now = h.Now
 		}
 		rep.Return = now().UnixNano()
+	case "guest-shutdown":
+		var args struct {
+			Mode string `json:"mode"`
+		}
+		if len(req.Arguments) > 0 {
+			if err := json.Unmarshal(req.Arguments, &args); err != nil {
+				rep.Error = &AgentError{Class: "GenericError", Desc: "bad arguments: " + err.Error()}
+				return rep, true
+			}
+		}
+		if args.Mode == "" {
+			args.Mode = "powerdown"
+		}
+		if args.Mode != "powerdown" && args.Mode != "reboot" && args.Mode != "halt" {
+			rep.Error = &AgentError{Class: "GenericError", Desc: "invalid mode " + args.Mode}
+			return rep, true
+		}
+		if h.Shutdown == nil {
+			rep.Error = &AgentError{Class: "GenericError", Desc: "shutdown not supported"}
+			return rep, true
+		}
+		// Like qemu-ga: no reply on success (success-response is false).
+		h.Shutdown(args.Mode)
+		return rep, false
 	case "":
 		rep.Error = &AgentError{Class: "GenericError", Desc: "Missing 'execute'"}
 	default:

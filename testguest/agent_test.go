@@ -204,3 +204,19 @@ func TestAgentStopStart(t *testing.T) {
 	}
 	a.Stop()
 }
+
+func TestAgentShutdown(t *testing.T) {
+	var modes []string
+	h := &AgentHandler{Shutdown: func(m string) { modes = append(modes, m) }}
+	got := serve(t, h, `{"execute":"guest-shutdown"}{"execute":"guest-shutdown","arguments":{"mode":"reboot"}}{"execute":"guest-shutdown","arguments":{"mode":"explode"}}`)
+	if len(got) != 1 || got[0]["error"] == nil {
+		t.Fatalf("replies %v (only the bad mode answers)", got)
+	}
+	if strings.Join(modes, ",") != "powerdown,reboot" {
+		t.Fatalf("modes %v", modes)
+	}
+	got = serve(t, &AgentHandler{}, `{"execute":"guest-shutdown"}`)
+	if len(got) != 1 || got[0]["error"] == nil {
+		t.Fatalf("without Shutdown: %v", got)
+	}
+}

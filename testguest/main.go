@@ -39,6 +39,9 @@ func main() {
 		Locate:  func() (string, error) { return FindVirtioPort("/sys/class/virtio-ports", "/dev", AgentPortName) },
 		Log:     logger,
 	}
+	if *asInit {
+		agent.Handler.Shutdown = func(mode string) { shutdown(mode, logger) }
+	}
 	control := &Server{Name: "control", Addr: *controlAddr, Handler: ControlHandler(seeds, proxy, agentSwitch{agent}), Log: logger}
 
 	if !*asInit {

@@ -108,6 +108,26 @@ func ifUp(name string) error {
 	return nil
 }
 
+// shutdown syncs and powers off (or reboots) the VM after a short pause so
+// the caller's log line reaches the console.
+func shutdown(mode string, logger *log.Logger) {
+	logger.Printf("agent: guest-shutdown %s", mode)
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		syscall.Sync()
+		cmd := syscall.LINUX_REBOOT_CMD_POWER_OFF
+		switch mode {
+		case "reboot":
+			cmd = syscall.LINUX_REBOOT_CMD_RESTART
+		case "halt":
+			cmd = syscall.LINUX_REBOOT_CMD_HALT
+		}
+		if err := syscall.Reboot(cmd); err != nil {
+			logger.Printf("agent: reboot(%s): %v", mode, err)
+		}
+	}()
+}
+
 func setHostname(name string) error { return syscall.Sethostname([]byte(name)) }
 
 // waitFor polls cond every 100 ms until it is true or d has passed.

@@ -1,4 +1,5 @@
 # Shared settings and helpers for the test host scripts (sourced, not run).
+# shellcheck disable=SC2034  # settings used by the scripts that source this file
 # shellcheck shell=bash
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

@@ -189,6 +189,14 @@ else
 	bad "virsh through ssh -L: ${out:-no socket}"
 fi
 
+# --- graceful stop through the agent -----------------------------------------
+if [ -z "${SMOKE_KEEP:-}" ]; then
+	t=$(now_ms)
+	virsh_ shutdown "$DOM" --mode agent >/dev/null 2>&1
+	dom_off() { [ "$(virsh_ domstate "$DOM" 2>/dev/null)" = "shut off" ]; }
+	wait_until 30 dom_off && ok "virsh shutdown --mode agent: shut off after $(ms_since "$t") ms" || bad "domain still $(virsh_ domstate "$DOM" 2>&1) after shutdown --mode agent"
+fi
+
 # --- the default network must not run ---------------------------------------
 net_active default && bad "libvirt's default network is active" || ok "default network inactive"
 
