@@ -290,6 +290,13 @@ func TestNoWaitAndGeneratedCommandID(t *testing.T) {
 	if a.Final != nil || len(a.Results) != 0 || a.Failed() {
 		t.Fatalf("not waited for, yet %+v", a)
 	}
+	// Both commands are carried out all the same. (Waiting for that also
+	// keeps the worker from being stopped while it is still handed work:
+	// worker.Stop races a late delivery, see the report.)
+	waitUntil(t, "p1 deleted by the second command", func() bool {
+		st, err := r.c.Get(ctxFor(t, 5*time.Second), "p1")
+		return err == nil && st.Event != nil && st.Event.State == messages.StateDeleted && st.Event.CommandID == b.CommandID
+	})
 }
 
 func TestWaitEndsWithContext(t *testing.T) {

@@ -219,6 +219,17 @@ func (f *Fold) InGrace(id string) bool {
 	return p != nil && p.inRotation && !p.graceUntil.IsZero()
 }
 
+// GraceLen is how many proxies in the rotation are on grace.
+func (f *Fold) GraceLen() int {
+	n := 0
+	for _, p := range f.proxies {
+		if p.inRotation && !p.graceUntil.IsZero() {
+			n++
+		}
+	}
+	return n
+}
+
 // Len is the size of the rotation.
 func (f *Fold) Len() int {
 	n := 0

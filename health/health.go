@@ -20,11 +20,16 @@ import (
 // DefaultHTTPAddr is where the health process serves HTTP unless told.
 const DefaultHTTPAddr = "127.0.0.1:8080"
 
+// NoHTTP as Config.HTTPAddr serves no HTTP of its own: the caller mounts
+// Handler where it likes.
+const NoHTTP = "-"
+
 // Config of a health process. New fills the zero values with defaults.
 type Config struct {
 	Subjects messages.Subjects
 	// HTTPAddr is the listen address of /rotation, /healthz and /metrics;
-	// a port of 0 picks a free one (see Addr). Empty: DefaultHTTPAddr.
+	// a port of 0 picks a free one (see Addr). Empty: DefaultHTTPAddr;
+	// NoHTTP: none.
 	HTTPAddr string
 	Logger   *slog.Logger
 	// Now is the clock of the fold (grace) and of the snapshots' time.
@@ -154,10 +159,12 @@ func (h *Health) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("health: ordered consumer on %s: %w", messages.StreamEvents, err)
 	}
-	if h.ln, err = net.Listen("tcp", h.cfg.HTTPAddr); err != nil {
-		return fmt.Errorf("health: listen on %s: %w", h.cfg.HTTPAddr, err)
+	if h.cfg.HTTPAddr != NoHTTP {
+		if h.ln, err = net.Listen("tcp", h.cfg.HTTPAddr); err != nil {
+			return fmt.Errorf("health: listen on %s: %w", h.cfg.HTTPAddr, err)
+		}
+		h.srv = &http.Server{Handler: h.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 	}
-	h.srv = &http.Server{Handler: h.Handler(), ReadHeaderTimeout: 10 * time.Second}
 
 	h.mu.Lock()
 	h.startLastSeq = info.State.LastSeq
@@ -170,24 +177,29 @@ func (h *Health) start(ctx context.Context) error {
 		h.log.Warn("consuming state events", "err", err)
 	}))
 	if err != nil {
-		h.ln.Close()
+		if h.ln != nil {
+			h.ln.Close()
+		}
 		return fmt.Errorf("health: consume %s: %w", messages.StreamEvents, err)
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	h.started = true
-	h.wg.Add(2)
-	go func() {
-		defer h.wg.Done()
-		if err := h.srv.Serve(h.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			h.log.Error("http server", "err", err)
-		}
-	}()
+	if h.srv != nil {
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			if err := h.srv.Serve(h.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				h.log.Error("http server", "err", err)
+			}
+		}()
+	}
+	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
 		h.loop(runCtx)
 	}()
-	h.log.Info("health started", "http", h.ln.Addr().String(), "grace", h.cfg.Grace)
+	h.log.Info("health started", "http", h.Addr(), "grace", h.cfg.Grace)
 	return nil
 }
 
@@ -205,9 +217,11 @@ func (h *Health) Stop(ctx context.Context) {
 		case <-ctx.Done():
 		}
 		h.cancel()
-		if err := h.srv.Shutdown(ctx); err != nil {
-			h.log.Warn("http shutdown", "err", err)
-			h.srv.Close()
+		if h.srv != nil {
+			if err := h.srv.Shutdown(ctx); err != nil {
+				h.log.Warn("http shutdown", "err", err)
+				h.srv.Close()
+			}
 		}
 		done := make(chan struct{})
 		go func() { h.wg.Wait(); close(done) }()
@@ -227,7 +241,8 @@ func (h *Health) Stop(ctx context.Context) {
 	})
 }
 
-// Addr is the address HTTP is served on, once started ("" before).
+// Addr is the address HTTP is served on, once started ("" before, or with
+// NoHTTP).
 func (h *Health) Addr() string {
 	if h.ln == nil {
 		return ""
@@ -263,6 +278,7 @@ func (h *Health) Ready() error {
 // Metrics are the health process's counters.
 type Metrics struct {
 	RotationSize    int
+	InGrace         int // of which kept on grace
 	RotationVersion uint64
 	Changes         uint64 // changes of the rotation, catch-up included
 	Events          uint64 // state events received
@@ -278,6 +294,7 @@ func (h *Health) Metrics() Metrics {
 	st := h.fold.Stats()
 	return Metrics{
 		RotationSize:    h.fold.Len(),
+		InGrace:         h.fold.GraceLen(),
 		RotationVersion: h.version,
 		Changes:         st.Changes,
 		Events:          st.Events + h.undecodable,
@@ -290,26 +307,32 @@ func (h *Health) Metrics() Metrics {
 // handle folds one message of PROXY_EVENTS. The ordered consumer calls it
 // from one goroutine at a time.
 func (h *Health) handle(msg jetstream.Msg) {
-	var ev messages.StateEvent
-	id, err := h.subj.ParseState(msg.Subject())
-	if err == nil {
-		err = messages.Decode(msg.Data(), &ev)
-	}
-	if err == nil && ev.ID != id {
-		err = fmt.Errorf("body id %q does not match the subject's %q", ev.ID, id)
-	}
-	if err == nil && !messages.ValidID(id) {
-		err = fmt.Errorf("invalid id %q", id)
-	}
 	md, mdErr := msg.Metadata()
+	marker := msg.Headers().Get(jetstream.MarkerReasonHeader) != ""
+	var ev messages.StateEvent
+	var err error
+	if !marker {
+		ev, err = h.decode(msg.Subject(), msg.Data())
+	}
 
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if err != nil {
+	switch {
+	case marker:
+		// A server-placed marker (an event aged out, if the stream is
+		// ever configured to leave markers): nothing to fold.
+	case err != nil:
 		h.undecodable++
 		h.log.Warn("ignoring a state event", "subject", msg.Subject(), "err", err)
-	} else if h.fold.Apply(ev) {
-		h.changedLocked()
+	default:
+		if h.fold.Apply(ev) {
+			h.changedLocked()
+			if h.caughtUp {
+				h.log.Info("rotation changed", "id", ev.ID, "state", ev.State, "ip", ev.IP, "seq", ev.Seq, "size", len(h.snap.Proxies), "version", h.version)
+			}
+		} else if h.fold.InGrace(ev.ID) && ev.State != messages.StateRunning {
+			h.log.Info("keeping a proxy in the rotation during its grace", "id", ev.ID, "state", ev.State, "seq", ev.Seq, "grace", h.cfg.Grace)
+		}
 	}
 	if mdErr == nil {
 		h.handledSeq = max(h.handledSeq, md.Sequence.Stream)
@@ -321,6 +344,34 @@ func (h *Health) handle(msg jetstream.Msg) {
 		}
 	}
 	h.signal()
+}
+
+// decode reads a state event. It is lenient about fields it does not know
+// (a newer worker may add some; a health process that dropped every event
+// it could not fully read would freeze the rotation) and strict about the
+// rest: the version, the size, and the id against the subject's.
+func (h *Health) decode(subject string, body []byte) (messages.StateEvent, error) {
+	var ev messages.StateEvent
+	id, err := h.subj.ParseState(subject)
+	if err != nil {
+		return ev, err
+	}
+	if !messages.ValidID(id) {
+		return ev, fmt.Errorf("invalid id %q", id)
+	}
+	if len(body) > messages.MaxBodySize {
+		return ev, fmt.Errorf("body of %d bytes, more than %d", len(body), messages.MaxBodySize)
+	}
+	if err := json.Unmarshal(body, &ev); err != nil {
+		return ev, fmt.Errorf("malformed: %w", err)
+	}
+	if ev.V != messages.Version {
+		return ev, fmt.Errorf("version %d, want %d", ev.V, messages.Version)
+	}
+	if ev.ID != id {
+		return ev, fmt.Errorf("body id %q does not match the subject's %q", ev.ID, id)
+	}
+	return ev, nil
 }
 
 func (h *Health) signal() {
@@ -360,6 +411,7 @@ func (h *Health) loop(ctx context.Context) {
 		h.mu.Lock()
 		if h.fold.Tick(h.now()) {
 			h.changedLocked()
+			h.log.Info("grace over: proxies demoted", "size", len(h.snap.Proxies), "version", h.version)
 		}
 		deadline, graceRunning := h.fold.NextDeadline()
 		caughtUp := h.caughtUp

@@ -460,11 +460,14 @@ func TestUndecodableEventsAreIgnored(t *testing.T) {
 	h := r.start(health.Config{})
 	r.publishRaw(subj.State("p1"), []byte("not json"))
 	r.publishRaw(subj.State("p2"), []byte(`{"v":1,"id":"p3","state":"running","ip":"10.0.0.3","port":3128,"seq":1}`))
-	r.publishRaw(subj.State("p4"), []byte(`{"v":1,"id":"p4","state":"running","ip":"10.0.0.4","port":3128,"seq":1,"extra":1}`))
+	r.publishRaw(subj.State("p4"), []byte(`{"v":2,"id":"p4","state":"running","ip":"10.0.0.4","port":3128,"seq":1}`))
+	r.publishRaw("proxy.state.Bad_Id", []byte(`{"v":1,"id":"Bad_Id","state":"running","ip":"10.0.0.4","port":3128,"seq":1}`))
+	// A field this build does not know is no reason to drop the event.
+	r.publishRaw(subj.State("p6"), []byte(`{"v":1,"id":"p6","state":"running","ip":"10.0.0.6","port":3128,"seq":1,"zone":"a"}`))
 	r.publish(event("p5", 1, messages.StateRunning, "10.0.0.5"))
-	r.waitBucket(map[string]string{"p5": "10.0.0.5:3128"})
-	if m := h.Metrics(); m.Events != 4 || m.Ignored != 3 || m.RotationSize != 1 {
-		t.Fatalf("metrics = %+v, want 4 events, 3 ignored, 1 in rotation", m)
+	r.waitBucket(map[string]string{"p5": "10.0.0.5:3128", "p6": "10.0.0.6:3128"})
+	if m := h.Metrics(); m.Events != 6 || m.Ignored != 4 || m.RotationSize != 2 {
+		t.Fatalf("metrics = %+v, want 6 events, 4 ignored, 2 in rotation", m)
 	}
 }
 

@@ -65,6 +65,7 @@ func writeMetrics(w io.Writer, m Metrics) {
 		value           any
 	}{
 		{"proxyfleet_rotation_size", "gauge", "Proxies in the rotation.", m.RotationSize},
+		{"proxyfleet_rotation_in_grace", "gauge", "Proxies in the rotation kept on grace after reporting provisioning.", m.InGrace},
 		{"proxyfleet_rotation_version", "gauge", "Version of the current rotation snapshot (in this process).", m.RotationVersion},
 		{"proxyfleet_rotation_changes_total", "counter", "Changes of the rotation folded from events and grace expiries.", m.Changes},
 		{"proxyfleet_events_total", "counter", "State events received.", m.Events},

@@ -172,7 +172,8 @@ func dialSSH(ctx context.Context, cfg SSHConfig) (*SSHConn, error) {
 		Auth:              []ssh.AuthMethod{ssh.PublicKeys(signer)},
 		HostKeyCallback:   hostKeys,
 		HostKeyAlgorithms: algos,
-		Timeout:           cfg.ConnectTimeout,
+		// No Timeout: it only applies to ssh.Dial; the deadline
+		// below covers connect, handshake and forward together.
 	}
 
 	deadline := time.Now().Add(cfg.ConnectTimeout)

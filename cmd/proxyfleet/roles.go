@@ -161,6 +161,7 @@ func workerConfig(c *config.Config, provs map[string]worker.Provider, log *slog.
 		Topology: worker.Topology{
 			Subjects: subj, Replicas: c.NATS.Replicas, DuplicateWindow: c.NATS.DuplicateWindow,
 			ResultsMaxAge: c.NATS.ResultsMaxAge, CommandIDMaxAge: c.NATS.CommandIDMaxAge,
+			AckWait: c.Worker.AckWait, MaxAttempts: c.Worker.MaxAttempts, PinnedTTL: c.Worker.PinnedTTL,
 		},
 		Catalog: worker.Catalog{
 			Hosts: c.HostNames(), Images: images, DefaultImage: c.DefaultImage,

@@ -7,6 +7,8 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 [ "$(id -u)" = 0 ] || die "run as root"
+exec 9>/run/proxyfleet-testhost.lock
+flock -w 900 9 || die "another up.sh/down.sh holds /run/proxyfleet-testhost.lock"
 all=0
 [ "${1:-}" = --all ] && all=1
 

@@ -8,6 +8,9 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 [ "$(id -u)" = 0 ] || die "run as root"
+# One set-up or tear-down at a time on this machine (checkouts share the host).
+exec 9>/run/proxyfleet-testhost.lock
+flock -w 900 9 || die "another up.sh/down.sh holds /run/proxyfleet-testhost.lock"
 t_start=$(now_ms)
 mkdir -p "$STATE"/{run,logs,sshd}
 chmod 700 "$STATE/sshd"
@@ -204,14 +207,13 @@ if pid_alive "$pid" sshd && pid_in_ns "$pid" && cmp -s "$sshd_conf" "$sshd_conf.
 	rm -f "$sshd_conf.new"
 else
 	kill_pidfile "$sshd_pid" sshd
-	# A listener whose pid file was lost still holds the port: find it by
-	# its config path (only listeners carry it in their command line).
-	for d in /proc/[0-9]*; do
-		[ "$(cat "$d/comm" 2>/dev/null)" = sshd ] || continue
-		tr '\0' ' ' <"$d/cmdline" 2>/dev/null | grep -qF -- "-f $sshd_conf " || continue
-		log "stopping sshd without pid file (pid ${d#/proc/})"
-		kill -TERM "${d#/proc/}" 2>/dev/null || true
-		for _ in $(seq 30); do pid_alive "${d#/proc/}" sshd || break; sleep 0.1; done
+	# Another listener on the test host's port (pid file lost, or started from
+	# another checkout with other keys) would keep ours from binding.
+	for p in $(ip netns exec "$NS" ss -Htlnp "sport = :22" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
+		pid_alive "$p" sshd || continue
+		log "stopping the sshd already listening on $NS_IP:22 (pid $p)"
+		kill -TERM "$p" 2>/dev/null || true
+		for _ in $(seq 30); do pid_alive "$p" sshd || break; sleep 0.1; done
 	done
 	mv -f "$sshd_conf.new" "$sshd_conf"
 	/usr/sbin/sshd -t -f "$sshd_conf" || die "sshd config test failed"
