@@ -5,7 +5,8 @@
 # storage pool and network, the test guest, and .testhost/env + proxyfleet.yaml.
 # Idempotent: rerun it after a crash or a SIGKILL of anything it started.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$here/lib.sh"
 
 [ "$(id -u)" = 0 ] || die "run as root"
 # One set-up or tear-down at a time on this machine (checkouts share the host).
