@@ -487,6 +487,9 @@ func TestGraceKeepsThenDemotes(t *testing.T) {
 	if got := r.bucket(); !reflect.DeepEqual(got, both) && time.Since(began) < grace {
 		t.Fatalf("in grace, bucket = %v, want %v", got, both)
 	}
+	if m := h.Metrics(); m.InGrace != 1 && time.Since(began) < grace {
+		t.Fatalf("in grace, metrics = %+v, want 1 in grace", m)
+	}
 	r.waitBucket(map[string]string{"p2": "10.0.0.2:3128"})
 	if d := time.Since(began); d < grace {
 		t.Fatalf("p1 demoted after %v, before its grace of %v", d, grace)
@@ -612,4 +615,30 @@ func TestPublishFailureShowsAndRecovers(t *testing.T) {
 		return code == http.StatusOK
 	})
 	checkVersionsIncrease(t, r.snapshots())
+}
+
+func TestNoHTTP(t *testing.T) {
+	r := newRig(t)
+	h := r.start(health.Config{HTTPAddr: health.NoHTTP})
+	if h.Addr() != "" {
+		t.Fatalf("Addr = %q with NoHTTP", h.Addr())
+	}
+	r.publish(event("p1", 1, messages.StateRunning, "10.0.0.1"))
+	r.waitBucket(map[string]string{"p1": "10.0.0.1:3128"})
+	ts := httptest.NewServer(h.Handler())
+	defer ts.Close()
+	waitFor(t, "GET /rotation with p1", func() bool {
+		code, body := get(t, ts.URL+"/rotation")
+		return code == 200 && strings.Contains(body, `"addr":"10.0.0.1:3128"`)
+	})
+}
+
+func TestStopWithoutStart(t *testing.T) {
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	h, err := health.New(js, health.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Stop(context.Background())
 }
