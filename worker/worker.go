@@ -60,7 +60,6 @@ type Worker struct {
 	cancel    context.CancelFunc
 	consumers []jetstream.ConsumeContext
 	pools     []*pool
-	wg        sync.WaitGroup
 }
 
 // Stats counts what a worker did.
