@@ -168,9 +168,6 @@ func (h *Health) start(ctx context.Context) error {
 
 	h.mu.Lock()
 	h.startLastSeq = info.State.LastSeq
-	if info.State.Msgs == 0 {
-		h.caughtUpLocked("the stream is empty")
-	}
 	h.mu.Unlock()
 
 	h.cc, err = h.cons.Consume(h.handle, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
@@ -181,6 +178,12 @@ func (h *Health) start(ctx context.Context) error {
 			h.ln.Close()
 		}
 		return fmt.Errorf("health: consume %s: %w", messages.StreamEvents, err)
+	}
+	if info.State.Msgs == 0 {
+		// Nothing to catch up with; whatever came in since is new.
+		h.mu.Lock()
+		h.caughtUpLocked("the stream was empty")
+		h.mu.Unlock()
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel

@@ -642,3 +642,28 @@ func TestStopWithoutStart(t *testing.T) {
 	}
 	h.Stop(context.Background())
 }
+
+// When no message will ever say it was the last one (here: the stream
+// holds only messages outside the filter), the consumer's info does.
+func TestCatchUpWithoutALastMessage(t *testing.T) {
+	srv := natstest.Start(t)
+	nc, js := srv.Connect(t)
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: messages.StreamEvents, Subjects: []string{subj.StateAll(), "proxy.other.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: messages.BucketRotation})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "proxy.other.x", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{t: t, srv: srv, nc: nc, js: js, kv: kv}
+	h := r.start(health.Config{}) // fails unless it catches up
+	r.publish(event("p1", 1, messages.StateRunning, "10.0.0.1"))
+	r.waitBucket(map[string]string{"p1": "10.0.0.1:3128"})
+	if m := h.Metrics(); !m.CaughtUp || m.Events != 1 {
+		t.Fatalf("metrics = %+v", m)
+	}
+}
