@@ -1,0 +1,128 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"proxyfleet/fleet"
+	"proxyfleet/messages"
+)
+
+func TestCreateGetDeleteList(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	d, err := New(Config{Host: "h1", Dir: t.TempDir(), BootDelay: time.Minute, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := d.Get(ctx, "p1"); !errors.Is(err, fleet.ErrNotFound) {
+		t.Fatalf("get before create: %v", err)
+	}
+	in, err := d.Create(ctx, fleet.Spec{ID: "p1", CommandID: "c1", SpecHash: "h"})
+	if err != nil || in.State != messages.StateProvisioning {
+		t.Fatalf("create: %+v %v", in, err)
+	}
+	// Idempotent: the marked domain is found, not made again.
+	if in, err := d.Create(ctx, fleet.Spec{ID: "p1", CommandID: "c2", SpecHash: "h2"}); err != nil || in.CommandID != "c1" {
+		t.Fatalf("second create: %+v %v", in, err)
+	}
+	now = now.Add(time.Minute)
+	in, err = d.Get(ctx, "p1")
+	if err != nil || in.State != messages.StateRunning || in.IP != SimIP("p1") || in.SpecHash != "h" {
+		t.Fatalf("get after boot: %+v %v", in, err)
+	}
+	if err := d.Stop("p1"); err != nil {
+		t.Fatal(err)
+	}
+	if in, _ := d.Get(ctx, "p1"); in.State != messages.StateFailed {
+		t.Fatalf("stopped domain: %+v", in)
+	}
+	list, err := d.List(ctx)
+	if err != nil || len(list) != 1 {
+		t.Fatalf("list: %+v %v", list, err)
+	}
+	if err := d.Delete(ctx, "p1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Delete(ctx, "p1"); err != nil {
+		t.Fatalf("delete of an absent proxy: %v", err)
+	}
+	if list, _ := d.List(ctx); len(list) != 0 {
+		t.Fatalf("list after delete: %+v", list)
+	}
+}
+
+func TestInjectedFaults(t *testing.T) {
+	dir := t.TempDir()
+	d, _ := New(Config{Host: "h1", Dir: dir})
+	ctx := context.Background()
+	if err := InjectFault(dir, Fault{Op: "create", ID: "p1", Class: fleet.ClassTransient, Count: 2}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		_, err := d.Create(ctx, fleet.Spec{ID: "p1"})
+		if !fleet.IsTransient(err) || !errors.Is(err, ErrInjected) {
+			t.Fatalf("call %d: %v, want an injected transient error", i, err)
+		}
+	}
+	if _, err := d.Create(ctx, fleet.Spec{ID: "p2"}); err != nil {
+		t.Fatalf("other id: %v", err)
+	}
+	if _, err := d.Create(ctx, fleet.Spec{ID: "p1"}); err != nil {
+		t.Fatalf("after the faults ran out: %v", err)
+	}
+	_ = InjectFault(dir, Fault{Op: "delete", Class: fleet.ClassPermanent, Count: -1})
+	for range 3 {
+		if err := d.Delete(ctx, "p1"); fleet.ClassOf(err) != fleet.ClassPermanent {
+			t.Fatalf("delete: %v, want permanent", err)
+		}
+	}
+	if err := ClearFaults(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Delete(ctx, "p1"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOverlapIsRecorded: two calls for one id at once are serialised and
+// the second records the overlap, which is what tests rely on to prove the
+// worker never overlaps them.
+func TestOverlapIsRecorded(t *testing.T) {
+	dir := t.TempDir()
+	d, _ := New(Config{Host: "h1", Dir: dir, Delay: 100 * time.Millisecond})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, _ = d.Get(context.Background(), "p1") }()
+	}
+	wg.Wait()
+	if _, err := os.Stat(filepath.Join(dir, "overlaps.log")); err != nil {
+		t.Fatalf("no overlap recorded: %v", err)
+	}
+	// Calls for different ids do not count.
+	dir2 := t.TempDir()
+	d2, _ := New(Config{Host: "h1", Dir: dir2, Delay: 50 * time.Millisecond})
+	for _, id := range []string{"a", "b"} {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, _ = d2.Get(context.Background(), id) }()
+	}
+	wg.Wait()
+	if _, err := os.Stat(filepath.Join(dir2, "overlaps.log")); err == nil {
+		t.Fatal("overlap recorded for different ids")
+	}
+}
+
+func TestCancelledCallIsTransient(t *testing.T) {
+	d, _ := New(Config{Host: "h1", Dir: t.TempDir(), Delay: time.Minute})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, err := d.Get(ctx, "p1"); !fleet.IsTransient(err) {
+		t.Fatalf("cancelled get: %v, want transient", err)
+	}
+}
