@@ -158,6 +158,10 @@ func (m mark) xml() (string, error) {
 	if m.CreatedAt.IsZero() {
 		return "", errors.New("mark: createdAt is not set")
 	}
+	if y := m.CreatedAt.UTC().Year(); y < 1 || y > 9999 {
+		// RFC 3339 has four-digit years; parseMark could not read it back.
+		return "", fmt.Errorf("mark: createdAt %s is outside RFC 3339", m.CreatedAt)
+	}
 	out := markXMLOut{
 		NS:        markNS,
 		Owner:     m.Owner,
@@ -224,6 +228,14 @@ func parseMark(doc string) (m mark, ok bool, err error) {
 				root = "mark"
 				if in, err = decodeMark(dec, t); err != nil {
 					return mark{}, false, err
+				}
+				continue
+			case len(stack) == 0 && t.Name.Space != "":
+				// Another application's element, or a mark of another
+				// version: not ours, and not unreadable either.
+				root = "foreign"
+				if err := dec.Skip(); err != nil {
+					return mark{}, false, fmt.Errorf("mark: %w", err)
 				}
 				continue
 			case len(stack) == 0 && t.Name.Local != "domain":

@@ -1,0 +1,193 @@
+package kvm
+
+import (
+	"encoding/xml"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func testMark(id string) mark {
+	return mark{
+		Owner:     markOwner,
+		ID:        id,
+		CommandID: "cmd-42",
+		SpecHash:  "3f2a9c",
+		CreatedAt: time.Date(2026, 11, 30, 7, 1, 2, 345000000, time.UTC),
+		Host:      "beelink",
+		Image:     "debian-12",
+		Labels:    map[string]string{"team": "edge", "tier": "b"},
+	}
+}
+
+func TestMark_roundTripElement(t *testing.T) {
+	m := testMark("p1")
+	s, err := m.xml()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(s, `<proxyfleet:mark xmlns:proxyfleet="`+markNS+`">`) {
+		t.Fatalf("element does not declare its own namespace: %s", s)
+	}
+	got, ok, err := parseMark(s)
+	if err != nil || !ok {
+		t.Fatalf("parseMark: %v, %v", ok, err)
+	}
+	if !reflect.DeepEqual(got, m) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", got, m)
+	}
+	// The same spec gives the same bytes (labels are sorted).
+	if s2, _ := m.xml(); s2 != s {
+		t.Fatalf("marshal is not deterministic:\n%s\n%s", s, s2)
+	}
+}
+
+// libvirt may hand back the element with another prefix, or with the
+// namespace as the default one; both are the same element.
+func TestMark_parsesAnyPrefix(t *testing.T) {
+	for _, doc := range []string{
+		`<pf:mark xmlns:pf="` + markNS + `"><pf:owner>proxyfleet</pf:owner><pf:id>p1</pf:id><pf:createdAt>2026-11-30T07:01:02Z</pf:createdAt></pf:mark>`,
+		`<mark xmlns="` + markNS + `">
+		   <owner>proxyfleet</owner>
+		   <id>p1</id>
+		   <createdAt>2026-11-30T07:01:02Z</createdAt>
+		 </mark>`,
+	} {
+		m, ok, err := parseMark(doc)
+		if err != nil || !ok || m.ID != "p1" || !m.CreatedAt.Equal(time.Date(2026, 11, 30, 7, 1, 2, 0, time.UTC)) {
+			t.Errorf("%s: %+v %v %v", doc, m, ok, err)
+		}
+	}
+}
+
+// The shape virDomainGetXMLDesc returns: the mark inside <metadata> next to
+// other applications' elements.
+func TestMark_fromDomainXML(t *testing.T) {
+	m := testMark("p1")
+	el, _ := m.xml()
+	doc := `<domain type='qemu' id='3'>
+  <name>pf-p1</name>
+  <uuid>7c1d1c6e-0000-4000-8000-000000000001</uuid>
+  <description>&lt;proxyfleet:mark&gt; in text is not a mark</description>
+  <metadata>
+    <other:thing xmlns:other="https://example.com/other"><other:owner>proxyfleet</other:owner></other:thing>
+    ` + el + `
+  </metadata>
+  <memory unit='KiB'>262144</memory>
+  <devices><disk type='file' device='disk'><source file='/x'/><target dev='vda' bus='virtio'/></disk></devices>
+</domain>`
+	got, ok, err := parseMark(doc)
+	if err != nil || !ok || !reflect.DeepEqual(got, m) {
+		t.Fatalf("got %+v, %v, %v", got, ok, err)
+	}
+}
+
+func TestMark_notOurs(t *testing.T) {
+	other := strings.Replace(mustMarkXML(t, testMark("p1")), ">proxyfleet</proxyfleet:owner>", ">someone-else</proxyfleet:owner>", 1)
+	otherNS := strings.Replace(mustMarkXML(t, testMark("p1")), markNS, "https://proxyfleet.dev/xmlns/mark/2", 1)
+	for name, doc := range map[string]string{
+		"domain without metadata":    `<domain type='kvm'><name>pf-p1</name><memory>1</memory></domain>`,
+		"domain with other metadata": `<domain type='kvm'><name>pf-p1</name><metadata><a:x xmlns:a="https://a/"/></metadata></domain>`,
+		"mark of another owner":      other,
+		"mark in another namespace":  otherNS,
+		"domain with foreign mark":   `<domain><name>pf-p1</name><metadata>` + other + `</metadata></domain>`,
+		"mark outside metadata":      `<domain><name>pf-p1</name><devices>` + mustMarkXML(t, testMark("p1")) + `</devices></domain>`,
+	} {
+		m, ok, err := parseMark(doc)
+		if ok || err != nil {
+			t.Errorf("%s: ours=%v err=%v mark=%+v", name, ok, err, m)
+		}
+	}
+}
+
+func TestMark_unreadable(t *testing.T) {
+	good := mustMarkXML(t, testMark("p1"))
+	for name, doc := range map[string]string{
+		"empty":          "",
+		"not xml":        "<domain",
+		"other root":     "<network><name>x</name></network>",
+		"bad id":         strings.Replace(good, ">p1<", ">P1<", 1),
+		"bad createdAt":  strings.Replace(good, "2026-11-30T07:01:02.345Z", "yesterday", 1),
+		"two marks":      `<domain><name>pf-p1</name><metadata>` + good + good + `</metadata></domain>`,
+		"cloned domain":  `<domain><name>pf-p1-clone</name><metadata>` + good + `</metadata></domain>`,
+		"bad base64":     strings.Replace(good, "<proxyfleet:commandId>cmd-42", `<proxyfleet:commandId enc="base64">!!`, 1),
+		"unknown enc":    strings.Replace(good, "<proxyfleet:commandId>", `<proxyfleet:commandId enc="rot13">`, 1),
+		"label twice":    strings.Replace(good, "</proxyfleet:mark>", `<proxyfleet:label key="team">x</proxyfleet:label></proxyfleet:mark>`, 1),
+		"two roots":      good + good,
+		"unclosed inner": `<domain><name>pf-p1</name><metadata>` + good,
+	} {
+		if m, ok, err := parseMark(doc); err == nil || ok {
+			t.Errorf("%s: want an error, have ours=%v err=%v mark=%+v", name, ok, err, m)
+		}
+	}
+}
+
+// Values with XML's special characters are escaped by the encoder and read
+// back unchanged; values XML cannot carry (control characters) or whose
+// whitespace a re-indenting serializer might change are stored base64.
+func TestMark_hostileValuesSurvive(t *testing.T) {
+	m := testMark("p1")
+	m.CommandID = `"><proxyfleet:owner>evil</proxyfleet:owner><x a='` + "&amp;\x00\x01\t\n\r]]>"
+	m.Labels = map[string]string{
+		"a":     `</proxyfleet:label></proxyfleet:mark><evil/>`,
+		"b.c/d": "it's \"quoted\" & <tagged>",
+		"e":     "  leading and trailing  ",
+		"f":     "line\nbreak",
+		"g":     "\xff\xfe not utf-8",
+		"h":     "",
+	}
+	s, err := m.xml()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(s, "<evil") || strings.Contains(s, "<tagged") || strings.Contains(s, "<x ") {
+		t.Fatalf("a value became markup: %s", s)
+	}
+	got, ok, err := parseMark(s)
+	if err != nil || !ok || !reflect.DeepEqual(got, m) {
+		t.Fatalf("round trip:\n got %+v, %v, %v\nwant %+v\n%s", got, ok, err, m, s)
+	}
+	// The element has exactly one owner, ours, and parses as XML on its own.
+	var generic struct {
+		Owners []string `xml:"owner"`
+	}
+	if err := xml.Unmarshal([]byte(s), &generic); err != nil || len(generic.Owners) != 1 || generic.Owners[0] != markOwner {
+		t.Fatalf("owners %v, %v", generic.Owners, err)
+	}
+}
+
+func TestMark_refusesWhatItCannotMatch(t *testing.T) {
+	for name, f := range map[string]func(*mark){
+		"bad id":        func(m *mark) { m.ID = "p1'><x" },
+		"no createdAt":  func(m *mark) { m.CreatedAt = time.Time{} },
+		"host with nl":  func(m *mark) { m.Host = "h1\n" },
+		"image with nl": func(m *mark) { m.Image = "x\x00" },
+		"label key":     func(m *mark) { m.Labels = map[string]string{"k\x01": "v"} },
+	} {
+		m := testMark("p1")
+		f(&m)
+		if s, err := m.xml(); err == nil {
+			t.Errorf("%s: marshalled %s", name, s)
+		}
+	}
+	// An empty owner is filled in: every mark we write is ours.
+	m := testMark("p1")
+	m.Owner = ""
+	s, err := m.xml()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ok, _ := parseMark(s); !ok || got.Owner != markOwner {
+		t.Fatalf("owner %q, ours %v", got.Owner, ok)
+	}
+}
+
+func mustMarkXML(t *testing.T, m mark) string {
+	t.Helper()
+	s, err := m.xml()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}

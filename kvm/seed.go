@@ -1,0 +1,120 @@
+package kvm
+
+import (
+	"bytes"
+	"fmt"
+	"regexp"
+	"strings"
+	"text/template"
+
+	"github.com/kdomanski/iso9660"
+)
+
+// The NoCloud seed: a small ISO9660 image with the volume id "cidata" and
+// two files, meta-data and user-data, attached to the guest read-only as its
+// second virtio disk. cloud-init (and the test guest, testguest/seed.go)
+// finds it by label or by trying /dev/vd*, mounts it as iso9660, and reads
+// its instance-id and hostname from meta-data and its configuration from
+// user-data.
+//
+// It is written in Go (github.com/kdomanski/iso9660), not with genisoimage
+// on the worker or the host: the worker then needs no tool installed, and
+// nothing runs on the host but libvirt.
+//
+// What that library writes (v0.4.0): a primary volume descriptor only, no
+// Joliet and no Rock Ridge, and every name "mangled" to lower case with a
+// ";1" version, characters outside ISO9660's d-characters becoming '_'. The
+// '-' of "meta-data" and "user-data" is kept (the library's d-character set
+// has it), so the directory records say "meta-data;1" and "user-data;1".
+// Linux's isofs without Rock Ridge maps names to lower case and drops the
+// ";1", so the guest sees "meta-data" and "user-data", the names cloud-init
+// wants. The test guest also accepts the other forms a plain ISO9660 writer
+// may leave ("META_DATA;1", "user_data."), should the library ever mangle
+// harder. TestSeed_namesAsTheGuestSeesThem pins the stored names.
+const (
+	seedVolumeID = "cidata"
+	metaDataFile = "meta-data"
+	userDataFile = "user-data"
+)
+
+// defaultUserData is used when the config has no proxy.user_data.
+const defaultUserData = "#cloud-config\nhostname: {{.Hostname}}\n"
+
+var (
+	// instanceIDRE bounds what goes into meta-data unquoted: a plain YAML
+	// scalar that cannot open a new key, a comment or a document.
+	instanceIDRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?$`)
+	// hostnameRE is an RFC 1123 host name of lowercase labels.
+	hostnameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$`)
+)
+
+// seedISO returns the NoCloud seed image for one proxy.
+//
+// instanceID should change whenever the proxy is recreated (the proxy id
+// with the spec hash or command id, say): cloud-init runs its per-instance
+// modules again only for a new instance-id. instanceID and hostname are
+// checked, not quoted, so that meta-data stays the simple "key: value" file
+// every NoCloud reader understands.
+func seedISO(instanceID, hostname, userData string) ([]byte, error) {
+	if !instanceIDRE.MatchString(instanceID) {
+		return nil, fmt.Errorf("seed: instance id %q: want letters, digits, '.', '_' or '-'", instanceID)
+	}
+	if len(hostname) > 253 || !hostnameRE.MatchString(hostname) {
+		return nil, fmt.Errorf("seed: hostname %q is not a lowercase RFC 1123 host name", hostname)
+	}
+	metaData := "instance-id: " + instanceID + "\nlocal-hostname: " + hostname + "\n"
+
+	// The writer stages files in a temporary directory of its own, which
+	// Cleanup removes.
+	w, err := iso9660.NewWriter()
+	if err != nil {
+		return nil, fmt.Errorf("seed: %w", err)
+	}
+	defer w.Cleanup()
+	for _, f := range []struct{ name, data string }{
+		{metaDataFile, metaData},
+		{userDataFile, userData},
+	} {
+		if err := w.AddFile(strings.NewReader(f.data), f.name); err != nil {
+			return nil, fmt.Errorf("seed: add %s: %w", f.name, err)
+		}
+	}
+	var buf bytes.Buffer
+	if err := w.WriteTo(&buf, seedVolumeID); err != nil {
+		return nil, fmt.Errorf("seed: write image: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// userDataVars are the fields a proxy.user_data template can use.
+type userDataVars struct {
+	ID       string // proxy id
+	Hostname string
+}
+
+// userData renders the config's proxy.user_data template for one proxy
+// (text/template, fields .ID and .Hostname); an empty template means
+// defaultUserData. A template that names another field, or does not parse,
+// is an error rather than a seed with "<no value>" in it. The values are
+// not escaped: the id and hostname are restricted to characters that need
+// no quoting in YAML, and the rest of the template is the operator's.
+func userData(tmpl, id, hostname string) (string, error) {
+	if tmpl == "" {
+		tmpl = defaultUserData
+	}
+	if err := checkID(id); err != nil {
+		return "", fmt.Errorf("user-data: %w", err)
+	}
+	if len(hostname) > 253 || !hostnameRE.MatchString(hostname) {
+		return "", fmt.Errorf("user-data: hostname %q is not a lowercase RFC 1123 host name", hostname)
+	}
+	t, err := template.New("user_data").Option("missingkey=error").Parse(tmpl)
+	if err != nil {
+		return "", fmt.Errorf("user-data template: %w", err)
+	}
+	var b strings.Builder
+	if err := t.Execute(&b, userDataVars{ID: id, Hostname: hostname}); err != nil {
+		return "", fmt.Errorf("user-data template: %w", err)
+	}
+	return b.String(), nil
+}
