@@ -649,9 +649,12 @@ func (k *Link) transfer(ctx context.Context, src io.Reader, fn func(l *libvirt.L
 		select {
 		case err := <-done:
 			if err != nil {
-				c.markDead(err)
+				first := c.markDead(err) // the stream's state is unknown: never reuse it
 				if isTransport(err) {
-					return fleet.Transient(fmt.Errorf("transfer: %w: %w", c.deadErr(), err))
+					if first {
+						return fmt.Errorf("transfer: %w", c.deadErr())
+					}
+					return fleet.Transient(fmt.Errorf("transfer: %w (%w)", c.deadErr(), err))
 				}
 				return Classify(fmt.Errorf("transfer: %w", err))
 			}
