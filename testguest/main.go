@@ -61,9 +61,24 @@ func main() {
 	select {} // PID 1 must never exit
 }
 
+// earlyModules are loaded before the network comes up; the rest (storage
+// for the seed) load while DHCP runs.
+var earlyModules = map[string]bool{
+	"virtio_ring": true, "virtio": true, "virtio_pci_legacy_dev": true, "virtio_pci_modern_dev": true,
+	"virtio_pci": true, "failover": true, "net_failover": true, "virtio_net": true, "virtio_console": true,
+}
+
 func runInit(logger *log.Logger, seeds *SeedStore, proxy, control *Server, agent *Agent) {
 	t0 := time.Now()
-	loadModules("/lib/modules", moduleList("/etc/testguest/modules"), logger)
+	var early, late []string
+	for _, m := range moduleList("/etc/testguest/modules") {
+		if earlyModules[m] {
+			early = append(early, m)
+		} else {
+			late = append(late, m)
+		}
+	}
+	loadModules("/lib/modules", early, logger)
 	r := newReaper()
 	if err := ifUp("lo"); err != nil {
 		logger.Printf("init: lo up: %v", err)
@@ -75,8 +90,11 @@ func runInit(logger *log.Logger, seeds *SeedStore, proxy, control *Server, agent
 		}
 	}
 
-	// Read the seed in the background; wait briefly so its local-hostname
-	// can go into the DHCP request, but never hold the lease back for long.
+	agent.Start()
+
+	// The seed before DHCP, so that a guest with an address always knows its
+	// instance-id; without a seed, DHCP waits at most 3 s.
+	loadModules("/lib/modules", late, logger)
 	seedDone := make(chan struct{})
 	go func() {
 		defer close(seedDone)
@@ -101,10 +119,7 @@ func runInit(logger *log.Logger, seeds *SeedStore, proxy, control *Server, agent
 	select {
 	case <-seedDone:
 	case <-time.After(3 * time.Second):
-	}
-	hostname := ""
-	if s, _ := seeds.Get(); s != nil {
-		hostname = s.LocalHostname
+		logger.Printf("seed: not found within 3s; starting DHCP anyway")
 	}
 
 	var eth string
@@ -115,14 +130,13 @@ func runInit(logger *log.Logger, seeds *SeedStore, proxy, control *Server, agent
 		if err := ifUp(eth); err != nil {
 			logger.Printf("init: %s up: %v", eth, err)
 		}
-		go runDHCP(r, "/bin/udhcpc", "/etc/udhcpc.script", eth, hostname, logger)
+		go runDHCP(r, "/bin/udhcpc", "/etc/udhcpc.script", eth, logger)
 		go func() {
 			if waitFor(60*time.Second, func() bool { return hasIPv4(eth) }) {
 				logger.Printf("init: %s has an address %.1fs after init started", eth, time.Since(t0).Seconds())
 			}
 		}()
 	}
-	agent.Start()
 	logger.Printf("init: ready after %.1fs", time.Since(t0).Seconds())
 }
 

@@ -196,12 +196,9 @@ func (r *reaper) start(argv []string, env []string) (int, <-chan syscall.WaitSta
 }
 
 // runDHCP keeps busybox udhcpc running in the foreground on iface.
-func runDHCP(r *reaper, udhcpc, script, iface, hostname string, logger *log.Logger) {
+func runDHCP(r *reaper, udhcpc, script, iface string, logger *log.Logger) {
 	for {
 		argv := []string{udhcpc, "-f", "-i", iface, "-s", script, "-t", "10", "-T", "1", "-A", "2"}
-		if hostname != "" {
-			argv = append(argv, "-x", "hostname:"+hostname)
-		}
 		pid, ch, err := r.start(argv, []string{"PATH=/bin:/sbin:/usr/bin:/usr/sbin"})
 		if err != nil {
 			logger.Printf("dhcp: start %s: %v", udhcpc, err)

@@ -62,6 +62,24 @@ else
 fi
 chmod 644 "$SMOKE_DIR"/*.*
 
+# The seed as a read-only virtio disk (the default), or SMOKE_SEED_BUS=scsi: a
+# CD-ROM on a virtio-scsi controller.
+if [ "${SMOKE_SEED_BUS:-virtio}" = scsi ]; then
+	seed_disk="    <controller type='scsi' model='virtio-scsi'/>
+    <disk type='file' device='cdrom'>
+      <driver name='qemu' type='raw'/>
+      <source file='$SMOKE_DIR/seed.iso'/>
+      <target dev='sda' bus='scsi'/>
+      <readonly/>
+    </disk>"
+else
+	seed_disk="    <disk type='file' device='disk'>
+      <driver name='qemu' type='raw'/>
+      <source file='$SMOKE_DIR/seed.iso'/>
+      <target dev='vdb' bus='virtio'/>
+      <readonly/>
+    </disk>"
+fi
 cat >"$SMOKE_DIR/domain.xml" <<EOF
 <domain type='qemu'>
   <name>$DOM</name>
@@ -83,12 +101,7 @@ cat >"$SMOKE_DIR/domain.xml" <<EOF
       <source file='$SMOKE_DIR/disk.raw'/>
       <target dev='vda' bus='virtio'/>
     </disk>
-    <disk type='file' device='disk'>
-      <driver name='qemu' type='raw'/>
-      <source file='$SMOKE_DIR/seed.iso'/>
-      <target dev='vdb' bus='virtio'/>
-      <readonly/>
-    </disk>
+$seed_disk
     <interface type='network'>
       <source network='$TESTHOST_NETWORK'/>
       <model type='virtio'/>
