@@ -64,9 +64,12 @@ type markXMLOut struct {
 
 // markXMLIn is the element as read: encoding/xml resolves prefixes to
 // namespace URIs when it decodes, whatever prefix libvirt or a person used.
-// Children are matched by local name in any namespace.
+// Children are matched by local name in any namespace, and the element's
+// own namespace is checked by parseMark, because virDomainGetMetadata
+// returns the element with its namespace stripped (seen with libvirt 9.0:
+// <mark><owner>proxyfleet</owner>...).
 type markXMLIn struct {
-	XMLName   xml.Name      `xml:"https://proxyfleet.dev/xmlns/mark/1 mark"`
+	XMLName   xml.Name      `xml:"mark"`
 	Owner     string        `xml:"owner"`
 	ID        string        `xml:"id"`
 	CommandID markText      `xml:"commandId"`
@@ -194,7 +197,11 @@ func (m mark) xml() (string, error) {
 // parseMark reads the mark from what libvirt returns: either the mark
 // element alone (virDomainGetMetadata with type element and markNS) or a
 // whole domain description (virDomainGetXMLDesc), where it is looked for
-// only as a child of <domain><metadata>.
+// only as a child of <domain><metadata>, in markNS.
+//
+// virDomainGetMetadata strips the namespace from the element it returns,
+// so a root <mark> with no namespace is taken as the mark: libvirt found it
+// by markNS. A root element in any other namespace is not ours.
 //
 // ok is false, with a nil error, when the document carries no mark of ours:
 // no mark element in markNS, or one whose owner is not markOwner. Such a
@@ -224,7 +231,7 @@ func parseMark(doc string) (m mark, ok bool, err error) {
 			switch {
 			case len(stack) == 0 && root != "":
 				return mark{}, false, errors.New("mark: more than one root element")
-			case len(stack) == 0 && isMark:
+			case len(stack) == 0 && (isMark || t.Name == xml.Name{Local: "mark"}):
 				root = "mark"
 				if in, err = decodeMark(dec, t); err != nil {
 					return mark{}, false, err

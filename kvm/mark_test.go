@@ -191,3 +191,76 @@ func mustMarkXML(t *testing.T, m mark) string {
 	}
 	return s
 }
+
+// What libvirt 9.0 gave back for a domain defined from domainXML with
+// hostile values in the mark: virsh dumpxml re-indents the metadata, and
+// virsh metadata --uri (virDomainGetMetadata, type element) strips the
+// element's namespace. Both must read back as the mark that was written.
+const (
+	libvirtDumpXML = `<domain type='qemu'>
+  <name>pf-xmlcheck-tmp</name>
+  <uuid>b0201cd6-2262-4487-b15a-5cebe9163ea5</uuid>
+  <metadata>
+    <proxyfleet:mark xmlns:proxyfleet="https://proxyfleet.dev/xmlns/mark/1">
+      <proxyfleet:owner>proxyfleet</proxyfleet:owner>
+      <proxyfleet:id>xmlcheck-tmp</proxyfleet:id>
+      <proxyfleet:commandId enc="base64">YwEJCiAgeCAiPCY+Jw==</proxyfleet:commandId>
+      <proxyfleet:specHash>3f2a9c</proxyfleet:specHash>
+      <proxyfleet:createdAt>2026-11-30T07:01:02.345Z</proxyfleet:createdAt>
+      <proxyfleet:host>beelink</proxyfleet:host>
+      <proxyfleet:image>debian-12</proxyfleet:image>
+      <proxyfleet:label key="a">&lt;/proxyfleet:label&gt;&lt;evil/&gt; &amp; "q" 'a'</proxyfleet:label>
+      <proxyfleet:label key="b" enc="base64">IHNwCm5sIA==</proxyfleet:label>
+    </proxyfleet:mark>
+  </metadata>
+  <memory unit='KiB'>262144</memory>
+  <currentMemory unit='KiB'>262144</currentMemory>
+  <vcpu placement='static'>2</vcpu>
+  <os>
+    <type arch='x86_64' machine='pc-i440fx-7.2'>hvm</type>
+    <kernel>/var/lib/libvirt/images/pf-kernel-h1-0123456789abcdef</kernel>
+    <boot dev='hd'/>
+  </os>
+  <on_crash>destroy</on_crash>
+  <devices>
+    <emulator>/usr/bin/qemu-system-x86_64</emulator>
+    <channel type='unix'>
+      <target type='virtio' name='org.qemu.guest_agent.0'/>
+      <address type='virtio-serial' controller='0' bus='0' port='1'/>
+    </channel>
+  </devices>
+</domain>
+`
+	libvirtGetMetadata = `<mark>
+  <owner>proxyfleet</owner>
+  <id>xmlcheck-tmp</id>
+  <commandId enc="base64">YwEJCiAgeCAiPCY+Jw==</commandId>
+  <specHash>3f2a9c</specHash>
+  <createdAt>2026-11-30T07:01:02.345Z</createdAt>
+  <host>beelink</host>
+  <image>debian-12</image>
+  <label key="a">&lt;/proxyfleet:label&gt;&lt;evil/&gt; &amp; "q" 'a'</label>
+  <label key="b" enc="base64">IHNwCm5sIA==</label>
+</mark>
+`
+)
+
+func TestMark_whatLibvirtReturns(t *testing.T) {
+	want := testMark("xmlcheck-tmp")
+	want.CommandID = "c\x01\t\n  x \"<&>'"
+	want.Labels = map[string]string{"a": `</proxyfleet:label><evil/> & "q" 'a'`, "b": " sp\nnl "}
+	// It is what domainXML wrote.
+	p := testDomainParams()
+	p.ID, p.Mark = want.ID, want
+	s, err := domainXML(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	written := parseDomain(t, s).Metadata.XML
+	for name, doc := range map[string]string{"written": written, "dumpxml": libvirtDumpXML, "metadata": libvirtGetMetadata} {
+		got, ok, err := parseMark(doc)
+		if err != nil || !ok || !reflect.DeepEqual(got, want) {
+			t.Errorf("%s:\n got %+v, %v, %v\nwant %+v", name, got, ok, err, want)
+		}
+	}
+}
