@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"proxyfleet/fleet"
 )
 
 // The mark is the element in a domain's <metadata> that says the domain is
@@ -318,4 +320,10 @@ func (in *markXMLIn) mark() (mark, error) {
 		m.Labels[l.Key] = v
 	}
 	return m, nil
+}
+
+// instance is what the mark alone says about a proxy; the caller adds the
+// state and address it reads from the domain.
+func (m mark) instance() fleet.Instance {
+	return fleet.Instance{ID: m.ID, CommandID: m.CommandID, SpecHash: m.SpecHash, CreatedAt: m.CreatedAt}
 }

@@ -37,6 +37,9 @@ func TestMark_roundTripElement(t *testing.T) {
 	if !reflect.DeepEqual(got, m) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", got, m)
 	}
+	if in := got.instance(); in.ID != "p1" || in.CommandID != "cmd-42" || in.SpecHash != "3f2a9c" || !in.CreatedAt.Equal(m.CreatedAt) {
+		t.Fatalf("instance %+v", in)
+	}
 	// The same spec gives the same bytes (labels are sorted).
 	if s2, _ := m.xml(); s2 != s {
 		t.Fatalf("marshal is not deterministic:\n%s\n%s", s, s2)
