@@ -59,18 +59,21 @@ type Health struct {
 	now  func() time.Time
 
 	// mu guards the fold and everything derived from it.
-	mu            sync.Mutex
-	fold          *Fold
-	undecodable   uint64 // events the fold never saw: bad subject or body
-	handledSeq    uint64 // stream sequence of the last event handled
-	startLastSeq  uint64 // the stream's last sequence when the consumer started
-	caughtUp      bool
-	caughtUpCh    chan struct{}
-	version       uint64
-	snap          messages.Rotation
-	publishErrors uint64
-	publishErr    error  // of the last attempt to publish, nil if it worked
-	published     uint64 // version of the last snapshot published
+	mu          sync.Mutex
+	fold        *Fold
+	undecodable uint64 // events the fold never saw: bad subject or body
+	handledSeq  uint64 // stream sequence of the last event handled
+	// the consumer and consumer sequence of the last event handled
+	handledConsumer    string
+	handledConsumerSeq uint64
+	startLastSeq       uint64 // the stream's last sequence when the consumer started
+	caughtUp           bool
+	caughtUpCh         chan struct{}
+	version            uint64
+	snap               messages.Rotation
+	publishErrors      uint64
+	publishErr         error  // of the last attempt to publish, nil if it worked
+	published          uint64 // version of the last snapshot published
 
 	wake chan struct{}
 
@@ -339,6 +342,7 @@ func (h *Health) handle(msg jetstream.Msg) {
 	}
 	if mdErr == nil {
 		h.handledSeq = max(h.handledSeq, md.Sequence.Stream)
+		h.handledConsumer, h.handledConsumerSeq = md.Consumer, md.Sequence.Consumer
 		switch {
 		case md.NumPending == 0:
 			h.caughtUpLocked("no event pending")
@@ -472,7 +476,12 @@ func (h *Health) pollCatchUp(ctx context.Context) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if ci.NumPending == 0 && ci.Delivered.Stream <= h.handledSeq {
+	// Compare consumer sequences, not stream ones: a consumer that
+	// delivered nothing may still report the stream sequence it skipped to.
+	// An ordered consumer that was reset is a new consumer, by name.
+	handledAll := ci.Delivered.Consumer == 0 ||
+		(ci.Name == h.handledConsumer && ci.Delivered.Consumer <= h.handledConsumerSeq)
+	if ci.NumPending == 0 && handledAll {
 		h.caughtUpLocked("the consumer has nothing pending")
 	}
 }
