@@ -173,6 +173,14 @@ func TestTransfer_uploadsOnADedicatedLink(t *testing.T) {
 // A source that stops delivering mid-upload is cut by the no-progress
 // watchdog within the stall window: the dedicated link is killed, the source
 // closed, the error transient. The shared link is untouched and answers.
+//
+// This is also the H2 regression pin. Against go-libvirt
+// v0.0.0-20260217163227-273eaa321819 (unbuffered stream channels) it fails:
+// the cut makes requestStream block on `abort <- true` (rpc.go:300) while
+// the stream sender, released by the closed source, blocks on
+// `outErr <- err` (rpc.go:294), so StorageVolUpload never returns and the
+// link's Close reports "goroutines still running after 5s". The stalled
+// network test below fails the same way there.
 func TestTransfer_stalledSourceIsCutAndSharedLinkAnswers(t *testing.T) {
 	s := startSSHD(t)
 	const stall = time.Second
