@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
@@ -38,25 +39,18 @@ func TestMain(m *testing.M) {
 // client on its own connection.
 type rig struct {
 	t   *testing.T
-	srv *natstest.Server
+	url string
 	js  jetstream.JetStream
 	c   *client.Client
+	// as is how the worker and the rig's own JetStream connect.
+	as []nats.Option
 }
 
 func newRig(t *testing.T, withWorker bool, opts ...client.Option) *rig {
 	t.Helper()
-	srv := natstest.Start(t)
-	_, js := srv.Connect(t)
-	r := &rig{t: t, srv: srv, js: js}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if withWorker {
-		r.startWorker()
-	} else if err := (worker.Topology{Subjects: messages.NewSubjects("")}).Ensure(ctx, js, []string{"h1"}); err != nil {
-		t.Fatal(err)
-	}
-	nc, _ := srv.Connect(t)
-	c, err := client.New(nc, "", opts...)
+	r := &rig{t: t, url: natstest.Start(t).ClientURL()}
+	r.setUp(withWorker)
+	c, err := client.New(r.connect(), "", opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,9 +58,44 @@ func newRig(t *testing.T, withWorker bool, opts ...client.Option) *rig {
 	return r
 }
 
+// setUp connects the rig's JetStream and starts a worker, or creates the
+// topology without one.
+func (r *rig) setUp(withWorker bool) {
+	t := r.t
+	t.Helper()
+	js, err := jetstream.New(r.connect(r.as...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.js = js
+	if withWorker {
+		r.startWorker()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := (worker.Topology{Subjects: messages.NewSubjects("")}).Ensure(ctx, js, []string{"h1"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// connect returns a connection closed when the test ends.
+func (r *rig) connect(opts ...nats.Option) *nats.Conn {
+	r.t.Helper()
+	nc, err := nats.Connect(r.url, append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, opts...)...)
+	if err != nil {
+		r.t.Fatalf("connect: %v", err)
+	}
+	r.t.Cleanup(nc.Close)
+	return nc
+}
+
 func (r *rig) startWorker() {
 	t := r.t
-	_, js := r.srv.Connect(t)
+	js, err := jetstream.New(r.connect(r.as...))
+	if err != nil {
+		t.Fatal(err)
+	}
 	drv, err := sim.New(sim.Config{Host: "h1", Dir: t.TempDir(), Delay: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -329,8 +358,7 @@ func TestBadInputRefusedLocally(t *testing.T) {
 	if _, err := client.New(nil, ""); err == nil {
 		t.Error("New(nil) succeeded")
 	}
-	nc, _ := r.srv.Connect(t)
-	if _, err := client.New(nc, "bad prefix"); err == nil {
+	if _, err := client.New(r.connect(), "bad prefix"); err == nil {
 		t.Error("New with a bad prefix succeeded")
 	}
 }

@@ -270,7 +270,8 @@ func (c *Client) readStream(ctx context.Context, name, filter string, policy jet
 		defer cancel()
 		_ = st.DeleteConsumer(dctx, cons.CachedInfo().Name)
 	}()
-	if cons.CachedInfo().NumPending == 0 {
+	pending := cons.CachedInfo().NumPending
+	if pending == 0 {
 		return nil
 	}
 	for {
@@ -285,15 +286,23 @@ func (c *Client) readStream(ctx context.Context, name, filter string, policy jet
 		for m := range batch.Messages() {
 			n++
 			fn(m)
-			if meta, err := m.Metadata(); err == nil && meta.NumPending == 0 {
-				done = true
+			if meta, err := m.Metadata(); err == nil {
+				pending = meta.NumPending
+				done = pending == 0
 			}
 		}
 		if err := batch.Error(); err != nil {
 			return fmt.Errorf("read %s: %w", name, err)
 		}
-		if done || n == 0 {
+		if done {
 			return nil
+		}
+		if n == 0 {
+			// Messages are pending but none came. A refused pull request
+			// is reported only to the connection's error handler, so
+			// this is the one sign of it a reader gets.
+			return fmt.Errorf("read %s: %d messages pending but the server delivered none (may this user publish to $JS.API.CONSUMER.MSG.NEXT.%s.>?)",
+				name, pending, name)
 		}
 	}
 }

@@ -36,6 +36,7 @@ type WatchOption func(*watchOptions)
 type watchOptions struct {
 	mode WatchMode
 	now  func() time.Time
+	term *bool // overrides the terminal check, for tests
 }
 
 // WithWatchMode sets how Watch writes; the default is WatchAuto.
@@ -58,10 +59,12 @@ func isTerminal(w io.Writer) bool {
 }
 
 // Watch follows PROXY_EVENTS until ctx is done: it starts with the latest
-// event of every proxy, then writes new events as they come. In table mode
-// it keeps the latest event per proxy and redraws the table at most every
-// refresh (default 1s), and every refresh on a terminal so ages move on. It
-// returns nil when ctx ends, or the first write or subscription error; every
+// event of every proxy (read to its end first, so that a refused read is an
+// error rather than an empty screen), then writes new events as they come.
+// In table mode it keeps the latest event per proxy and redraws the table
+// (columns WatchColumns) at most every refresh (default 1s), and every
+// refresh on a terminal, clearing the screen first, so ages move on. It
+// returns nil when ctx ends, or the first write or read error; every
 // goroutine it started has stopped by then.
 func (c *Client) Watch(ctx context.Context, w io.Writer, refresh time.Duration, opts ...WatchOption) error {
 	o := watchOptions{now: time.Now}
@@ -72,6 +75,9 @@ func (c *Client) Watch(ctx context.Context, w io.Writer, refresh time.Duration, 
 		refresh = time.Second
 	}
 	term := isTerminal(w)
+	if o.term != nil {
+		term = *o.term
+	}
 	mode := o.mode
 	if mode == WatchAuto {
 		mode = WatchLines
@@ -84,27 +90,59 @@ func (c *Client) Watch(ctx context.Context, w io.Writer, refresh time.Duration, 
 	if err != nil {
 		return err
 	}
-	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{c.subj.StateAll()},
-		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
-	})
+	// The current picture first, read to its end, so that a refused or
+	// broken read fails here instead of leaving an empty screen; then
+	// every event after it. Whatever both see is dropped by its stream
+	// sequence.
+	info, err := st.Info(ctx)
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", messages.StreamEvents, err)
 	}
-
-	events := make(chan messages.StateEvent, 256)
-	stop := make(chan struct{})
+	startSeq := info.State.LastSeq
 	prefix := c.subj.Prefix + ".state."
-	cc, err := cons.Consume(func(m jetstream.Msg) {
+	decode := func(m jetstream.Msg) (seenEvent, bool) {
 		var ev messages.StateEvent
 		if json.Unmarshal(m.Data(), &ev) != nil {
-			return
+			return seenEvent{}, false
 		}
 		if ev.ID == "" {
 			ev.ID = strings.TrimPrefix(m.Subject(), prefix)
 		}
+		meta, err := m.Metadata()
+		if err != nil {
+			return seenEvent{}, false
+		}
+		return seenEvent{ev: ev, sseq: meta.Sequence.Stream}, true
+	}
+	var initial []seenEvent
+	err = c.readStream(ctx, messages.StreamEvents, c.subj.StateAll(), jetstream.DeliverLastPerSubjectPolicy, func(m jetstream.Msg) {
+		if se, ok := decode(m); ok {
+			initial = append(initial, se)
+			startSeq = max(startSeq, se.sseq)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("watch: read the current states: %w", err)
+	}
+	sort.Slice(initial, func(i, j int) bool { return initial[i].sseq < initial[j].sseq })
+
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{c.subj.StateAll()},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    startSeq + 1,
+	})
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", messages.StreamEvents, err)
+	}
+	events := make(chan seenEvent, 256)
+	stop := make(chan struct{})
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		se, ok := decode(m)
+		if !ok {
+			return
+		}
 		select {
-		case events <- ev:
+		case events <- se:
 		case <-stop:
 		}
 	})
@@ -139,6 +177,41 @@ func (c *Client) Watch(ctx context.Context, w io.Writer, refresh time.Duration, 
 		return bw.Flush()
 	}
 
+	// apply takes one event; it reports false for one already seen.
+	lastSeq := map[string]uint64{}
+	apply := func(se seenEvent) (bool, error) {
+		if lastSeq[se.ev.ID] >= se.sseq {
+			return false, nil
+		}
+		lastSeq[se.ev.ID] = se.sseq
+		switch mode {
+		case WatchLines:
+			if _, err := fmt.Fprintln(bw, FormatEvent(se.ev)); err != nil {
+				return true, err
+			}
+			return true, bw.Flush()
+		case WatchJSON:
+			b, _ := json.Marshal(se.ev)
+			if _, err := bw.Write(append(b, '\n')); err != nil {
+				return true, err
+			}
+			return true, bw.Flush()
+		}
+		latest[se.ev.ID] = se.ev
+		dirty = true
+		return true, nil
+	}
+	for _, se := range initial {
+		if _, err := apply(se); err != nil {
+			return err
+		}
+	}
+	if mode == WatchTable {
+		if err := draw(); err != nil {
+			return err
+		}
+	}
+
 	tick := time.NewTicker(refresh)
 	defer tick.Stop()
 	for {
@@ -148,34 +221,14 @@ func (c *Client) Watch(ctx context.Context, w io.Writer, refresh time.Duration, 
 				return draw() // the last picture, for a log or a pipe
 			}
 			return nil
-		case ev := <-events:
-			switch mode {
-			case WatchLines:
-				if _, err := fmt.Fprintln(bw, FormatEvent(ev)); err != nil {
+		case se := <-events:
+			fresh, err := apply(se)
+			if err != nil {
+				return err
+			}
+			if fresh && mode == WatchTable && o.now().Sub(lastDraw) >= refresh {
+				if err := draw(); err != nil {
 					return err
-				}
-				if err := bw.Flush(); err != nil {
-					return err
-				}
-			case WatchJSON:
-				b, _ := json.Marshal(ev)
-				b = append(b, '\n')
-				if _, err := bw.Write(b); err != nil {
-					return err
-				}
-				if err := bw.Flush(); err != nil {
-					return err
-				}
-			default:
-				if prev, ok := latest[ev.ID]; ok && prev.Seq > ev.Seq {
-					continue // an older event must not hide a newer one
-				}
-				latest[ev.ID] = ev
-				dirty = true
-				if o.now().Sub(lastDraw) >= refresh {
-					if err := draw(); err != nil {
-						return err
-					}
 				}
 			}
 		case <-tick.C:
@@ -186,6 +239,13 @@ func (c *Client) Watch(ctx context.Context, w io.Writer, refresh time.Duration, 
 			}
 		}
 	}
+}
+
+// seenEvent is a state event and its PROXY_EVENTS stream sequence, which,
+// unlike the event's own seq, orders events across a proxy's lifetimes.
+type seenEvent struct {
+	ev   messages.StateEvent
+	sseq uint64
 }
 
 // renderWatchTable writes the header line and the table of the latest
