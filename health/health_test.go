@@ -667,3 +667,60 @@ func TestCatchUpWithoutALastMessage(t *testing.T) {
 		t.Fatalf("metrics = %+v", m)
 	}
 }
+
+// Events keep arriving while a process catches up: it still never deletes
+// a key of a proxy that is in the rotation, and ends with everything.
+func TestCatchUpUnderConcurrentEvents(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	want := map[string]string{}
+	for i := range 300 {
+		id, ip := fmt.Sprintf("p%03d", i), fmt.Sprintf("10.1.%d.%d", i/250, i%250+1)
+		r.publish(event(id, 2, messages.StateRunning, ip))
+		want[id] = ip + ":3128"
+		if _, err := r.kv.PutString(ctx, id, ip+":3128"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, err := r.kv.WatchAll(ctx, jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 100 {
+			id := fmt.Sprintf("q%03d", i)
+			b, _ := json.Marshal(event(id, 1, messages.StateRunning, fmt.Sprintf("10.2.0.%d", i+1)))
+			if _, err := r.js.Publish(ctx, subj.State(id), b); err != nil {
+				t.Errorf("publish: %v", err)
+				return
+			}
+		}
+	}()
+	h := r.start(health.Config{})
+	<-done
+	for i := range 100 {
+		want[fmt.Sprintf("q%03d", i)] = fmt.Sprintf("10.2.0.%d:3128", i+1)
+	}
+	r.waitBucket(want)
+	if got := addrs(getRotation(t, h).Proxies); len(got) != len(want) {
+		t.Fatalf("rotation has %d proxies, want %d", len(got), len(want))
+	}
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil {
+				continue
+			}
+			if e.Operation() != jetstream.KeyValuePut || e.Key()[0] != 'q' {
+				t.Fatalf("write to the bucket: %s %s", e.Operation(), e.Key())
+			}
+			continue
+		default:
+		}
+		break
+	}
+}
