@@ -182,6 +182,9 @@ func (c *Client) send(ctx context.Context, op, id string, body []byte, commandID
 	m.Data = body
 	m.Header.Set(jetstream.MsgIDHeader, commandID)
 	ack, err := c.js.PublishMsg(ctx, m, jetstream.WithExpectStream(messages.StreamCommands))
+	if errors.Is(err, jetstream.ErrNoStreamResponse) {
+		return out, fmt.Errorf("publish %s of %s: no stream answered (is %s there: has a worker created the topology?): %w", op, id, messages.StreamCommands, err)
+	}
 	if err != nil {
 		return out, fmt.Errorf("publish %s of %s: %w", op, id, err)
 	}

@@ -44,6 +44,8 @@ type rig struct {
 	c   *client.Client
 	// as is how the worker and the rig's own JetStream connect.
 	as []nats.Option
+	// tune, if set, adjusts the worker's config.
+	tune func(*worker.Config)
 }
 
 func newRig(t *testing.T, withWorker bool, opts ...client.Option) *rig {
@@ -100,7 +102,7 @@ func (r *rig) startWorker() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(js, worker.Config{
+	cfg := worker.Config{
 		Subjects:  messages.NewSubjects(""),
 		Catalog:   worker.Catalog{Hosts: []string{"h1"}, Images: []string{"img"}, DefaultImage: "img", DefaultCPUs: 1, DefaultMemoryMiB: 128},
 		Providers: map[string]worker.Provider{"h1": drv},
@@ -109,7 +111,11 @@ func (r *rig) startWorker() {
 		PinnedTTL: 2 * time.Second, DrainTimeout: 5 * time.Second,
 		Backoff: worker.ExpBackoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	}
+	if r.tune != nil {
+		r.tune(&cfg)
+	}
+	w, err := worker.New(js, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,6 +382,9 @@ func TestNoTopology(t *testing.T) {
 	if err := c.Watch(ctxFor(t, 5*time.Second), io.Discard, time.Second); err == nil {
 		t.Fatal("watch without topology succeeded")
 	}
+	if _, err := c.Create(ctxFor(t, 5*time.Second), messages.CreateCommand{ID: "p1"}, "", true); err == nil || !strings.Contains(err.Error(), "topology") {
+		t.Fatalf("create without topology: err = %v", err)
+	}
 }
 
 func TestRotationFromKV(t *testing.T) {
@@ -640,5 +649,30 @@ func TestListManyProxies(t *testing.T) {
 		if s.Desired != nil || s.State() != messages.StateRunning || s.Event.Seq != 2 {
 			t.Fatalf("entry %+v %+v, want the latest event only", s.Desired, s.Event)
 		}
+	}
+}
+
+// A command published again after JetStream's dedupe window is caught by
+// intake's effect-once record: superseded, final, and not a failure.
+func TestLateDuplicateIsSuperseded(t *testing.T) {
+	r := &rig{t: t, url: natstest.Start(t).ClientURL(), tune: func(c *worker.Config) {
+		c.Topology.DuplicateWindow = 100 * time.Millisecond
+	}}
+	r.setUp(true)
+	c, err := client.New(r.connect(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.c = c
+	first := r.create("p1", "c1", "")
+	wantFinal(t, first, messages.OutcomeDone)
+	time.Sleep(300 * time.Millisecond)
+	late := r.create("p1", "c1", "")
+	if late.Duplicate || late.Sequence == first.Sequence {
+		t.Fatalf("late publish = %+v, want a new message", late)
+	}
+	wantFinal(t, late, messages.OutcomeSuperseded)
+	if late.Failed() {
+		t.Fatal("superseded reported as a failure")
 	}
 }
