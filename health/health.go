@@ -28,7 +28,7 @@ const NoHTTP = "-"
 type Config struct {
 	Subjects messages.Subjects
 	// HTTPAddr is the listen address of /rotation, /healthz and /metrics;
-	// a port of 0 picks a free one (see Addr). Empty: DefaultHTTPAddr;
+	// a port of 0 picks a free one (see Health.Addr). Empty: DefaultHTTPAddr;
 	// NoHTTP: none.
 	HTTPAddr string
 	Logger   *slog.Logger
