@@ -30,8 +30,14 @@
 // would look like proxies leaving); then it reconciles the bucket
 // PROXY_ROTATION with the fold (puts what differs, deletes keys of proxies
 // not in the rotation), publishes a snapshot on <prefix>.rotation and, from
-// then on, does both on every change. It serves GET /rotation, /healthz and
-// /metrics.
+// then on, does both on every change. The version grows by one on every
+// change; when publishing falls behind, only the latest snapshot is sent, so
+// published versions strictly grow but may skip. A failed publish is retried
+// after reading the bucket again. It serves GET /rotation (503 until caught
+// up), /healthz (503 until caught up or while publishing fails) and /metrics.
+//
+// Events are decoded leniently about unknown fields (a newer worker may add
+// some) and strictly about the version and the id against the subject's.
 //
 // Open in this first cut: one publisher at a time (a lease in PROXY_LEASES;
 // today every health process publishes), snapshot versions across restarts
