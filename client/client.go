@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -33,7 +34,14 @@ type Client struct {
 	js       jetstream.JetStream
 	subj     messages.Subjects
 	onResult func(messages.Result)
+	rescan   time.Duration // first interval between reads of PROXY_RESULTS while waiting
 }
+
+// Bounds of the interval between reads of PROXY_RESULTS while waiting.
+const (
+	firstRescan = 2 * time.Second
+	maxRescan   = 30 * time.Second
+)
 
 // Option configures a Client.
 type Option func(*Client)
@@ -61,7 +69,7 @@ func New(nc *nats.Conn, prefix string, opts ...Option) (*Client, error) {
 	if prefix != "" && !messages.ValidPrefix(prefix) {
 		return nil, fmt.Errorf("client: %q is not a valid subject prefix", prefix)
 	}
-	c := &Client{nc: nc, subj: messages.NewSubjects(prefix)}
+	c := &Client{nc: nc, subj: messages.NewSubjects(prefix), rescan: firstRescan}
 	for _, o := range opts {
 		o(c)
 	}
@@ -120,7 +128,10 @@ func IsFailure(outcome string) bool {
 // Create publishes cmd (V defaults to messages.Version) with commandID as its
 // Nats-Msg-Id, or a fresh id when commandID is empty. With wait it returns
 // once the command has a final outcome, or with an error (and the results
-// seen so far) when ctx ends first.
+// seen so far) when ctx ends first. It waits on a core subscription to
+// <prefix>.result.<id>, made before publishing, and also reads PROXY_RESULTS
+// (at once for a duplicate, whose answers are not published again; then now
+// and then, in case the subscription missed an answer).
 //
 // The body is checked only as far as it must be to reach intake (the id has
 // to be a single subject token); everything else is intake's to judge, so a
@@ -231,8 +242,26 @@ func (c *Client) send(ctx context.Context, op, id string, body []byte, commandID
 			}
 		}
 	}
+	// Answers come on the subscription. A core message can be lost, though
+	// (a reconnect while waiting, interest not yet known across a
+	// cluster), while PROXY_RESULTS keeps every answer: read it now and
+	// then, less often as the wait goes on.
+	rescan := c.rescan
 	for {
-		msg, err := sub.NextMsgWithContext(ctx)
+		wctx, cancel := context.WithTimeout(ctx, rescan)
+		msg, err := sub.NextMsgWithContext(wctx)
+		cancel()
+		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			if past, err := c.pastResults(ctx, id); err == nil {
+				for _, r := range past {
+					if take(r) {
+						return out, reused
+					}
+				}
+			}
+			rescan = min(2*rescan, maxRescan)
+			continue
+		}
 		if err != nil {
 			last := "none yet"
 			if n := len(out.Results); n > 0 {

@@ -95,3 +95,32 @@ func TestWatchTerminalClearsScreen(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitFindsAMissedAnswer: an answer the subscription never saw (here:
+// one published before the command) is found in PROXY_RESULTS.
+func TestWaitFindsAMissedAnswer(t *testing.T) {
+	srv := natstest.Start(t)
+	nc, js := srv.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	subj := messages.NewSubjects("")
+	if err := (worker.Topology{Subjects: subj}).Ensure(ctx, js, []string{"h1"}); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(messages.Result{V: 1, ID: "p1", CommandID: "cx", Op: "create", Outcome: "done"})
+	if _, err := js.Publish(ctx, subj.Result("p1"), b); err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(nc, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.rescan = 20 * time.Millisecond
+	out, err := c.Create(ctx, messages.CreateCommand{ID: "p1"}, "cx", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Duplicate || out.Final == nil || out.Final.Outcome != messages.OutcomeDone {
+		t.Fatalf("outcome = %+v", out)
+	}
+}
