@@ -169,6 +169,24 @@ func (t Topology) workConsumer(host string) jetstream.ConsumerConfig {
 // loses a race to another process binds the winner's.
 func (t Topology) Ensure(ctx context.Context, js jetstream.JetStream, hosts []string) error {
 	t = t.withDefaults()
+	if err := t.EnsureStreams(ctx, js); err != nil {
+		return err
+	}
+	if err := ensureConsumer(ctx, js, messages.StreamCommands, t.intakeConsumer()); err != nil {
+		return err
+	}
+	for _, h := range hosts {
+		if err := ensureConsumer(ctx, js, messages.StreamWork, t.workConsumer(h)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// EnsureStreams is Ensure without the consumers: what a process that only
+// reads and publishes (health) needs to be able to start first.
+func (t Topology) EnsureStreams(ctx context.Context, js jetstream.JetStream) error {
+	t = t.withDefaults()
 	for _, sc := range t.streams() {
 		if err := ensureStream(ctx, js, sc); err != nil {
 			return err
@@ -176,14 +194,6 @@ func (t Topology) Ensure(ctx context.Context, js jetstream.JetStream, hosts []st
 	}
 	for _, kc := range t.buckets() {
 		if err := ensureBucket(ctx, js, kc); err != nil {
-			return err
-		}
-	}
-	if err := ensureConsumer(ctx, js, messages.StreamCommands, t.intakeConsumer()); err != nil {
-		return err
-	}
-	for _, h := range hosts {
-		if err := ensureConsumer(ctx, js, messages.StreamWork, t.workConsumer(h)); err != nil {
 			return err
 		}
 	}

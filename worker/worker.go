@@ -219,6 +219,12 @@ func (w *Worker) Stop(ctx context.Context) {
 	}
 	done := make(chan struct{})
 	go func() {
+		// A draining consumer still hands its buffered messages to the
+		// pool; only once it is closed may the pool be waited for (a
+		// WaitGroup's Add must not race its Wait).
+		for _, cc := range w.consumers {
+			<-cc.Closed()
+		}
 		for _, p := range w.pools {
 			p.wait()
 		}
@@ -236,9 +242,6 @@ func (w *Worker) Stop(ctx context.Context) {
 		w.cancel()
 	}
 	<-done
-	for _, cc := range w.consumers {
-		<-cc.Closed()
-	}
 	w.unpin(ctx)
 	w.consumers, w.pools = nil, nil
 }

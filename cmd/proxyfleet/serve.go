@@ -87,7 +87,7 @@ func startHealth(ctx context.Context, nc *nats.Conn, c *config.Config, log *slog
 	topo := workerConfig(c, nil, log).Topology
 	tctx, tcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer tcancel()
-	if err := topo.Ensure(tctx, js, nil); err != nil {
+	if err := topo.EnsureStreams(tctx, js); err != nil {
 		return nil, err
 	}
 	h, err := health.New(js, health.Config{
