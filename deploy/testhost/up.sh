@@ -10,6 +10,7 @@ source "$here/lib.sh"
 
 [ "$(id -u)" = 0 ] || die "run as root"
 # One set-up or tear-down at a time on this machine (checkouts share the host).
+# Daemons are started with fd 9 closed, or they would hold the lock forever.
 exec 9>/run/proxyfleet-testhost.lock
 flock -w 900 9 || die "another up.sh/down.sh holds /run/proxyfleet-testhost.lock"
 t_start=$(now_ms)
@@ -71,7 +72,7 @@ ensure_daemon() {
 	fi
 	kill_pidfile "$pidfile" "$name"
 	log "starting $name in netns $NS"
-	ip netns exec "$NS" "$@"
+	ip netns exec "$NS" "$@" 9>&-
 }
 ensure_daemon virtlogd /run/virtlogd.pid env LIBVIRT_LOG_OUTPUTS="3:file:$STATE/logs/virtlogd.log" virtlogd -d
 wait_until 10 test -S /run/libvirt/virtlogd-sock || die "virtlogd did not start"
@@ -82,7 +83,7 @@ else
 	kill_pidfile /run/libvirtd.pid libvirtd
 	rm -f /etc/libvirt/qemu/networks/autostart/default.xml
 	log "starting libvirtd in netns $NS"
-	ip netns exec "$NS" env LIBVIRT_LOG_OUTPUTS="3:file:$STATE/logs/libvirtd.log" libvirtd -d
+	ip netns exec "$NS" env LIBVIRT_LOG_OUTPUTS="3:file:$STATE/logs/libvirtd.log" libvirtd -d 9>&-
 fi
 wait_until 30 libvirt_up || die "libvirtd is not answering on $URI after 30s"
 log "libvirtd answers"
@@ -219,7 +220,7 @@ else
 	mv -f "$sshd_conf.new" "$sshd_conf"
 	/usr/sbin/sshd -t -f "$sshd_conf" || die "sshd config test failed"
 	log "starting sshd on $NS_IP:22 in netns $NS"
-	ip netns exec "$NS" /usr/sbin/sshd -f "$sshd_conf" -E "$STATE/logs/sshd.log"
+	ip netns exec "$NS" /usr/sbin/sshd -f "$sshd_conf" -E "$STATE/logs/sshd.log" 9>&-
 fi
 ssh_ok() {
 	timeout 10 ssh -q -i "$clientkey" -o UserKnownHostsFile="$known" -o StrictHostKeyChecking=yes \
