@@ -174,7 +174,7 @@ wait_until 10 proxy_up && ok "proxy/start: proxy answers again" || bad "proxy do
 cu --max-time 5 -X POST "http://$IP:9090/agent/stop" >/dev/null
 t=$(now_ms)
 if wait_until 30 agent_fails; then
-	ok "agent/stop: --source agent fails ($(virsh -q -c "$URI" domifaddr "$DOM" --source agent 2>&1 | head -1)) after $(ms_since "$t") ms"
+	ok "agent/stop: --source agent fails ($(virsh -q -c "$URI" domifaddr "$DOM" --source agent 2>&1 | tail -1)) after $(ms_since "$t") ms"
 else
 	bad "--source agent still answers after agent/stop"
 fi
