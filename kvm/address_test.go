@@ -1,0 +1,99 @@
+package kvm
+
+import (
+	"context"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"proxyfleet/fleet"
+	"proxyfleet/messages"
+)
+
+// runningGuest creates a test guest through p and waits until it runs.
+func runningGuest(t *testing.T, p *Provider, prefix string) fleet.Instance {
+	t.Helper()
+	id := testID(prefix)
+	cleanupProxy(t, p, id)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if _, err := p.Create(ctx, testSpec(id)); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	return awaitRunning(t, p, id, 2*time.Minute)
+}
+
+// TestGet_everyAddressSourceFailingIsTransient (review finding H3): with
+// the guest agent stopped, the DHCP lease file unreadable and ARP failing
+// (it fails on every call on this libvirt), no source can answer. That is
+// not "no address yet": Get must fail transient, and stay transient though
+// the agent's error carries a code that alone would be permanent.
+func TestGet_everyAddressSourceFailingIsTransient(t *testing.T) {
+	env := testhostAll(t)
+	p := newTestProvider(t, env, nil)
+	in := runningGuest(t, p, "h3a")
+	guest(t, "POST", in.IP, "/agent/stop")
+	t.Cleanup(func() { guest(t, "POST", in.IP, "/agent/start") })
+
+	status := "/var/lib/libvirt/dnsmasq/pfbr0.status"
+	orig, err := os.ReadFile(status)
+	if err != nil {
+		t.Fatalf("lease status file: %v", err)
+	}
+	t.Cleanup(func() { _ = os.WriteFile(status, orig, 0o644) })
+	if err := os.WriteFile(status, []byte("{not json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	got, err := p.Get(ctx, in.ID)
+	if err == nil {
+		t.Fatalf("Get = %+v, want an error: every address source failed", got)
+	}
+	if !errors.Is(err, ErrNoAddressSource) || fleet.ClassOf(err) != fleet.ClassTransient {
+		t.Fatalf("Get error %v (class %s), want transient ErrNoAddressSource", err, fleet.ClassOf(err))
+	}
+	t.Logf("every source failed: %v", err)
+
+	// With the lease file back, the lease answers again.
+	_ = os.WriteFile(status, orig, 0o644)
+	got, err = p.Get(ctx, in.ID)
+	if err != nil || got.State != messages.StateRunning || got.Source != messages.SourceLease {
+		t.Fatalf("with the lease readable: %+v %v, want running from the lease", got, err)
+	}
+}
+
+// TestGet_deadLinkDuringAddressIsTransient (H3): the link dying under the
+// address read (here: stalled in a fault proxy until the call's budget
+// kills it) is a transient error, never a running proxy without an address.
+func TestGet_deadLinkDuringAddressIsTransient(t *testing.T) {
+	env := testhostAll(t)
+	s := startSSHD(t)
+	fp := s.proxy(t)
+	lc := LinkConfig{SSH: s.sshConfig(t, fp.Addr()), Budgets: Budgets{Call: 2 * time.Second, Connect: 2 * time.Second, TransferStall: 5 * time.Second, Close: time.Second}}
+	p := newTestProvider(t, env, func(c *Config) { c.Link = &lc })
+	in := runningGuest(t, p, "h3b")
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dom, _, err := p.lookup(ctx, in.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp.Stall()
+	ip, src, err := p.address(ctx, dom)
+	fp.Pass()
+	if err == nil {
+		t.Fatalf("address = %q from %q with a dead link, want a transient error", ip, src)
+	}
+	if !errors.Is(err, ErrLinkDead) || fleet.ClassOf(err) != fleet.ClassTransient {
+		t.Fatalf("address error %v (class %s), want transient ErrLinkDead", err, fleet.ClassOf(err))
+	}
+	// The next call redials and the proxy is running again.
+	got, err := p.Get(ctx, in.ID)
+	if err != nil || got.State != messages.StateRunning {
+		t.Fatalf("after the stall: %+v %v", got, err)
+	}
+}
