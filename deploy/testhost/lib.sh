@@ -17,7 +17,7 @@ POOL=${TESTHOST_POOL:-pftest}
 POOL_DIR=${TESTHOST_POOL_DIR:-/var/lib/proxyfleet-testhost/pool}
 NETWORK=${TESTHOST_NETWORK:-pftest}
 URI=qemu:///system
-PKGS=(libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86
+PKGS=(libxml2-utils libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86
 	qemu-utils openssh-server dnsmasq-base genisoimage busybox-static linux-image-amd64
 	iproute2 curl)
 
