@@ -145,6 +145,9 @@ type Worker struct {
 	Concurrency int `yaml:"concurrency"`
 	// DrainTimeout bounds the graceful stop.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// ObserveInterval is how often a host's owner re-reads its running
+	// proxies, publishing only what changed.
+	ObserveInterval time.Duration `yaml:"observe_interval"`
 }
 
 // Health tunes the health consumer.
@@ -266,6 +269,7 @@ func (c *Config) SetDefaults() {
 		w.Concurrency = 8
 	}
 	setDur(&w.DrainTimeout, 30*time.Second)
+	setDur(&w.ObserveInterval, 30*time.Second)
 	hl := &c.Health
 	if hl.HTTP == "" {
 		hl.HTTP = "127.0.0.1:8080"
@@ -325,6 +329,7 @@ func (c *Config) Validate() error {
 		{"worker.poll_interval", c.Worker.PollInterval},
 		{"worker.pinned_ttl", c.Worker.PinnedTTL},
 		{"worker.drain_timeout", c.Worker.DrainTimeout},
+		{"worker.observe_interval", c.Worker.ObserveInterval},
 		{"health.interval", c.Health.Interval},
 		{"health.timeout", c.Health.Timeout},
 		{"health.grace", c.Health.Grace},

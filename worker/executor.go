@@ -51,6 +51,13 @@ func (e *executor) handle(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.Term()
 		return
 	}
+	if id == observeToken {
+		if err := e.observe(ctx); err != nil && ctx.Err() == nil {
+			w.log.Warn("observation pass", "host", e.host, "err", err)
+		}
+		_ = msg.Ack() // the next tick comes anyway
+		return
+	}
 	if meta.NumDelivered > 1 {
 		w.log.Info("work redelivered", "host", e.host, "id", id, "delivery", meta.NumDelivered)
 	}

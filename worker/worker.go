@@ -31,6 +31,9 @@ type Config struct {
 	PinnedTTL    time.Duration
 	Concurrency  int // work items run at once per host
 	DrainTimeout time.Duration
+	// ObserveInterval is how often the owner of a host re-reads its
+	// running proxies; negative turns observation off.
+	ObserveInterval time.Duration
 	// DeletedTTL is how long a "deleted" event stays in PROXY_EVENTS.
 	DeletedTTL time.Duration
 	ProxyPort  int
@@ -60,6 +63,7 @@ type Worker struct {
 	cancel    context.CancelFunc
 	consumers []jetstream.ConsumeContext
 	pools     []*pool
+	wg        sync.WaitGroup // tick loops
 }
 
 // Stats counts what a worker did.
@@ -91,6 +95,7 @@ func New(js jetstream.JetStream, cfg Config) (*Worker, error) {
 	def(&cfg.PinnedTTL, 15*time.Second)
 	def(&cfg.DrainTimeout, 30*time.Second)
 	def(&cfg.DeletedTTL, 24*time.Hour)
+	def(&cfg.ObserveInterval, 30*time.Second)
 	if cfg.MaxAttempts == 0 {
 		cfg.MaxAttempts = 8
 	}
@@ -183,6 +188,15 @@ func (w *Worker) Start(ctx context.Context) error {
 			return fmt.Errorf("consume work of %s: %w", h, err)
 		}
 	}
+	if w.cfg.ObserveInterval > 0 {
+		for _, h := range hosts {
+			w.wg.Add(1)
+			go func() {
+				defer w.wg.Done()
+				w.tickLoop(runCtx, h)
+			}()
+		}
+	}
 	w.log.Info("worker started", "hosts", hosts, "intake", !w.cfg.NoIntake)
 	return nil
 }
@@ -242,6 +256,7 @@ func (w *Worker) Stop(ctx context.Context) {
 		w.cancel()
 	}
 	<-done
+	w.wg.Wait()
 	w.unpin(ctx)
 	w.consumers, w.pools = nil, nil
 }

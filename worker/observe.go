@@ -1,0 +1,180 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/fleet"
+	"proxyfleet/messages"
+)
+
+// observeToken is the id token of a host's observation tick. It is not a
+// valid proxy id (ids never start with '_'), so it cannot collide.
+const observeToken = "_observe"
+
+// Observation: each host's owner re-reads its proxies on an interval and
+// publishes a state event only when what it sees differs from the last
+// event, so a VM that dies or loses its address behind the system's back is
+// seen within an interval.
+//
+// The tick travels as a work item, proxy.work.<host>._observe, so the
+// worker pinned to the host, and only that one, runs the pass: ownership
+// needs no second mechanism. Every worker publishes ticks for the hosts it
+// can execute; the message id names the interval window, so JetStream
+// stores one tick per window however many workers publish it, and the work
+// stream's one-message-per-subject rule collapses a backlog.
+
+// tickLoop publishes observation ticks for host until ctx is done.
+func (w *Worker) tickLoop(ctx context.Context, host string) {
+	t := time.NewTicker(w.cfg.ObserveInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		window := w.now().UnixNano() / int64(w.cfg.ObserveInterval)
+		m := nats.NewMsg(w.subj.Work(host, observeToken))
+		m.Header.Set(jetstream.MsgIDHeader, "observe-"+host+"-"+strconv.FormatInt(window, 10))
+		pctx, cancel := context.WithTimeout(ctx, w.cfg.ObserveInterval)
+		if _, err := w.js.PublishMsg(pctx, m); err != nil && ctx.Err() == nil {
+			w.log.Debug("publish observation tick", "host", host, "err", err)
+		}
+		cancel()
+	}
+}
+
+// observe runs one observation pass over the proxies this host should run.
+func (e *executor) observe(ctx context.Context) error {
+	w := e.w
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.ObserveInterval)
+	defer cancel()
+	events, err := w.latestEvents(ctx)
+	if err != nil {
+		return err
+	}
+	var checked, changed int
+	for id, ev := range events {
+		if ev.Host != e.host || (ev.State != messages.StateRunning && ev.State != messages.StateProvisioning) {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		checked++
+		ok, err := e.observeOne(ctx, id)
+		if err != nil {
+			w.log.Debug("observe", "host", e.host, "id", id, "err", err)
+			continue
+		}
+		if ok {
+			changed++
+		}
+	}
+	w.log.Debug("observation pass", "host", e.host, "proxies", checked, "changed", changed)
+	return nil
+}
+
+// observeOne re-reads one proxy under its lock and publishes what changed.
+// It reports whether it published.
+func (e *executor) observeOne(ctx context.Context, id string) (bool, error) {
+	w := e.w
+	unlock, err := w.locks.lock(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	d, err := w.readDesired(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	if !e.owns(d) {
+		return false, nil // a command is moving or deleting it; its work item reports
+	}
+	last, _, err := w.events.last(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	if last.CommandID != d.CommandID || last.Host != e.host ||
+		(last.State != messages.StateRunning && last.State != messages.StateProvisioning) {
+		return false, nil // a converge is (or was) under way; it reports
+	}
+	obs, err := e.prov.Get(ctx, id)
+	var ev messages.StateEvent
+	switch {
+	case errors.Is(err, fleet.ErrNotFound):
+		ev = messages.StateEvent{State: messages.StateFailed, Reason: "domain is gone", Class: string(fleet.ClassPermanent)}
+	case err != nil:
+		// An unreadable proxy is not a changed one (review finding H3).
+		return false, err
+	default:
+		ev = messages.StateEvent{State: obs.State, Reason: obs.Reason}
+		if obs.State == messages.StateRunning {
+			ev.IP, ev.Source, ev.Port = obs.IP, obs.Source, w.cfg.ProxyPort
+		}
+		if obs.State == messages.StateFailed {
+			ev.Class = string(fleet.ClassPermanent)
+		}
+	}
+	if ev.State == last.State && ev.IP == last.IP {
+		return false, nil
+	}
+	ev.ID, ev.Host, ev.CommandID = id, e.host, d.CommandID
+	if ev.State == messages.StateProvisioning && ev.Reason == "" {
+		ev.Reason = "no address"
+	}
+	if _, err := w.events.Publish(ctx, ev); err != nil {
+		return false, err
+	}
+	w.log.Info("observed a change", "host", e.host, "id", id, "was", last.State, "now", ev.State, "ip", ev.IP, "reason", ev.Reason)
+	return true, nil
+}
+
+// latestEvents reads the last event of every proxy.
+func (w *Worker) latestEvents(ctx context.Context) (map[string]messages.StateEvent, error) {
+	out := map[string]messages.StateEvent{}
+	cons, err := w.js.OrderedConsumer(ctx, messages.StreamEvents, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{w.subj.StateAll()},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read events: %w", err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read events: %w", err)
+	}
+	pending := info.NumPending
+	for pending > 0 {
+		batch, err := cons.Fetch(int(min(pending, 256)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("read events: %w", err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			var ev messages.StateEvent
+			if json.Unmarshal(m.Data(), &ev) == nil && ev.ID != "" {
+				out[ev.ID] = ev
+			}
+			if meta, err := m.Metadata(); err == nil {
+				pending = meta.NumPending
+			}
+		}
+		if err := batch.Error(); err != nil {
+			return nil, fmt.Errorf("read events: %w", err)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	return out, nil
+}
