@@ -1,11 +1,9 @@
 package kvm
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash"
@@ -14,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,25 +39,35 @@ import (
 //
 // # The completion mark
 //
-// The mark of volume V is a second, tiny raw volume "V.ok" in the same pool,
-// holding JSON (completionMark): the volume's name, the artifact's sha256 and
-// length, the volume's mtime as libvirt reported it right after the
-// verification, and when the verification was made. It is created last,
-// only after the bytes streamed into V were counted and hashed on the way and
-// matched the config's sha256. A volume is used only when its mark is there,
-// reads back, names the same sha256 and length, and V's mtime is still the one
-// recorded: a volume alone, a mark alone (its volume swept away), a mark left
-// over from an earlier upload of the same name, or a volume written to after
-// it was verified, is never used.
+// The mark of volume V is a second volume in the same pool, named
+// "V.<sha256>.ok" (the artifact's whole digest) and made, empty and sparse,
+// with the verified length as its capacity. It is created last, in one
+// atomic StorageVolCreateXML, only after the bytes streamed into V were
+// counted and hashed on the way and matched the config's sha256 and size.
+// It is read back with plain calls: found by its name (so its sha256 is the
+// artifact's, or it is not found), its capacity (the length) equal to V's
+// size on disk, and its mtime not before V's (both are stamped by the
+// host's file system, one clock). A volume alone, a mark alone (its volume
+// swept away), a mark left over from an earlier upload of the same name
+// (older than the new volume), or a volume written to after its mark was
+// made (newer than the mark), is never used.
 //
-// Why a volume and not something else: storage volumes have no metadata
-// element (domains have, volumes do not), and a mark must live on the host,
-// next to the volume, so that every process and every worker reads the same
-// truth (DESIGN.md, semantics 6: read back, not remembered). A mark volume
-// is made and read with the same calls as any volume. The ".ok" suffix is
-// not a shape parseVolumeName knows, so a sweep that removes volumes of ours
-// leaves marks alone; a mark without its volume is harmless (ignored, and
-// removed by the next upload of that volume).
+// Why a volume, and why nothing is written into it: storage volumes have no
+// metadata element (domains have, volumes do not), and a mark must live on
+// the host, next to its volume, so that every process and every worker reads
+// the same truth (DESIGN.md, semantics 6: read back, not remembered). A mark
+// holding JSON would need StorageVolUpload and StorageVolDownload on the
+// shared link, and the pinned go-libvirt's download can wedge a whole link:
+// its socket reader delivers a stream's trailing reply to the caller's
+// channel while holding the callback lock, after the caller has stopped
+// reading and is waiting for that lock to deregister. Seen here as a call
+// on the shared link stuck past its budget, with goroutines that a kill
+// could not end. So a mark is only created, looked up, stat'ed and deleted.
+//
+// The ".<sha256>.ok" tail is not a shape parseVolumeName knows, so a sweep
+// that removes volumes of ours leaves marks alone; a mark without its
+// volume is harmless (ignored, and removed by the next upload of that
+// volume).
 //
 // # Single flight
 //
@@ -79,9 +88,11 @@ import (
 // fresh upload, is left alone. What is left is a window of one round trip
 // between that re-read and the delete, in which a second waiter would have
 // to have deleted and re-created the volume: two waiters judging one dead
-// upload stale within the same millisecond. The loser's upload then fails
-// (transient) and is retried; its bytes are never marked, since the mark
-// records the mtime of the volume it verified.
+// upload stale within the same millisecond. The loser's stream then goes
+// on into a deleted file; it can mark the new volume only before that
+// volume's own uploader is done, and readers accept that mark only if the
+// new volume is not written to after it, that is if its uploader died at
+// that very moment. That residue is accepted, and documented here.
 //
 // # Transfers (review finding H2)
 //
@@ -179,9 +190,7 @@ const (
 	defaultDownloadMargin = time.Minute
 	defaultProgressEvery  = 500 * time.Millisecond
 	defaultDiscardWait    = 10 * time.Second
-	// maxMarkSize bounds what is read back as a mark.
-	maxMarkSize = 4096
-	markSuffix  = ".ok"
+	markSuffix            = ".ok"
 )
 
 func (c *imageCache) logger() *slog.Logger {
@@ -340,9 +349,10 @@ func (c *imageCache) ensureArtifact(ctx context.Context, a artifact) (volRef, er
 	stale, poll := c.staleAfter(), c.pollEvery()
 
 	var (
-		seen      volState  // the unmarked volume as last seen changing
-		seenSince time.Time // when it was last seen changing
-		waiting   bool
+		seen        volState  // the unmarked volume as last seen changing
+		seenSince   time.Time // when it was last seen changing
+		waiting     bool
+		blockWarned bool
 	)
 	for {
 		st, err := c.inspect(ctx, a)
@@ -352,8 +362,6 @@ func (c *imageCache) ensureArtifact(ctx context.Context, a artifact) (volRef, er
 		switch {
 		case st.ready:
 			return st.ref, nil
-		case st.foreign != nil:
-			return volRef{}, st.foreign
 		case !st.exists:
 			err := c.upload(ctx, a, log)
 			if errors.Is(err, errLostRace) {
@@ -387,6 +395,14 @@ func (c *imageCache) ensureArtifact(ctx context.Context, a artifact) (volRef, er
 		}
 		if seenSince.IsZero() || st.allocation != seen.allocation || st.mtime != seen.mtime {
 			seen, seenSince = st, now
+		} else if now.Sub(seenSince) >= stale && !seen.fileVol {
+			// A block volume (LVM, a disk) is fully allocated when made
+			// and has no mtime: nothing shows an upload is alive, so
+			// none is presumed dead. An operator removes it.
+			if !blockWarned {
+				blockWarned = true
+				log.Warn("unmarked image volume is not a file; cannot tell a dead upload from a live one, not taking it over")
+			}
 		} else if now.Sub(seenSince) >= stale {
 			took, err := c.takeOver(ctx, a, seen)
 			if err != nil {
@@ -419,26 +435,14 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// completionMark is what a mark volume holds.
-type completionMark struct {
-	Volume string `json:"volume"`
-	SHA256 string `json:"sha256"`
-	Length int64  `json:"length"`
-	// VolumeMtime is the volume's mtime as libvirt reported it after the
-	// verification ("" where the pool reports none): a volume written
-	// since, or a new volume of the same name, has another.
-	VolumeMtime string    `json:"volume_mtime,omitempty"`
-	Host        string    `json:"host"`
-	Image       string    `json:"image"`
-	VerifiedAt  time.Time `json:"verified_at"`
-}
+// markName is the completion mark's name of a's volume.
+func markName(a artifact) string { return a.name + "." + a.sha + markSuffix }
 
 // volState is what inspect found.
 type volState struct {
 	exists     bool
 	ready      bool   // exists with a valid mark: ref is usable
 	why        string // why not ready
-	foreign    error  // a valid mark for another digest: permanent
 	ref        volRef
 	allocation uint64
 	physical   uint64 // 0 if not reported
@@ -471,16 +475,11 @@ func (c *imageCache) inspect(ctx context.Context, a artifact) (volState, error) 
 			return fmt.Errorf("volume %s: %w", a.name, err)
 		}
 		st.ref.Name, st.ref.Format = a.name, a.format
-		m, why, err := readMark(l, pool, a.name+markSuffix)
+		st.why, err = checkMark(l, pool, a, &st)
 		if err != nil {
 			return fmt.Errorf("mark of %s: %w", a.name, err)
 		}
-		if m == nil {
-			st.why = why
-			return nil
-		}
-		st.why, st.foreign = checkMark(m, a, &st)
-		st.ready = st.why == "" && st.foreign == nil
+		st.ready = st.why == ""
 		return nil
 	})
 	if err != nil {
@@ -530,59 +529,60 @@ func sizeBytes(s *libvirtxml.StorageVolumeSize) uint64 {
 	return 0 // libvirt reports bytes; anything else is not compared
 }
 
-// readMark returns the mark volume's content, or nil and why there is no
-// usable mark.
-func readMark(l *libvirt.Libvirt, pool libvirt.StoragePool, name string) (*completionMark, string, error) {
-	vol, err := l.StorageVolLookupByName(pool, name)
+// checkMark reads a's mark and says why it does not vouch for a's volume
+// as st found it, or "" if it does.
+func checkMark(l *libvirt.Libvirt, pool libvirt.StoragePool, a artifact, st *volState) (string, error) {
+	mv, err := l.StorageVolLookupByName(pool, markName(a))
 	if isNoVolume(err) {
-		return nil, "no completion mark", nil
+		return "no completion mark", nil
 	}
 	if err != nil {
-		return nil, "", err
+		return "", err
 	}
-	_, capacity, _, err := l.StorageVolGetInfo(vol)
-	if isNoVolume(err) {
-		return nil, "no completion mark", nil
-	}
-	if err != nil {
-		return nil, "", err
-	}
-	if capacity == 0 || capacity > maxMarkSize {
-		return nil, fmt.Sprintf("completion mark of %d bytes", capacity), nil
-	}
-	var buf bytes.Buffer
-	if err := l.StorageVolDownload(vol, &buf, 0, capacity, 0); err != nil {
+	var m volState
+	if err := readVolState(l, mv, &m); err != nil {
 		if isNoVolume(err) {
-			return nil, "no completion mark", nil
+			return "no completion mark", nil
 		}
-		return nil, "", fmt.Errorf("read: %w", err)
+		return "", err
 	}
-	var m completionMark
-	if err := json.Unmarshal(buf.Bytes(), &m); err != nil {
-		// Being written, or garbage: not a mark.
-		return nil, "completion mark unreadable", nil
+	if st.fileVol && st.physical != 0 && st.physical != m.ref.Capacity {
+		return fmt.Sprintf("volume is %d bytes, its mark says %d", st.physical, m.ref.Capacity), nil
 	}
-	return &m, "", nil
-}
-
-// checkMark says why m does not vouch for a's volume as st found it ("" if
-// it does), or returns a permanent error when it is a good mark of another
-// artifact whose digest shares a's name.
-func checkMark(m *completionMark, a artifact, st *volState) (string, error) {
-	if m.Volume != a.name {
-		return fmt.Sprintf("completion mark names volume %q", m.Volume), nil
-	}
-	if !strings.EqualFold(m.SHA256, a.sha) {
-		return "", fleet.Permanent(fmt.Errorf("volume %s holds sha256 %s, the config wants %s (same 64-bit prefix; rename or remove it)",
-			a.name, m.SHA256, a.sha))
-	}
-	if m.VolumeMtime != st.mtime {
-		return fmt.Sprintf("volume changed since it was verified (mtime %s, mark says %s)", st.mtime, m.VolumeMtime), nil
-	}
-	if st.fileVol && st.physical != 0 && st.physical != uint64(m.Length) {
-		return fmt.Sprintf("volume is %d bytes, its mark says %d", st.physical, m.Length), nil
+	if newer(st.mtime, m.mtime) {
+		return fmt.Sprintf("volume (mtime %s) is newer than its mark (%s)", st.mtime, m.mtime), nil
 	}
 	return "", nil
+}
+
+// newer reports whether file time a ("seconds.nanoseconds", as libvirt
+// formats it) is after b. Times that do not parse (a pool that reports
+// none) are never newer.
+func newer(a, b string) bool {
+	as, an, ok1 := parseFileTime(a)
+	bs, bn, ok2 := parseFileTime(b)
+	if !ok1 || !ok2 {
+		return false
+	}
+	return as > bs || as == bs && an > bn
+}
+
+func parseFileTime(t string) (sec, nsec int64, ok bool) {
+	s, n, _ := strings.Cut(t, ".")
+	sec, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, 0, false
+	}
+	if n != "" {
+		if len(n) > 9 {
+			n = n[:9]
+		}
+		n += strings.Repeat("0", 9-len(n))
+		if nsec, err = strconv.ParseInt(n, 10, 64); err != nil {
+			return 0, 0, false
+		}
+	}
+	return sec, nsec, true
 }
 
 func isNoVolume(err error) bool {
@@ -620,16 +620,14 @@ func (c *imageCache) takeOver(ctx context.Context, a artifact, seen volState) (b
 		if st.allocation != seen.allocation || st.mtime != seen.mtime {
 			return nil // it moved after all
 		}
-		m, _, err := readMark(l, pool, a.name+markSuffix)
+		why, err := checkMark(l, pool, a, &st)
 		if err != nil {
 			return fmt.Errorf("mark of %s: %w", a.name, err)
 		}
-		if m != nil {
-			if why, foreign := checkMark(m, a, &st); why == "" && foreign == nil {
-				return nil // marked meanwhile
-			}
+		if why == "" {
+			return nil // marked meanwhile
 		}
-		if err := deleteByName(l, pool, a.name+markSuffix); err != nil {
+		if err := deleteByName(l, pool, markName(a)); err != nil {
 			return fmt.Errorf("delete mark of %s: %w", a.name, err)
 		}
 		if err := l.StorageVolDelete(vol, 0); err != nil && !isNoVolume(err) {
@@ -689,14 +687,14 @@ func (c *imageCache) upload(ctx context.Context, a artifact, log *slog.Logger) e
 		return err
 	}
 	// We hold the volume: a mark of that name is left over from an earlier
-	// upload and must go before a byte moves (readers also reject it, by
-	// its mtime).
+	// upload and goes before a byte moves (readers reject it anyway: it is
+	// older than the volume).
 	if err := c.link.call(ctx, 0, func(l *libvirt.Libvirt) error {
 		pool, err := l.StoragePoolLookupByName(c.pool)
 		if err != nil {
 			return err
 		}
-		return deleteByName(l, pool, a.name+markSuffix)
+		return deleteByName(l, pool, markName(a))
 	}); err != nil {
 		return fail(fmt.Errorf("image cache %s: delete stale mark of %s: %w", c.host, a.name, err))
 	}
@@ -803,10 +801,21 @@ func (c *imageCache) create(ctx context.Context, a artifact, size uint64) error 
 	return nil
 }
 
-// mark writes a's completion mark, after a pool refresh so that what it
-// records (the volume's mtime) is what every later reader will see.
+// mark makes a's completion mark: after a pool refresh (best effort) and a
+// last look at the volume's size on disk, one StorageVolCreateXML of an
+// empty, sparse volume named for the digest with the length as capacity.
+// There is nothing to write into it, so there is no half-made mark.
 func (c *imageCache) mark(ctx context.Context, a artifact, length int64) error {
-	err := c.link.call(ctx, 0, func(l *libvirt.Libvirt) error {
+	x, err := (&libvirtxml.StorageVolume{
+		Name:       markName(a),
+		Allocation: &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: 0},
+		Capacity:   &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: uint64(length)},
+		Target:     &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: "raw"}},
+	}).Marshal()
+	if err != nil {
+		return fleet.Permanent(fmt.Errorf("mark xml: %w", err))
+	}
+	err = c.link.call(ctx, 0, func(l *libvirt.Libvirt) error {
 		pool, err := l.StoragePoolLookupByName(c.pool)
 		if err != nil {
 			return fmt.Errorf("look up pool %s: %w", c.pool, err)
@@ -826,30 +835,17 @@ func (c *imageCache) mark(ctx context.Context, a artifact, length int64) error {
 		if st.fileVol && st.physical != 0 && st.physical != uint64(length) {
 			return fleet.Transient(fmt.Errorf("volume %s is %d bytes after an upload of %d", a.name, st.physical, length))
 		}
-		b, err := json.Marshal(completionMark{
-			Volume: a.name, SHA256: a.sha, Length: length, VolumeMtime: st.mtime,
-			Host: c.host, Image: a.image, VerifiedAt: time.Now().UTC(),
-		})
-		if err != nil {
-			return err
+		_, err = l.StorageVolCreateXML(pool, x, 0)
+		if isVolExists(err) {
+			// Left by an upload that lost a takeover race (see the
+			// top of this file): the bytes verified here are newer.
+			if err := deleteByName(l, pool, markName(a)); err != nil {
+				return fmt.Errorf("replace mark %s: %w", markName(a), err)
+			}
+			_, err = l.StorageVolCreateXML(pool, x, 0)
 		}
-		x, err := (&libvirtxml.StorageVolume{
-			Name:       a.name + markSuffix,
-			Allocation: &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: 0},
-			Capacity:   &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: uint64(len(b))},
-			Target:     &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: "raw"}},
-		}).Marshal()
 		if err != nil {
-			return err
-		}
-		mv, err := l.StorageVolCreateXML(pool, x, 0)
-		if err != nil {
-			return fmt.Errorf("create mark %s: %w", a.name+markSuffix, err)
-		}
-		// A few hundred bytes: one stream packet on the shared link,
-		// under the call's budget, through eofReader like every upload.
-		if err := l.StorageVolUpload(mv, &eofReader{r: bytes.NewReader(b)}, 0, uint64(len(b)), 0); err != nil {
-			return fmt.Errorf("write mark %s: %w", a.name+markSuffix, err)
+			return fmt.Errorf("create mark %s: %w", markName(a), err)
 		}
 		return nil
 	})
@@ -863,19 +859,23 @@ func (c *imageCache) mark(ctx context.Context, a artifact, length int64) error {
 // discardWait while libvirtd still holds the volume (the stream of a cut
 // transfer ends on its side a moment after our connection closed). It runs
 // even when ctx is done: a failed upload must not leave a volume behind.
+// Each attempt is a call under the call budget with a ctx that is never
+// cancelled, so that running out of discardWait never kills the shared link
+// in the middle of a delete; the wait is checked between attempts.
 func (c *imageCache) discard(ctx context.Context, a artifact, log *slog.Logger) {
 	c.note("discard", a.name)
 	wait := orDefault(c.discardWait, defaultDiscardWait)
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait)
+	cctx := context.WithoutCancel(ctx)
+	dctx, cancel := context.WithTimeout(cctx, wait)
 	defer cancel()
 	var err error
 	for {
-		err = c.link.call(dctx, 0, func(l *libvirt.Libvirt) error {
+		err = c.link.call(cctx, 0, func(l *libvirt.Libvirt) error {
 			pool, err := l.StoragePoolLookupByName(c.pool)
 			if err != nil {
 				return err
 			}
-			if err := deleteByName(l, pool, a.name+markSuffix); err != nil {
+			if err := deleteByName(l, pool, markName(a)); err != nil {
 				return err
 			}
 			return deleteByName(l, pool, a.name)
@@ -1068,11 +1068,11 @@ type ctxReader struct {
 
 func (r *ctxReader) Read(p []byte) (int, error) {
 	if err := r.ctx.Err(); err != nil {
-		return 0, fmt.Errorf("download: %w", context.Cause(r.ctx))
+		return 0, fmt.Errorf("deadline: %w", context.Cause(r.ctx))
 	}
 	n, err := r.r.Read(p)
-	if err != nil && err != io.EOF && r.ctx.Err() != nil {
-		err = fmt.Errorf("download: %w (%w)", context.Cause(r.ctx), err)
+	if err != nil && err != io.EOF && r.ctx.Err() != nil && !errors.Is(err, r.ctx.Err()) {
+		err = fmt.Errorf("%w (%w)", context.Cause(r.ctx), err)
 	}
 	return n, err
 }
