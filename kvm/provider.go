@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
@@ -52,6 +53,10 @@ type Provider struct {
 	images *imageCache
 	byName map[string]config.Image
 	log    *slog.Logger
+
+	mu        sync.Mutex
+	listeners map[int]func(Progress) // creates waiting on an image transfer
+	nextL     int
 }
 
 // ErrNotOurs is returned for a domain or volume with one of our names that
@@ -97,9 +102,46 @@ func New(cfg Config) (*Provider, error) {
 	}
 	p.images = &imageCache{
 		host: cfg.Host.Name, pool: cfg.Host.Pool, link: link, budgets: link.cfg.Budgets,
-		httpClient: http.DefaultClient, log: p.log, onProgress: cfg.OnProgress,
+		httpClient: http.DefaultClient, log: p.log, onProgress: p.progress,
 	}
 	return p, nil
+}
+
+// progress hands a transfer's progress to the configured listener and to
+// every create waiting for it. It must not block.
+func (p *Provider) progress(pr Progress) {
+	if p.cfg.OnProgress != nil {
+		p.cfg.OnProgress(pr)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, f := range p.listeners {
+		f(pr)
+	}
+}
+
+// listen adds f to the progress listeners until the returned func is called.
+func (p *Provider) listen(f func(Progress)) func() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.listeners == nil {
+		p.listeners = map[int]func(Progress){}
+	}
+	k := p.nextL
+	p.nextL++
+	p.listeners[k] = f
+	return func() {
+		p.mu.Lock()
+		delete(p.listeners, k)
+		p.mu.Unlock()
+	}
+}
+
+// progressMessage says what a transfer is doing, for a provisioning event.
+func progressMessage(pr Progress) string {
+	const mib = 1 << 20
+	return fmt.Sprintf("uploading image %s to %s: %.1f of %.1f MiB at %.1f MiB/s",
+		pr.Image, pr.Volume, float64(pr.Done)/mib, float64(pr.Total)/mib, pr.Rate/mib)
 }
 
 // Close closes the host's links.
@@ -134,7 +176,13 @@ func (p *Provider) Create(ctx context.Context, spec fleet.Spec) (fleet.Instance,
 	case !errors.Is(err, fleet.ErrNotFound):
 		return fleet.Instance{}, err
 	}
+	stop := p.listen(func(pr Progress) {
+		if pr.Image == img.Name {
+			fleet.ReportProgress(ctx, progressMessage(pr))
+		}
+	})
 	vols, err := p.images.ensure(ctx, img)
+	stop()
 	if err != nil {
 		return fleet.Instance{}, fmt.Errorf("create %s: image %s: %w", spec.ID, img.Name, err)
 	}

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -126,10 +128,40 @@ func (e *executor) converge(ctx context.Context, d *Desired) error {
 		}
 	}
 	e.w.stats.creates.Add(1)
-	if _, err := e.prov.Create(ctx, e.spec(d)); err != nil {
+	if err := e.create(ctx, d); err != nil {
 		return fmt.Errorf("create %s: %w", d.ID, err)
 	}
 	return e.awaitRunning(ctx, d)
+}
+
+// create runs the provider's Create, turning what it reports of long work
+// (a base image transfer) into provisioning events whose reason says what
+// is happening, at most every Config.ProgressEvery.
+func (e *executor) create(ctx context.Context, d *Desired) error {
+	var latest atomic.Pointer[string]
+	pctx := fleet.WithProgress(ctx, func(msg string) { latest.Store(&msg) })
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(e.w.cfg.ProgressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if m := latest.Swap(nil); m != nil {
+					_ = e.publish(ctx, d, messages.StateProvisioning, fleet.Instance{}, *m)
+				}
+			}
+		}
+	}()
+	_, err := e.prov.Create(pctx, e.spec(d))
+	close(done)
+	wg.Wait()
+	return err
 }
 
 func nonEmpty(s, def string) string {

@@ -34,6 +34,9 @@ type Config struct {
 	// ObserveInterval is how often the owner of a host re-reads its
 	// running proxies; negative turns observation off.
 	ObserveInterval time.Duration
+	// ProgressEvery is the least time between two progress events
+	// (provisioning, with the provider's report as reason) of one create.
+	ProgressEvery time.Duration
 	// DeletedTTL is how long a "deleted" event stays in PROXY_EVENTS.
 	DeletedTTL time.Duration
 	ProxyPort  int
@@ -96,6 +99,7 @@ func New(js jetstream.JetStream, cfg Config) (*Worker, error) {
 	def(&cfg.DrainTimeout, 30*time.Second)
 	def(&cfg.DeletedTTL, 24*time.Hour)
 	def(&cfg.ObserveInterval, 30*time.Second)
+	def(&cfg.ProgressEvery, 2*time.Second)
 	if cfg.MaxAttempts == 0 {
 		cfg.MaxAttempts = 8
 	}
