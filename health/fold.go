@@ -10,35 +10,59 @@ import (
 	"proxyfleet/messages"
 )
 
-// Fold is the rotation as a function of the state events seen so far. It
-// does no I/O, starts no goroutine and reads the time only through Now, so
-// it is tested with plain values. It is not safe for concurrent use; its
-// owner serialises calls.
+// Fold is the rotation as a function of the state events and probe results
+// seen so far. It does no I/O, starts no goroutine and reads the time only
+// through Now (and the times given to it), so it is tested with plain
+// values. It is not safe for concurrent use; its owner serialises calls.
 //
 // Rules, per proxy id:
 //   - an event whose seq is lower than or equal to the last one seen for
 //     that id is ignored (duplicates, redeliveries, late arrivals);
-//   - running with an IP and a port puts the proxy in the rotation at
-//     ip:port; Since is when it entered (the event's time); a running event
-//     with another address moves it and counts as a change;
-//   - failed, deleting and deleted take it out and forget its address; its
-//     seq stays as a tombstone so that an older event arriving late cannot
-//     bring it back;
+//   - running with an IP and a port makes the proxy a candidate at
+//     ip:port: it is probed there. With Rise 0 (no probing) it enters the
+//     rotation at once; otherwise it enters after Rise passing probes in a
+//     row and leaves after Fall failing ones in a row (and keeps being
+//     probed, so it comes back after Rise passes). Since is when it
+//     entered. A running event with another address (or host) is a new
+//     proxy for clients: it leaves, its counters restart, and probes of the
+//     old address still in flight are ignored;
+//   - failed, deleting and deleted take it out at once and forget its
+//     address and counters; its seq stays as a tombstone so that an older
+//     event arriving late cannot bring it back, and a probe result for it
+//     arriving later is ignored;
 //   - provisioning (or running without an address) for a proxy in the
-//     rotation starts its grace: it keeps its last address and place until
-//     Grace has passed since that event, then Tick demotes it. With Grace 0
-//     it is demoted at once. A proxy not in the rotation just records it.
+//     rotation starts its grace: it keeps its last address and place, and
+//     keeps being probed there (Fall failures still take it out), until
+//     Grace has passed since that event; then Tick demotes it. With Grace 0
+//     it is demoted at once. A candidate not in the rotation stops being
+//     probed and forgets its counters;
 //   - an event with an unknown state, a wrong version or no id is ignored.
+//
+// Probe results (ApplyProbe) name the candidate they were taken for by its
+// epoch (see Targets), so a result for an address the proxy no longer has,
+// or for a proxy deleted since, changes nothing; a result older than the
+// last one applied for the same epoch is ignored too.
+//
+// Seed puts a proxy in the rotation as already risen: the membership a
+// restarting process loads from PROXY_ROTATION. DropUnseen, called once
+// the events are caught up, removes the seeded proxies no event spoke of.
 type Fold struct {
 	// Grace is how long a proxy in the rotation keeps its place after it
 	// reports provisioning without an address (a guest agent restart, the
 	// open half of H3). Zero demotes it at once.
 	Grace time.Duration
+	// Rise is how many passing probes in a row put a candidate in the
+	// rotation. Zero means no probing: a running event enters at once.
+	Rise int
+	// Fall is how many failing probes in a row take a proxy out. Zero:
+	// failures never do.
+	Fall int
 	// Now is the fold's clock, used to bound event times from the future
 	// and to start a grace whose event carries no time. Nil means time.Now.
 	Now func() time.Time
 
 	proxies map[string]*proxyState
+	epochs  uint64
 	stats   FoldStats
 }
 
@@ -46,26 +70,39 @@ type Fold struct {
 type FoldStats struct {
 	Events  uint64 // events given to Apply
 	Ignored uint64 // events that were stale, duplicate or not understood
-	Changes uint64 // calls of Apply or Tick that changed the rotation
+	Changes uint64 // calls of Apply, ApplyProbe, Tick, Adopt or DropUnseen that changed the rotation
+
+	Probes        uint64 // probe results given to ApplyProbe
+	ProbesIgnored uint64 // of which stale: another epoch, deleted, older
+	Entries       uint64 // proxies that entered the rotation
+	Exits         uint64 // proxies that left it, for any reason
 }
 
-// proxyState is what the fold keeps of one proxy: its last seen event and
-// its place in the rotation.
+// proxyState is what the fold keeps of one proxy: its last seen event, its
+// probing and its place in the rotation.
 type proxyState struct {
 	seq   uint64
 	state string
 	host  string
-	ip    string
+	ip    string // last address reported, kept through a grace
 	port  int
 	at    time.Time // time of the last event
 
+	seeded bool // loaded by Seed and not yet confirmed by an event
+
+	addr      string // the candidate address: probed, and used in the rotation; "" when not a candidate
+	epoch     uint64 // changes whenever addr does
+	passes    int    // passing probes in a row at addr
+	fails     int    // failing probes in a row at addr
+	lastProbe time.Time
+
 	inRotation bool
-	addr       string    // the address in the rotation, while in it
 	since      time.Time // when it entered the rotation
 	graceUntil time.Time // non-zero while it keeps its place in grace
 }
 
-// NewFold returns an empty fold with the given grace and clock (nil: time.Now).
+// NewFold returns an empty fold with the given grace and clock (nil:
+// time.Now), without probing (Rise 0). Set Rise and Fall to probe.
 func NewFold(grace time.Duration, now func() time.Time) *Fold {
 	return &Fold{Grace: grace, Now: now}
 }
@@ -102,6 +139,18 @@ func (f *Fold) Seq(id string) uint64 {
 	return 0
 }
 
+func (f *Fold) get(id string) *proxyState {
+	if f.proxies == nil {
+		f.proxies = make(map[string]*proxyState)
+	}
+	p := f.proxies[id]
+	if p == nil {
+		p = &proxyState{}
+		f.proxies[id] = p
+	}
+	return p
+}
+
 // Apply folds one event in and reports whether the rotation changed.
 func (f *Fold) Apply(ev messages.StateEvent) (changed bool) {
 	f.stats.Events++
@@ -125,18 +174,15 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 	default:
 		return false, false
 	}
-	if f.proxies == nil {
-		f.proxies = make(map[string]*proxyState)
-	}
 	p := f.proxies[ev.ID]
-	if p == nil {
-		p = &proxyState{}
-		f.proxies[ev.ID] = p
-	} else if ev.Seq <= p.seq {
+	if p != nil && ev.Seq <= p.seq && !(p.seeded && p.seq == 0) {
 		return false, false
 	}
+	p = f.get(ev.ID)
 	at := f.eventTime(ev)
-	moved := p.host != ev.Host
+	moved := p.host != ev.Host && !p.seeded
+	seeded := p.seeded
+	p.seeded = false
 	p.seq, p.state, p.host, p.at = ev.Seq, ev.State, ev.Host, at
 
 	switch {
@@ -144,16 +190,21 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 		p.ip, p.port = ev.IP, ev.Port
 		addr := Addr(ev.IP, ev.Port)
 		p.graceUntil = time.Time{}
-		if !p.inRotation {
-			p.inRotation, p.addr, p.since = true, addr, at
-			return true, true
-		}
 		if p.addr != addr || moved {
-			// Moved: a new address is a new entry for clients.
-			p.addr, p.since = addr, at
-			return true, true
+			// A new address (or host) is a new proxy for clients:
+			// out, and probed from scratch.
+			changed = f.leave(p)
+			f.candidate(p, addr)
+		} else if seeded && p.inRotation && at.Before(p.since) {
+			// Confirmed: date it by the event, as a process that
+			// saw the event live would.
+			p.since = at
 		}
-		return false, true
+		if !p.inRotation && p.passes >= f.Rise {
+			f.enter(p, at)
+			changed = true
+		}
+		return changed, true
 
 	case ev.State == messages.StateRunning || ev.State == messages.StateProvisioning:
 		// Not usable now, but maybe only for a moment (a guest agent
@@ -163,27 +214,180 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 			p.ip, p.port = ev.IP, ev.Port
 		}
 		if !p.inRotation {
+			f.forget(p)
 			return false, true
 		}
 		if p.graceUntil.IsZero() {
 			p.graceUntil = at.Add(f.Grace)
 		}
 		if !f.now().Before(p.graceUntil) {
-			p.demote()
+			f.leave(p)
+			f.forget(p)
 			return true, true
 		}
 		return false, true
 
 	default: // failed, deleting, deleted: out, and forget all but the seq.
-		was := p.inRotation
-		p.demote()
+		changed = f.leave(p)
+		f.forget(p)
 		p.ip, p.port = "", 0
-		return was, true
+		return changed, true
 	}
 }
 
-func (p *proxyState) demote() {
-	p.inRotation, p.addr, p.since, p.graceUntil = false, "", time.Time{}, time.Time{}
+// candidate starts probing p at addr, from scratch.
+func (f *Fold) candidate(p *proxyState, addr string) {
+	f.epochs++
+	p.addr, p.epoch, p.passes, p.fails, p.lastProbe = addr, f.epochs, 0, 0, time.Time{}
+}
+
+// forget stops probing p and drops its counters (it stays out, or leaves).
+func (f *Fold) forget(p *proxyState) {
+	if p.inRotation {
+		f.leave(p)
+	}
+	f.epochs++
+	p.addr, p.epoch, p.passes, p.fails, p.lastProbe = "", f.epochs, 0, 0, time.Time{}
+}
+
+func (f *Fold) enter(p *proxyState, at time.Time) {
+	p.inRotation, p.since, p.graceUntil = true, at, time.Time{}
+	f.stats.Entries++
+}
+
+// leave takes p out of the rotation, if it is in, and reports whether it was.
+func (f *Fold) leave(p *proxyState) bool {
+	if !p.inRotation {
+		return false
+	}
+	p.inRotation, p.since, p.graceUntil = false, time.Time{}, time.Time{}
+	f.stats.Exits++
+	return true
+}
+
+// Target is a proxy to probe: its candidate address and the epoch to give
+// back with the result.
+type Target struct {
+	ID    string
+	Addr  string
+	Epoch uint64
+}
+
+// Targets returns the proxies to probe, sorted by id: every candidate
+// (running with an address, or in the rotation, on grace included).
+func (f *Fold) Targets() []Target {
+	out := make([]Target, 0, len(f.proxies))
+	for id, p := range f.proxies {
+		if p.addr != "" {
+			out = append(out, Target{ID: id, Addr: p.addr, Epoch: p.epoch})
+		}
+	}
+	slices.SortFunc(out, func(a, b Target) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// ProbeResult is the outcome of one probe of a Target.
+type ProbeResult struct {
+	ID    string
+	Epoch uint64
+	OK    bool
+	At    time.Time // when the probe started
+}
+
+// ApplyProbe folds one probe result in and reports whether the rotation
+// changed. A result for another epoch than the proxy's current one (its
+// address changed, it was deleted or stopped being a candidate), or older
+// than the last result applied, is ignored.
+func (f *Fold) ApplyProbe(r ProbeResult) (changed bool) {
+	f.stats.Probes++
+	p := f.proxies[r.ID]
+	if p == nil || p.addr == "" || p.epoch != r.Epoch || r.At.Before(p.lastProbe) {
+		f.stats.ProbesIgnored++
+		return false
+	}
+	p.lastProbe = r.At
+	if r.OK {
+		p.passes++
+		p.fails = 0
+		if !p.inRotation && f.Rise > 0 && p.passes >= f.Rise && p.state == messages.StateRunning && p.graceUntil.IsZero() {
+			at := r.At.UTC()
+			if now := f.now(); at.After(now) {
+				at = now.UTC()
+			}
+			f.enter(p, at)
+			changed = true
+		}
+	} else {
+		p.fails++
+		p.passes = 0
+		if p.inRotation && f.Fall > 0 && p.fails >= f.Fall {
+			changed = f.leave(p)
+			if p.state != messages.StateRunning {
+				// It fell while on grace: nothing to probe until
+				// it reports running again.
+				f.forget(p)
+			}
+		}
+	}
+	if changed {
+		f.stats.Changes++
+	}
+	return changed
+}
+
+// Seed puts id in the rotation at addr as a proxy that has already risen,
+// unless the fold knows id already. It is how a process that starts loads
+// the membership published before it (PROXY_ROTATION), so a restart never
+// empties the rotation: the proxy then follows its events as usual (a
+// running event at the same address confirms it, another address or a
+// failed, deleting or deleted takes it out, provisioning starts its grace)
+// and Fall failing probes take it out. It reports whether it was seeded.
+func (f *Fold) Seed(id, addr string, now time.Time) bool {
+	if id == "" || addr == "" || f.proxies[id] != nil {
+		return false
+	}
+	p := f.get(id)
+	p.seeded = true
+	f.candidate(p, addr)
+	p.passes = f.Rise
+	f.enter(p, now.UTC())
+	f.stats.Changes++
+	return true
+}
+
+// DropUnseen takes out the seeded proxies no event has confirmed: once the
+// events are caught up, a proxy they do not know is gone (its deleted
+// event aged out), whatever the bucket said. It reports whether the
+// rotation changed.
+func (f *Fold) DropUnseen() (changed bool) {
+	for id, p := range f.proxies {
+		if p.seeded {
+			f.leave(p)
+			delete(f.proxies, id)
+			changed = true
+		}
+	}
+	if changed {
+		f.stats.Changes++
+	}
+	return changed
+}
+
+// Adopt puts id back in the rotation as risen if the fold has it as a
+// running candidate at addr but not in the rotation: what a standby does
+// when it takes over, for the proxies the previous publisher had admitted
+// (it read them from PROXY_ROTATION) and its own probes have not yet
+// caught up with. Fall failing probes take it out again. It reports
+// whether the rotation changed.
+func (f *Fold) Adopt(id, addr string, now time.Time) bool {
+	p := f.proxies[id]
+	if p == nil || p.inRotation || p.addr != addr || p.state != messages.StateRunning || !p.graceUntil.IsZero() {
+		return false
+	}
+	p.passes, p.fails = max(p.passes, f.Rise), 0
+	f.enter(p, now.UTC())
+	f.stats.Changes++
+	return true
 }
 
 // Tick demotes the proxies whose grace has passed by now and reports
@@ -191,7 +395,8 @@ func (p *proxyState) demote() {
 func (f *Fold) Tick(now time.Time) (changed bool) {
 	for _, p := range f.proxies {
 		if p.inRotation && !p.graceUntil.IsZero() && !now.Before(p.graceUntil) {
-			p.demote()
+			f.leave(p)
+			f.forget(p)
 			changed = true
 		}
 	}
@@ -217,6 +422,12 @@ func (f *Fold) NextDeadline() (time.Time, bool) {
 func (f *Fold) InGrace(id string) bool {
 	p := f.proxies[id]
 	return p != nil && p.inRotation && !p.graceUntil.IsZero()
+}
+
+// InRotation reports whether id is in the rotation.
+func (f *Fold) InRotation(id string) bool {
+	p := f.proxies[id]
+	return p != nil && p.inRotation
 }
 
 // GraceLen is how many proxies in the rotation are on grace.

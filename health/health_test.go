@@ -279,10 +279,11 @@ func TestRotationFollowsEvents(t *testing.T) {
 	r := newRig(t)
 	h := r.start(health.Config{})
 
-	// Caught up on an empty stream: one empty snapshot, version 1.
+	// Caught up on an empty stream: one empty snapshot. Its version is
+	// the revision of the lease write that allowed it (a small number).
 	first := r.waitSnapshot(map[string]string{})
-	if first.V != 1 || first.Version != 1 || first.Proxies == nil {
-		t.Fatalf("first snapshot = %+v, want v1, version 1, proxies []", first)
+	if first.V != 1 || first.Version == 0 || first.Version > 10 || first.Proxies == nil {
+		t.Fatalf("first snapshot = %+v, want v1, a version from the lease, proxies []", first)
 	}
 	if code, body := get(t, "http://"+h.Addr()+"/healthz"); code != 200 || body != "ok\n" {
 		t.Fatalf("GET /healthz = %d %q", code, body)
@@ -539,6 +540,34 @@ func TestStartNeedsTheTopology(t *testing.T) {
 		t.Fatalf("Start without the bucket: %v, want an error naming %s", err, messages.BucketRotation)
 	}
 	h.Stop(ctx)
+
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: messages.BucketRotation}); err != nil {
+		t.Fatal(err)
+	}
+	h, err = health.New(js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = h.Start(ctx)
+	if err == nil || !strings.Contains(err.Error(), messages.BucketLeases) {
+		t.Fatalf("Start without the leases bucket: %v, want an error naming %s", err, messages.BucketLeases)
+	}
+	h.Stop(ctx)
+
+	// A lease longer than the bucket keeps its keys is refused.
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: messages.BucketLeases, TTL: 10 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	cfg.LeaseTTL = time.Minute
+	h, err = health.New(js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = h.Start(ctx)
+	if err == nil || !strings.Contains(err.Error(), "lease ttl") {
+		t.Fatalf("Start with a lease longer than the bucket's TTL: %v", err)
+	}
+	h.Stop(ctx)
 }
 
 func TestNotReadyBeforeCatchUp(t *testing.T) {
@@ -654,6 +683,9 @@ func TestCatchUpWithoutALastMessage(t *testing.T) {
 	}
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: messages.BucketRotation})
 	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: messages.BucketLeases}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := js.Publish(ctx, "proxy.other.x", []byte("{}")); err != nil {

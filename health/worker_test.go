@@ -86,8 +86,8 @@ func TestWithARealWorker(t *testing.T) {
 	r.waitSnapshot(want)
 	checkVersionsIncrease(t, r.snapshots())
 
-	// A health process started now sees the same. (Its snapshot versions
-	// start again from 1: one publisher at a time is still open.)
+	// A health process started now sees the same (it stands by: the
+	// first one holds the lease and publishes).
 	h2 := r.start(health.Config{})
 	if got := addrs(getRotation(t, h2).Proxies); len(got) != 1 || got["p2"] != want["p2"] {
 		t.Fatalf("late process rotation = %v, want %v", got, want)
