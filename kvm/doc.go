@@ -42,6 +42,43 @@
 // transfer-stall budget, the dedicated link is killed and the transfer fails
 // transient. A slow or stalled upload never costs the host's shared link.
 //
+// # The provider
+//
+// Provider (provider.go) implements worker.Provider for one host entry and
+// keeps no per-proxy state: a proxy is the domain pf-<id>, its overlay
+// pf-<id>-disk.qcow2 and its NoCloud seed pf-<id>-seed.iso, and the domain
+// carries a mark in its metadata (mark.go: owner, proxy id, command id,
+// spec hash, createdAt, host entry, image, labels). Get, Delete and List
+// read that mark back; a domain with our name and no mark of ours is never
+// touched (ErrNotOurs).
+//
+// Create finds a marked domain instead of defining another (and starts one
+// a crash left defined but never started), ensures the base image (below),
+// makes the overlay over it and uploads the seed, defines the domain (XML
+// built with libvirtxml, domain.go) and starts it; anything failing removes
+// what this create made. Test hooks (Hooks) stop a create at named points
+// as a crash would.
+//
+// Get maps the domain state to a proxy state and reads the address from
+// the guest agent, the DHCP lease and ARP, in that order, under the rule of
+// review finding H3: a source answering cleanly with nothing while others
+// error means "no address yet" (a booting guest); every source erroring, or
+// the link dying under the read, is an explicitly transient error
+// (ErrNoAddressSource, ErrLinkDead) that classification cannot turn
+// permanent.
+//
+// # The base image cache (H2, H4)
+//
+// image.go caches each image artifact (disk, kernel, initrd) once per host
+// ENTRY and digest (pf-base-<entry>-<digest16>.<fmt>): two entries naming
+// one libvirt host never share a volume. A cached volume is used only with
+// its completion mark, created after the uploaded length and sha256 were
+// verified. Uploads are single-flight across processes: creating the volume
+// is the lock, others wait for the mark, and an upload that stopped growing
+// is taken over. A failed upload's volume is discarded after its dedicated
+// connection is closed, and a source error reaches go-libvirt only as EOF
+// (eofReader), because a real error can wedge its stream sender.
+//
 // # Errors
 //
 // Every error leaving the package is classed for package fleet in one place
