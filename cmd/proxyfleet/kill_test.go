@@ -33,11 +33,19 @@ func buildBinary(t *testing.T) string {
 }
 
 type proc struct {
-	cmd *exec.Cmd
-	log string
+	cmd  *exec.Cmd
+	log  string
+	exit chan struct{} // closed when the process has ended and been reaped
 }
 
 func startProc(t *testing.T, bin, logPath string, args ...string) *proc {
+	t.Helper()
+	return startProcEnv(t, bin, logPath, nil, args...)
+}
+
+// startProcEnv starts bin with extra environment variables; the process
+// is SIGKILLed when the test ends.
+func startProcEnv(t *testing.T, bin, logPath string, env []string, args ...string) *proc {
 	t.Helper()
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -45,19 +53,29 @@ func startProc(t *testing.T, bin, logPath string, args ...string) *proc {
 	}
 	defer f.Close()
 	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{cmd: cmd, log: logPath}
+	p := &proc{cmd: cmd, log: logPath, exit: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.exit) }()
 	t.Cleanup(func() { p.kill() })
 	return p
 }
 
 func (p *proc) kill() {
-	if p.cmd.ProcessState == nil {
-		_ = p.cmd.Process.Signal(syscall.SIGKILL)
-		_ = p.cmd.Wait()
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.exit
+}
+
+// exited reports whether the process has ended.
+func (p *proc) exited() bool {
+	select {
+	case <-p.exit:
+		return true
+	default:
+		return false
 	}
 }
 
