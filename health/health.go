@@ -113,6 +113,7 @@ type Health struct {
 	version            uint64
 	snap               messages.Rotation
 	publishErrors      uint64
+	publishCount       uint64
 	publishErr         error  // of the last attempt to publish, nil if it worked
 	published          uint64 // version of the last snapshot published
 
@@ -501,6 +502,7 @@ type Metrics struct {
 	Exits           uint64 // proxies that left it
 	Events          uint64 // state events received
 	Ignored         uint64 // of which stale, duplicate or not understood
+	Published       uint64 // snapshots this process published
 	PublishErrors   uint64
 	CaughtUp        bool
 	Holder          bool   // this process holds the lease and publishes
@@ -564,6 +566,7 @@ func (h *Health) Metrics() Metrics {
 		Exits:             st.Exits,
 		Events:            st.Events + h.undecodable,
 		Ignored:           st.Ignored + h.undecodable,
+		Published:         h.publishCount,
 		PublishErrors:     h.publishErrors,
 		CaughtUp:          h.caughtUp,
 		Holder:            h.holder,
@@ -931,6 +934,7 @@ func (h *Health) publish(ctx context.Context) error {
 	h.mu.Lock()
 	h.pubGen = gen
 	h.published = version
+	h.publishCount++
 	h.version = max(h.version, version)
 	if h.gen == gen {
 		h.snap.Version = version

@@ -97,6 +97,12 @@ func (w testWriter) Write(p []byte) (int, error) {
 // start runs a health process until the test ends and waits for its catch-up.
 func (r *rig) start(cfg health.Config) *health.Health {
 	r.t.Helper()
+	return r.startWith(r.js, cfg)
+}
+
+// startWith is start on the given JetStream context (its own connection).
+func (r *rig) startWith(js jetstream.JetStream, cfg health.Config) *health.Health {
+	r.t.Helper()
 	cfg.Subjects = subj
 	if cfg.HTTPAddr == "" {
 		cfg.HTTPAddr = "127.0.0.1:0"
@@ -110,7 +116,7 @@ func (r *rig) start(cfg health.Config) *health.Health {
 	if cfg.RetryInterval == 0 {
 		cfg.RetryInterval = 50 * time.Millisecond
 	}
-	h, err := health.New(r.js, cfg)
+	h, err := health.New(js, cfg)
 	if err != nil {
 		r.t.Fatal(err)
 	}

@@ -1,0 +1,326 @@
+package health_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/health"
+	"proxyfleet/messages"
+)
+
+// fakeProber passes or fails each address as the test says (default:
+// pass) and counts its probes. No network.
+type fakeProber struct {
+	mu     sync.Mutex
+	fail   map[string]bool
+	probes map[string]int
+}
+
+func newFakeProber() *fakeProber {
+	return &fakeProber{fail: map[string]bool{}, probes: map[string]int{}}
+}
+
+func (f *fakeProber) Probe(_ context.Context, addr string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.probes[addr]++
+	if f.fail[addr] {
+		return fmt.Errorf("%s: connection refused", addr)
+	}
+	return nil
+}
+
+func (f *fakeProber) set(addr string, fail bool) {
+	f.mu.Lock()
+	f.fail[addr] = fail
+	f.mu.Unlock()
+}
+
+func (f *fakeProber) count(addr string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.probes[addr]
+}
+
+// fastProbing is a config that probes every 20ms, with a 1s lease.
+func fastProbing(p health.Prober) health.Config {
+	return health.Config{
+		Prober: p, Interval: 20 * time.Millisecond, Timeout: 15 * time.Millisecond,
+		Rise: 2, Fall: 3, LeaseTTL: time.Second,
+	}
+}
+
+// bucketWatch records every change of PROXY_ROTATION.
+type bucketWatch struct {
+	mu      sync.Mutex
+	deletes []string
+	puts    []string
+}
+
+func (r *rig) watchBucket() *bucketWatch {
+	r.t.Helper()
+	w, err := r.kv.WatchAll(context.Background(), jetstream.UpdatesOnly())
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	bw := &bucketWatch{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for e := range w.Updates() {
+			if e == nil {
+				continue
+			}
+			bw.mu.Lock()
+			if e.Operation() == jetstream.KeyValuePut {
+				bw.puts = append(bw.puts, e.Key())
+			} else {
+				bw.deletes = append(bw.deletes, e.Key())
+			}
+			bw.mu.Unlock()
+		}
+	}()
+	r.t.Cleanup(func() { w.Stop(); <-done })
+	return bw
+}
+
+func (bw *bucketWatch) deleted() []string {
+	bw.mu.Lock()
+	defer bw.mu.Unlock()
+	return append([]string(nil), bw.deletes...)
+}
+
+// runningAt is a running event at addr ("ip:port").
+func runningAt(id string, seq uint64, ip string, port int) messages.StateEvent {
+	e := event(id, seq, messages.StateRunning, ip)
+	e.Port = port
+	return e
+}
+
+// A health process that probes through a real forward proxy into its own
+// probe target: a proxy enters after rise passing probes, leaves after
+// fall failing ones and comes back; a proxy that answers the wrong thing,
+// or an address where nothing listens, never enters.
+func TestProbingThroughARealProxy(t *testing.T) {
+	r := newRig(t)
+	good := startProxy(t)
+	captive := startProxy(t)
+	captive.captive = "<html>sign in to the wifi</html>"
+	deadProxy := startProxy(t)
+	deadProxy.stop()
+	dead := deadProxy.addr
+	h := r.start(health.Config{
+		ProbeListen: "127.0.0.1:0", Interval: 50 * time.Millisecond, Timeout: 40 * time.Millisecond,
+		Rise: 2, Fall: 3, LeaseTTL: time.Second,
+	})
+	if h.ProbeAddr() == "" {
+		t.Fatal("no probe target served")
+	}
+	deadIP, deadPort := splitAddr(t, dead)
+	r.publish(
+		runningAt("good", 2, good.ip(), good.port()),
+		runningAt("captive", 2, captive.ip(), captive.port()),
+		runningAt("dead", 2, deadIP, deadPort),
+	)
+	want := map[string]string{"good": good.addr}
+	r.waitBucket(want)
+	r.waitSnapshot(want)
+	m := h.Metrics()
+	if m.Probes[health.ResultOK] < 2 || m.Probes[health.ResultBody] == 0 || m.Probes[health.ResultError] == 0 {
+		t.Fatalf("probe outcomes %v", m.Probes)
+	}
+	if good.requests.Load() < 2 {
+		t.Fatalf("the proxy forwarded %d probes", good.requests.Load())
+	}
+	// More rounds: the others still never enter.
+	n := good.requests.Load()
+	waitFor(t, "three more rounds", func() bool { return good.requests.Load() >= n+3 })
+	if got := r.bucket(); len(got) != 1 {
+		t.Fatalf("bucket %v, want only the good proxy", got)
+	}
+
+	// The proxy stops: out after fall failures. It restarts: back.
+	good.stop()
+	r.waitBucket(map[string]string{})
+	r.waitSnapshot(map[string]string{})
+	good.restart()
+	r.waitBucket(want)
+	r.waitSnapshot(want)
+	m = h.Metrics()
+	if m.Entries != 2 || m.Exits != 1 || !m.Holder || !m.Probing || m.Targets != 3 {
+		t.Fatalf("metrics %+v", m)
+	}
+	checkVersionsIncrease(t, r.snapshots())
+
+	code, body := get(t, "http://"+h.Addr()+"/metrics")
+	for _, line := range []string{
+		"proxyfleet_rotation_size 1",
+		"proxyfleet_health_lease_holder 1",
+		"proxyfleet_rotation_entries_total 2",
+		"proxyfleet_rotation_exits_total 1",
+		`proxyfleet_probes_total{result="ok"}`,
+		`proxyfleet_probes_total{result="body"}`,
+		`proxyfleet_probe_duration_seconds_bucket{le="+Inf"}`,
+		"proxyfleet_probe_duration_seconds_count",
+	} {
+		if code != 200 || !containsLine(body, line) {
+			t.Errorf("metrics lack %q:\n%s", line, body)
+		}
+	}
+}
+
+func containsLine(body, prefix string) bool {
+	for _, l := range strings.Split(body, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+func splitAddr(t *testing.T, addr string) (string, int) {
+	t.Helper()
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return host, n
+}
+
+// Rise then fall, with a prober that says what the test wants.
+func TestRiseThenFall(t *testing.T) {
+	r := newRig(t)
+	p := newFakeProber()
+	h := r.start(fastProbing(p))
+	p.set("10.0.0.1:3128", true)
+	r.publish(event("p1", 2, messages.StateRunning, "10.0.0.1"), event("p2", 2, messages.StateRunning, "10.0.0.2"))
+	want := map[string]string{"p2": "10.0.0.2:3128"}
+	r.waitBucket(want)
+	waitFor(t, "p1 probed a few times", func() bool { return p.count("10.0.0.1:3128") >= 5 })
+	if got := r.bucket(); len(got) != 1 {
+		t.Fatalf("a failing proxy entered: %v", got)
+	}
+	p.set("10.0.0.1:3128", false)
+	want["p1"] = "10.0.0.1:3128"
+	r.waitBucket(want)
+	p.set("10.0.0.2:3128", true)
+	delete(want, "p2")
+	r.waitBucket(want)
+	r.waitSnapshot(want)
+	checkVersionsIncrease(t, r.snapshots())
+	if m := h.Metrics(); m.Entries != 2 || m.Exits != 1 {
+		t.Fatalf("metrics %+v", m)
+	}
+}
+
+// Two processes: the lease holder publishes, the other stands by (folds,
+// probes, serves) and publishes nothing. The holder is killed (its
+// connection dies; the lease is not released) or stopped (the lease is
+// released): the other takes over. A watcher of the bucket and the
+// subject sees no passing proxy removed and no version going back.
+func TestTakeover(t *testing.T) {
+	for _, kill := range []bool{true, false} {
+		name := "stop"
+		if kill {
+			name = "kill"
+		}
+		t.Run(name, func(t *testing.T) {
+			r := newRig(t)
+			p := newFakeProber()
+			watch := r.watchBucket()
+			nc1, js1 := r.srv.Connect(t)
+			_, js2 := r.srv.Connect(t)
+			h1 := r.startWith(js1, fastProbing(p))
+			waitFor(t, "the first process to hold the lease", h1.Holder)
+			h2 := r.startWith(js2, fastProbing(p))
+
+			want := map[string]string{}
+			for i := range 5 {
+				ip := fmt.Sprintf("10.0.0.%d", i+1)
+				r.publish(event(fmt.Sprintf("p%d", i), 2, messages.StateRunning, ip))
+				want[fmt.Sprintf("p%d", i)] = ip + ":3128"
+			}
+			r.waitBucket(want)
+			r.waitSnapshot(want)
+			waitFor(t, "the standby to see the same", func() bool {
+				rot, _ := h2.Rotation()
+				return len(rot.Proxies) == len(want)
+			})
+			time.Sleep(300 * time.Millisecond) // a few renewals
+			if h2.Holder() || h2.Metrics().Published != 0 || h2.Metrics().Takeovers != 0 {
+				t.Fatalf("the standby published: %+v", h2.Metrics())
+			}
+			if code, _ := get(t, "http://"+h2.Addr()+"/healthz"); code != 200 {
+				t.Fatalf("standby /healthz = %d", code)
+			}
+			if p.count("10.0.0.1:3128") == 0 {
+				t.Fatal("nobody probes")
+			}
+			lastH1 := h1.Metrics().RotationVersion
+
+			start := time.Now()
+			if kill {
+				nc1.Close() // the process dies: nothing is released
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			h1.Stop(ctx)
+			cancel()
+			waitFor(t, "the standby to take over", h2.Holder)
+			took := time.Since(start)
+			if kill && took < 900*time.Millisecond {
+				t.Fatalf("took over after %v, before the lease's TTL", took)
+			}
+			if !kill && took > 900*time.Millisecond {
+				t.Fatalf("took over after %v: a released lease should be taken at once", took)
+			}
+			// The new holder publishes, from a version above the old one's.
+			r.publish(event("p9", 2, messages.StateRunning, "10.0.0.9"))
+			want["p9"] = "10.0.0.9:3128"
+			r.waitBucket(want)
+			snap := r.waitSnapshot(want)
+			if snap.Version <= lastH1 {
+				t.Fatalf("new holder's version %d, old holder's %d", snap.Version, lastH1)
+			}
+			checkVersionsIncrease(t, r.snapshots())
+			checkNeverRemoved(t, r.snapshots(), want)
+			if d := watch.deleted(); len(d) != 0 {
+				t.Fatalf("keys deleted from %s: %v", messages.BucketRotation, d)
+			}
+			m := h2.Metrics()
+			if m.Published == 0 || m.Takeovers != 1 {
+				t.Fatalf("new holder metrics %+v", m)
+			}
+		})
+	}
+}
+
+// checkNeverRemoved fails if a proxy of want, once in a snapshot, is
+// missing from a later one.
+func checkNeverRemoved(t *testing.T, snaps []messages.Rotation, want map[string]string) {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, s := range snaps {
+		in := map[string]bool{}
+		for _, e := range s.Proxies {
+			in[e.ID] = true
+		}
+		for id := range want {
+			if seen[id] && !in[id] {
+				t.Fatalf("snapshot version %d lacks %s, which was in before", s.Version, id)
+			}
+			seen[id] = seen[id] || in[id]
+		}
+	}
+}

@@ -1,0 +1,111 @@
+package health_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"proxyfleet/health"
+)
+
+// The HTTP prober goes through a real forward proxy to a real target and
+// checks the nonce it sent comes back.
+func TestHTTPProberThroughAProxy(t *testing.T) {
+	target := httptest.NewServer(health.ProbeHandler())
+	defer target.Close()
+	proxy := startProxy(t)
+	p, err := health.NewHTTPProber(target.URL+health.ProbePath, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	probe := func(addr string) error {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		return p.Probe(ctx, addr)
+	}
+	if err := probe(proxy.addr); err != nil {
+		t.Fatalf("probe through a working proxy: %v", err)
+	}
+	if proxy.requests.Load() != 1 {
+		t.Fatalf("the proxy forwarded %d requests, want 1", proxy.requests.Load())
+	}
+
+	// A proxy answering its own page (a captive portal) fails: the body
+	// lacks the nonce.
+	proxy.captive = "welcome to the hotel wifi"
+	var pe *health.ProbeError
+	if err := probe(proxy.addr); !errors.As(err, &pe) || pe.Result != health.ResultBody {
+		t.Fatalf("probe through a captive proxy: %v, want a body error", err)
+	}
+	proxy.captive = ""
+
+	// A proxy whose target answers something else fails on the status.
+	notFound := httptest.NewServer(http.NotFoundHandler())
+	defer notFound.Close()
+	p404, _ := health.NewHTTPProber(notFound.URL+"/probe", "")
+	if err := p404.Probe(ctx, proxy.addr); !errors.As(err, &pe) || pe.Result != health.ResultStatus {
+		t.Fatalf("probe of a 404 target: %v, want a status error", err)
+	}
+
+	// A proxy that is down fails.
+	proxy.stop()
+	if err := probe(proxy.addr); err == nil {
+		t.Fatal("probe through a stopped proxy passed")
+	}
+
+	// A proxy that accepts and never answers fails by the probe's deadline,
+	// not a bare TCP connect: a listener that accepts is not a proxy.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	start := time.Now()
+	sctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	err = p.Probe(sctx, ln.Addr().String())
+	cancel()
+	if err == nil || time.Since(start) > 2*time.Second {
+		t.Fatalf("probe of a silent listener: %v after %v", err, time.Since(start))
+	}
+
+	// An expected value instead of the nonce.
+	pe2, _ := health.NewHTTPProber(target.URL+health.ProbePath, "not-there")
+	proxy.restart()
+	if err := pe2.Probe(ctx, proxy.addr); !errors.As(err, &pe) || pe.Result != health.ResultBody {
+		t.Fatalf("probe expecting another value: %v", err)
+	}
+}
+
+func TestNewHTTPProberChecksTheTarget(t *testing.T) {
+	for _, bad := range []string{"", "ftp://x/", "http://", "not a url", "198.18.0.1:80"} {
+		if _, err := health.NewHTTPProber(bad, ""); err == nil {
+			t.Errorf("NewHTTPProber(%q) accepted", bad)
+		}
+	}
+}
+
+func TestProbeHandler(t *testing.T) {
+	s := httptest.NewServer(health.ProbeHandler())
+	defer s.Close()
+	for q, want := range map[string]int{"?nonce=abc-_1": 200, "": 400, "?nonce=" + strings.Repeat("a", 129): 400, "?nonce=a%20b": 400} {
+		code, body := get(t, s.URL+health.ProbePath+q)
+		if code != want || (code == 200 && body != "abc-_1\n") {
+			t.Errorf("GET /probe%s = %d %q", q, code, body)
+		}
+	}
+}
