@@ -324,3 +324,99 @@ func checkNeverRemoved(t *testing.T, snaps []messages.Rotation, want map[string]
 		}
 	}
 }
+
+// A process that restarts loads the rotation from PROXY_ROTATION and keeps
+// it while it probes again, so a restart never empties the rotation; then
+// probes decide. Its versions continue above the ones published before.
+func TestRestartLoadsTheRotation(t *testing.T) {
+	r := newRig(t)
+	p := newFakeProber()
+	_, js1 := r.srv.Connect(t)
+	h1 := r.startWith(js1, fastProbing(p))
+	want := map[string]string{}
+	for i := range 3 {
+		ip := fmt.Sprintf("10.0.0.%d", i+1)
+		r.publish(event(fmt.Sprintf("p%d", i), 2, messages.StateRunning, ip))
+		want[fmt.Sprintf("p%d", i)] = ip + ":3128"
+	}
+	r.waitBucket(want)
+	last := r.waitSnapshot(want).Version
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	h1.Stop(ctx)
+	cancel()
+
+	// p1 stopped answering while no process ran.
+	p.set("10.0.0.2:3128", true)
+	watch := r.watchBucket()
+	cfg := fastProbing(p)
+	cfg.Interval, cfg.Timeout = 100*time.Millisecond, 50*time.Millisecond
+	h2 := r.start(cfg)
+	rot, ok := h2.Rotation()
+	if got := addrs(rot.Proxies); !ok || len(got) != 3 {
+		t.Fatalf("rotation right after the restart = %v, want the 3 loaded from the bucket", got)
+	}
+	delete(want, "p1")
+	r.waitBucket(want)
+	snaps := r.snapshots()
+	var after []messages.Rotation
+	for _, s := range snaps {
+		if s.Version > last {
+			after = append(after, s)
+		}
+	}
+	if len(after) == 0 || len(after[0].Proxies) != 3 {
+		t.Fatalf("first snapshot after the restart: %+v (versions before it up to %d)", after, last)
+	}
+	checkVersionsIncrease(t, snaps)
+	if d := watch.deleted(); len(d) != 1 || d[0] != "p1" {
+		t.Fatalf("deleted from the bucket: %v, want only p1", d)
+	}
+	if m := h2.Metrics(); m.Entries != 3 || m.Exits != 1 {
+		t.Fatalf("metrics %+v", m)
+	}
+}
+
+// A holder whose lease was taken (here: written by another holder) stops
+// publishing at its next renewal, and takes the lease back once the other
+// stops renewing it for the TTL.
+func TestLostLeaseStopsPublishing(t *testing.T) {
+	r := newRig(t)
+	p := newFakeProber()
+	h := r.start(fastProbing(p))
+	waitFor(t, "the lease", h.Holder)
+	leases, err := r.js.KeyValue(context.Background(), messages.BucketLeases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { // another holder, renewing every 100ms
+		defer close(done)
+		for {
+			leases.PutString(context.Background(), health.LeaseKey, `{"holder":"other","ttl":"1s","version":1000000}`)
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	waitFor(t, "the lease to be lost", func() bool { return !h.Holder() })
+	n := h.Metrics().Published
+	r.publish(event("p1", 2, messages.StateRunning, "10.0.0.1"))
+	waitFor(t, "p1 to enter the fold", func() bool { rot, _ := h.Rotation(); return len(rot.Proxies) == 1 })
+	time.Sleep(200 * time.Millisecond)
+	if m := h.Metrics(); m.Published != n || len(r.bucket()) != 0 {
+		t.Fatalf("published while standing by: %+v, bucket %v", m, r.bucket())
+	}
+	close(stop)
+	<-done
+	r.waitBucket(map[string]string{"p1": "10.0.0.1:3128"})
+	// It continues above the version the other holder wrote.
+	if s := r.waitSnapshot(map[string]string{"p1": "10.0.0.1:3128"}); s.Version <= 1000000 {
+		t.Fatalf("version %d after the other holder's 1000000", s.Version)
+	}
+	if !h.Holder() || h.Metrics().Takeovers != 2 {
+		t.Fatalf("metrics %+v", h.Metrics())
+	}
+}
