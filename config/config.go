@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -158,7 +159,21 @@ type Health struct {
 	Rise     int           `yaml:"rise"`
 	Fall     int           `yaml:"fall"`
 	Grace    time.Duration `yaml:"grace"`
-	Target   string        `yaml:"target"`
+	// Target is the URL probed through each proxy; the answer must hold
+	// the nonce the probe adds, or Expect if set. Empty: the health
+	// process's own /probe on ProbeListen.
+	Target string `yaml:"target"`
+	Expect string `yaml:"expect"`
+	// ProbeListen is where the health process serves /probe, on an
+	// address the guests can reach (e.g. 198.18.0.1:0). With neither it
+	// nor Target, nothing is probed: a running event alone puts a proxy
+	// in the rotation.
+	ProbeListen string `yaml:"probe_listen"`
+	// Concurrency bounds the probes in flight.
+	Concurrency int `yaml:"concurrency"`
+	// LeaseTTL is how long the publisher's lease lasts without renewal
+	// (at most PROXY_LEASES's TTL, 1m).
+	LeaseTTL time.Duration `yaml:"lease_ttl"`
 }
 
 // Load reads, defaults and validates the file at path.
@@ -283,6 +298,10 @@ func (c *Config) SetDefaults() {
 		hl.Fall = 3
 	}
 	setDur(&hl.Grace, 30*time.Second)
+	if hl.Concurrency == 0 {
+		hl.Concurrency = 64
+	}
+	setDur(&hl.LeaseTTL, 15*time.Second)
 }
 
 func setDur(d *time.Duration, def time.Duration) {
@@ -333,6 +352,7 @@ func (c *Config) Validate() error {
 		{"health.interval", c.Health.Interval},
 		{"health.timeout", c.Health.Timeout},
 		{"health.grace", c.Health.Grace},
+		{"health.lease_ttl", c.Health.LeaseTTL},
 	} {
 		if d.v < 0 {
 			return bad(d.f, "negative duration %s", d.v)
@@ -432,6 +452,26 @@ func (c *Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.Health.HTTP); err != nil {
 		return bad("health.http", "%v", err)
+	}
+	if c.Health.Concurrency < 1 || c.Health.Concurrency > 4096 {
+		return bad("health.concurrency", "%d is out of range [1, 4096]", c.Health.Concurrency)
+	}
+	if c.Health.LeaseTTL > time.Minute {
+		return bad("health.lease_ttl", "%s is longer than the PROXY_LEASES bucket's TTL 1m", c.Health.LeaseTTL)
+	}
+	if t := c.Health.Target; t != "" {
+		if u, err := url.Parse(t); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return bad("health.target", "%q: want http(s)://host[:port]/path", t)
+		}
+	}
+	if l := c.Health.ProbeListen; l != "" {
+		host, _, err := net.SplitHostPort(l)
+		if err != nil {
+			return bad("health.probe_listen", "%v", err)
+		}
+		if ip := net.ParseIP(host); c.Health.Target == "" && (ip == nil || ip.IsUnspecified()) {
+			return bad("health.probe_listen", "%q: with no health.target, an IP the guests can reach (not a name or a wildcard)", l)
+		}
 	}
 	return nil
 }

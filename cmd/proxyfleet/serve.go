@@ -95,6 +95,16 @@ func startHealth(ctx context.Context, nc *nats.Conn, c *config.Config, log *slog
 		HTTPAddr: c.Health.HTTP,
 		Logger:   log,
 		Grace:    c.Health.Grace,
+
+		Target:      c.Health.Target,
+		Expect:      c.Health.Expect,
+		ProbeListen: c.Health.ProbeListen,
+		Interval:    c.Health.Interval,
+		Timeout:     c.Health.Timeout,
+		Rise:        c.Health.Rise,
+		Fall:        c.Health.Fall,
+		Concurrency: c.Health.Concurrency,
+		LeaseTTL:    c.Health.LeaseTTL,
 	})
 	if err != nil {
 		return nil, err
