@@ -1,24 +1,110 @@
 // Package health is proxyfleet's health consumer: it folds the proxies'
-// state events into the rotation, the set of proxies clients may use right
-// now, and publishes it.
+// state events and its own probes of them into the rotation, the set of
+// proxies clients may use right now, and publishes it.
 //
 // # The fold
 //
-// Fold is the rotation as a pure function of the events seen so far: no
-// NATS, no HTTP, no goroutines, and the time only through an injected
-// clock. Each proxy keeps its last event's seq; an event at or below it is
-// ignored, so duplicates, redeliveries and late arrivals change nothing,
-// and a deleted proxy's seq stays as a tombstone. running with an address
-// enters (or moves) a proxy; failed, deleting and deleted take it out;
-// provisioning without an address (a restarted guest agent) keeps its last
-// address and place for a grace period, after which Tick demotes it.
+// Fold is the rotation as a pure function of the events and probe results
+// seen so far: no NATS, no HTTP, no goroutines, and the time only through
+// an injected clock and the times given to it. Each proxy keeps its last
+// event's seq; an event at or below it is ignored, so duplicates,
+// redeliveries and late arrivals change nothing, and a deleted proxy's seq
+// stays as a tombstone. running with an address makes a proxy a candidate
+// at that address; it enters the rotation after Rise passing probes in a
+// row and leaves after Fall failing ones (and, still running, keeps being
+// probed so it can come back). failed, deleting and deleted take it out at
+// once and forget its counters; provisioning without an address (a
+// restarted guest agent, the open half of H3) keeps its last address and
+// place for a grace period, probed at that address meanwhile, after which
+// Tick demotes it. Probe results are inputs like events (ApplyProbe): each
+// carries the epoch of the candidate it was taken for, so a result that
+// arrives after a delete or an address change is ignored, and one proxy's
+// timeouts only ever count against that proxy.
 //
 // Keeping the fold pure is what makes it cheap to trust: every rule is a
-// table-driven test over plain values, with no server and no sleeps; every
-// health process that reads the same events computes the same rotation, so
-// a standby can take over publishing without a hand-over; and the I/O
-// around it (the consumer, the bucket, the snapshots, HTTP) is a thin,
-// replaceable shell that only moves events in and snapshots out.
+// test over plain values, with no server and no sleeps; every health
+// process that reads the same events computes nearly the same rotation
+// (probes taken from elsewhere may differ), so a standby can take over
+// publishing without a hand-over; and the I/O around it (the consumer, the
+// prober, the lease, the bucket, the snapshots, HTTP) is a thin shell that
+// moves events and results in and snapshots out.
+//
+// # Probing
+//
+// A Prober checks one proxy; the fold never sees the network, and tests
+// give it a fake. HTTPProber sends a request through the proxy as an HTTP
+// forward proxy (a GET with an absolute URI, or CONNECT for an https
+// target) to the configured target, with a fresh random nonce in the
+// query, and passes only on a 200 whose body holds the nonce (or the
+// configured expected value): a proxy answering from a cache, a captive
+// page or an error page fails, and so does a port that merely accepts
+// connections. By default the target is the health process's own
+// GET /probe?nonce=N (which answers N), served on ProbeListen, an address
+// the guests can reach; an operator may point Target elsewhere (another
+// health process's /probe, or any page with Expect). Without a prober,
+// target or probe address, nothing is probed and a running event alone
+// puts a proxy in the rotation (the sim driver's proxies cannot be
+// probed); this is logged as a warning and shown by
+// proxyfleet_health_probing 0.
+//
+// Probing goes in rounds, one per Interval: every candidate once, at most
+// Concurrency probes at a time (so thousands of proxies never mean
+// thousands of sockets; connections are not kept alive), each bounded by
+// Timeout, a panic recovered and counted as a failure. Rounds never
+// overlap, so a proxy has at most one probe in flight; a round longer than
+// the interval delays the next one rather than failing anyone.
+//
+// # One publisher at a time
+//
+// Every health process consumes and folds; only the holder of a lease in
+// the KV bucket PROXY_LEASES (key LeaseKey) writes PROXY_ROTATION and
+// publishes <prefix>.rotation. Two publishers would interleave puts and
+// deletes of the bucket from slightly different folds, and their versions
+// would mean nothing. The lease is taken with Create, renewed every third
+// of LeaseTTL with compare-and-set on its revision, and released (deleted
+// at its revision) on Stop. The bucket's own TTL (1m, set by the
+// worker's topology) only clears a lease nobody renews; expiry is read
+// from the lease itself: a standby that sees the same revision for the
+// TTL the holder wrote in the value, by the standby's own clock (so clocks
+// need not agree), takes it over with compare-and-set. Per-key TTLs
+// (jetstream.KeyTTL) would need LimitMarkerTTL on the bucket, which it
+// does not have. Before each publish the holder renews the lease once
+// more: a holder that lost it learns so before writing, and every request
+// of the publish must end before the lease's validity (the time the
+// renewal was sent, plus the TTL less a tenth), so a holder that was
+// paused stops writing before a standby can take over.
+//
+// Standbys probe too. The alternative, sparing the proxies half the
+// probes, leaves a standby with no counters when it takes over: it would
+// have to publish a rotation it has not checked, or empty it while it
+// rises. A probe is one small request per proxy per interval per process,
+// and a hot standby's rotation (served on its /rotation) is ready at once.
+// When it takes over it also adopts the proxies of PROXY_ROTATION that it
+// has as running at the same address but not yet risen, so a takeover
+// removes no passing proxy; Fall failures take out any that do not pass.
+//
+// # Versions
+//
+// A snapshot's version is the revision (the stream sequence) of the lease
+// write that allowed its publish, or one more than the last version the
+// lease's value records if that is higher. Stream sequences only grow, in
+// one process, across processes, across takeovers (the new holder's
+// writes come after the old one's) and across restarts, even after the
+// lease key has aged out of the bucket: so versions never go back, and
+// need no store of their own. They skip (renewals use revisions too);
+// published versions strictly grow, which is all a client may rely on.
+// The value also records the last version published, for a standby's
+// /rotation and as a floor should the bucket ever be created anew.
+//
+// # Starting from what is published
+//
+// At start, before consuming, the process loads PROXY_ROTATION into the
+// fold as proxies that have already risen (Seed): a restart never empties
+// the rotation while the process probes again. Events then apply as usual:
+// a running event at the same address confirms a loaded proxy; another
+// address, or failed, deleting, deleted, takes it out; provisioning starts
+// its grace. Once caught up, loaded proxies no event spoke of are dropped
+// (their deleted event aged out). From then on probes decide.
 //
 // # The consumer
 //
@@ -27,19 +113,25 @@
 // <prefix>.state.>), so a process that starts late rebuilds the whole
 // picture, then follows new events. It publishes nothing until it has
 // caught up with what the stream held when it started (a partial picture
-// would look like proxies leaving); then it reconciles the bucket
-// PROXY_ROTATION with the fold (puts what differs, deletes keys of proxies
-// not in the rotation), publishes a snapshot on <prefix>.rotation and, from
-// then on, does both on every change. The version grows by one on every
-// change; when publishing falls behind, only the latest snapshot is sent, so
-// published versions strictly grow but may skip. A failed publish is retried
-// after reading the bucket again. It serves GET /rotation (503 until caught
-// up), /healthz (503 until caught up or while publishing fails) and /metrics.
+// would look like proxies leaving); then, if it holds the lease, it
+// reconciles PROXY_ROTATION with the fold (puts what differs, deletes keys
+// of proxies not in the rotation), publishes a snapshot on
+// <prefix>.rotation and, from then on, does both on every change. When
+// publishing falls behind, only the latest snapshot is sent. A failed
+// publish is retried after reading the bucket again. It serves
+// GET /rotation (503 until caught up; this process's fold, whose version
+// is the last one it knows was published; header X-Proxyfleet-Lease says
+// holder or standby), /healthz (503 until caught up, or while publishing
+// or reading the lease fails), /metrics (rotation size, churn, probe
+// outcomes by result, a probe latency histogram, the lease holder flag)
+// and /probe.
 //
 // Events are decoded leniently about unknown fields (a newer worker may add
 // some) and strictly about the version and the id against the subject's.
 //
-// Open in this first cut: one publisher at a time (a lease in PROXY_LEASES;
-// today every health process publishes), snapshot versions across restarts
-// (kept in memory, so a new process starts again from 1) and probing.
+// Left open: a probe is not spread over the interval (a round starts all
+// at once, bounded by Concurrency); a request in flight when a paused
+// holder's validity ends may still land (the margin is a tenth of the
+// TTL); a bucket deleted and created anew with the lease key gone restarts
+// the revisions, and versions with them.
 package health
