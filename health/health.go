@@ -33,7 +33,8 @@ type Config struct {
 	// NoHTTP: none.
 	HTTPAddr string
 	Logger   *slog.Logger
-	// Now is the clock of the fold (grace) and of the snapshots' time.
+	// Now is the clock of the fold (grace, probe times), of the
+	// snapshots' time and of the lease's validity and expiry.
 	Now func() time.Time
 	// Grace is how long a proxy keeps its place after reporting
 	// provisioning without an address. Zero demotes it at once.

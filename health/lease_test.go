@@ -279,7 +279,8 @@ func TestTakeover(t *testing.T) {
 			cancel()
 			waitFor(t, "the standby to take over", h2.Holder)
 			took := time.Since(start)
-			if kill && took < 900*time.Millisecond {
+			// The last renewal came at most a third of the TTL before the kill.
+			if kill && took < 600*time.Millisecond {
 				t.Fatalf("took over after %v, before the lease's TTL", took)
 			}
 			if !kill && took > 900*time.Millisecond {
