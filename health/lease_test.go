@@ -421,3 +421,33 @@ func TestLostLeaseStopsPublishing(t *testing.T) {
 		t.Fatalf("metrics %+v", h.Metrics())
 	}
 }
+
+// With probing, a proxy whose guest agent restarts (provisioning, no IP)
+// keeps its place for the grace and is probed at its last address
+// meanwhile; then it is demoted and no longer probed. Another proxy's
+// failures never move it.
+func TestGraceWithProbing(t *testing.T) {
+	r := newRig(t)
+	p := newFakeProber()
+	cfg := fastProbing(p)
+	cfg.Grace = 700 * time.Millisecond
+	h := r.start(cfg)
+	r.publish(event("p1", 2, messages.StateRunning, "10.0.0.1"), event("p2", 2, messages.StateRunning, "10.0.0.2"))
+	both := map[string]string{"p1": "10.0.0.1:3128", "p2": "10.0.0.2:3128"}
+	r.waitBucket(both)
+	r.publishFolded(h, event("p1", 3, messages.StateProvisioning, ""))
+	p.set("10.0.0.2:3128", true) // p2 fails meanwhile: only p2 leaves
+	r.waitBucket(map[string]string{"p1": "10.0.0.1:3128"})
+	n := p.count("10.0.0.1:3128")
+	waitFor(t, "p1 probed during its grace", func() bool { return p.count("10.0.0.1:3128") >= n+3 })
+	if !h.Metrics().CaughtUp || h.Metrics().InGrace != 1 {
+		t.Fatalf("metrics %+v", h.Metrics())
+	}
+	r.waitBucket(map[string]string{})
+	time.Sleep(100 * time.Millisecond)
+	n = p.count("10.0.0.1:3128")
+	time.Sleep(200 * time.Millisecond)
+	if p.count("10.0.0.1:3128") != n {
+		t.Fatal("p1 still probed after its grace without a running event")
+	}
+}
