@@ -9,15 +9,18 @@ STATICCHECK_VERSION := v0.8.2
 TEST_PKGS ?= ./...
 TEST_TIMEOUT ?= 40m
 
-.PHONY: help build run test test-unit lint bench clean fuzz
+.PHONY: help build run run-sim test test-unit lint bench clean fuzz
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 build: ## build bin/proxyfleet
 	$(GO) build -o $(BIN) ./cmd/proxyfleet
 
-run: build ## start `proxyfleet serve` (embedded NATS, two sim hosts) in the foreground
+run: build testhost ## set up the test host, then `proxyfleet serve` against it (embedded NATS) in the foreground
 	@bash deploy/run.sh
+
+run-sim: build ## `proxyfleet serve` with two simulated hosts (no VMs) in the foreground
+	@bash deploy/run-sim.sh
 
 test: testhost ## set up the test host, then run every test with -race (fails on any skip)
 	@bash deploy/gotest.sh $(TEST_PKGS)
@@ -38,6 +41,6 @@ fuzz: ## fuzz the command decoder for 30s
 	$(GO) test -run XXX -fuzz FuzzDecodeCommand -fuzztime 30s ./messages/
 
 clean: ## remove build output and the make-run state
-	rm -rf bin $(RUN_DIR)
+	rm -rf bin $(RUN_DIR) .run-sim
 
 include deploy/testhost/testhost.mk

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # make run: proxyfleet serve with the embedded NATS server and two simulated
-# hosts, in the foreground. State lives under .run/ (make clean removes it).
+# hosts, in the foreground. State lives under .run-sim/ (make clean removes it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dir=$PWD/.run
+dir=$PWD/.run-sim
 mkdir -p "$dir/sim/sim1" "$dir/sim/sim2" "$dir/data"
 cfg=$dir/config.yaml
 if [ ! -f "$cfg" ]; then
   cat > "$cfg" <<YAML
-# Written by make run: two simulated hosts (their "VMs" are files under
+# Written by make run-sim: two simulated hosts (their "VMs" are files under
 # $dir/sim). Edit freely; make clean starts over.
 nats: {url: ""}
 hosts:

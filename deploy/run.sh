@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# make run: the local test host (a real libvirtd and sshd in a network
+# namespace, tiny real VMs), then proxyfleet serve against it with the
+# embedded NATS server, in the foreground. Run as root; `make testhost` ran
+# just before (it is a prerequisite of `make run`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -f .testhost/env ] || { echo "no .testhost/env: run make testhost (as root)" >&2; exit 1; }
+source .testhost/env
+dir=$PWD/.run
+mkdir -p "$dir/data"
+cfg=$dir/config.yaml
+# The test host's config plus what a demo wants: fast health probing
+# through every proxy into the health process's own /probe, served on the
+# root namespace's address the guests reach.
+{
+  cat "$PROXYFLEET_CONFIG"
+  cat <<YAML
+worker: {poll_interval: 1s, observe_interval: 5s}
+health: {http: "127.0.0.1:8080", probe_listen: "$TESTHOST_ROOT_IP:8081", interval: 2s, rise: 2, fall: 3, grace: 30s}
+YAML
+} > "$cfg"
+listen=${PROXYFLEET_LISTEN:-127.0.0.1:4222}
+cat <<TXT
+
+proxyfleet serve: embedded NATS on nats://$listen, health on http://127.0.0.1:8080
+host th1: libvirtd over ssh at $TESTHOST_SSH_ADDR (netns $TESTHOST_NETNS), guests on $TESTHOST_BRIDGE_IP/24
+config: $cfg
+
+In another terminal (as root, from $PWD):
+  bin/proxyfleet create p1 --wait          # boots a tiny VM (about 10 s), waits for its result
+  bin/proxyfleet watch                     # a live table of proxies and states (Ctrl-C to leave)
+  bin/proxyfleet rotation                  # the proxies clients may use now (after 2 passing probes)
+  curl -s http://127.0.0.1:8080/rotation   # the same, from the health process
+  curl -x http://\$(bin/proxyfleet rotation --json | sed -n 's/.*"addr": *"\\([^"]*\\)".*/\\1/p' | head -1) http://$TESTHOST_ROOT_IP:8081/probe?nonce=hello
+                                           # a request through a proxy of the rotation
+  bin/proxyfleet delete p1 --wait
+
+With the nats CLI (go install github.com/nats-io/natscli/nats@v0.5.0):
+  nats sub 'proxy.>' &
+  nats pub proxy.cmd.create.p2 '{"v":1,"id":"p2"}' -H Nats-Msg-Id:my-cmd-1
+  nats kv ls PROXY_ROTATION
+
+Ctrl-C stops it (SIGTERM drains in-flight work first). make testhost-down removes the test host.
+make run-sim runs the same with two simulated hosts instead, no VMs.
+
+TXT
+exec bin/proxyfleet serve --config "$cfg" --data-dir "$dir/data" --listen "$listen"
