@@ -1,0 +1,297 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/config"
+	"proxyfleet/messages"
+)
+
+// rotationLog records every change of PROXY_ROTATION and every snapshot on
+// proxy.rotation.
+type rotationLog struct {
+	mu       sync.Mutex
+	members  map[string]string
+	removed  []string // "id at time"
+	versions []uint64
+	backward []string
+}
+
+func (r *rotationLog) has(ids ...string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, id := range ids {
+		if _, ok := r.members[id]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *rotationLog) lacks(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.members[id]
+	return !ok
+}
+
+func (r *rotationLog) removals() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.removed...)
+}
+
+func (r *rotationLog) addrs() map[string]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]string{}
+	for k, v := range r.members {
+		out[k] = v
+	}
+	return out
+}
+
+// watchRotation follows the bucket and the snapshots until the test ends.
+func (e *e2e) watchRotation() *rotationLog {
+	t := e.t
+	r := &rotationLog{members: map[string]string{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	var kv jetstream.KeyValue
+	waitUntil(t, "the rotation bucket", 30*time.Second, func() bool {
+		var err error
+		kv, err = e.js.KeyValue(ctx, messages.BucketRotation)
+		return err == nil
+	})
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for entry := range w.Updates() {
+			if entry == nil {
+				continue // the initial values are in
+			}
+			r.mu.Lock()
+			if entry.Operation() == jetstream.KeyValuePut {
+				r.members[entry.Key()] = string(entry.Value())
+			} else {
+				delete(r.members, entry.Key())
+				r.removed = append(r.removed, entry.Key()+" at "+time.Now().Format(time.TimeOnly))
+			}
+			r.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { _ = w.Stop(); cancel(); <-done })
+	sub, err := e.nc.Subscribe("proxy.rotation", func(m *nats.Msg) {
+		var snap messages.Rotation
+		if json.Unmarshal(m.Data, &snap) != nil {
+			return
+		}
+		r.mu.Lock()
+		if n := len(r.versions); n > 0 && snap.Version <= r.versions[n-1] {
+			r.backward = append(r.backward, fmt.Sprintf("%d after %d", snap.Version, r.versions[n-1]))
+		}
+		r.versions = append(r.versions, snap.Version)
+		r.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return r
+}
+
+// target is an HTTP server on the root namespace's test address, where the
+// guests reach it, answering a value made up for this run.
+func target(t *testing.T, ip string) (url, token string) {
+	t.Helper()
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	token = hex.EncodeToString(b)
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatalf("listen on %s: %v", ip, err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, token) })}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String() + "/", token
+}
+
+// through fetches u through the forward proxy at addr.
+func through(addr, u string) (string, error) {
+	pu, _ := url.Parse("http://" + addr)
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{Proxy: http.ProxyURL(pu), DisableKeepAlives: true}}
+	resp, err := c.Get(u)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// guestControl asks a test guest's control API (port 9090) to do something.
+func guestControl(t *testing.T, ip, path string) {
+	t.Helper()
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Post("http://"+ip+":9090"+path, "text/plain", nil)
+	if err != nil {
+		t.Fatalf("guest %s %s: %v", ip, path, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("guest %s %s: %s", ip, path, resp.Status)
+	}
+}
+
+// healthRole reads which role a health process plays from its header.
+func healthRole(addr string) string {
+	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Get("http://" + addr + "/healthz")
+	if err != nil {
+		return ""
+	}
+	resp.Body.Close()
+	return resp.Header.Get("X-Proxyfleet-Lease")
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestEndToEndRotation drives the whole system with real parts: commands on
+// NATS become real VMs that proxy traffic and sit in the rotation; the
+// publishing health process is killed and a standby takes over; a proxy
+// whose service stops leaves after `fall` failed probes while its
+// neighbours stay; a restarted guest agent never costs a proxy its place; a
+// VM destroyed behind the system's back leaves within an observation
+// interval plus `fall` probes; a delete takes a proxy out and leaves nothing
+// on the host.
+func TestEndToEndRotation(t *testing.T) {
+	const (
+		interval = time.Second
+		fall     = 2
+		observe  = 2 * time.Second
+	)
+	rootIP := os.Getenv("TESTHOST_ROOT_IP")
+	if rootIP == "" {
+		rootIP = "198.18.0.1"
+	}
+	e := newE2E(t, func(c *config.Config) {
+		c.Worker.ObserveInterval = observe
+		c.Health = config.Health{
+			HTTP: "127.0.0.1:0", ProbeListen: rootIP + ":0",
+			Interval: interval, Timeout: 800 * time.Millisecond, Rise: 2, Fall: fall,
+			Grace: 20 * time.Second, Concurrency: 16, LeaseTTL: 3 * time.Second,
+		}
+	})
+	ids := []string{"e2e-a", "e2e-b", "e2e-c"}
+	e.cleanupProxies(ids...)
+	targetURL, token := target(t, rootIP)
+
+	e.worker("w1")
+	h1Addr, h2Addr := freePort(t), freePort(t)
+	h1 := e.start("h1", nil, "health", "--config", e.path, "--http", h1Addr)
+	waitUntil(t, "h1 to hold the lease", 30*time.Second, func() bool { return healthRole(h1Addr) == "holder" })
+	e.start("h2", nil, "health", "--config", e.path, "--http", h2Addr)
+	waitUntil(t, "h2 to stand by", 30*time.Second, func() bool { return healthRole(h2Addr) == "standby" })
+	rot := e.watchRotation()
+
+	// Three creates → three guests → three running events → three in the
+	// rotation, each proxying to this run's target.
+	var cmds []string
+	for _, id := range ids {
+		cmds = append(cmds, e.command(messages.OpCreate, id))
+	}
+	e.waitDone(4*time.Minute, cmds...)
+	waitUntil(t, "three proxies in the rotation", time.Minute, func() bool { return rot.has(ids...) })
+	for id, addr := range rot.addrs() {
+		got, err := through(addr, targetURL)
+		if err != nil || got != token {
+			t.Fatalf("through %s (%s): %q, %v; want the run's token", id, addr, got, err)
+		}
+	}
+
+	// The publishing health process is killed; the standby takes over.
+	before := len(rot.removals())
+	h1.kill()
+	waitUntil(t, "h2 to take the lease", 30*time.Second, func() bool { return healthRole(h2Addr) == "holder" })
+	time.Sleep(3 * interval) // the new holder publishes, probes keep passing
+	if r := rot.removals(); len(r) != before {
+		t.Errorf("passing proxies removed across the takeover: %v", r[before:])
+	}
+
+	// Delete one: it leaves the rotation, and the host, at once.
+	d := e.command(messages.OpDelete, "e2e-c")
+	e.waitDone(time.Minute, d)
+	waitUntil(t, "e2e-c out of the rotation", 10*interval, func() bool { return rot.lacks("e2e-c") })
+	if doms, vols := e.hostObjects("e2e-c"); len(doms)+len(vols) != 0 {
+		t.Errorf("after delete, on the host: domains %v, volumes %v", doms, vols)
+	}
+
+	ipOf := func(id string) string {
+		host, _, _ := net.SplitHostPort(rot.addrs()[id])
+		return host
+	}
+	// The proxy service inside e2e-a stops, its VM stays up: it leaves
+	// after `fall` failed probes; e2e-b stays.
+	guestControl(t, ipOf("e2e-a"), "/proxy/stop")
+	stopped := time.Now()
+	waitUntil(t, "e2e-a out of the rotation", time.Duration(fall+4)*interval, func() bool { return rot.lacks("e2e-a") })
+	t.Logf("e2e-a left %s after its service stopped", time.Since(stopped).Round(100*time.Millisecond))
+	if rot.lacks("e2e-b") {
+		t.Fatal("e2e-b left with e2e-a")
+	}
+
+	// e2e-b's guest agent stops and starts again: it never leaves.
+	before = len(rot.removals())
+	ipB := ipOf("e2e-b")
+	guestControl(t, ipB, "/agent/stop")
+	time.Sleep(2 * observe)
+	guestControl(t, ipB, "/agent/start")
+	time.Sleep(2 * observe)
+	if r := rot.removals(); len(r) != before {
+		t.Errorf("a guest agent restart removed: %v", r[before:])
+	}
+
+	// e2e-b is destroyed behind the system's back: it leaves within an
+	// observation interval plus `fall` probes.
+	virsh(t, "destroy", "pf-e2e-b")
+	destroyed := time.Now()
+	waitUntil(t, "e2e-b out of the rotation", observe+time.Duration(fall+4)*interval, func() bool { return rot.lacks("e2e-b") })
+	t.Logf("e2e-b left %s after virsh destroy", time.Since(destroyed).Round(100*time.Millisecond))
+
+	rot.mu.Lock()
+	defer rot.mu.Unlock()
+	if len(rot.backward) > 0 {
+		t.Errorf("snapshot versions went back: %v", rot.backward)
+	}
+	if len(rot.versions) == 0 {
+		t.Error("no snapshot on proxy.rotation")
+	}
+}
