@@ -39,6 +39,12 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "default_image: nope\n", "default_image"},
 		{good + "worker: {max_attempts: -1}\n", "worker.max_attempts"},
 		{good + "health: {interval: 1s, timeout: 2s}\n", "health.timeout"},
+		{good + "health: {concurrency: 5000}\n", "health.concurrency"},
+		{good + "health: {lease_ttl: 2m}\n", "health.lease_ttl"},
+		{good + "health: {target: 'ftp://x/'}\n", "health.target"},
+		{good + "health: {probe_listen: '0.0.0.0:8081'}\n", "health.probe_listen"},
+		{good + "health: {probe_listen: 'nope'}\n", "health.probe_listen"},
+		{good + "worker: {observe_interval: -1s}\n", "worker.observe_interval"},
 	} {
 		_, err := Parse([]byte(tc.edit))
 		var fe *FieldError
