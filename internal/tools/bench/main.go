@@ -63,6 +63,11 @@ func main() {
 	row("raw JetStream synchronous publish (peer figure)", *n, raw)
 	row("create commands, published to `done` result", *n, create)
 	row("delete commands, published to `done` result", *n, del)
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	fmt.Fprintf(&b, "\nMemory of the whole process (server, worker, %d proxies created and deleted): peak RSS %s, Go heap in use after a GC %.1f MiB, Go runtime total %.1f MiB.\n",
+		*n, peakRSS(), float64(ms.HeapAlloc)/(1<<20), float64(ms.Sys)/(1<<20))
 	fmt.Fprintf(&b, "\nA command costs intake (a KV read of the command id, a KV read and a compare-and-set of the desired state, a KV put of the command id, a work publish, a result publish, an ack) and execution (a KV read, provider calls, two or three state events each after a last-message read, a result publish, an ack): about ten JetStream writes and reads, of which six are stored writes. Commands run concurrently (intake 64 at a time, execution 32 per host), so their writes overlap and the ratio is better than one in ten.\n")
 	fmt.Print(b.String())
 	if *out != "" {
@@ -70,6 +75,20 @@ func main() {
 			log.Fatal(err)
 		}
 	}
+}
+
+// peakRSS is the process's high-water resident set (VmHWM).
+func peakRSS() string {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return "unknown"
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown"
 }
 
 func cpuModel() string {
