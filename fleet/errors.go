@@ -75,31 +75,47 @@ func ClassOf(err error) Class {
 	return ClassPermanent
 }
 
-// outermost walks the error tree breadth first and returns the first class
-// sentinel it meets, so the wrap closest to the caller decides.
+// outermost returns the first class sentinel met walking err's tree
+// breadth first, so the wrap closest to the caller decides.
 func outermost(err error) Class {
+	c := ClassNone
+	Walk(err, func(e error) bool {
+		switch e {
+		case ErrTransient:
+			c = ClassTransient
+		case ErrPermanent:
+			c = ClassPermanent
+		case ErrNotFound:
+			c = ClassNotFound
+		}
+		return c != ClassNone
+	})
+	return c
+}
+
+// Walk visits err and everything it wraps (Unwrap() error and
+// Unwrap() []error alike) breadth first, closest to the caller first,
+// until visit returns true. It reports whether visit did. Classifiers use
+// it so that the error nearest the caller decides.
+func Walk(err error, visit func(error) bool) bool {
 	queue := []error{err}
 	for len(queue) > 0 {
 		e := queue[0]
 		queue = queue[1:]
-		switch e {
-		case ErrTransient:
-			return ClassTransient
-		case ErrPermanent:
-			return ClassPermanent
-		case ErrNotFound:
-			return ClassNotFound
+		if e == nil {
+			continue
+		}
+		if visit(e) {
+			return true
 		}
 		switch u := e.(type) {
 		case interface{ Unwrap() error }:
-			if n := u.Unwrap(); n != nil {
-				queue = append(queue, n)
-			}
+			queue = append(queue, u.Unwrap())
 		case interface{ Unwrap() []error }:
 			queue = append(queue, u.Unwrap()...)
 		}
 	}
-	return ClassNone
+	return false
 }
 
 // IsTransient reports whether err should be retried.

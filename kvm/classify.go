@@ -193,23 +193,15 @@ func classOf(err error) fleet.Class {
 	if errors.Is(err, fleet.ErrTransient) || errors.Is(err, fleet.ErrPermanent) || errors.Is(err, fleet.ErrNotFound) {
 		return fleet.ClassOf(err) // an explicit class: the outermost wins
 	}
-	queue := []error{err}
-	for len(queue) > 0 {
-		e := queue[0]
-		queue = queue[1:]
-		if c := classOfNode(e); c != fleet.ClassNone {
-			return c
+	c := fleet.ClassPermanent // what no table knows
+	fleet.Walk(err, func(e error) bool {
+		if n := classOfNode(e); n != fleet.ClassNone {
+			c = n
+			return true
 		}
-		switch u := e.(type) {
-		case interface{ Unwrap() error }:
-			if n := u.Unwrap(); n != nil {
-				queue = append(queue, n)
-			}
-		case interface{ Unwrap() []error }:
-			queue = append(queue, u.Unwrap()...)
-		}
-	}
-	return fleet.ClassPermanent
+		return false
+	})
+	return c
 }
 
 // Classify returns err marked with its fleet class (see the rules above). An
