@@ -11,11 +11,13 @@ import (
 	"proxyfleet/messages"
 )
 
-// runningGuest creates a test guest through p and waits until it runs.
-func runningGuest(t *testing.T, p *Provider, prefix string) fleet.Instance {
+// runningGuest creates a test guest through p and waits until it runs. It
+// is deleted through cleanup (a provider with ordinary budgets: a destroy
+// of a running guest can take longer than a fault test's short budget).
+func runningGuest(t *testing.T, p, cleanup *Provider, prefix string) fleet.Instance {
 	t.Helper()
 	id := testID(prefix)
-	cleanupProxy(t, p, id)
+	cleanupProxy(t, cleanup, id)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if _, err := p.Create(ctx, testSpec(id)); err != nil {
@@ -32,7 +34,7 @@ func runningGuest(t *testing.T, p *Provider, prefix string) fleet.Instance {
 func TestGet_everyAddressSourceFailingIsTransient(t *testing.T) {
 	env := testhostAll(t)
 	p := newTestProvider(t, env, nil)
-	in := runningGuest(t, p, "h3a")
+	in := runningGuest(t, p, p, "h3a")
 	guest(t, "POST", in.IP, "/agent/stop")
 	t.Cleanup(func() { guest(t, "POST", in.IP, "/agent/start") })
 
@@ -74,7 +76,7 @@ func TestGet_deadLinkDuringAddressIsTransient(t *testing.T) {
 	fp := s.proxy(t)
 	lc := LinkConfig{SSH: s.sshConfig(t, fp.Addr()), Budgets: Budgets{Call: 2 * time.Second, Connect: 2 * time.Second, TransferStall: 5 * time.Second, Close: time.Second}}
 	p := newTestProvider(t, env, func(c *Config) { c.Link = &lc })
-	in := runningGuest(t, p, "h3b")
+	in := runningGuest(t, p, newTestProvider(t, env, nil), "h3b")
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -207,13 +207,21 @@ func (e *e2e) cleanupProxies(ids ...string) {
 func TestKilledMidCreateLeavesNoDuplicateAndNoOrphan(t *testing.T) {
 	for _, at := range []string{"after-overlay", "after-define"} {
 		t.Run(at, func(t *testing.T) {
-			e := newE2E(t, nil)
+			rootIP := os.Getenv("TESTHOST_ROOT_IP")
+			if rootIP == "" {
+				rootIP = "198.18.0.1"
+			}
+			e := newE2E(t, func(c *config.Config) {
+				c.Health = config.Health{HTTP: "127.0.0.1:0", ProbeListen: rootIP + ":0", Interval: time.Second,
+					Timeout: 800 * time.Millisecond, Rise: 2, Fall: 2, Grace: 20 * time.Second, Concurrency: 8, LeaseTTL: 3 * time.Second}
+			})
 			id := "kill-" + strings.TrimPrefix(at, "after-")
 			e.cleanupProxies(id)
 			marker := filepath.Join(e.dir, "killed")
 			env := []string{"PROXYFLEET_TEST_KILL_AT=" + at, "PROXYFLEET_TEST_KILL_ONCE=" + marker}
 			w1 := e.worker("w1", env...)
 			w2 := e.worker("w2", env...)
+			e.start("health", nil, "health", "--config", e.path, "--http", freePort(t))
 			waitUntil(t, "the topology", 30*time.Second, func() bool {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				defer cancel()
@@ -237,6 +245,8 @@ func TestKilledMidCreateLeavesNoDuplicateAndNoOrphan(t *testing.T) {
 			if ev := e.lastEvent(id); ev.State != messages.StateRunning || ev.IP == "" {
 				t.Errorf("last event %+v, want running with an IP", ev)
 			}
+			rot := e.watchRotation()
+			waitUntil(t, id+" in the rotation", time.Minute, func() bool { return rot.has(id) })
 			doms, vols := e.hostObjects(id)
 			if len(doms) != 1 || len(vols) != 2 {
 				t.Errorf("on the host: domains %v, volumes %v; want one domain and its overlay and seed", doms, vols)
