@@ -197,6 +197,7 @@ func TestEndToEndRotation(t *testing.T) {
 		interval = time.Second
 		fall     = 2
 		observe  = 2 * time.Second
+		slack    = 10 * time.Second
 	)
 	rootIP := os.Getenv("TESTHOST_ROOT_IP")
 	if rootIP == "" {
@@ -249,7 +250,7 @@ func TestEndToEndRotation(t *testing.T) {
 	// Delete one: it leaves the rotation, and the host, at once.
 	d := e.command(messages.OpDelete, "e2e-c")
 	e.waitDone(time.Minute, d)
-	waitUntil(t, "e2e-c out of the rotation", 10*interval, func() bool { return rot.lacks("e2e-c") })
+	waitUntil(t, "e2e-c out of the rotation", slack, func() bool { return rot.lacks("e2e-c") })
 	if doms, vols := e.hostObjects("e2e-c"); len(doms)+len(vols) != 0 {
 		t.Errorf("after delete, on the host: domains %v, volumes %v", doms, vols)
 	}
@@ -262,7 +263,9 @@ func TestEndToEndRotation(t *testing.T) {
 	// after `fall` failed probes; e2e-b stays.
 	guestControl(t, ipOf("e2e-a"), "/proxy/stop")
 	stopped := time.Now()
-	waitUntil(t, "e2e-a out of the rotation", time.Duration(fall+4)*interval, func() bool { return rot.lacks("e2e-a") })
+	// The bound is fall probes plus a generous slack for a loaded machine;
+	// the log line says how long it really took.
+	waitUntil(t, "e2e-a out of the rotation", time.Duration(fall)*interval+slack, func() bool { return rot.lacks("e2e-a") })
 	t.Logf("e2e-a left %s after its service stopped", time.Since(stopped).Round(100*time.Millisecond))
 	if rot.lacks("e2e-b") {
 		t.Fatal("e2e-b left with e2e-a")
@@ -283,7 +286,7 @@ func TestEndToEndRotation(t *testing.T) {
 	// observation interval plus `fall` probes.
 	virsh(t, "destroy", "pf-e2e-b")
 	destroyed := time.Now()
-	waitUntil(t, "e2e-b out of the rotation", observe+time.Duration(fall+4)*interval, func() bool { return rot.lacks("e2e-b") })
+	waitUntil(t, "e2e-b out of the rotation", observe+time.Duration(fall)*interval+slack, func() bool { return rot.lacks("e2e-b") })
 	t.Logf("e2e-b left %s after virsh destroy", time.Since(destroyed).Round(100*time.Millisecond))
 
 	rot.mu.Lock()
