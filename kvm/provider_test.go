@@ -168,6 +168,14 @@ func TestProvider_roundTrip(t *testing.T) {
 		t.Errorf("mark read back as %+v", in)
 	}
 	in = awaitRunning(t, p, id, 2*time.Minute)
+	// The DHCP lease may answer before the guest agent is up; once the
+	// agent answers, it is the source.
+	for deadline := time.Now().Add(time.Minute); in.Source != messages.SourceAgent && time.Now().Before(deadline); {
+		time.Sleep(500 * time.Millisecond)
+		if got, err := p.Get(ctx, id); err == nil && got.State == messages.StateRunning {
+			in = got
+		}
+	}
 	if !strings.HasPrefix(in.IP, "198.18.100.") || in.Source != messages.SourceAgent {
 		t.Errorf("running: %+v, want an address in 198.18.100.0/24 from the agent", in)
 	}
