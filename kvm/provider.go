@@ -561,8 +561,10 @@ func (p *Provider) deleteVolume(ctx context.Context, name string) error {
 	return nil
 }
 
-// List returns every marked domain on the host with its state (no address:
-// that costs a call per source; Get reads it).
+// List returns every domain this host entry made (by its mark), with its
+// state (no address: that costs a call per source; Get reads it). Domains
+// another entry on the same daemon made are left out, so a sweep of one
+// entry never touches another's.
 func (p *Provider) List(ctx context.Context) ([]fleet.Instance, error) {
 	var doms []libvirt.Domain
 	err := p.call(ctx, func(l *libvirt.Libvirt) error {
@@ -585,6 +587,9 @@ func (p *Provider) List(ctx context.Context) ([]fleet.Instance, error) {
 		}
 		if err != nil {
 			return nil, err
+		}
+		if m.Host != "" && m.Host != p.cfg.Host.Name {
+			continue // another host entry on the same daemon made it
 		}
 		in := m.instance()
 		var state int32

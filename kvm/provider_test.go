@@ -213,6 +213,12 @@ func TestProvider_roundTrip(t *testing.T) {
 	if !hasInstance(list, id) {
 		t.Errorf("List does not have %s: %+v", id, list)
 	}
+	// Another host entry on the same daemon does not list it, so its
+	// sweeps never touch this entry's domains.
+	other := newTestProvider(t, env, func(c *Config) { c.Host.Name = "th-other" })
+	if list, err := other.List(ctx); err != nil || hasInstance(list, id) {
+		t.Errorf("another entry lists %s: %+v %v", id, list, err)
+	}
 	vols, err := p.ListVolumes(ctx)
 	if err != nil {
 		t.Fatal(err)

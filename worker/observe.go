@@ -79,8 +79,66 @@ func (e *executor) observe(ctx context.Context) error {
 			changed++
 		}
 	}
-	w.log.Debug("observation pass", "host", e.host, "proxies", checked, "changed", changed)
+	swept, err := e.sweep(ctx)
+	if err != nil {
+		return err
+	}
+	w.log.Debug("observation pass", "host", e.host, "proxies", checked, "changed", changed, "swept", swept)
 	return nil
+}
+
+// sweep removes the host's orphans: domains this project made here whose
+// desired state is not to run here (a delete or a move whose work item was
+// lost, say). A domain whose proxy has no desired record at all is left
+// alone and logged: without a record there is no proof it is unwanted, and
+// a lost or misnamed bucket must not delete a fleet.
+func (e *executor) sweep(ctx context.Context) (int, error) {
+	w := e.w
+	insts, err := e.prov.List(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("list %s: %w", e.host, err)
+	}
+	swept := 0
+	for _, in := range insts {
+		if err := ctx.Err(); err != nil {
+			return swept, err
+		}
+		ok, err := e.sweepOne(ctx, in.ID)
+		if err != nil {
+			w.log.Warn("sweep", "host", e.host, "id", in.ID, "err", err)
+			continue
+		}
+		if ok {
+			swept++
+		}
+	}
+	return swept, nil
+}
+
+func (e *executor) sweepOne(ctx context.Context, id string) (bool, error) {
+	w := e.w
+	unlock, err := w.locks.lock(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	d, err := w.readDesired(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		w.log.Warn("a domain of ours with no desired state: left alone", "host", e.host, "id", id)
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if e.owns(d) {
+		return false, nil
+	}
+	if err := e.prov.Delete(ctx, id); err != nil {
+		return false, err
+	}
+	w.stats.swept.Add(1)
+	w.log.Info("swept an orphan", "host", e.host, "id", id, "desired", d.Op, "desired_host", d.Host)
+	return true, nil
 }
 
 // observeOne re-reads one proxy under its lock and publishes what changed.

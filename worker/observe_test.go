@@ -1,9 +1,11 @@
 package worker_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"proxyfleet/fleet"
 	"proxyfleet/messages"
 	"proxyfleet/sim"
 	"proxyfleet/worker"
@@ -43,5 +45,42 @@ func TestObservationSeesAVMDieBehindOurBack(t *testing.T) {
 	}
 	if ev2, _ := r.lastEvent("p2"); ev2.State != messages.StateRunning {
 		t.Errorf("neighbour p2: %+v", ev2)
+	}
+}
+
+// TestSweepRemovesOrphansOnly: a domain whose desired state is a delete (a
+// leaked VM) is removed by the host owner's sweep; a domain of a proxy with
+// no desired record is left alone; running proxies stay.
+func TestSweepRemovesOrphansOnly(t *testing.T) {
+	r := newRig(t, "h1")
+	w := r.startWorker(func(c *worker.Config) { c.ObserveInterval = 100 * time.Millisecond })
+	r.create("keep", "k1", "")
+	r.create("gone", "g1", "")
+	r.waitOutcome("k1", messages.OutcomeDone)
+	r.waitOutcome("g1", messages.OutcomeDone)
+	r.delete("gone", "g2")
+	r.waitOutcome("g2", messages.OutcomeDone)
+
+	d, err := sim.New(sim.Config{Host: "h1", Dir: r.hostDir("h1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A VM leaks behind the delete, and a stray one no command asked for.
+	if _, err := d.Create(context.Background(), fleet.Spec{ID: "gone", CommandID: "leak"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Create(context.Background(), fleet.Spec{ID: "stray", CommandID: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	r.waitFor("the leaked VM to be swept", 10*time.Second, func() bool { return !r.domainExists("h1", "gone") })
+	time.Sleep(300 * time.Millisecond) // more passes
+	if !r.domainExists("h1", "stray") {
+		t.Error("a domain with no desired state was swept")
+	}
+	if !r.domainExists("h1", "keep") {
+		t.Error("a running proxy was swept")
+	}
+	if n := w.Stats().Snapshot()["swept"]; n != 1 {
+		t.Errorf("swept = %d, want 1", n)
 	}
 }

@@ -71,7 +71,7 @@ type Worker struct {
 
 // Stats counts what a worker did.
 type Stats struct {
-	accepted, rejected, converged, creates, retries, failed, dead atomic.Int64
+	accepted, rejected, converged, creates, retries, failed, dead, swept atomic.Int64
 }
 
 // Snapshot returns the counters.
@@ -79,6 +79,7 @@ func (s *Stats) Snapshot() map[string]int64 {
 	return map[string]int64{
 		"accepted": s.accepted.Load(), "rejected": s.rejected.Load(), "converged": s.converged.Load(),
 		"creates": s.creates.Load(), "retries": s.retries.Load(), "failed": s.failed.Load(), "dead": s.dead.Load(),
+		"swept": s.swept.Load(),
 	}
 }
 
