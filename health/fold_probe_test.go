@@ -89,8 +89,8 @@ const (
 	failed  = messages.StateFailed
 	delng   = messages.StateDeleting
 	deleted = messages.StateDeleted
-	a1      = "10.0.0.1:3128"
-	a2      = "10.0.0.2:3128"
+	a1      = "198.18.100.1:3128"
+	a2      = "198.18.100.2:3128"
 )
 
 func TestProbeRise(t *testing.T) {
@@ -99,7 +99,7 @@ func TestProbeRise(t *testing.T) {
 	if pf.probed("p1") {
 		t.Fatal("a provisioning proxy is probed")
 	}
-	pf.apply(ev("p1", 2, running, "10.0.0.1"), false) // running alone does not enter
+	pf.apply(ev("p1", 2, running, "198.18.100.1"), false) // running alone does not enter
 	pf.want(map[string]string{})
 	if tg := pf.target("p1"); tg.Addr != a1 {
 		t.Fatalf("target %+v", tg)
@@ -119,7 +119,7 @@ func TestProbeRise(t *testing.T) {
 
 func TestProbeFallThenRiseAgain(t *testing.T) {
 	pf := newProbeFold(t, 0)
-	pf.apply(ev("p1", 2, running, "10.0.0.1"), false)
+	pf.apply(ev("p1", 2, running, "198.18.100.1"), false)
 	pf.probe("p1", true, true, true)
 	pf.probe("p1", false, false, false, true) // two failures, then a pass: still in
 	pf.probe("p1", false, false, false)
@@ -136,8 +136,8 @@ func TestProbeFallThenRiseAgain(t *testing.T) {
 
 func TestProbeOneProxysFailuresNeverMoveAnother(t *testing.T) {
 	pf := newProbeFold(t, 0)
-	pf.apply(ev("p1", 2, running, "10.0.0.1"), false)
-	pf.apply(ev("p2", 2, running, "10.0.0.2"), false)
+	pf.apply(ev("p1", 2, running, "198.18.100.1"), false)
+	pf.apply(ev("p2", 2, running, "198.18.100.2"), false)
 	pf.probe("p1", true, true, true)
 	pf.probe("p2", true, true, true)
 	pf.probe("p1", true, false, false, false) // p1 times out three times
@@ -146,7 +146,7 @@ func TestProbeOneProxysFailuresNeverMoveAnother(t *testing.T) {
 
 func TestProbeGraceKeepsProbingAtTheLastAddress(t *testing.T) {
 	pf := newProbeFold(t, 30*time.Second)
-	pf.apply(ev("p1", 2, running, "10.0.0.1"), false)
+	pf.apply(ev("p1", 2, running, "198.18.100.1"), false)
 	pf.probe("p1", true, true, true)
 	pf.at(10*time.Second).apply(ev("p1", 3, prov, ""), false)
 	if !pf.f.InGrace("p1") || pf.target("p1").Addr != a1 {
@@ -156,7 +156,7 @@ func TestProbeGraceKeepsProbingAtTheLastAddress(t *testing.T) {
 	pf.want(map[string]string{"p1": a1})
 	// Running again at the same address within the grace: stays, since kept.
 	since := pf.f.Snapshot()[0].Since
-	pf.at(20*time.Second).apply(ev("p1", 4, running, "10.0.0.1"), false)
+	pf.at(20*time.Second).apply(ev("p1", 4, running, "198.18.100.1"), false)
 	if pf.f.InGrace("p1") || !pf.f.Snapshot()[0].Since.Equal(since) {
 		t.Fatalf("after running again: in grace %v, entry %+v", pf.f.InGrace("p1"), pf.f.Snapshot())
 	}
@@ -174,14 +174,14 @@ func TestProbeGraceKeepsProbingAtTheLastAddress(t *testing.T) {
 		t.Fatal("probed after its grace ended without a running event")
 	}
 	// Running again: probed from scratch, rises again.
-	pf.at(70*time.Second).apply(ev("p1", 6, running, "10.0.0.1"), false)
+	pf.at(70*time.Second).apply(ev("p1", 6, running, "198.18.100.1"), false)
 	pf.probe("p1", true, true, true)
 	pf.want(map[string]string{"p1": a1})
 }
 
 func TestProbeFallDuringGrace(t *testing.T) {
 	pf := newProbeFold(t, time.Minute)
-	pf.apply(ev("p1", 2, running, "10.0.0.1"), false)
+	pf.apply(ev("p1", 2, running, "198.18.100.1"), false)
 	pf.probe("p1", true, true, true)
 	pf.apply(ev("p1", 3, prov, ""), false)
 	pf.probe("p1", true, false, false, false)
@@ -198,7 +198,7 @@ func TestProbeResultAfterDeleteIsIgnored(t *testing.T) {
 	for _, state := range []string{failed, delng, deleted} {
 		t.Run(state, func(t *testing.T) {
 			pf := newProbeFold(t, 0)
-			pf.apply(ev("p1", 2, running, "10.0.0.1"), false)
+			pf.apply(ev("p1", 2, running, "198.18.100.1"), false)
 			pf.probe("p1", true, true, true)
 			inflight := pf.target("p1") // a probe starts...
 			pf.apply(ev("p1", 3, state, ""), true)
@@ -212,7 +212,7 @@ func TestProbeResultAfterDeleteIsIgnored(t *testing.T) {
 			}
 			// Created again at the same address: the old probe still
 			// does not count; new ones do, from zero.
-			pf.apply(ev("p1", 9, running, "10.0.0.1"), false)
+			pf.apply(ev("p1", 9, running, "198.18.100.1"), false)
 			pf.f.ApplyProbe(ProbeResult{ID: "p1", Epoch: inflight.Epoch, OK: true, At: pf.now.Add(time.Second)})
 			pf.probe("p1", false, true)
 			pf.want(map[string]string{})
@@ -224,10 +224,10 @@ func TestProbeResultAfterDeleteIsIgnored(t *testing.T) {
 
 func TestProbeAddressChangeStartsAgain(t *testing.T) {
 	pf := newProbeFold(t, 0)
-	pf.apply(ev("p1", 2, running, "10.0.0.1"), false)
+	pf.apply(ev("p1", 2, running, "198.18.100.1"), false)
 	pf.probe("p1", true, true, true)
 	old := pf.target("p1")
-	pf.apply(ev("p1", 3, running, "10.0.0.2"), true) // out: a new address is a new proxy
+	pf.apply(ev("p1", 3, running, "198.18.100.2"), true) // out: a new address is a new proxy
 	pf.want(map[string]string{})
 	if pf.f.ApplyProbe(ProbeResult{ID: "p1", Epoch: old.Epoch, OK: true, At: pf.now.Add(time.Second)}) {
 		t.Fatal("a probe of the old address counted")
@@ -241,7 +241,7 @@ func TestProbeAddressChangeStartsAgain(t *testing.T) {
 
 func TestProbeOlderResultIgnored(t *testing.T) {
 	pf := newProbeFold(t, 0)
-	pf.apply(ev("p1", 2, running, "10.0.0.1"), false)
+	pf.apply(ev("p1", 2, running, "198.18.100.1"), false)
 	tg := pf.target("p1")
 	pf.f.ApplyProbe(ProbeResult{ID: "p1", Epoch: tg.Epoch, OK: true, At: t0.Add(10 * time.Second)})
 	// A result of a probe started earlier, arriving later, is ignored.
@@ -259,12 +259,12 @@ func TestProbeOlderResultIgnored(t *testing.T) {
 
 func TestProbeDuplicateAndOutOfOrderEvents(t *testing.T) {
 	pf := newProbeFold(t, 0)
-	pf.apply(ev("p1", 5, running, "10.0.0.1"), false)
+	pf.apply(ev("p1", 5, running, "198.18.100.1"), false)
 	pf.probe("p1", false, true)
 	// A duplicate running (a sweep's republish, or a redelivery) does not
 	// restart the count; an older failed is ignored.
-	pf.apply(ev("p1", 5, running, "10.0.0.1"), false)
-	pf.apply(ev("p1", 6, running, "10.0.0.1"), false)
+	pf.apply(ev("p1", 5, running, "198.18.100.1"), false)
+	pf.apply(ev("p1", 6, running, "198.18.100.1"), false)
 	pf.apply(ev("p1", 4, failed, ""), false)
 	pf.probe("p1", true, true)
 	pf.want(map[string]string{"p1": a1})
@@ -277,7 +277,7 @@ func TestProbeDuplicateAndOutOfOrderEvents(t *testing.T) {
 
 func TestSeedCountsAsRisen(t *testing.T) {
 	pf := newProbeFold(t, 30*time.Second)
-	for id, addr := range map[string]string{"p1": a1, "p2": a2, "p3": "10.0.0.3:3128", "p4": "10.0.0.4:3128", "p5": "10.0.0.5:3128", "gone": "10.0.0.9:3128"} {
+	for id, addr := range map[string]string{"p1": a1, "p2": a2, "p3": "198.18.100.3:3128", "p4": "198.18.100.4:3128", "p5": "198.18.100.5:3128", "gone": "198.18.100.9:3128"} {
 		if !pf.f.Seed(id, addr, pf.now) {
 			t.Fatalf("Seed(%s)", id)
 		}
@@ -289,24 +289,24 @@ func TestSeedCountsAsRisen(t *testing.T) {
 		t.Fatalf("after seeding: %d in, %d probed", pf.f.Len(), len(pf.f.Targets()))
 	}
 	before := pf.now.Add(-time.Hour)
-	pf.apply(at(ev("p1", 7, running, "10.0.0.1"), -time.Hour), false) // confirmed, dated by its event
-	pf.apply(ev("p2", 7, running, "10.0.0.22"), true)                 // elsewhere now: out, must rise
+	pf.apply(at(ev("p1", 7, running, "198.18.100.1"), -time.Hour), false) // confirmed, dated by its event
+	pf.apply(ev("p2", 7, running, "198.18.100.22"), true)                 // elsewhere now: out, must rise
 	pf.apply(ev("p3", 7, prov, ""), false)                            // on grace at its seeded address
 	pf.apply(ev("p4", 7, deleted, ""), true)
-	pf.apply(ev("p5", 7, running, "10.0.0.5"), false)
+	pf.apply(ev("p5", 7, running, "198.18.100.5"), false)
 	if !pf.f.DropUnseen() {
 		t.Fatal("DropUnseen changed nothing")
 	}
-	pf.want(map[string]string{"p1": a1, "p3": "10.0.0.3:3128", "p5": "10.0.0.5:3128"})
+	pf.want(map[string]string{"p1": a1, "p3": "198.18.100.3:3128", "p5": "198.18.100.5:3128"})
 	if e := pf.f.Snapshot()[0]; !e.Since.Equal(before) {
 		t.Fatalf("p1 since %v, want its running event's time %v", e.Since, before)
 	}
-	if !pf.f.InGrace("p3") || pf.target("p3").Addr != "10.0.0.3:3128" {
+	if !pf.f.InGrace("p3") || pf.target("p3").Addr != "198.18.100.3:3128" {
 		t.Fatal("p3 is not on grace at its seeded address")
 	}
 	// Probes then decide: fall failures take a seeded proxy out.
 	pf.probe("p5", true, false, false, false)
-	pf.want(map[string]string{"p1": a1, "p3": "10.0.0.3:3128"})
+	pf.want(map[string]string{"p1": a1, "p3": "198.18.100.3:3128"})
 	if pf.f.DropUnseen() {
 		t.Fatal("DropUnseen changed something the second time")
 	}
@@ -314,14 +314,14 @@ func TestSeedCountsAsRisen(t *testing.T) {
 
 func TestAdoptOnTakeover(t *testing.T) {
 	pf := newProbeFold(t, 0)
-	pf.apply(ev("p1", 2, running, "10.0.0.1"), false)
-	pf.apply(ev("p2", 2, running, "10.0.0.2"), false)
+	pf.apply(ev("p1", 2, running, "198.18.100.1"), false)
+	pf.apply(ev("p2", 2, running, "198.18.100.2"), false)
 	pf.apply(ev("p3", 2, prov, ""), false)
 	pf.probe("p1", false, true) // one pass short of rising here
 	if !pf.f.Adopt("p1", a1, pf.now) {
 		t.Fatal("p1 not adopted")
 	}
-	if pf.f.Adopt("p1", a1, pf.now) || pf.f.Adopt("p2", "10.0.0.99:3128", pf.now) || pf.f.Adopt("p3", "10.0.0.3:3128", pf.now) || pf.f.Adopt("px", a1, pf.now) {
+	if pf.f.Adopt("p1", a1, pf.now) || pf.f.Adopt("p2", "198.18.100.99:3128", pf.now) || pf.f.Adopt("p3", "198.18.100.3:3128", pf.now) || pf.f.Adopt("px", a1, pf.now) {
 		t.Fatal("adopted what it should not: in already, another address, not running, unknown")
 	}
 	pf.want(map[string]string{"p1": a1})
@@ -334,7 +334,7 @@ func TestAdoptOnTakeover(t *testing.T) {
 // unless Fall is set.
 func TestNoProbingEntersOnRunning(t *testing.T) {
 	f := NewFold(0, func() time.Time { return t0 })
-	if !f.Apply(at(ev("p1", 1, running, "10.0.0.1"), 0)) {
+	if !f.Apply(at(ev("p1", 1, running, "198.18.100.1"), 0)) {
 		t.Fatal("running did not enter without probing")
 	}
 	tg := f.Targets()[0]

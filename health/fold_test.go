@@ -52,16 +52,16 @@ func TestFold(t *testing.T) {
 		name: "rise into rotation",
 		steps: []step{
 			{0, at(ev("p1", 1, prov, ""), 0), false, false},
-			{1 * s, at(ev("p1", 2, running, "10.0.0.1"), 1*s), false, true},
+			{1 * s, at(ev("p1", 2, running, "198.18.100.1"), 1*s), false, true},
 		},
-		want: []messages.RotationEntry{entry("p1", "10.0.0.1:3128", 1*s)},
+		want: []messages.RotationEntry{entry("p1", "198.18.100.1:3128", 1*s)},
 	}, {
 		name: "running again with the same address is no change and keeps since",
 		steps: []step{
-			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
-			{5 * s, at(ev("p1", 3, running, "10.0.0.1"), 5*s), false, false},
+			{0, at(ev("p1", 2, running, "198.18.100.1"), 0), false, true},
+			{5 * s, at(ev("p1", 3, running, "198.18.100.1"), 5*s), false, false},
 		},
-		want: []messages.RotationEntry{entry("p1", "10.0.0.1:3128", 0)},
+		want: []messages.RotationEntry{entry("p1", "198.18.100.1:3128", 0)},
 	}, {
 		name: "running without an IP does not enter",
 		steps: []step{
@@ -71,23 +71,23 @@ func TestFold(t *testing.T) {
 	}, {
 		name: "failed removes",
 		steps: []step{
-			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
+			{0, at(ev("p1", 2, running, "198.18.100.1"), 0), false, true},
 			{1 * s, at(ev("p1", 3, failed, ""), 1*s), false, true},
 		},
 		want: []messages.RotationEntry{},
 	}, {
 		name: "deleting removes",
 		steps: []step{
-			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
-			{1 * s, at(ev("p1", 3, delng, "10.0.0.1"), 1*s), false, true},
+			{0, at(ev("p1", 2, running, "198.18.100.1"), 0), false, true},
+			{1 * s, at(ev("p1", 3, delng, "198.18.100.1"), 1*s), false, true},
 		},
 		want: []messages.RotationEntry{},
 	}, {
 		name: "deleted removes and its tombstone ignores a late running",
 		steps: []step{
-			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
+			{0, at(ev("p1", 2, running, "198.18.100.1"), 0), false, true},
 			{1 * s, at(ev("p1", 4, deleted, ""), 1*s), false, true},
-			{2 * s, at(ev("p1", 3, running, "10.0.0.1"), 0), false, false},
+			{2 * s, at(ev("p1", 3, running, "198.18.100.1"), 0), false, false},
 		},
 		want:    []messages.RotationEntry{},
 		ignored: 1,
@@ -95,48 +95,48 @@ func TestFold(t *testing.T) {
 		name: "a newer create after deleted comes back",
 		steps: []step{
 			{0, at(ev("p1", 4, deleted, ""), 0), false, false},
-			{1 * s, at(ev("p1", 9, running, "10.0.0.7"), 1*s), false, true},
+			{1 * s, at(ev("p1", 9, running, "198.18.100.7"), 1*s), false, true},
 		},
-		want: []messages.RotationEntry{entry("p1", "10.0.0.7:3128", 1*s)},
+		want: []messages.RotationEntry{entry("p1", "198.18.100.7:3128", 1*s)},
 	}, {
 		name: "duplicate and older events are ignored",
 		steps: []step{
-			{0, at(ev("p1", 5, running, "10.0.0.1"), 0), false, true},
+			{0, at(ev("p1", 5, running, "198.18.100.1"), 0), false, true},
 			{1 * s, at(ev("p1", 5, failed, ""), 1*s), false, false},
 			{2 * s, at(ev("p1", 4, delng, ""), 2*s), false, false},
 			{3 * s, at(ev("p1", 1, prov, ""), 3*s), false, false},
 		},
-		want:    []messages.RotationEntry{entry("p1", "10.0.0.1:3128", 0)},
+		want:    []messages.RotationEntry{entry("p1", "198.18.100.1:3128", 0)},
 		ignored: 3,
 	}, {
 		name: "out of order across proxies: each id has its own seq",
 		steps: []step{
-			{0, at(ev("p2", 7, running, "10.0.0.2"), 0), false, true},
-			{0, at(ev("p1", 3, running, "10.0.0.1"), 0), false, true},
+			{0, at(ev("p2", 7, running, "198.18.100.2"), 0), false, true},
+			{0, at(ev("p1", 3, running, "198.18.100.1"), 0), false, true},
 			{1 * s, at(ev("p1", 2, failed, ""), 1*s), false, false},
 		},
-		want:    []messages.RotationEntry{entry("p1", "10.0.0.1:3128", 0), entry("p2", "10.0.0.2:3128", 0)},
+		want:    []messages.RotationEntry{entry("p1", "198.18.100.1:3128", 0), entry("p2", "198.18.100.2:3128", 0)},
 		ignored: 1,
 	}, {
 		name: "IP change moves the entry",
 		steps: []step{
-			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
-			{3 * s, at(ev("p1", 3, running, "10.0.0.9"), 3*s), false, true},
+			{0, at(ev("p1", 2, running, "198.18.100.1"), 0), false, true},
+			{3 * s, at(ev("p1", 3, running, "198.18.100.9"), 3*s), false, true},
 		},
-		want: []messages.RotationEntry{entry("p1", "10.0.0.9:3128", 3*s)},
+		want: []messages.RotationEntry{entry("p1", "198.18.100.9:3128", 3*s)},
 	}, {
 		name: "unknown state, wrong version, missing id are ignored",
 		steps: []step{
-			{0, at(ev("p1", 2, "exploded", "10.0.0.1"), 0), false, false},
-			{0, func() messages.StateEvent { e := ev("p1", 3, running, "10.0.0.1"); e.V = 2; return e }(), false, false},
-			{0, ev("", 3, running, "10.0.0.1"), false, false},
+			{0, at(ev("p1", 2, "exploded", "198.18.100.1"), 0), false, false},
+			{0, func() messages.StateEvent { e := ev("p1", 3, running, "198.18.100.1"); e.V = 2; return e }(), false, false},
+			{0, ev("", 3, running, "198.18.100.1"), false, false},
 		},
 		want:    []messages.RotationEntry{},
 		ignored: 3,
 	}, {
 		name: "no grace: provisioning without IP demotes at once",
 		steps: []step{
-			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
+			{0, at(ev("p1", 2, running, "198.18.100.1"), 0), false, true},
 			{1 * s, at(ev("p1", 3, prov, ""), 1*s), false, true},
 		},
 		want: []messages.RotationEntry{},
@@ -144,7 +144,7 @@ func TestFold(t *testing.T) {
 		name:  "grace: keeps address and place, then Tick demotes",
 		grace: 30 * s,
 		steps: []step{
-			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
+			{0, at(ev("p1", 2, running, "198.18.100.1"), 0), false, true},
 			{10 * s, at(ev("p1", 3, prov, ""), 10*s), false, false},
 			{20 * s, at(ev("p1", 4, prov, ""), 20*s), false, false}, // does not extend the grace
 			{39 * s, messages.StateEvent{}, true, false},
@@ -155,30 +155,30 @@ func TestFold(t *testing.T) {
 		name:  "grace: running again in time keeps since and ends the grace",
 		grace: 30 * s,
 		steps: []step{
-			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
+			{0, at(ev("p1", 2, running, "198.18.100.1"), 0), false, true},
 			{10 * s, at(ev("p1", 3, prov, ""), 10*s), false, false},
-			{15 * s, at(ev("p1", 4, running, "10.0.0.1"), 15*s), false, false},
+			{15 * s, at(ev("p1", 4, running, "198.18.100.1"), 15*s), false, false},
 			{60 * s, messages.StateEvent{}, true, false},
 		},
-		want: []messages.RotationEntry{entry("p1", "10.0.0.1:3128", 0)},
+		want: []messages.RotationEntry{entry("p1", "198.18.100.1:3128", 0)},
 	}, {
 		name:  "grace: one proxy's timeout never drops another",
 		grace: 30 * s,
 		steps: []step{
-			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
-			{0, at(ev("p2", 2, running, "10.0.0.2"), 0), false, true},
+			{0, at(ev("p1", 2, running, "198.18.100.1"), 0), false, true},
+			{0, at(ev("p2", 2, running, "198.18.100.2"), 0), false, true},
 			{10 * s, at(ev("p1", 3, prov, ""), 10*s), false, false},
 			{20 * s, at(ev("p2", 3, prov, ""), 20*s), false, false},
 			{40 * s, messages.StateEvent{}, true, true},
-			{45 * s, at(ev("p2", 4, running, "10.0.0.2"), 45*s), false, false},
+			{45 * s, at(ev("p2", 4, running, "198.18.100.2"), 45*s), false, false},
 			{90 * s, messages.StateEvent{}, true, false},
 		},
-		want: []messages.RotationEntry{entry("p2", "10.0.0.2:3128", 0)},
+		want: []messages.RotationEntry{entry("p2", "198.18.100.2:3128", 0)},
 	}, {
 		name:  "grace: an event seen after its grace has passed demotes at once",
 		grace: 30 * s,
 		steps: []step{
-			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
+			{0, at(ev("p1", 2, running, "198.18.100.1"), 0), false, true},
 			{50 * s, at(ev("p1", 3, prov, ""), 10*s), false, true},
 		},
 		want: []messages.RotationEntry{},
@@ -186,7 +186,7 @@ func TestFold(t *testing.T) {
 		name:  "grace: failed during grace removes at once",
 		grace: 30 * s,
 		steps: []step{
-			{0, at(ev("p1", 2, running, "10.0.0.1"), 0), false, true},
+			{0, at(ev("p1", 2, running, "198.18.100.1"), 0), false, true},
 			{10 * s, at(ev("p1", 3, prov, ""), 10*s), false, false},
 			{11 * s, at(ev("p1", 4, failed, ""), 11*s), false, true},
 		},
@@ -202,9 +202,9 @@ func TestFold(t *testing.T) {
 	}, {
 		name: "an event time in the future is bounded by the clock",
 		steps: []step{
-			{1 * s, at(ev("p1", 2, running, "10.0.0.1"), time.Hour), false, true},
+			{1 * s, at(ev("p1", 2, running, "198.18.100.1"), time.Hour), false, true},
 		},
-		want: []messages.RotationEntry{entry("p1", "10.0.0.1:3128", 1*s)},
+		want: []messages.RotationEntry{entry("p1", "198.18.100.1:3128", 1*s)},
 	}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -239,7 +239,7 @@ func TestFold(t *testing.T) {
 func TestFoldGraceKeepsAddressAndDeadline(t *testing.T) {
 	now := t0
 	f := NewFold(30*time.Second, func() time.Time { return now })
-	f.Apply(at(ev("p1", 2, messages.StateRunning, "10.0.0.1"), 0))
+	f.Apply(at(ev("p1", 2, messages.StateRunning, "198.18.100.1"), 0))
 	if _, ok := f.NextDeadline(); ok {
 		t.Fatal("deadline with no grace running")
 	}
@@ -252,7 +252,7 @@ func TestFoldGraceKeepsAddressAndDeadline(t *testing.T) {
 	if !ok || !d.Equal(t0.Add(40*time.Second)) {
 		t.Fatalf("NextDeadline = %v %v, want %v", d, ok, t0.Add(40*time.Second))
 	}
-	want := []messages.RotationEntry{entry("p1", "10.0.0.1:3128", 0)}
+	want := []messages.RotationEntry{entry("p1", "198.18.100.1:3128", 0)}
 	if got := f.Snapshot(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("in grace: snapshot = %+v, want %+v", got, want)
 	}
@@ -264,7 +264,7 @@ func TestFoldSnapshotSortedAndNeverNil(t *testing.T) {
 		t.Fatalf("empty snapshot = %#v", s)
 	}
 	for i, id := range []string{"p3", "p1", "p2"} {
-		f.Apply(at(ev(id, 1, messages.StateRunning, "10.0.0."+string(rune('1'+i))), 0))
+		f.Apply(at(ev(id, 1, messages.StateRunning, "198.18.100."+string(rune('1'+i))), 0))
 	}
 	var ids []string
 	for _, e := range f.Snapshot() {

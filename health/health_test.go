@@ -301,10 +301,10 @@ func TestRotationFollowsEvents(t *testing.T) {
 	r.publishFolded(h,
 		event("p1", 1, messages.StateProvisioning, ""),
 		event("p2", 1, messages.StateProvisioning, ""),
-		event("p1", 2, messages.StateRunning, "10.0.0.1"),
-		event("p2", 2, messages.StateRunning, "10.0.0.2"),
+		event("p1", 2, messages.StateRunning, "198.18.100.1"),
+		event("p2", 2, messages.StateRunning, "198.18.100.2"),
 	)
-	want := map[string]string{"p1": "10.0.0.1:3128", "p2": "10.0.0.2:3128"}
+	want := map[string]string{"p1": "198.18.100.1:3128", "p2": "198.18.100.2:3128"}
 	r.waitBucket(want)
 	r.waitSnapshot(want)
 	if got := addrs(getRotation(t, h).Proxies); !reflect.DeepEqual(got, want) {
@@ -312,14 +312,14 @@ func TestRotationFollowsEvents(t *testing.T) {
 	}
 
 	// A new IP moves p1.
-	r.publishFolded(h, event("p1", 3, messages.StateRunning, "10.0.0.11"))
-	want = map[string]string{"p1": "10.0.0.11:3128", "p2": "10.0.0.2:3128"}
+	r.publishFolded(h, event("p1", 3, messages.StateRunning, "198.18.100.11"))
+	want = map[string]string{"p1": "198.18.100.11:3128", "p2": "198.18.100.2:3128"}
 	r.waitBucket(want)
 	r.waitSnapshot(want)
 
 	// deleting then deleted: p2's key goes.
-	r.publishFolded(h, event("p2", 3, messages.StateDeleting, "10.0.0.2"), event("p2", 4, messages.StateDeleted, ""))
-	want = map[string]string{"p1": "10.0.0.11:3128"}
+	r.publishFolded(h, event("p2", 3, messages.StateDeleting, "198.18.100.2"), event("p2", 4, messages.StateDeleted, ""))
+	want = map[string]string{"p1": "198.18.100.11:3128"}
 	r.waitBucket(want)
 	r.waitSnapshot(want)
 	if _, err := r.kv.Get(context.Background(), "p2"); !errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -328,7 +328,7 @@ func TestRotationFollowsEvents(t *testing.T) {
 
 	// A late, older running of p2 and a failed p1 with a stale seq: ignored.
 	before := h.Metrics()
-	r.publishFolded(h, event("p2", 2, messages.StateRunning, "10.0.0.2"), event("p1", 3, messages.StateFailed, ""))
+	r.publishFolded(h, event("p2", 2, messages.StateRunning, "198.18.100.2"), event("p1", 3, messages.StateFailed, ""))
 	m := h.Metrics()
 	if m.Ignored != before.Ignored+2 || m.Changes != before.Changes || m.RotationSize != 1 {
 		t.Fatalf("metrics after stale events = %+v (before %+v)", m, before)
@@ -364,7 +364,7 @@ func TestLateStartRebuildsTheSameRotation(t *testing.T) {
 	want := map[string]string{}
 	for i := range 40 {
 		id := fmt.Sprintf("p%02d", i)
-		ip := fmt.Sprintf("10.0.1.%d", i)
+		ip := fmt.Sprintf("198.18.101.%d", i)
 		r.publish(event(id, 1, messages.StateProvisioning, ""), event(id, 2, messages.StateRunning, ip))
 		switch i % 4 {
 		case 0:
@@ -374,8 +374,8 @@ func TestLateStartRebuildsTheSameRotation(t *testing.T) {
 		case 2:
 			r.publish(event(id, 3, messages.StateDeleting, ip), event(id, 4, messages.StateDeleted, ""))
 		case 3:
-			r.publish(event(id, 3, messages.StateRunning, "10.0.2.1"))
-			want[id] = "10.0.2.1:3128"
+			r.publish(event(id, 3, messages.StateRunning, "198.18.102.1"))
+			want[id] = "198.18.102.1:3128"
 		}
 	}
 	// A follower that saw everything live, and one that starts late.
@@ -415,14 +415,14 @@ func TestStartReconcilesTheBucket(t *testing.T) {
 	ctx := context.Background()
 	// Left over from an earlier process: a proxy gone since, a stale
 	// address, and a key that is no proxy id.
-	for k, v := range map[string]string{"gone": "10.9.9.9:3128", "p1": "10.0.0.99:3128", "_version": "7"} {
+	for k, v := range map[string]string{"gone": "198.18.109.9:3128", "p1": "198.18.100.99:3128", "_version": "7"} {
 		if _, err := r.kv.PutString(ctx, k, v); err != nil {
 			t.Fatal(err)
 		}
 	}
-	r.publish(event("p1", 2, messages.StateRunning, "10.0.0.1"), event("p2", 2, messages.StateRunning, "10.0.0.2"))
+	r.publish(event("p1", 2, messages.StateRunning, "198.18.100.1"), event("p2", 2, messages.StateRunning, "198.18.100.2"))
 	r.start(health.Config{})
-	r.waitBucket(map[string]string{"p1": "10.0.0.1:3128", "p2": "10.0.0.2:3128"})
+	r.waitBucket(map[string]string{"p1": "198.18.100.1:3128", "p2": "198.18.100.2:3128"})
 }
 
 // A process that starts with a bucket already right writes nothing to it:
@@ -432,7 +432,7 @@ func TestStartDoesNotTouchACorrectBucket(t *testing.T) {
 	ctx := context.Background()
 	want := map[string]string{}
 	for i := range 100 {
-		id, ip := fmt.Sprintf("p%03d", i), fmt.Sprintf("10.0.3.%d", i)
+		id, ip := fmt.Sprintf("p%03d", i), fmt.Sprintf("198.18.103.%d", i)
 		r.publish(event(id, 1, messages.StateProvisioning, ""), event(id, 2, messages.StateRunning, ip))
 		want[id] = ip + ":3128"
 		if _, err := r.kv.PutString(ctx, id, ip+":3128"); err != nil {
@@ -451,10 +451,10 @@ func TestStartDoesNotTouchACorrectBucket(t *testing.T) {
 	}
 	// Publish a marker through another key's change and see that it is
 	// the first write the process made.
-	r.publish(event("p000", 3, messages.StateRunning, "10.0.4.1"))
+	r.publish(event("p000", 3, messages.StateRunning, "198.18.104.1"))
 	select {
 	case e := <-w.Updates():
-		if e == nil || e.Key() != "p000" || e.Operation() != jetstream.KeyValuePut || string(e.Value()) != "10.0.4.1:3128" {
+		if e == nil || e.Key() != "p000" || e.Operation() != jetstream.KeyValuePut || string(e.Value()) != "198.18.104.1:3128" {
 			t.Fatalf("first write to the bucket = %v, want the put of p000", e)
 		}
 	case <-time.After(10 * time.Second):
@@ -466,13 +466,13 @@ func TestUndecodableEventsAreIgnored(t *testing.T) {
 	r := newRig(t)
 	h := r.start(health.Config{})
 	r.publishRaw(subj.State("p1"), []byte("not json"))
-	r.publishRaw(subj.State("p2"), []byte(`{"v":1,"id":"p3","state":"running","ip":"10.0.0.3","port":3128,"seq":1}`))
-	r.publishRaw(subj.State("p4"), []byte(`{"v":2,"id":"p4","state":"running","ip":"10.0.0.4","port":3128,"seq":1}`))
-	r.publishRaw("proxy.state.Bad_Id", []byte(`{"v":1,"id":"Bad_Id","state":"running","ip":"10.0.0.4","port":3128,"seq":1}`))
+	r.publishRaw(subj.State("p2"), []byte(`{"v":1,"id":"p3","state":"running","ip":"198.18.100.3","port":3128,"seq":1}`))
+	r.publishRaw(subj.State("p4"), []byte(`{"v":2,"id":"p4","state":"running","ip":"198.18.100.4","port":3128,"seq":1}`))
+	r.publishRaw("proxy.state.Bad_Id", []byte(`{"v":1,"id":"Bad_Id","state":"running","ip":"198.18.100.4","port":3128,"seq":1}`))
 	// A field this build does not know is no reason to drop the event.
-	r.publishRaw(subj.State("p6"), []byte(`{"v":1,"id":"p6","state":"running","ip":"10.0.0.6","port":3128,"seq":1,"zone":"a"}`))
-	r.publish(event("p5", 1, messages.StateRunning, "10.0.0.5"))
-	r.waitBucket(map[string]string{"p5": "10.0.0.5:3128", "p6": "10.0.0.6:3128"})
+	r.publishRaw(subj.State("p6"), []byte(`{"v":1,"id":"p6","state":"running","ip":"198.18.100.6","port":3128,"seq":1,"zone":"a"}`))
+	r.publish(event("p5", 1, messages.StateRunning, "198.18.100.5"))
+	r.waitBucket(map[string]string{"p5": "198.18.100.5:3128", "p6": "198.18.100.6:3128"})
 	if m := h.Metrics(); m.Events != 6 || m.Ignored != 4 || m.RotationSize != 2 {
 		t.Fatalf("metrics = %+v, want 6 events, 4 ignored, 2 in rotation", m)
 	}
@@ -482,8 +482,8 @@ func TestGraceKeepsThenDemotes(t *testing.T) {
 	r := newRig(t)
 	const grace = 300 * time.Millisecond
 	h := r.start(health.Config{Grace: grace})
-	r.publish(event("p1", 1, messages.StateRunning, "10.0.0.1"), event("p2", 1, messages.StateRunning, "10.0.0.2"))
-	both := map[string]string{"p1": "10.0.0.1:3128", "p2": "10.0.0.2:3128"}
+	r.publish(event("p1", 1, messages.StateRunning, "198.18.100.1"), event("p2", 1, messages.StateRunning, "198.18.100.2"))
+	both := map[string]string{"p1": "198.18.100.1:3128", "p2": "198.18.100.2:3128"}
 	r.waitBucket(both)
 
 	// p1's guest agent restarts: it reports provisioning with no IP and
@@ -497,19 +497,19 @@ func TestGraceKeepsThenDemotes(t *testing.T) {
 	if m := h.Metrics(); m.InGrace != 1 && time.Since(began) < grace {
 		t.Fatalf("in grace, metrics = %+v, want 1 in grace", m)
 	}
-	r.waitBucket(map[string]string{"p2": "10.0.0.2:3128"})
+	r.waitBucket(map[string]string{"p2": "198.18.100.2:3128"})
 	if d := time.Since(began); d < grace {
 		t.Fatalf("p1 demoted after %v, before its grace of %v", d, grace)
 	}
 
 	// Back to running: in again.
-	r.publish(event("p1", 3, messages.StateRunning, "10.0.0.1"))
+	r.publish(event("p1", 3, messages.StateRunning, "198.18.100.1"))
 	r.waitBucket(both)
 	r.waitSnapshot(both)
 
 	// A restart that comes back within the grace never leaves.
 	n := len(r.snapshots())
-	r.publishFolded(h, event("p2", 2, messages.StateProvisioning, ""), event("p2", 3, messages.StateRunning, "10.0.0.2"))
+	r.publishFolded(h, event("p2", 2, messages.StateProvisioning, ""), event("p2", 3, messages.StateRunning, "198.18.100.2"))
 	time.Sleep(2 * grace)
 	if got := len(r.snapshots()); got != n {
 		t.Fatalf("%d snapshots published for a restart within the grace", got-n)
@@ -622,14 +622,14 @@ func TestPublishFailureShowsAndRecovers(t *testing.T) {
 	r := newRig(t)
 	ctx := context.Background()
 	h := r.start(health.Config{})
-	r.publish(event("p1", 1, messages.StateRunning, "10.0.0.1"))
-	r.waitBucket(map[string]string{"p1": "10.0.0.1:3128"})
+	r.publish(event("p1", 1, messages.StateRunning, "198.18.100.1"))
+	r.waitBucket(map[string]string{"p1": "198.18.100.1:3128"})
 
 	// The bucket vanishes: publishing fails, /healthz says so.
 	if err := r.js.DeleteKeyValue(ctx, messages.BucketRotation); err != nil {
 		t.Fatal(err)
 	}
-	r.publish(event("p2", 1, messages.StateRunning, "10.0.0.2"))
+	r.publish(event("p2", 1, messages.StateRunning, "198.18.100.2"))
 	waitFor(t, "/healthz to fail", func() bool {
 		code, body := get(t, "http://"+h.Addr()+"/healthz")
 		return code == http.StatusServiceUnavailable && strings.Contains(body, messages.BucketRotation)
@@ -642,7 +642,7 @@ func TestPublishFailureShowsAndRecovers(t *testing.T) {
 	if err := (worker.Topology{Subjects: subj}).Ensure(ctx, r.js, []string{"h1"}); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{"p1": "10.0.0.1:3128", "p2": "10.0.0.2:3128"}
+	want := map[string]string{"p1": "198.18.100.1:3128", "p2": "198.18.100.2:3128"}
 	r.waitBucket(want)
 	r.waitSnapshot(want)
 	waitFor(t, "/healthz to recover", func() bool {
@@ -658,13 +658,13 @@ func TestNoHTTP(t *testing.T) {
 	if h.Addr() != "" {
 		t.Fatalf("Addr = %q with NoHTTP", h.Addr())
 	}
-	r.publish(event("p1", 1, messages.StateRunning, "10.0.0.1"))
-	r.waitBucket(map[string]string{"p1": "10.0.0.1:3128"})
+	r.publish(event("p1", 1, messages.StateRunning, "198.18.100.1"))
+	r.waitBucket(map[string]string{"p1": "198.18.100.1:3128"})
 	ts := httptest.NewServer(h.Handler())
 	defer ts.Close()
 	waitFor(t, "GET /rotation with p1", func() bool {
 		code, body := get(t, ts.URL+"/rotation")
-		return code == 200 && strings.Contains(body, `"addr":"10.0.0.1:3128"`)
+		return code == 200 && strings.Contains(body, `"addr":"198.18.100.1:3128"`)
 	})
 }
 
@@ -699,8 +699,8 @@ func TestCatchUpWithoutALastMessage(t *testing.T) {
 	}
 	r := &rig{t: t, srv: srv, nc: nc, js: js, kv: kv}
 	h := r.start(health.Config{}) // fails unless it catches up
-	r.publish(event("p1", 1, messages.StateRunning, "10.0.0.1"))
-	r.waitBucket(map[string]string{"p1": "10.0.0.1:3128"})
+	r.publish(event("p1", 1, messages.StateRunning, "198.18.100.1"))
+	r.waitBucket(map[string]string{"p1": "198.18.100.1:3128"})
 	if m := h.Metrics(); !m.CaughtUp || m.Events != 1 {
 		t.Fatalf("metrics = %+v", m)
 	}
@@ -713,7 +713,7 @@ func TestCatchUpUnderConcurrentEvents(t *testing.T) {
 	ctx := context.Background()
 	want := map[string]string{}
 	for i := range 300 {
-		id, ip := fmt.Sprintf("p%03d", i), fmt.Sprintf("10.1.%d.%d", i/250, i%250+1)
+		id, ip := fmt.Sprintf("p%03d", i), fmt.Sprintf("198.19.%d.%d", i/250, i%250+1)
 		r.publish(event(id, 2, messages.StateRunning, ip))
 		want[id] = ip + ":3128"
 		if _, err := r.kv.PutString(ctx, id, ip+":3128"); err != nil {
@@ -731,7 +731,7 @@ func TestCatchUpUnderConcurrentEvents(t *testing.T) {
 		defer close(done)
 		for i := range 100 {
 			id := fmt.Sprintf("q%03d", i)
-			b, _ := json.Marshal(event(id, 1, messages.StateRunning, fmt.Sprintf("10.2.0.%d", i+1)))
+			b, _ := json.Marshal(event(id, 1, messages.StateRunning, fmt.Sprintf("198.18.110.%d", i+1)))
 			if _, err := r.js.Publish(ctx, subj.State(id), b); err != nil {
 				t.Errorf("publish: %v", err)
 				return
@@ -741,7 +741,7 @@ func TestCatchUpUnderConcurrentEvents(t *testing.T) {
 	h := r.start(health.Config{})
 	<-done
 	for i := range 100 {
-		want[fmt.Sprintf("q%03d", i)] = fmt.Sprintf("10.2.0.%d:3128", i+1)
+		want[fmt.Sprintf("q%03d", i)] = fmt.Sprintf("198.18.110.%d:3128", i+1)
 	}
 	r.waitBucket(want)
 	if got := addrs(getRotation(t, h).Proxies); len(got) != len(want) {

@@ -204,18 +204,18 @@ func TestRiseThenFall(t *testing.T) {
 	r := newRig(t)
 	p := newFakeProber()
 	h := r.start(fastProbing(p))
-	p.set("10.0.0.1:3128", true)
-	r.publish(event("p1", 2, messages.StateRunning, "10.0.0.1"), event("p2", 2, messages.StateRunning, "10.0.0.2"))
-	want := map[string]string{"p2": "10.0.0.2:3128"}
+	p.set("198.18.100.1:3128", true)
+	r.publish(event("p1", 2, messages.StateRunning, "198.18.100.1"), event("p2", 2, messages.StateRunning, "198.18.100.2"))
+	want := map[string]string{"p2": "198.18.100.2:3128"}
 	r.waitBucket(want)
-	waitFor(t, "p1 probed a few times", func() bool { return p.count("10.0.0.1:3128") >= 5 })
+	waitFor(t, "p1 probed a few times", func() bool { return p.count("198.18.100.1:3128") >= 5 })
 	if got := r.bucket(); len(got) != 1 {
 		t.Fatalf("a failing proxy entered: %v", got)
 	}
-	p.set("10.0.0.1:3128", false)
-	want["p1"] = "10.0.0.1:3128"
+	p.set("198.18.100.1:3128", false)
+	want["p1"] = "198.18.100.1:3128"
 	r.waitBucket(want)
-	p.set("10.0.0.2:3128", true)
+	p.set("198.18.100.2:3128", true)
 	delete(want, "p2")
 	r.waitBucket(want)
 	r.waitSnapshot(want)
@@ -248,7 +248,7 @@ func TestTakeover(t *testing.T) {
 
 			want := map[string]string{}
 			for i := range 5 {
-				ip := fmt.Sprintf("10.0.0.%d", i+1)
+				ip := fmt.Sprintf("198.18.100.%d", i+1)
 				r.publish(event(fmt.Sprintf("p%d", i), 2, messages.StateRunning, ip))
 				want[fmt.Sprintf("p%d", i)] = ip + ":3128"
 			}
@@ -265,7 +265,7 @@ func TestTakeover(t *testing.T) {
 			if code, _ := get(t, "http://"+h2.Addr()+"/healthz"); code != 200 {
 				t.Fatalf("standby /healthz = %d", code)
 			}
-			if p.count("10.0.0.1:3128") == 0 {
+			if p.count("198.18.100.1:3128") == 0 {
 				t.Fatal("nobody probes")
 			}
 			lastH1 := h1.Metrics().RotationVersion
@@ -287,8 +287,8 @@ func TestTakeover(t *testing.T) {
 				t.Fatalf("took over after %v: a released lease should be taken at once", took)
 			}
 			// The new holder publishes, from a version above the old one's.
-			r.publish(event("p9", 2, messages.StateRunning, "10.0.0.9"))
-			want["p9"] = "10.0.0.9:3128"
+			r.publish(event("p9", 2, messages.StateRunning, "198.18.100.9"))
+			want["p9"] = "198.18.100.9:3128"
 			r.waitBucket(want)
 			snap := r.waitSnapshot(want)
 			if snap.Version <= lastH1 {
@@ -336,7 +336,7 @@ func TestRestartLoadsTheRotation(t *testing.T) {
 	h1 := r.startWith(js1, fastProbing(p))
 	want := map[string]string{}
 	for i := range 3 {
-		ip := fmt.Sprintf("10.0.0.%d", i+1)
+		ip := fmt.Sprintf("198.18.100.%d", i+1)
 		r.publish(event(fmt.Sprintf("p%d", i), 2, messages.StateRunning, ip))
 		want[fmt.Sprintf("p%d", i)] = ip + ":3128"
 	}
@@ -347,7 +347,7 @@ func TestRestartLoadsTheRotation(t *testing.T) {
 	cancel()
 
 	// p1 stopped answering while no process ran.
-	p.set("10.0.0.2:3128", true)
+	p.set("198.18.100.2:3128", true)
 	watch := r.watchBucket()
 	cfg := fastProbing(p)
 	cfg.Interval, cfg.Timeout = 100*time.Millisecond, 50*time.Millisecond
@@ -404,7 +404,7 @@ func TestLostLeaseStopsPublishing(t *testing.T) {
 	}()
 	waitFor(t, "the lease to be lost", func() bool { return !h.Holder() })
 	n := h.Metrics().Published
-	r.publish(event("p1", 2, messages.StateRunning, "10.0.0.1"))
+	r.publish(event("p1", 2, messages.StateRunning, "198.18.100.1"))
 	waitFor(t, "p1 to enter the fold", func() bool { rot, _ := h.Rotation(); return len(rot.Proxies) == 1 })
 	time.Sleep(200 * time.Millisecond)
 	if m := h.Metrics(); m.Published != n || len(r.bucket()) != 0 {
@@ -412,9 +412,9 @@ func TestLostLeaseStopsPublishing(t *testing.T) {
 	}
 	close(stop)
 	<-done
-	r.waitBucket(map[string]string{"p1": "10.0.0.1:3128"})
+	r.waitBucket(map[string]string{"p1": "198.18.100.1:3128"})
 	// It continues above the version the other holder wrote.
-	if s := r.waitSnapshot(map[string]string{"p1": "10.0.0.1:3128"}); s.Version <= 1000000 {
+	if s := r.waitSnapshot(map[string]string{"p1": "198.18.100.1:3128"}); s.Version <= 1000000 {
 		t.Fatalf("version %d after the other holder's 1000000", s.Version)
 	}
 	if !h.Holder() || h.Metrics().Takeovers != 2 {
@@ -432,22 +432,22 @@ func TestGraceWithProbing(t *testing.T) {
 	cfg := fastProbing(p)
 	cfg.Grace = 700 * time.Millisecond
 	h := r.start(cfg)
-	r.publish(event("p1", 2, messages.StateRunning, "10.0.0.1"), event("p2", 2, messages.StateRunning, "10.0.0.2"))
-	both := map[string]string{"p1": "10.0.0.1:3128", "p2": "10.0.0.2:3128"}
+	r.publish(event("p1", 2, messages.StateRunning, "198.18.100.1"), event("p2", 2, messages.StateRunning, "198.18.100.2"))
+	both := map[string]string{"p1": "198.18.100.1:3128", "p2": "198.18.100.2:3128"}
 	r.waitBucket(both)
 	r.publishFolded(h, event("p1", 3, messages.StateProvisioning, ""))
-	p.set("10.0.0.2:3128", true) // p2 fails meanwhile: only p2 leaves
-	r.waitBucket(map[string]string{"p1": "10.0.0.1:3128"})
-	n := p.count("10.0.0.1:3128")
-	waitFor(t, "p1 probed during its grace", func() bool { return p.count("10.0.0.1:3128") >= n+3 })
+	p.set("198.18.100.2:3128", true) // p2 fails meanwhile: only p2 leaves
+	r.waitBucket(map[string]string{"p1": "198.18.100.1:3128"})
+	n := p.count("198.18.100.1:3128")
+	waitFor(t, "p1 probed during its grace", func() bool { return p.count("198.18.100.1:3128") >= n+3 })
 	if !h.Metrics().CaughtUp || h.Metrics().InGrace != 1 {
 		t.Fatalf("metrics %+v", h.Metrics())
 	}
 	r.waitBucket(map[string]string{})
 	time.Sleep(100 * time.Millisecond)
-	n = p.count("10.0.0.1:3128")
+	n = p.count("198.18.100.1:3128")
 	time.Sleep(200 * time.Millisecond)
-	if p.count("10.0.0.1:3128") != n {
+	if p.count("198.18.100.1:3128") != n {
 		t.Fatal("p1 still probed after its grace without a running event")
 	}
 }

@@ -13,7 +13,7 @@ import (
 func targets(n int) []Target {
 	out := make([]Target, n)
 	for i := range out {
-		out[i] = Target{ID: fmt.Sprintf("p%03d", i), Addr: fmt.Sprintf("10.0.%d.%d:3128", i/250, i%250+1), Epoch: uint64(i + 1)}
+		out[i] = Target{ID: fmt.Sprintf("p%03d", i), Addr: fmt.Sprintf("198.19.%d.%d:3128", i/250, i%250+1), Epoch: uint64(i + 1)}
 	}
 	return out
 }

@@ -106,7 +106,7 @@ func classRows() []classRow {
 		{"context.Canceled", context.Canceled, fleet.ClassTransient},
 		{"context.DeadlineExceeded", context.DeadlineExceeded, fleet.ClassTransient},
 		{"errSSHClosed", errSSHClosed, fleet.ClassTransient},
-		{"ErrHostKey", fmt.Errorf("%w: host h1 (10.0.0.1:22)", ErrHostKey), fleet.ClassPermanent},
+		{"ErrHostKey", fmt.Errorf("%w: host h1 (198.18.100.1:22)", ErrHostKey), fleet.ClassPermanent},
 		{"libvirt.ErrUnsupported", libvirt.ErrUnsupported, fleet.ClassPermanent},
 
 		// errnos, one row per entry of errnoClass.
