@@ -291,7 +291,7 @@ func TestSeedCountsAsRisen(t *testing.T) {
 	before := pf.now.Add(-time.Hour)
 	pf.apply(at(ev("p1", 7, running, "198.18.100.1"), -time.Hour), false) // confirmed, dated by its event
 	pf.apply(ev("p2", 7, running, "198.18.100.22"), true)                 // elsewhere now: out, must rise
-	pf.apply(ev("p3", 7, prov, ""), false)                            // on grace at its seeded address
+	pf.apply(ev("p3", 7, prov, ""), false)                                // on grace at its seeded address
 	pf.apply(ev("p4", 7, deleted, ""), true)
 	pf.apply(ev("p5", 7, running, "198.18.100.5"), false)
 	if !pf.f.DropUnseen() {
