@@ -58,7 +58,7 @@ ip netns exec "$NS" sysctl -qw net.ipv4.ip_forward=1
 ip route replace "$VM_NET" via "$NS_IP" dev "$VETH_ROOT"
 
 # --- libvirt daemons in the namespace ----------------------------------------
-# Never let libvirt autostart its 'default' network (192.168.122.0/24).
+# Never let libvirt autostart its 'default' network (a private-range NAT network).
 rm -f /etc/libvirt/qemu/networks/autostart/default.xml
 
 # ensure_daemon NAME PIDFILE CMD...: keep a live daemon that runs in our
