@@ -21,18 +21,14 @@ import (
 
 	"proxyfleet/client"
 	"proxyfleet/internal/natstest"
+	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
 	"proxyfleet/sim"
 	"proxyfleet/worker"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// The embedded server's and client's long-lived goroutines end
-		// asynchronously after Shutdown/Close.
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start"),
-		goleak.IgnoreTopFunction("time.Sleep"),
-	)
+	goleak.VerifyTestMain(m)
 }
 
 // rig is an embedded nats-server, optionally a worker on sim host h1, and a
@@ -475,13 +471,7 @@ func (s *syncBuffer) String() string {
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, what, 20*time.Second, cond)
 }
 
 // runWatch runs Watch until the returned stop is called, which returns

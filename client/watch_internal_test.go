@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"proxyfleet/internal/natstest"
+	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
 	"proxyfleet/worker"
 )
@@ -62,19 +63,12 @@ func TestWatchTerminalClearsScreen(t *testing.T) {
 	go func() {
 		done <- c.Watch(wctx, &buf, 20*time.Millisecond, WithWatchMode(WatchTable), func(o *watchOptions) { o.term = &yes })
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(buf.String(), "deleted") {
-		if time.Now().After(deadline) {
-			t.Fatalf("initial picture not drawn: %q", buf.String())
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !poll.Wait(10*time.Second, func() bool { return strings.Contains(buf.String(), "deleted") }) {
+		t.Fatalf("initial picture not drawn: %q", buf.String())
 	}
 	pub(messages.StateEvent{V: 1, ID: "p1", State: "running", Host: "h1", IP: "198.18.0.9", Port: 3128, Seq: 1})
-	for !strings.Contains(buf.String(), "198.18.0.9") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the new life of p1 is not shown: %q", buf.String())
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !poll.Wait(10*time.Second, func() bool { return strings.Contains(buf.String(), "198.18.0.9") }) {
+		t.Fatalf("the new life of p1 is not shown: %q", buf.String())
 	}
 	wcancel()
 	if err := <-done; err != nil {

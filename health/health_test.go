@@ -21,17 +21,13 @@ import (
 
 	"proxyfleet/health"
 	"proxyfleet/internal/natstest"
+	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
 	"proxyfleet/worker"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// The embedded server's and client's long-lived goroutines end
-		// asynchronously after Shutdown/Close.
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start"),
-		goleak.IgnoreTopFunction("time.Sleep"),
-	)
+	goleak.VerifyTestMain(m)
 }
 
 var subj = messages.NewSubjects("")
@@ -198,13 +194,7 @@ func (r *rig) bucket() map[string]string {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, what, 10*time.Second, cond)
 }
 
 func (r *rig) waitBucket(want map[string]string) {

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/crypto/ssh/knownhosts"
 
 	"proxyfleet/internal/faultproxy"
+	"proxyfleet/internal/poll"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -112,23 +113,23 @@ func startSSHD(t *testing.T) *sshd {
 			t.Logf("sshd log:\n%s", s.readLog())
 		}
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var dialErr error
+	if !poll.Wait(10*time.Second, func() bool {
 		c, err := net.DialTimeout("tcp", s.addr, time.Second)
 		if err == nil {
 			c.Close()
-			break
+			return true
 		}
+		dialErr = err
 		select {
 		case err := <-exited:
 			exited <- err // for the cleanup
 			t.Fatalf("sshd exited at start: %v\n%s", err, s.readLog())
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sshd not accepting on %s: %v\n%s", s.addr, err, s.readLog())
-		}
-		time.Sleep(20 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("sshd not accepting on %s: %v\n%s", s.addr, dialErr, s.readLog())
 	}
 	return s
 }

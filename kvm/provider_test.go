@@ -17,6 +17,7 @@ import (
 
 	"proxyfleet/config"
 	"proxyfleet/fleet"
+	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
 )
 
@@ -104,21 +105,17 @@ func cleanupProxy(t *testing.T, p *Provider, id string) {
 // awaitRunning polls Get until the proxy runs with an address.
 func awaitRunning(t *testing.T, p *Provider, id string, bound time.Duration) fleet.Instance {
 	t.Helper()
-	deadline := time.Now().Add(bound)
 	var last fleet.Instance
 	var lastErr error
-	for time.Now().Before(deadline) {
+	if !poll.WaitEvery(bound, 500*time.Millisecond, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		in, err := p.Get(ctx, id)
-		cancel()
-		if err == nil && in.State == messages.StateRunning {
-			return in
-		}
-		last, lastErr = in, err
-		time.Sleep(500 * time.Millisecond)
+		defer cancel()
+		last, lastErr = p.Get(ctx, id)
+		return lastErr == nil && last.State == messages.StateRunning
+	}) {
+		t.Fatalf("%s not running within %s: last %+v, %v", id, bound, last, lastErr)
 	}
-	t.Fatalf("%s not running within %s: last %+v, %v", id, bound, last, lastErr)
-	return fleet.Instance{}
+	return last
 }
 
 // guest asks the test guest's control API (port 9090) something.
@@ -126,23 +123,26 @@ func guest(t *testing.T, method, ip, path string) string {
 	t.Helper()
 	req, _ := http.NewRequest(method, "http://"+ip+":9090"+path, nil)
 	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	var body string
 	var lastErr error
-	for range 10 {
+	if !poll.WaitEvery(5*time.Second, 500*time.Millisecond, func() bool {
 		resp, err := c.Do(req)
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return strings.TrimSpace(string(b))
-			}
-			lastErr = fmt.Errorf("%s", resp.Status)
-		} else {
+		if err != nil {
 			lastErr = err
+			return false
 		}
-		time.Sleep(500 * time.Millisecond)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			lastErr = fmt.Errorf("%s", resp.Status)
+			return false
+		}
+		body = strings.TrimSpace(string(b))
+		return true
+	}) {
+		t.Fatalf("%s %s%s: %v", method, ip, path, lastErr)
 	}
-	t.Fatalf("%s %s%s: %v", method, ip, path, lastErr)
-	return ""
+	return body
 }
 
 // TestProvider_roundTrip creates a real proxy on the test host over SSH,
@@ -170,12 +170,12 @@ func TestProvider_roundTrip(t *testing.T) {
 	in = awaitRunning(t, p, id, 2*time.Minute)
 	// The DHCP lease may answer before the guest agent is up; once the
 	// agent answers, it is the source.
-	for deadline := time.Now().Add(time.Minute); in.Source != messages.SourceAgent && time.Now().Before(deadline); {
-		time.Sleep(500 * time.Millisecond)
+	poll.WaitEvery(time.Minute, 500*time.Millisecond, func() bool {
 		if got, err := p.Get(ctx, id); err == nil && got.State == messages.StateRunning {
 			in = got
 		}
-	}
+		return in.Source == messages.SourceAgent
+	})
 	if !strings.HasPrefix(in.IP, "198.18.100.") || in.Source != messages.SourceAgent {
 		t.Errorf("running: %+v, want an address in 198.18.100.0/24 from the agent", in)
 	}
@@ -190,19 +190,15 @@ func TestProvider_roundTrip(t *testing.T) {
 	}
 
 	guest(t, "POST", in.IP, "/agent/stop")
-	deadline := time.Now().Add(time.Minute)
-	for {
-		got, err := p.Get(ctx, id)
-		if err == nil && got.State == messages.StateRunning && got.Source == messages.SourceLease {
-			if got.IP != in.IP {
-				t.Errorf("lease address %s, agent said %s", got.IP, in.IP)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("with the agent stopped: %+v %v, want running from the lease", got, err)
-		}
-		time.Sleep(500 * time.Millisecond)
+	var got fleet.Instance
+	if !poll.WaitEvery(time.Minute, 500*time.Millisecond, func() bool {
+		got, err = p.Get(ctx, id)
+		return err == nil && got.State == messages.StateRunning && got.Source == messages.SourceLease
+	}) {
+		t.Fatalf("with the agent stopped: %+v %v, want running from the lease", got, err)
+	}
+	if got.IP != in.IP {
+		t.Errorf("lease address %s, agent said %s", got.IP, in.IP)
 	}
 	guest(t, "POST", in.IP, "/agent/start")
 

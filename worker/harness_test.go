@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/internal/natstest"
+	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
 	"proxyfleet/sim"
 	"proxyfleet/worker"
@@ -169,13 +170,7 @@ func (r *rig) resultsFor(cmdID string) []messages.Result {
 // waitFor polls cond until it holds or the generous bound passes.
 func (r *rig) waitFor(what string, bound time.Duration, cond func() bool) {
 	r.t.Helper()
-	deadline := time.Now().Add(bound)
-	for !cond() {
-		if time.Now().After(deadline) {
-			r.t.Fatalf("timed out after %s waiting for %s", bound, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(r.t, what, bound, cond)
 }
 
 func (r *rig) waitOutcome(cmdID string, outcome string) messages.Result {

@@ -9,12 +9,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// The embedded server's and client's long-lived goroutines end
-		// asynchronously after Shutdown/Close.
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start"),
-		goleak.IgnoreTopFunction("time.Sleep"),
-	)
+	goleak.VerifyTestMain(m)
 }
 
 func TestCreateThenDelete(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/internal/natstest"
+	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
 )
 
@@ -248,11 +249,5 @@ func writeFile(t *testing.T, path, s string) {
 
 func waitUntil(t *testing.T, what string, bound time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(bound)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", bound, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, what, bound, cond)
 }

@@ -18,6 +18,7 @@ import (
 
 	"proxyfleet/client"
 	"proxyfleet/health"
+	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
 	"proxyfleet/sim"
 	"proxyfleet/worker"
@@ -111,16 +112,12 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 	if err != nil || st.State() != messages.StateRunning {
 		t.Fatalf("get as client: %+v %v", st, err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		rot, err := cl.Rotation(ctx)
-		if err == nil && len(rot.Proxies) == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("rotation as client: %+v %v (health publishes it)", rot, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var rot messages.Rotation
+	if !poll.Wait(20*time.Second, func() bool {
+		rot, err = cl.Rotation(ctx)
+		return err == nil && len(rot.Proxies) == 1
+	}) {
+		t.Fatalf("rotation as client: %+v %v (health publishes it)", rot, err)
 	}
 	if _, err := cl.Delete(ctx, "p1", "", true); err != nil {
 		t.Fatalf("delete as client: %v", err)

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"proxyfleet/internal/poll"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -164,19 +166,12 @@ func TestReset_closesWithRSTAndNewConnectionsPass(t *testing.T) {
 	if !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("client read after Reset = %v, want ECONNRESET", err)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		ends := s.endErrors()
-		if len(ends) == 1 {
-			if !errors.Is(ends[0], syscall.ECONNRESET) {
-				t.Fatalf("server side ended with %v, want ECONNRESET", ends[0])
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("server side did not see the reset")
-		}
-		time.Sleep(10 * time.Millisecond)
+	var ends []error
+	if !poll.Wait(2*time.Second, func() bool { ends = s.endErrors(); return len(ends) == 1 }) {
+		t.Fatalf("server side did not see the reset")
+	}
+	if !errors.Is(ends[0], syscall.ECONNRESET) {
+		t.Fatalf("server side ended with %v, want ECONNRESET", ends[0])
 	}
 
 	c2 := dial(t, p.Addr())
