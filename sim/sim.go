@@ -10,6 +10,12 @@
 // records the overlap in overlaps.log before waiting, which is how tests
 // prove the worker never runs two calls for one id at once. Every create
 // that makes a domain appends "id command-id" to creates.log.
+//
+// Like a real host, a proxy is more than its domain: a create first makes
+// the proxy's volume (volumes/<id>.disk), then its domain, and a delete
+// removes the domain, then the volume. The fault op "delete-volumes" fails
+// a delete between the two, as a call abandoned on a deadline would, so
+// tests can prove a later delete still removes the volume.
 package sim
 
 import (
@@ -66,7 +72,7 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	for _, d := range []string{"domains", "locks"} {
+	for _, d := range []string{"domains", "volumes", "locks"} {
 		if err := os.MkdirAll(filepath.Join(cfg.Dir, d), 0o755); err != nil {
 			return nil, fmt.Errorf("sim %s: %w", cfg.Host, err)
 		}
@@ -75,6 +81,9 @@ func New(cfg Config) (*Driver, error) {
 }
 
 func (d *Driver) domainPath(id string) string { return filepath.Join(d.cfg.Dir, "domains", id+".json") }
+
+// VolumePath is where the simulated host keeps proxy id's volume.
+func VolumePath(dir, id string) string { return filepath.Join(dir, "volumes", id+".disk") }
 
 // lock takes the id's cross-process lock, recording an overlap if it was
 // already held. The returned func releases it.
@@ -184,8 +193,11 @@ func (d *Driver) Create(ctx context.Context, spec fleet.Spec) (fleet.Instance, e
 	defer unlock()
 	if dom, err := d.read(spec.ID); err == nil {
 		return d.instance(dom), nil
-	} else if !errors.Is(err, fleet.ErrNotFound) {
+	} else if fleet.ClassOf(err) != fleet.ClassNotFound {
 		return fleet.Instance{}, err
+	}
+	if err := os.WriteFile(VolumePath(d.cfg.Dir, spec.ID), []byte(spec.CommandID), 0o644); err != nil {
+		return fleet.Instance{}, fleet.Transient(fmt.Errorf("create volume %s: %w", spec.ID, err))
 	}
 	dom := domain{
 		ID: spec.ID, Owner: "proxyfleet", CommandID: spec.CommandID, SpecHash: spec.SpecHash,
@@ -224,7 +236,7 @@ func (d *Driver) Get(ctx context.Context, id string) (fleet.Instance, error) {
 	return d.instance(dom), nil
 }
 
-// Delete removes the domain file; an absent one is success.
+// Delete removes the domain file, then the volume; absent ones are success.
 func (d *Driver) Delete(ctx context.Context, id string) error {
 	unlock, err := d.enter(ctx, "delete", id)
 	if err != nil {
@@ -233,6 +245,12 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 	defer unlock()
 	if err := os.Remove(d.domainPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fleet.Transient(fmt.Errorf("delete domain %s: %w", id, err))
+	}
+	if err := takeFault(d.cfg.Dir, "delete-volumes", id); err != nil {
+		return fmt.Errorf("delete %s on %s: volumes: %w", id, d.cfg.Host, err)
+	}
+	if err := os.Remove(VolumePath(d.cfg.Dir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fleet.Transient(fmt.Errorf("delete volume %s: %w", id, err))
 	}
 	return nil
 }
@@ -253,7 +271,7 @@ func (d *Driver) List(ctx context.Context) ([]fleet.Instance, error) {
 	var out []fleet.Instance
 	for _, n := range names {
 		dom, err := d.read(strings.TrimSuffix(filepath.Base(n), ".json"))
-		if errors.Is(err, fleet.ErrNotFound) {
+		if fleet.ClassOf(err) == fleet.ClassNotFound {
 			continue // deleted while listing
 		}
 		if err != nil {

@@ -96,7 +96,10 @@ func (e *executor) owns(d *Desired) bool { return d.Op == messages.OpCreate && d
 func (e *executor) converge(ctx context.Context, d *Desired) error {
 	obs, err := e.prov.Get(ctx, d.ID)
 	present := err == nil
-	if err != nil && !errors.Is(err, fleet.ErrNotFound) {
+	if err != nil && !isNotFound(err) {
+		// A read error proves nothing about the proxy: never a reason
+		// to replace or delete it. The provider's class decides whether
+		// it is retried.
 		return fmt.Errorf("get %s: %w", d.ID, err)
 	}
 	if !e.owns(d) {
@@ -186,7 +189,7 @@ func (e *executor) awaitRunning(ctx context.Context, d *Desired) error {
 	for {
 		obs, err := e.prov.Get(ctx, d.ID)
 		switch {
-		case errors.Is(err, fleet.ErrNotFound):
+		case isNotFound(err):
 			return fleet.Transient(fmt.Errorf("proxy %s vanished while starting", d.ID))
 		case err != nil && ctx.Err() == nil && fleet.IsTransient(err):
 			// A transient read error while waiting: poll again.
@@ -211,17 +214,20 @@ func (e *executor) awaitRunning(ctx context.Context, d *Desired) error {
 // remove deletes the proxy from this host. Only the host a delete was
 // dispatched to reports it; a host the proxy moved away from cleans up
 // quietly, because the proxy lives on elsewhere.
+//
+// Delete runs whether or not a domain is there: a delete interrupted after
+// the domain went (a call abandoned on a deadline) leaves the proxy's
+// volumes, and only the provider's Delete, which converges every artifact
+// of the id, removes them. "deleted" is reported only after it succeeded.
 func (e *executor) remove(ctx context.Context, d *Desired, present bool) error {
 	report := d.Op == messages.OpDelete && d.Host == e.host
-	if present {
-		if report {
-			if err := e.publish(ctx, d, messages.StateDeleting, fleet.Instance{}, ""); err != nil {
-				return err
-			}
+	if present && report {
+		if err := e.publish(ctx, d, messages.StateDeleting, fleet.Instance{}, ""); err != nil {
+			return err
 		}
-		if err := e.prov.Delete(ctx, d.ID); err != nil {
-			return fmt.Errorf("delete %s: %w", d.ID, err)
-		}
+	}
+	if err := e.prov.Delete(ctx, d.ID); err != nil {
+		return fmt.Errorf("delete %s: %w", d.ID, err)
 	}
 	if !report {
 		return nil
@@ -251,7 +257,7 @@ func (e *executor) publish(ctx context.Context, d *Desired, state string, obs fl
 }
 
 // retryOrFail hands a transiently failed work item back with a backoff
-// delay, or fails the proxy: at once for a permanent error, after
+// delay, or fails the command: at once for a permanent error, after
 // MaxAttempts for a transient one (with a dead letter).
 func (e *executor) retryOrFail(ctx context.Context, msg jetstream.Msg, meta *jetstream.MsgMetadata, d *Desired, id string, cause error) {
 	w := e.w
@@ -273,29 +279,78 @@ func (e *executor) retryOrFail(ctx context.Context, msg jetstream.Msg, meta *jet
 		return
 	}
 	w.log.Error("failed", "host", e.host, "id", id, "attempt", attempt, "class", class, "err", cause)
-	if d != nil && e.owns(d) {
-		// A failed create leaves nothing running behind it.
-		if err := e.prov.Delete(ctx, id); err != nil {
-			w.log.Error("clean up failed create", "id", id, "err", err)
-		}
-	}
 	if d != nil {
+		e.fail(ctx, d, attempt, class, cause)
+	}
+	w.stats.failed.Add(1)
+	_ = msg.Term()
+}
+
+// fail ends a command that cannot succeed. What it may touch (see "What a
+// failed command may touch" in docs/ARCHITECTURE.md):
+//
+//   - it deletes only a domain that this command made on this host (the
+//     mark's command id; a provider sees only its own host entry's domains)
+//     and that is not running with an address. A proxy that runs is never
+//     deleted by a failure, whatever failed: a read, a publish, a wait;
+//   - it publishes "failed" only when no healthy proxy is there: a proxy
+//     that runs keeps its state and its place in the rotation, and a proxy
+//     that cannot be read keeps its last state (a read error is not news);
+//   - the result says failed, with the class and reason; a transient cause
+//     also leaves a dead letter.
+func (e *executor) fail(ctx context.Context, d *Desired, attempt int, class fleet.Class, cause error) {
+	w := e.w
+	id := d.ID
+	publishState := true
+	if e.owns(d) {
+		publishState = e.undoCreate(ctx, d)
+	}
+	if publishState {
 		ev := messages.StateEvent{ID: id, State: messages.StateFailed, Host: e.host, CommandID: d.CommandID,
 			Reason: cause.Error(), Class: string(class)}
 		if _, err := w.events.Publish(ctx, ev); err != nil {
 			w.log.Error("publish failed state", "id", id, "err", err)
 		}
-		if class == fleet.ClassTransient {
-			body, _ := json.Marshal(d)
-			w.deadLetter(ctx, id, d.CommandID, d.Op, d.Seq, attempt, cause, body)
-		} else if err := w.publishResult(ctx, messages.Result{ID: id, CommandID: d.CommandID, Op: d.Op,
-			Outcome: messages.OutcomeFailed, Reason: cause.Error(), Class: string(class)}); err != nil {
-			w.log.Error("publish failed result", "id", id, "err", err)
-		}
 	}
-	w.stats.failed.Add(1)
-	_ = msg.Term()
+	if class == fleet.ClassTransient {
+		body, _ := json.Marshal(d)
+		w.deadLetter(ctx, id, d.CommandID, d.Op, d.Seq, attempt, cause, body)
+		return
+	}
+	if err := w.publishResult(ctx, messages.Result{ID: id, CommandID: d.CommandID, Op: d.Op,
+		Outcome: messages.OutcomeFailed, Reason: cause.Error(), Class: string(class)}); err != nil {
+		w.log.Error("publish failed result", "id", id, "err", err)
+	}
 }
+
+// undoCreate removes what the failed create d made, if anything, and
+// reports whether the proxy may be reported failed: true when nothing
+// healthy is left of it, false when it runs or cannot be read.
+func (e *executor) undoCreate(ctx context.Context, d *Desired) bool {
+	w := e.w
+	in, err := e.prov.Get(ctx, d.ID)
+	switch {
+	case isNotFound(err):
+		return true
+	case err != nil:
+		w.log.Warn("failed create: proxy unreadable, left as it is", "host", e.host, "id", d.ID, "err", err)
+		return false
+	case in.State == messages.StateRunning && in.IP != "":
+		w.log.Info("failed command: the proxy runs, left as it is", "host", e.host, "id", d.ID,
+			"command_id", d.CommandID, "made_by", in.CommandID)
+		return false
+	case in.CommandID != d.CommandID:
+		w.log.Info("failed create: the domain is not this command's, left as it is", "host", e.host, "id", d.ID,
+			"command_id", d.CommandID, "made_by", in.CommandID)
+		return true
+	}
+	if err := e.prov.Delete(ctx, d.ID); err != nil {
+		w.log.Error("clean up failed create", "host", e.host, "id", d.ID, "err", err)
+	}
+	return true
+}
+
+func isNotFound(err error) bool { return fleet.ClassOf(err) == fleet.ClassNotFound }
 
 func (w *Worker) readDesired(ctx context.Context, id string) (*Desired, error) {
 	e, err := w.desired.Get(ctx, id)

@@ -34,6 +34,8 @@ type rig struct {
 	js    jetstream.JetStream
 	dir   string
 	hosts []string
+	// conn are the options every connection of the rig uses (a user).
+	conn []nats.Option
 
 	mu      sync.Mutex
 	results []messages.Result
@@ -45,9 +47,22 @@ func newRig(t *testing.T, hosts ...string) *rig {
 	if len(hosts) == 0 {
 		hosts = []string{"h1", "h2"}
 	}
-	srv := natstest.Start(t)
-	nc, js := srv.Connect(t)
-	r := &rig{t: t, srv: srv, nc: nc, js: js, dir: t.TempDir(), hosts: hosts, events: map[string][]messages.StateEvent{}}
+	return newRigOn(t, natstest.Start(t), nil, hosts...)
+}
+
+// newRigOn is newRig on a server of the caller's, connecting with opt (nil
+// for none).
+func newRigOn(t *testing.T, srv *natstest.Server, opt nats.Option, hosts ...string) *rig {
+	t.Helper()
+	if len(hosts) == 0 {
+		hosts = []string{"h1", "h2"}
+	}
+	var conn []nats.Option
+	if opt != nil {
+		conn = append(conn, opt)
+	}
+	nc, js := srv.Connect(t, conn...)
+	r := &rig{t: t, srv: srv, nc: nc, js: js, dir: t.TempDir(), hosts: hosts, conn: conn, events: map[string][]messages.StateEvent{}}
 	sub, err := nc.Subscribe(subj.Prefix+".>", func(m *nats.Msg) {
 		switch {
 		case strings.HasPrefix(m.Subject, subj.Prefix+".result."):
@@ -89,7 +104,27 @@ func testLogger(t *testing.T) *slog.Logger {
 // startWorker runs a worker on its own connection, executing every host.
 func (r *rig) startWorker(opts ...workerOpt) *worker.Worker {
 	r.t.Helper()
-	_, js := r.srv.Connect(r.t)
+	return r.startWorkerAs(nil, opts...)
+}
+
+// startWorkerAs is startWorker connecting with opt instead of the rig's
+// connection options (another user, say); nil means the rig's.
+func (r *rig) startWorkerAs(opt nats.Option, opts ...workerOpt) *worker.Worker {
+	r.t.Helper()
+	conn := r.conn
+	if opt != nil {
+		conn = []nats.Option{opt}
+	}
+	// Refusals (a test's user without a permission) are what the test is
+	// about; the default handler would print each one.
+	conn = append(conn, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	nc, _ := r.srv.Connect(r.t, conn...)
+	// A request the server never answers (a refused publish) fails after
+	// a second, not the default five.
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(time.Second))
+	if err != nil {
+		r.t.Fatal(err)
+	}
 	provs := map[string]worker.Provider{}
 	for _, h := range r.hosts {
 		d, err := sim.New(sim.Config{Host: h, Dir: r.hostDir(h), Delay: time.Millisecond})
@@ -205,6 +240,25 @@ func (r *rig) lastEvent(id string) (messages.StateEvent, bool) {
 		r.t.Fatal(err)
 	}
 	return ev, true
+}
+
+// deadLetter reads the latest dead letter of id from PROXY_DEAD.
+func (r *rig) deadLetter(id string) (messages.DeadLetter, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := r.js.Stream(ctx, messages.StreamDead)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	raw, err := st.GetLastMsgForSubject(ctx, subj.Dead(id))
+	if err != nil {
+		return messages.DeadLetter{}, false
+	}
+	var dl messages.DeadLetter
+	if err := json.Unmarshal(raw.Data, &dl); err != nil {
+		r.t.Fatal(err)
+	}
+	return dl, true
 }
 
 func (r *rig) domainExists(host, id string) bool {

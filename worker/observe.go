@@ -168,7 +168,7 @@ func (e *executor) observeOne(ctx context.Context, id string) (bool, error) {
 	obs, err := e.prov.Get(ctx, id)
 	var ev messages.StateEvent
 	switch {
-	case errors.Is(err, fleet.ErrNotFound):
+	case isNotFound(err):
 		ev = messages.StateEvent{State: messages.StateFailed, Reason: "domain is gone", Class: string(fleet.ClassPermanent)}
 	case err != nil:
 		// An unreadable proxy is not a changed one (review finding H3).

@@ -9,9 +9,12 @@ import (
 // Provider runs proxies on one host. Worker declares it; the kvm and sim
 // packages implement it without importing worker.
 //
-// Errors are classed with package fleet: fleet.ErrNotFound from Get when the
-// proxy is not there, fleet.ErrTransient for what a retry may fix (a dead
-// link, a budget overrun, a busy host); anything else is permanent.
+// Errors are classed with package fleet and read with fleet.ClassOf: class
+// not-found from Get when the proxy is not there, transient for what a retry
+// may fix (a dead link, a budget overrun, a busy host), anything else
+// permanent. A failed read of a proxy that exists (its mark, state or
+// address) must be transient, never not-found: the executor acts on
+// not-found (it creates), and a read error must never look like absence.
 // Every method must return once ctx is done.
 type Provider interface {
 	// Create makes the proxy and starts it. It is idempotent: a proxy
@@ -20,8 +23,10 @@ type Provider interface {
 	Create(ctx context.Context, spec fleet.Spec) (fleet.Instance, error)
 	// Get reads the proxy's state and address.
 	Get(ctx context.Context, id string) (fleet.Instance, error)
-	// Delete removes the proxy and everything made for it. A proxy that is
-	// not there is success.
+	// Delete removes the proxy and everything made for it (domain and
+	// volumes, whether or not the domain is still there). A proxy that is
+	// not there is success. It never touches what another host entry or
+	// someone else made.
 	Delete(ctx context.Context, id string) error
 	// List returns every proxy this project made on the host.
 	List(ctx context.Context) ([]fleet.Instance, error)

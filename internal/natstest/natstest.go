@@ -23,9 +23,21 @@ func Start(t testing.TB) *Server {
 	return StartDir(t, t.TempDir())
 }
 
+// StartOpts runs a server until the test ends, with edit applied to its
+// options (users and permissions, say) before it starts.
+func StartOpts(t testing.TB, edit func(*server.Options)) *Server {
+	t.Helper()
+	return start(t, t.TempDir(), edit)
+}
+
 // StartDir runs a server whose JetStream store is dir, so a restart on the
 // same dir finds its streams again.
 func StartDir(t testing.TB, dir string) *Server {
+	t.Helper()
+	return start(t, dir, nil)
+}
+
+func start(t testing.TB, dir string, edit func(*server.Options)) *Server {
 	t.Helper()
 	opts := &server.Options{
 		Host:      "127.0.0.1",
@@ -34,6 +46,9 @@ func StartDir(t testing.TB, dir string) *Server {
 		StoreDir:  dir,
 		NoLog:     true,
 		NoSigs:    true,
+	}
+	if edit != nil {
+		edit(opts)
 	}
 	s, err := server.NewServer(opts)
 	if err != nil {
@@ -52,9 +67,10 @@ func StartDir(t testing.TB, dir string) *Server {
 
 // Connect returns a connection and its JetStream context, closed when the
 // test ends.
-func (s *Server) Connect(t testing.TB) (*nats.Conn, jetstream.JetStream) {
+func (s *Server) Connect(t testing.TB, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	nc, err := nats.Connect(s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	opts = append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, opts...)
+	nc, err := nats.Connect(s.ClientURL(), opts...)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
