@@ -22,27 +22,7 @@ func TestBadInputRejected(t *testing.T) {
 	r.waitOutcome("live-1", messages.OutcomeDone)
 	before, _ := r.lastEvent("live")
 
-	big := `{"v":1,"id":"live","labels":{"a":"` + strings.Repeat("x", messages.MaxBodySize) + `"}}`
-	cases := []struct {
-		name, subject, body, field string
-	}{
-		{"malformed json", subj.Create("live"), `{"v":1,"id":"live"`, "body"},
-		{"unknown field", subj.Create("live"), `{"v":1,"id":"live","colour":"red"}`, "colour"},
-		{"missing id", subj.Create("live"), `{"v":1}`, "id"},
-		{"bad id", subj.Create("Live_1"), `{"v":1,"id":"Live_1"}`, "id"},
-		{"subject mismatch", subj.Create("live"), `{"v":1,"id":"other"}`, "id"},
-		{"unknown host", subj.Create("live"), `{"v":1,"id":"live","host":"nowhere"}`, "host"},
-		{"unknown image", subj.Create("live"), `{"v":1,"id":"live","image":"nope"}`, "image"},
-		{"cpus zero", subj.Create("live"), `{"v":1,"id":"live","cpus":0}`, "cpus"},
-		{"memory too large", subj.Create("live"), `{"v":1,"id":"live","memory_mib":1073741824}`, "memory_mib"},
-		{"wrong version", subj.Create("live"), `{"v":2,"id":"live"}`, "v"},
-		{"oversized", subj.Create("live"), big, "body"},
-		{"empty body", subj.Create("live"), ``, "body"},
-		{"trailing data", subj.Create("live"), `{"v":1,"id":"live"} {}`, "body"},
-		{"wrong type", subj.Create("live"), `{"v":1,"id":"live","cpus":"two"}`, "cpus"},
-		{"delete unknown field", subj.Delete("live"), `{"v":1,"id":"live","force":true}`, "force"},
-		{"not an object", subj.Delete("live"), `[1,2]`, "body"},
-	}
+	cases := badCommands("live")
 	// Valid commands for other proxies, interleaved with the bad ones.
 	for i, c := range cases {
 		r.publish(c.subject, []byte(c.body), "bad-"+fmt.Sprint(i))
@@ -89,5 +69,34 @@ func TestBadInputRejected(t *testing.T) {
 	info, _ := st.Info(ctx)
 	if info.State.Msgs != 0 {
 		t.Errorf("%d commands left in %s", info.State.Msgs, messages.StreamCommands)
+	}
+}
+
+// badCase is a bad command and the field its rejection must name.
+type badCase struct {
+	name, subject, body, field string
+}
+
+// badCommands returns one bad command of every kind, aimed at proxy id.
+func badCommands(id string) []badCase {
+	big := `{"v":1,"id":"` + id + `","labels":{"a":"` + strings.Repeat("x", messages.MaxBodySize) + `"}}`
+	q := func(body string) string { return strings.ReplaceAll(body, "ID", id) }
+	return []badCase{
+		{"malformed json", subj.Create(id), q(`{"v":1,"id":"ID"`), "body"},
+		{"unknown field", subj.Create(id), q(`{"v":1,"id":"ID","colour":"red"}`), "colour"},
+		{"missing id", subj.Create(id), `{"v":1}`, "id"},
+		{"bad id", subj.Create("Live_1"), `{"v":1,"id":"Live_1"}`, "id"},
+		{"subject mismatch", subj.Create(id), `{"v":1,"id":"other"}`, "id"},
+		{"unknown host", subj.Create(id), q(`{"v":1,"id":"ID","host":"nowhere"}`), "host"},
+		{"unknown image", subj.Create(id), q(`{"v":1,"id":"ID","image":"nope"}`), "image"},
+		{"cpus zero", subj.Create(id), q(`{"v":1,"id":"ID","cpus":0}`), "cpus"},
+		{"memory too large", subj.Create(id), q(`{"v":1,"id":"ID","memory_mib":1073741824}`), "memory_mib"},
+		{"wrong version", subj.Create(id), q(`{"v":2,"id":"ID"}`), "v"},
+		{"oversized", subj.Create(id), big, "body"},
+		{"empty body", subj.Create(id), ``, "body"},
+		{"trailing data", subj.Create(id), q(`{"v":1,"id":"ID"} {}`), "body"},
+		{"wrong type", subj.Create(id), q(`{"v":1,"id":"ID","cpus":"two"}`), "cpus"},
+		{"delete unknown field", subj.Delete(id), q(`{"v":1,"id":"ID","force":true}`), "force"},
+		{"not an object", subj.Delete(id), `[1,2]`, "body"},
 	}
 }

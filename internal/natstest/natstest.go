@@ -3,6 +3,7 @@
 package natstest
 
 import (
+	"net"
 	"testing"
 	"time"
 
@@ -14,7 +15,8 @@ import (
 // Server is an embedded nats-server.
 type Server struct {
 	*server.Server
-	Dir string
+	Dir  string
+	opts *server.Options
 }
 
 // Start runs a server until the test ends.
@@ -50,19 +52,37 @@ func start(t testing.TB, dir string, edit func(*server.Options)) *Server {
 	if edit != nil {
 		edit(opts)
 	}
-	s, err := server.NewServer(opts)
+	s := &Server{Dir: dir, opts: opts}
+	s.Start(t)
+	// A restart must come back on the same port, where clients reconnect.
+	s.opts.Port = s.Addr().(*net.TCPAddr).Port
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Start starts the server (again, after Stop: same port, same store).
+func (s *Server) Start(t testing.TB) {
+	t.Helper()
+	srv, err := server.NewServer(s.opts.Clone())
 	if err != nil {
 		t.Fatalf("nats-server: %v", err)
 	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
 		t.Fatal("nats-server: not ready within 10s")
 	}
-	t.Cleanup(func() {
-		s.Shutdown()
-		s.WaitForShutdown()
-	})
-	return &Server{Server: s, Dir: dir}
+	s.Server = srv
+}
+
+// Stop shuts the server down and waits until it is down. Clients see it
+// gone and reconnect once Start runs it again.
+func (s *Server) Stop() {
+	if s.Server == nil {
+		return
+	}
+	s.Shutdown()
+	s.WaitForShutdown()
 }
 
 // Connect returns a connection and its JetStream context, closed when the
