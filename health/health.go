@@ -37,7 +37,9 @@ type Config struct {
 	// snapshots' time and of the lease's validity and expiry.
 	Now func() time.Time
 	// Grace is how long a proxy keeps its place after reporting
-	// provisioning without an address. Zero demotes it at once.
+	// provisioning without an address from the same command and host
+	// (another command or host takes it out at once). Zero demotes it at
+	// once.
 	Grace time.Duration
 
 	// OpTimeout bounds each request to NATS made while publishing
@@ -615,7 +617,7 @@ func (h *Health) handle(msg jetstream.Msg) {
 		if h.fold.Apply(ev) {
 			h.changedLocked()
 			if h.caughtUp {
-				h.log.Info("rotation changed", "id", ev.ID, "state", ev.State, "ip", ev.IP, "seq", ev.Seq, "size", len(h.snap.Proxies), "version", h.version)
+				h.log.Info("rotation changed", "id", ev.ID, "state", ev.State, "ip", ev.IP, "host", ev.Host, "command_id", ev.CommandID, "seq", ev.Seq, "size", len(h.snap.Proxies), "version", h.version)
 			}
 		} else if h.fold.InGrace(ev.ID) && ev.State != messages.StateRunning {
 			h.log.Info("keeping a proxy in the rotation during its grace", "id", ev.ID, "state", ev.State, "seq", ev.Seq, "grace", h.cfg.Grace)
