@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/messages"
@@ -262,7 +263,8 @@ func (h *Health) deleteConsumer(name string) {
 func (h *Health) consumeErr(gen uint64, err error) {
 	switch {
 	case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound),
-		errors.Is(err, jetstream.ErrNoHeartbeat), errors.Is(err, jetstream.ErrBadRequest):
+		errors.Is(err, jetstream.ErrNoHeartbeat), errors.Is(err, jetstream.ErrBadRequest),
+		errors.Is(err, nats.ErrNoResponders): // a pull for a consumer that is not there
 		h.log.Warn("consuming state events: looking at the consumer", "err", err)
 		h.suspectFeed(gen, err)
 	default:

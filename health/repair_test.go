@@ -14,9 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/health"
+	"proxyfleet/internal/faultproxy"
 	"proxyfleet/internal/natstest"
 	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
@@ -168,6 +170,55 @@ func TestDeletedConsumerIsRepaired(t *testing.T) {
 	// It keeps following.
 	r.publish(event("p2", 2, messages.StateDeleted, ""))
 	r.waitBucket(map[string]string{"p3": "198.18.100.3:3128"})
+}
+
+// The consumer is deleted while health's connection is cut off, so the
+// word that it was deleted never reaches it: missing heartbeats, then a
+// look at the consumer, find it gone, and health makes a new one.
+func TestSilentlyDeletedConsumerIsRepaired(t *testing.T) {
+	r := newRig(t)
+	fp, err := faultproxy.New(faultproxy.Config{Target: strings.TrimPrefix(r.srv.ClientURL(), "nats://")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fp.Close() })
+	nc, err := nats.Connect("nats://"+fp.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs, logger := newErrorLog(t)
+	h := r.startWith(js, health.Config{Logger: logger, CheckInterval: 200 * time.Millisecond})
+	r.publish(event("p1", 1, messages.StateRunning, "198.18.100.1"))
+	r.waitBucket(map[string]string{"p1": "198.18.100.1:3128"})
+	names := consumers(t, r.js)
+	if len(names) != 1 {
+		t.Fatalf("consumers: %v", names)
+	}
+
+	fp.Stall()
+	if err := r.js.DeleteConsumer(context.Background(), messages.StreamEvents, names[0]); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	fp.Reset() // what was on its way to health is lost
+	r.publish(event("p2", 1, messages.StateRunning, "198.18.100.2"))
+	want := map[string]string{"p1": "198.18.100.1:3128", "p2": "198.18.100.2:3128"}
+	poll.Until(t, fmt.Sprintf("the rotation %v", want), repairBound, func() bool {
+		rot, _ := h.Rotation()
+		return maps.Equal(addrs(rot.Proxies), want)
+	})
+	t.Logf("consumer deleted unheard: rotation followed after %v", time.Since(deleted).Round(time.Millisecond))
+	if metric(t, h, repairsMetric) < 1 {
+		t.Error("no consumer repair counted")
+	}
+	if !errs.has("consumer", messages.StreamEvents) {
+		t.Errorf("no error-level log of the repair; errors: %q", errs.lines)
+	}
 }
 
 // PROXY_EVENTS is deleted while health runs and created anew (its
