@@ -16,7 +16,10 @@
 // once and forget its counters; provisioning without an address (a
 // restarted guest agent, the open half of H3) keeps its last address and
 // place for a grace period, probed at that address meanwhile, after which
-// Tick demotes it. Probe results are inputs like events (ApplyProbe): each
+// Tick demotes it. The grace is only for the command and host that put the
+// proxy in the rotation: a provisioning (or address-less running) event
+// with another command_id or host is a re-create, a spec change or a move,
+// and takes the old address out at once. Probe results are inputs like events (ApplyProbe): each
 // carries the epoch of the candidate it was taken for, so a result that
 // arrives after a delete or an address change is ignored, and one proxy's
 // timeouts only ever count against that proxy.
@@ -63,7 +66,7 @@
 // would mean nothing. The lease is taken with Create, renewed every third
 // of LeaseTTL with compare-and-set on its revision, and released (deleted
 // at its revision) on Stop. The bucket's own TTL (1m, set by the
-// worker's topology) only clears a lease nobody renews; expiry is read
+// set-up step that creates it) only clears a lease nobody renews; expiry is read
 // from the lease itself: a standby that sees the same revision for the
 // TTL the holder wrote in the value, by the standby's own clock (so clocks
 // need not agree), takes it over with compare-and-set. Per-key TTLs
@@ -108,7 +111,8 @@
 //
 // # The consumer
 //
-// Health reads PROXY_EVENTS with an ordered consumer that delivers the last
+// Health reads PROXY_EVENTS with a consumer of its own (named
+// health-<instance>-<n>, in memory, without acks) that delivers the last
 // event of every proxy first (DeliverLastPerSubjectPolicy over
 // <prefix>.state.>), so a process that starts late rebuilds the whole
 // picture, then follows new events. It publishes nothing until it has
@@ -121,17 +125,47 @@
 // publish is retried after reading the bucket again. It serves
 // GET /rotation (503 until caught up; this process's fold, whose version
 // is the last one it knows was published; header X-Proxyfleet-Lease says
-// holder or standby), /healthz (503 until caught up, or while publishing
-// or reading the lease fails), /metrics (rotation size, churn, probe
-// outcomes by result, a probe latency histogram, the lease holder flag)
-// and /probe.
+// holder or standby), /healthz (503 until caught up, while a stream or
+// bucket it needs is gone, or while publishing or reading the lease
+// fails), /metrics (rotation size, churn, probe outcomes by result, a
+// probe latency histogram, the lease holder flag, consumer repairs) and
+// /probe.
 //
 // Events are decoded leniently about unknown fields (a newer worker may add
 // some) and strictly about the version and the id against the subject's.
 //
+// # Repairs
+//
+// Health creates no stream and no bucket: a set-up step with the right to
+// (proxyfleet setup, which serve runs on its embedded server) does. Start
+// binds PROXY_EVENTS, PROXY_ROTATION and PROXY_LEASES if they are there;
+// each one missing is logged at error level (and again every minute while
+// it stays missing), named by /healthz and counted in
+// proxyfleet_health_topology_missing, and a keeper goroutine binds them
+// once they are back. Only a setting that disagrees with what exists (a
+// lease longer than the leases bucket's TTL) fails Start.
+//
+// The keeper then looks every CheckInterval at the buckets, the stream and
+// the consumer, and at once when the consumer reports trouble. It makes
+// the consumer anew when it was deleted (the server says so to the pending
+// pull; or, if that word was lost, missing heartbeats or a pull nobody
+// answers make it look, and the consumer's info is not found), when
+// deliveries skip or delivered events never arrive (lost in transit), and
+// when the stream was created anew (its creation time changed; logged at
+// error level, since its sequences may have started again). A stream that
+// is gone stops the consumer; the rotation is kept as it is until the
+// stream is back. Each repair starts from the last event of every proxy
+// again, which is a valid resume at any point: the fold ignores what it
+// has seen newer. It is logged at error level and counted in
+// proxyfleet_health_consumer_repairs_total. A bucket deleted and created
+// anew needs no repair: the next publish, which fails while it is gone,
+// reads it again; a leases bucket created anew has no lease, and the
+// holder takes it again.
+//
 // Left open: a probe is not spread over the interval (a round starts all
 // at once, bounded by Concurrency); a request in flight when a paused
 // holder's validity ends may still land (the margin is a tenth of the
-// TTL); a bucket deleted and created anew with the lease key gone restarts
-// the revisions, and versions with them.
+// TTL); a leases bucket deleted and created anew restarts the revisions:
+// a process that publishes on keeps its versions growing from the last one
+// it knows, but one that starts afresh after that may go back.
 package health

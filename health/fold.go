@@ -31,11 +31,17 @@ import (
 //     event arriving late cannot bring it back, and a probe result for it
 //     arriving later is ignored;
 //   - provisioning (or running without an address) for a proxy in the
-//     rotation starts its grace: it keeps its last address and place, and
-//     keeps being probed there (Fall failures still take it out), until
-//     Grace has passed since that event; then Tick demotes it. With Grace 0
-//     it is demoted at once. A candidate not in the rotation stops being
-//     probed and forgets its counters;
+//     rotation, from the same command and host as the event before it,
+//     starts its grace (a guest agent restart): it keeps its last address
+//     and place, and keeps being probed there (Fall failures still take it
+//     out), until Grace has passed since that event; then Tick demotes it.
+//     With Grace 0 it is demoted at once. From another command or another
+//     host (a re-create, a spec change, a move) it leaves at once: its old
+//     address is not coming back. A running event with an address from
+//     another command at the same address and host (a retried create that
+//     found it running) keeps its place and makes that command the one
+//     whose provisioning is on grace. A candidate not in the rotation
+//     stops being probed and forgets its counters;
 //   - an event with an unknown state, a wrong version or no id is ignored.
 //
 // Probe results (ApplyProbe) name the candidate they were taken for by its
@@ -49,7 +55,8 @@ import (
 type Fold struct {
 	// Grace is how long a proxy in the rotation keeps its place after it
 	// reports provisioning without an address (a guest agent restart, the
-	// open half of H3). Zero demotes it at once.
+	// open half of H3) from the same command and host. Zero demotes it at
+	// once.
 	Grace time.Duration
 	// Rise is how many passing probes in a row put a candidate in the
 	// rotation. Zero means no probing: a running event enters at once.
@@ -84,6 +91,7 @@ type proxyState struct {
 	seq   uint64
 	state string
 	host  string
+	cmd   string // command id of the last event
 	ip    string // last address reported, kept through a grace
 	port  int
 	at    time.Time // time of the last event
@@ -180,10 +188,13 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 	}
 	p = f.get(ev.ID)
 	at := f.eventTime(ev)
+	// Another host, or another command, reporting the proxy: it is being
+	// moved, re-created or changed. A seeded proxy knows neither yet.
 	moved := p.host != ev.Host && !p.seeded
+	newCommand := p.cmd != ev.CommandID && !p.seeded
 	seeded := p.seeded
 	p.seeded = false
-	p.seq, p.state, p.host, p.at = ev.Seq, ev.State, ev.Host, at
+	p.seq, p.state, p.host, p.cmd, p.at = ev.Seq, ev.State, ev.Host, ev.CommandID, at
 
 	switch {
 	case ev.State == messages.StateRunning && ev.IP != "" && ev.Port > 0:
@@ -209,13 +220,21 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 	case ev.State == messages.StateRunning || ev.State == messages.StateProvisioning:
 		// Not usable now, but maybe only for a moment (a guest agent
 		// restart reports provisioning with no IP). Keep the last
-		// address while in grace.
+		// address while in grace, if the same command and host that
+		// put the proxy in the rotation still report it: from another,
+		// the proxy is being moved, re-created or changed, and its old
+		// address is not coming back.
 		if ev.IP != "" {
 			p.ip, p.port = ev.IP, ev.Port
 		}
 		if !p.inRotation {
 			f.forget(p)
 			return false, true
+		}
+		if moved || newCommand {
+			f.leave(p)
+			f.forget(p)
+			return true, true
 		}
 		if p.graceUntil.IsZero() {
 			p.graceUntil = at.Add(f.Grace)

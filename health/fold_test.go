@@ -280,3 +280,125 @@ func TestAddrIPv6(t *testing.T) {
 		t.Fatalf("Addr = %q", got)
 	}
 }
+
+// cmdEv is ev from command cmd on host.
+func cmdEv(id string, seq uint64, state, ip, host, cmd string) messages.StateEvent {
+	e := ev(id, seq, state, ip)
+	e.Host, e.CommandID = host, cmd
+	return e
+}
+
+// The agent-restart grace belongs to the command and host that put the
+// proxy in the rotation: a provisioning (or address-less running) from
+// another command or another host is a new proxy in the making (a
+// re-create, a spec change, a move), and the old address leaves at once.
+func TestFoldGraceOnlyForTheSameCommandAndHost(t *testing.T) {
+	const (
+		grace = 30 * time.Second
+		s     = time.Second
+		ip    = "198.18.100.1"
+		addr  = "198.18.100.1:3128"
+	)
+	type in struct {
+		after   time.Duration
+		ev      messages.StateEvent
+		changed bool
+	}
+	cases := []struct {
+		name    string
+		steps   []in
+		inGrace bool
+		want    []messages.RotationEntry
+	}{{
+		name: "same command and host: kept on grace",
+		steps: []in{
+			{0, cmdEv("p1", 2, running, ip, "h1", "c1"), true},
+			{10 * s, cmdEv("p1", 3, prov, "", "h1", "c1"), false},
+			{20 * s, cmdEv("p1", 4, prov, "", "h1", "c1"), false},
+		},
+		inGrace: true,
+		want:    []messages.RotationEntry{entry("p1", addr, 0)},
+	}, {
+		name: "a new command's provisioning: out at once",
+		steps: []in{
+			{0, cmdEv("p1", 2, running, ip, "h1", "c1"), true},
+			{10 * s, cmdEv("p1", 3, prov, "", "h1", "c2"), true},
+		},
+		want: []messages.RotationEntry{},
+	}, {
+		name: "a new command's address-less running: out at once",
+		steps: []in{
+			{0, cmdEv("p1", 2, running, ip, "h1", "c1"), true},
+			{10 * s, cmdEv("p1", 3, running, "", "h1", "c2"), true},
+		},
+		want: []messages.RotationEntry{},
+	}, {
+		name: "another host's provisioning: out at once",
+		steps: []in{
+			{0, cmdEv("p1", 2, running, ip, "h1", "c1"), true},
+			{10 * s, cmdEv("p1", 3, prov, "", "h2", "c1"), true},
+		},
+		want: []messages.RotationEntry{},
+	}, {
+		name: "on grace, then a new command: out at once, not at the grace's end",
+		steps: []in{
+			{0, cmdEv("p1", 2, running, ip, "h1", "c1"), true},
+			{10 * s, cmdEv("p1", 3, prov, "", "h1", "c1"), false},
+			{11 * s, cmdEv("p1", 4, prov, "", "h1", "c2"), true},
+		},
+		want: []messages.RotationEntry{},
+	}, {
+		name: "a retried create that finds it running takes the grace over",
+		steps: []in{
+			{0, cmdEv("p1", 2, running, ip, "h1", "c1"), true},
+			{5 * s, cmdEv("p1", 3, running, ip, "h1", "c2"), false},
+			{10 * s, cmdEv("p1", 4, prov, "", "h1", "c2"), false},
+		},
+		inGrace: true,
+		want:    []messages.RotationEntry{entry("p1", addr, 0)},
+	}}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			now := t0
+			f := NewFold(grace, func() time.Time { return now })
+			for i, st := range tc.steps {
+				now = t0.Add(st.after)
+				if got := f.Apply(at(st.ev, st.after)); got != st.changed {
+					t.Fatalf("step %d (%s %s %s on %s): changed = %v, want %v", i, st.ev.State, st.ev.IP, st.ev.CommandID, st.ev.Host, got, st.changed)
+				}
+			}
+			if got := f.Snapshot(); !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("snapshot = %+v\nwant       %+v", got, tc.want)
+			}
+			if f.InGrace("p1") != tc.inGrace {
+				t.Fatalf("in grace = %v, want %v", f.InGrace("p1"), tc.inGrace)
+			}
+			if _, ok := f.NextDeadline(); ok != tc.inGrace {
+				t.Fatalf("a grace deadline = %v, want %v", ok, tc.inGrace)
+			}
+			if !tc.inGrace && len(f.Targets()) != 0 {
+				t.Fatalf("still probed: %+v", f.Targets())
+			}
+		})
+	}
+}
+
+// A proxy loaded from PROXY_ROTATION has no known command or host: a
+// provisioning from any command starts its grace (the first event names
+// them).
+func TestFoldSeededProxyGraceWithUnknownCommand(t *testing.T) {
+	now := t0
+	f := NewFold(30*time.Second, func() time.Time { return now })
+	f.Seed("p1", "198.18.100.1:3128", now)
+	if f.Apply(cmdEv("p1", 5, messages.StateProvisioning, "", "h1", "c9")) {
+		t.Fatal("a seeded proxy's provisioning took it out")
+	}
+	if !f.InGrace("p1") {
+		t.Fatal("the seeded proxy is not on grace")
+	}
+	// From now on the command is known: another one takes it out.
+	now = t0.Add(time.Second)
+	if !f.Apply(cmdEv("p1", 6, messages.StateProvisioning, "", "h1", "c10")) || f.Len() != 0 {
+		t.Fatal("a new command's provisioning left the seeded proxy in")
+	}
+}

@@ -2,7 +2,6 @@ package health
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -37,7 +36,9 @@ type Config struct {
 	// snapshots' time and of the lease's validity and expiry.
 	Now func() time.Time
 	// Grace is how long a proxy keeps its place after reporting
-	// provisioning without an address. Zero demotes it at once.
+	// provisioning without an address from the same command and host
+	// (another command or host takes it out at once). Zero demotes it at
+	// once.
 	Grace time.Duration
 
 	// OpTimeout bounds each request to NATS made while publishing
@@ -49,6 +50,11 @@ type Config struct {
 	// CatchUpPoll is how often the consumer's info is read while catching
 	// up, in case no message says it was the last (default 500ms).
 	CatchUpPoll time.Duration
+	// CheckInterval is how often the stream, the buckets and the
+	// consumer are looked at, to repair what someone deleted (default
+	// 2s). It is also the consumer's heartbeat (at least 500ms): a
+	// consumer that was deleted without a word is noticed after two.
+	CheckInterval time.Duration
 
 	// Probing. A proxy is probed with a request through it to a target
 	// that answers a value the prober checks (see HTTPProber). The prober
@@ -109,6 +115,12 @@ type Health struct {
 	handledConsumer    string
 	handledConsumerSeq uint64
 	startLastSeq       uint64 // the stream's last sequence when the consumer started
+	feedGen            uint64 // generation of the current consumer; messages of older ones are ignored
+	suspect            error  // trouble the consumer reported, for the keeper to look at
+	suspectAt          time.Time
+	missing            map[string]*missingSince // streams and buckets found gone, by "kind name"
+	bindErr            error                    // why the first bind has not happened yet
+	repairs            uint64                   // consumers made anew
 	caughtUp           bool
 	caughtUpCh         chan struct{}
 	version            uint64
@@ -122,9 +134,6 @@ type Health struct {
 
 	startOnce sync.Once
 	started   bool
-	kv        jetstream.KeyValue
-	cons      jetstream.Consumer
-	cc        jetstream.ConsumeContext
 	ln        net.Listener
 	srv       *http.Server
 	cancel    context.CancelFunc
@@ -134,6 +143,19 @@ type Health struct {
 	// bucket is what the loop believes PROXY_ROTATION holds; nil until it
 	// has been read once, after the catch-up. Owned by the loop.
 	bucket map[string]string
+
+	// Set by the first successful bind (in Start, or by the keeper), then
+	// only read, by the loop once boundCh is closed.
+	kv      jetstream.KeyValue
+	boundCh chan struct{}
+	// Owned by Start, then by the keeper (see feed.go).
+	bound         bool
+	seeded        int
+	feed          *feed
+	feedSeq       uint64
+	streamCreated time.Time
+	bindLogged    time.Time
+	check         chan struct{} // asks the keeper to look at once
 
 	prober     Prober
 	probeLn    net.Listener
@@ -178,6 +200,7 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 	def(&cfg.OpTimeout, 5*time.Second)
 	def(&cfg.RetryInterval, time.Second)
 	def(&cfg.CatchUpPoll, 500*time.Millisecond)
+	def(&cfg.CheckInterval, 2*time.Second)
 	def(&cfg.Interval, 2*time.Second)
 	def(&cfg.Timeout, cfg.Interval*8/10)
 	def(&cfg.LeaseTTL, DefaultLeaseTTL)
@@ -211,6 +234,9 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 		fold:       NewFold(cfg.Grace, cfg.Now),
 		caughtUpCh: make(chan struct{}),
 		wake:       make(chan struct{}, 1),
+		boundCh:    make(chan struct{}),
+		check:      make(chan struct{}, 1),
+		missing:    make(map[string]*missingSince),
 		probeStats: newProbeStats(),
 	}
 	h.prober = cfg.Prober
@@ -239,9 +265,12 @@ func (h *Health) probing() bool {
 	return h.cfg.Prober != nil || h.cfg.Target != "" || h.cfg.ProbeListen != ""
 }
 
-// Start binds the stream and the bucket (created by the worker's topology;
-// a missing one is an error naming it), listens on HTTPAddr and starts
-// consuming. It returns once all runs; CaughtUp tells when the initial
+// Start listens on HTTPAddr (and ProbeListen), binds the stream and the
+// buckets and starts consuming. It does not create them (a set-up step
+// with the right to, proxyfleet setup, does): one that is missing is
+// logged at error level and waited for in the background. A config that
+// disagrees with what exists (a lease longer than the leases bucket's TTL)
+// fails Start. It returns once all runs; CaughtUp tells when the initial
 // picture is complete.
 func (h *Health) Start(ctx context.Context) error {
 	err := errors.New("health: already started")
@@ -250,52 +279,13 @@ func (h *Health) Start(ctx context.Context) error {
 }
 
 func (h *Health) start(ctx context.Context) error {
-	stream, err := h.js.Stream(ctx, messages.StreamEvents)
-	if err != nil {
-		return fmt.Errorf("health: bind stream %s (the worker creates it): %w", messages.StreamEvents, err)
-	}
-	if h.kv, err = h.js.KeyValue(ctx, messages.BucketRotation); err != nil {
-		return fmt.Errorf("health: bind bucket %s (the worker creates it): %w", messages.BucketRotation, err)
-	}
-	leases, err := h.js.KeyValue(ctx, messages.BucketLeases)
-	if err != nil {
-		return fmt.Errorf("health: bind bucket %s (the worker creates it): %w", messages.BucketLeases, err)
-	}
-	st, err := leases.Status(ctx)
-	if err != nil {
-		return fmt.Errorf("health: read bucket %s: %w", messages.BucketLeases, err)
-	}
-	if st.TTL() > 0 && h.cfg.LeaseTTL > st.TTL() {
-		return fmt.Errorf("health: lease ttl %v is longer than bucket %s's TTL %v", h.cfg.LeaseTTL, messages.BucketLeases, st.TTL())
-	}
-	h.lease = &lease{kv: leases, id: h.cfg.Instance, ttl: h.cfg.LeaseTTL, now: h.now, op: min(h.cfg.OpTimeout, h.cfg.LeaseTTL/3)}
-
-	// Start from what is published: the proxies in PROXY_ROTATION are in
-	// the rotation as risen until their events or probes say otherwise,
-	// so a restart never empties it.
-	seed, err := h.readBucket(ctx)
-	if err != nil {
-		return fmt.Errorf("health: %w", err)
-	}
-	h.mu.Lock()
-	seeded := 0
-	for id, addr := range seed {
-		if messages.ValidID(id) && h.fold.Seed(id, addr, h.now()) {
-			seeded++
+	var err error
+	closeListeners := func() {
+		for _, ln := range []net.Listener{h.ln, h.probeLn} {
+			if ln != nil {
+				ln.Close()
+			}
 		}
-	}
-	h.mu.Unlock()
-
-	info, err := stream.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("health: read stream %s: %w", messages.StreamEvents, err)
-	}
-	h.cons, err = stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{h.subj.StateAll()},
-		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
-	})
-	if err != nil {
-		return fmt.Errorf("health: ordered consumer on %s: %w", messages.StreamEvents, err)
 	}
 	if h.cfg.HTTPAddr != NoHTTP {
 		if h.ln, err = net.Listen("tcp", h.cfg.HTTPAddr); err != nil {
@@ -305,9 +295,7 @@ func (h *Health) start(ctx context.Context) error {
 	}
 	if h.cfg.ProbeListen != "" {
 		if h.probeLn, err = net.Listen("tcp", h.cfg.ProbeListen); err != nil {
-			if h.ln != nil {
-				h.ln.Close()
-			}
+			closeListeners()
 			return fmt.Errorf("health: listen on %s for probes: %w", h.cfg.ProbeListen, err)
 		}
 		mux := http.NewServeMux()
@@ -316,37 +304,29 @@ func (h *Health) start(ctx context.Context) error {
 		if h.prober == nil {
 			p, err := NewHTTPProber("http://"+h.probeLn.Addr().String()+ProbePath, h.cfg.Expect)
 			if err != nil {
-				h.probeLn.Close()
-				if h.ln != nil {
-					h.ln.Close()
-				}
+				closeListeners()
 				return fmt.Errorf("health: %w", err)
 			}
 			h.prober = p
 		}
 	}
 
-	h.mu.Lock()
-	h.startLastSeq = info.State.LastSeq
-	h.mu.Unlock()
-
-	h.cc, err = h.cons.Consume(h.handle, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		h.log.Warn("consuming state events", "err", err)
-	}))
-	if err != nil {
-		if h.ln != nil {
-			h.ln.Close()
+	if err := h.bind(ctx); err != nil {
+		if errors.Is(err, errMismatch) {
+			closeListeners()
+			return fmt.Errorf("health: %w", err)
 		}
-		if h.probeLn != nil {
-			h.probeLn.Close()
-		}
-		return fmt.Errorf("health: consume %s: %w", messages.StreamEvents, err)
-	}
-	if info.State.Msgs == 0 {
-		// Nothing to catch up with; whatever came in since is new.
 		h.mu.Lock()
-		h.caughtUpLocked("the stream was empty")
+		h.bindErr = err
 		h.mu.Unlock()
+		if !isGone(err) {
+			h.log.Error("binding the stream and buckets: trying again in the background", "err", err)
+		}
+	}
+	// Read before the keeper runs and may change them.
+	bound, seeded := "yes", h.seeded
+	if !h.bound {
+		bound = "waiting for the stream and buckets"
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
@@ -376,18 +356,22 @@ func (h *Health) start(ctx context.Context) error {
 			h.probeLoop(runCtx)
 		}()
 	}
-	h.wg.Add(1)
+	h.wg.Add(2)
+	go func() {
+		defer h.wg.Done()
+		h.keep(runCtx)
+	}()
 	go func() {
 		defer h.wg.Done()
 		h.loop(runCtx)
 	}()
 	if h.prober != nil {
-		h.log.Info("health started", "http", h.Addr(), "grace", h.cfg.Grace, "seeded", seeded,
+		h.log.Info("health started", "http", h.Addr(), "grace", h.cfg.Grace, "seeded", seeded, "bound", bound,
 			"probe_target", h.probeTarget(), "interval", h.cfg.Interval, "timeout", h.cfg.Timeout,
 			"rise", h.cfg.Rise, "fall", h.cfg.Fall, "lease_ttl", h.cfg.LeaseTTL)
 	} else {
 		h.log.Warn("health started without probing: a running event alone puts a proxy in the rotation (set a probe target or listen address)",
-			"http", h.Addr(), "grace", h.cfg.Grace, "seeded", seeded, "lease_ttl", h.cfg.LeaseTTL)
+			"http", h.Addr(), "grace", h.cfg.Grace, "seeded", seeded, "bound", bound, "lease_ttl", h.cfg.LeaseTTL)
 	}
 	return nil
 }
@@ -400,11 +384,8 @@ func (h *Health) Stop(ctx context.Context) {
 		if !h.started {
 			return
 		}
-		h.cc.Stop()
-		select {
-		case <-h.cc.Closed():
-		case <-ctx.Done():
-		}
+		// The keeper stops consuming and deletes its consumer; the
+		// loop releases the lease.
 		h.cancel()
 		for _, srv := range []*http.Server{h.srv, h.probeSrv} {
 			if srv == nil {
@@ -421,13 +402,6 @@ func (h *Health) Stop(ctx context.Context) {
 		case <-done:
 		case <-ctx.Done():
 			h.log.Warn("health stop: goroutines still running", "err", ctx.Err())
-		}
-		// The ordered consumer is ephemeral; remove it now rather than
-		// after its inactivity threshold.
-		if ci := h.cons.CachedInfo(); ci != nil {
-			dctx, cancel := context.WithTimeout(ctx, h.cfg.OpTimeout)
-			_ = h.js.DeleteConsumer(dctx, messages.StreamEvents, ci.Name)
-			cancel()
 		}
 		h.log.Info("health stopped")
 	})
@@ -481,7 +455,13 @@ func (h *Health) Rotation() (messages.Rotation, bool) {
 func (h *Health) Ready() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if err := h.missingErrorLocked(); err != nil {
+		return err
+	}
 	if !h.caughtUp {
+		if h.bindErr != nil && h.feedGen == 0 {
+			return fmt.Errorf("catching up: %w", h.bindErr)
+		}
 		return errors.New("catching up")
 	}
 	if h.publishErr != nil {
@@ -491,182 +471,6 @@ func (h *Health) Ready() error {
 		return fmt.Errorf("lease: %w", h.leaseErr)
 	}
 	return nil
-}
-
-// Metrics are the health process's counters.
-type Metrics struct {
-	RotationSize    int
-	InGrace         int // of which kept on grace
-	RotationVersion uint64
-	Changes         uint64 // changes of the rotation, catch-up included
-	Entries         uint64 // proxies that entered the rotation (seeded at start included)
-	Exits           uint64 // proxies that left it
-	Events          uint64 // state events received
-	Ignored         uint64 // of which stale, duplicate or not understood
-	Published       uint64 // snapshots this process published
-	PublishErrors   uint64
-	CaughtUp        bool
-	Holder          bool   // this process holds the lease and publishes
-	Takeovers       uint64 // times this process took the lease
-	Probing         bool
-	Targets         int               // proxies being probed
-	Probes          map[string]uint64 // probe outcomes by result (ResultOK, ...)
-	ProbesIgnored   uint64            // results that came too late to count
-	// ProbeLatency is a histogram of probe durations: cumulative counts
-	// for each bound of ProbeBuckets, then +Inf.
-	ProbeLatency      []uint64
-	ProbeLatencySum   time.Duration
-	ProbeLatencyCount uint64
-}
-
-// ProbeBuckets are the upper bounds of the probe latency histogram.
-var ProbeBuckets = []time.Duration{
-	5 * time.Millisecond, 10 * time.Millisecond, 25 * time.Millisecond, 50 * time.Millisecond,
-	100 * time.Millisecond, 250 * time.Millisecond, 500 * time.Millisecond,
-	time.Second, 2500 * time.Millisecond, 5 * time.Second, 10 * time.Second,
-}
-
-// probeStats counts probe outcomes and latencies.
-type probeStats struct {
-	results map[string]uint64
-	buckets []uint64 // not cumulative; len(ProbeBuckets)+1
-	sum     time.Duration
-	count   uint64
-}
-
-func newProbeStats() probeStats {
-	r := make(map[string]uint64, len(probeResults))
-	for _, k := range probeResults {
-		r[k] = 0
-	}
-	return probeStats{results: r, buckets: make([]uint64, len(ProbeBuckets)+1)}
-}
-
-func (s *probeStats) add(result string, d time.Duration) {
-	s.results[result]++
-	i := 0
-	for i < len(ProbeBuckets) && d > ProbeBuckets[i] {
-		i++
-	}
-	s.buckets[i]++
-	s.sum += d
-	s.count++
-}
-
-// Metrics returns the counters.
-func (h *Health) Metrics() Metrics {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	st := h.fold.Stats()
-	m := Metrics{
-		RotationSize:      h.fold.Len(),
-		InGrace:           h.fold.GraceLen(),
-		RotationVersion:   h.version,
-		Changes:           st.Changes,
-		Entries:           st.Entries,
-		Exits:             st.Exits,
-		Events:            st.Events + h.undecodable,
-		Ignored:           st.Ignored + h.undecodable,
-		Published:         h.publishCount,
-		PublishErrors:     h.publishErrors,
-		CaughtUp:          h.caughtUp,
-		Holder:            h.holder,
-		Takeovers:         h.takeovers,
-		Probing:           h.prober != nil,
-		Targets:           len(h.fold.Targets()),
-		Probes:            make(map[string]uint64, len(h.probeStats.results)),
-		ProbesIgnored:     st.ProbesIgnored,
-		ProbeLatency:      make([]uint64, len(h.probeStats.buckets)),
-		ProbeLatencySum:   h.probeStats.sum,
-		ProbeLatencyCount: h.probeStats.count,
-	}
-	for k, v := range h.probeStats.results {
-		m.Probes[k] = v
-	}
-	var cum uint64
-	for i, n := range h.probeStats.buckets {
-		cum += n
-		m.ProbeLatency[i] = cum
-	}
-	return m
-}
-
-// handle folds one message of PROXY_EVENTS. The ordered consumer calls it
-// from one goroutine at a time.
-func (h *Health) handle(msg jetstream.Msg) {
-	md, mdErr := msg.Metadata()
-	marker := msg.Headers().Get(jetstream.MarkerReasonHeader) != ""
-	var ev messages.StateEvent
-	var err error
-	if !marker {
-		ev, err = h.decode(msg.Subject(), msg.Data())
-	}
-
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	switch {
-	case marker:
-		// A server-placed marker (an event aged out, if the stream is
-		// ever configured to leave markers): nothing to fold.
-	case err != nil:
-		h.undecodable++
-		h.log.Warn("ignoring a state event", "subject", msg.Subject(), "err", err)
-	default:
-		if h.fold.Apply(ev) {
-			h.changedLocked()
-			if h.caughtUp {
-				h.log.Info("rotation changed", "id", ev.ID, "state", ev.State, "ip", ev.IP, "seq", ev.Seq, "size", len(h.snap.Proxies), "version", h.version)
-			}
-		} else if h.fold.InGrace(ev.ID) && ev.State != messages.StateRunning {
-			h.log.Info("keeping a proxy in the rotation during its grace", "id", ev.ID, "state", ev.State, "seq", ev.Seq, "grace", h.cfg.Grace)
-		}
-	}
-	if mdErr == nil {
-		h.handledSeq = max(h.handledSeq, md.Sequence.Stream)
-		h.handledConsumer, h.handledConsumerSeq = md.Consumer, md.Sequence.Consumer
-		switch {
-		case md.NumPending == 0:
-			h.caughtUpLocked("no event pending")
-		case h.handledSeq >= h.startLastSeq:
-			h.caughtUpLocked("reached the stream's last sequence at start")
-		}
-	}
-	h.signal()
-}
-
-// decode reads a state event. It is lenient about fields it does not know
-// (a newer worker may add some; a health process that dropped every event
-// it could not fully read would freeze the rotation) and strict about the
-// rest: the version, the size, and the id against the subject's.
-func (h *Health) decode(subject string, body []byte) (messages.StateEvent, error) {
-	var ev messages.StateEvent
-	id, err := h.subj.ParseState(subject)
-	if err != nil {
-		return ev, err
-	}
-	if !messages.ValidID(id) {
-		return ev, fmt.Errorf("invalid id %q", id)
-	}
-	if len(body) > messages.MaxBodySize {
-		return ev, fmt.Errorf("body of %d bytes, more than %d", len(body), messages.MaxBodySize)
-	}
-	if err := json.Unmarshal(body, &ev); err != nil {
-		return ev, fmt.Errorf("malformed: %w", err)
-	}
-	if ev.V != messages.Version {
-		return ev, fmt.Errorf("version %d, want %d", ev.V, messages.Version)
-	}
-	if ev.ID != id {
-		return ev, fmt.Errorf("body id %q does not match the subject's %q", ev.ID, id)
-	}
-	return ev, nil
-}
-
-func (h *Health) signal() {
-	select {
-	case h.wake <- struct{}{}:
-	default:
-	}
 }
 
 // changedLocked makes a new generation of the rotation once caught up.
@@ -693,277 +497,4 @@ func (h *Health) caughtUpLocked(why string) {
 	h.changedLocked()
 	h.log.Info("caught up", "why", why, "rotation", len(h.snap.Proxies), "events", h.fold.Stats().Events+h.undecodable)
 	h.signal()
-}
-
-// loop owns the lease, publishing and the grace timer.
-func (h *Health) loop(ctx context.Context) {
-	defer h.releaseLease()
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	renew := time.NewTicker(h.cfg.LeaseTTL / 3)
-	defer renew.Stop()
-	leaseDue := true
-	var retry, poll <-chan time.Time
-	for {
-		h.mu.Lock()
-		if h.fold.Tick(h.now()) {
-			h.changedLocked()
-			h.log.Info("grace over: proxies demoted", "size", len(h.snap.Proxies))
-		}
-		deadline, graceRunning := h.fold.NextDeadline()
-		caughtUp := h.caughtUp
-		h.mu.Unlock()
-
-		if leaseDue {
-			leaseDue = false
-			h.tickLease(ctx)
-		}
-
-		retry = nil
-		err := h.publish(ctx)
-		if err != nil && ctx.Err() != nil {
-			return
-		}
-		h.mu.Lock()
-		if err != nil {
-			h.publishErrors++
-		}
-		h.publishErr = err
-		h.mu.Unlock()
-		if err != nil {
-			// Read the bucket again before the next attempt: what
-			// it holds is no longer known (it may even have been
-			// deleted and created again).
-			h.bucket = nil
-			h.log.Warn("publishing the rotation", "err", err)
-			retry = time.After(h.cfg.RetryInterval)
-		}
-		poll = nil
-		if !caughtUp {
-			h.pollCatchUp(ctx)
-			poll = time.After(h.cfg.CatchUpPoll)
-		}
-		var graceC <-chan time.Time
-		if graceRunning {
-			timer.Reset(max(deadline.Sub(h.now()), time.Millisecond))
-			graceC = timer.C
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-h.wake:
-		case <-graceC:
-		case <-retry:
-		case <-poll:
-		case <-renew.C:
-			leaseDue = true
-		}
-	}
-}
-
-// tickLease renews the lease or looks whether it can be taken. Taking it
-// over reads PROXY_ROTATION: the proxies the previous holder had admitted
-// and this process has as running at the same address are adopted, so a
-// takeover removes no proxy that is passing, and the next publish
-// reconciles the bucket with this process's fold.
-func (h *Health) tickLease(ctx context.Context) {
-	was := h.lease.holding
-	took, err := h.lease.tick(ctx)
-	if err != nil && ctx.Err() != nil {
-		return
-	}
-	if err != nil {
-		h.log.Warn("lease", "err", err, "holding", h.lease.holding)
-	}
-	if was && !h.lease.holding {
-		h.log.Warn("lost the lease: standing by", "err", err)
-		h.bucket = nil
-	}
-	h.mu.Lock()
-	h.leaseErr = err
-	h.holder = h.lease.holding
-	h.version = max(h.version, h.lease.version)
-	h.mu.Unlock()
-	if !took {
-		return
-	}
-	h.bucket = nil
-	b, err := h.readBucket(ctx)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.takeovers++
-	h.pubGen = 0 // publish at once, whatever this process published before
-	adopted := 0
-	if err == nil {
-		h.bucket = b
-		for id, addr := range b {
-			if h.fold.Adopt(id, addr, h.now()) {
-				adopted++
-			}
-		}
-		if adopted > 0 {
-			h.changedLocked()
-		}
-	}
-	h.log.Info("took the lease: publishing", "revision", h.lease.rev, "last_version", h.lease.version, "adopted", adopted, "bucket_err", err)
-}
-
-func (h *Health) releaseLease() {
-	if h.lease == nil || !h.lease.holding {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.OpTimeout)
-	defer cancel()
-	if err := h.lease.release(ctx); err != nil {
-		h.log.Warn("releasing the lease (a standby takes over when it expires)", "err", err)
-	} else {
-		h.log.Info("lease released")
-	}
-	h.mu.Lock()
-	h.holder = false
-	h.mu.Unlock()
-}
-
-// pollCatchUp declares the catch-up complete if the consumer has nothing
-// pending and everything it delivered was handled: the case where no
-// message said it was the last one (events aged out while catching up).
-func (h *Health) pollCatchUp(ctx context.Context) {
-	ictx, cancel := context.WithTimeout(ctx, h.cfg.OpTimeout)
-	defer cancel()
-	ci, err := h.cons.Info(ictx)
-	if err != nil {
-		return
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	// Compare consumer sequences, not stream ones: a consumer that
-	// delivered nothing may still report the stream sequence it skipped to.
-	// An ordered consumer that was reset is a new consumer, by name.
-	handledAll := ci.Delivered.Consumer == 0 ||
-		(ci.Name == h.handledConsumer && ci.Delivered.Consumer <= h.handledConsumerSeq)
-	if ci.NumPending == 0 && handledAll {
-		h.caughtUpLocked("the consumer has nothing pending")
-	}
-}
-
-// publish brings PROXY_ROTATION and <prefix>.rotation to the latest
-// snapshot, if this process holds the lease and the fold changed since it
-// last published. First it renews the lease with compare-and-set: that
-// proves it still holds it, and the revision of that write is the
-// snapshot's version (see the package doc). Every request then ends
-// before the lease's validity does, so a holder that lost the lease
-// without knowing (paused, partitioned) stops writing before a standby may
-// take over. Snapshots that came and went while it was busy are skipped:
-// versions published only grow, possibly by more than one.
-func (h *Health) publish(ctx context.Context) error {
-	h.mu.Lock()
-	snap, gen, ready, done := h.snap, h.gen, h.caughtUp, h.pubGen
-	h.mu.Unlock()
-	if !ready || gen == done || !h.lease.holding {
-		return nil
-	}
-	rev, err := h.lease.write(ctx)
-	if err != nil {
-		if !h.lease.holding {
-			h.bucket = nil
-			h.mu.Lock()
-			h.holder = false
-			h.mu.Unlock()
-			h.log.Warn("lost the lease: standing by", "err", err)
-			return nil
-		}
-		return err
-	}
-	version := max(rev, h.lease.version+1)
-	until, _ := h.lease.valid()
-	opCtx := func() (context.Context, context.CancelFunc) {
-		d := h.now().Add(h.cfg.OpTimeout)
-		if until.Before(d) {
-			d = until
-		}
-		return context.WithDeadline(ctx, d)
-	}
-	if h.bucket == nil {
-		octx, cancel := opCtx()
-		b, err := h.readBucket(octx)
-		cancel()
-		if err != nil {
-			return err
-		}
-		h.bucket = b
-	}
-	want := make(map[string]string, len(snap.Proxies))
-	for _, e := range snap.Proxies {
-		want[e.ID] = e.Addr
-	}
-	for _, e := range snap.Proxies {
-		if addr, ok := h.bucket[e.ID]; ok && addr == e.Addr {
-			continue
-		}
-		octx, cancel := opCtx()
-		_, err := h.kv.PutString(octx, e.ID, e.Addr)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("put %s in %s: %w", e.ID, messages.BucketRotation, err)
-		}
-		h.bucket[e.ID] = e.Addr
-	}
-	for key := range h.bucket {
-		if _, ok := want[key]; ok {
-			continue
-		}
-		octx, cancel := opCtx()
-		err := h.kv.Delete(octx, key)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("delete %s from %s: %w", key, messages.BucketRotation, err)
-		}
-		delete(h.bucket, key)
-	}
-	if _, ok := h.lease.valid(); !ok {
-		return fmt.Errorf("the lease ran out while publishing version %d", version)
-	}
-	snap.Version = version
-	body, err := json.Marshal(snap)
-	if err != nil {
-		return err
-	}
-	if err := h.nc.Publish(h.subj.Rotation(), body); err != nil {
-		return fmt.Errorf("publish %s: %w", h.subj.Rotation(), err)
-	}
-	h.lease.version = version
-	h.mu.Lock()
-	h.pubGen = gen
-	h.published = version
-	h.publishCount++
-	h.version = max(h.version, version)
-	if h.gen == gen {
-		h.snap.Version = version
-	}
-	h.mu.Unlock()
-	h.log.Debug("rotation published", "version", version, "size", len(snap.Proxies))
-	return nil
-}
-
-// readBucket returns every key and value of PROXY_ROTATION.
-func (h *Health) readBucket(ctx context.Context) (map[string]string, error) {
-	octx, cancel := context.WithTimeout(ctx, h.cfg.OpTimeout)
-	defer cancel()
-	w, err := h.kv.WatchAll(octx, jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", messages.BucketRotation, err)
-	}
-	defer w.Stop()
-	out := make(map[string]string)
-	for {
-		select {
-		case e := <-w.Updates():
-			if e == nil {
-				return out, nil
-			}
-			out[e.Key()] = string(e.Value())
-		case <-octx.Done():
-			return nil, fmt.Errorf("read %s: %w", messages.BucketRotation, octx.Err())
-		}
-	}
 }

@@ -508,64 +508,6 @@ func TestGraceKeepsThenDemotes(t *testing.T) {
 	checkVersionsIncrease(t, r.snapshots())
 }
 
-func TestStartNeedsTheTopology(t *testing.T) {
-	srv := natstest.Start(t)
-	_, js := srv.Connect(t)
-	ctx := context.Background()
-	cfg := health.Config{HTTPAddr: "127.0.0.1:0", Logger: testLogger(t)}
-
-	h, err := health.New(js, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = h.Start(ctx)
-	if err == nil || !strings.Contains(err.Error(), messages.StreamEvents) {
-		t.Fatalf("Start without the stream: %v, want an error naming %s", err, messages.StreamEvents)
-	}
-	h.Stop(ctx)
-
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: messages.StreamEvents, Subjects: []string{subj.StateAll()}}); err != nil {
-		t.Fatal(err)
-	}
-	h, err = health.New(js, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = h.Start(ctx)
-	if err == nil || !strings.Contains(err.Error(), messages.BucketRotation) {
-		t.Fatalf("Start without the bucket: %v, want an error naming %s", err, messages.BucketRotation)
-	}
-	h.Stop(ctx)
-
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: messages.BucketRotation}); err != nil {
-		t.Fatal(err)
-	}
-	h, err = health.New(js, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = h.Start(ctx)
-	if err == nil || !strings.Contains(err.Error(), messages.BucketLeases) {
-		t.Fatalf("Start without the leases bucket: %v, want an error naming %s", err, messages.BucketLeases)
-	}
-	h.Stop(ctx)
-
-	// A lease longer than the bucket keeps its keys is refused.
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: messages.BucketLeases, TTL: 10 * time.Second}); err != nil {
-		t.Fatal(err)
-	}
-	cfg.LeaseTTL = time.Minute
-	h, err = health.New(js, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = h.Start(ctx)
-	if err == nil || !strings.Contains(err.Error(), "lease ttl") {
-		t.Fatalf("Start with a lease longer than the bucket's TTL: %v", err)
-	}
-	h.Stop(ctx)
-}
-
 func TestNotReadyBeforeCatchUp(t *testing.T) {
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)

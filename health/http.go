@@ -94,6 +94,8 @@ func writeMetrics(w io.Writer, m Metrics) {
 		{"proxyfleet_health_caught_up", "gauge", "1 once the initial events are folded.", b2i(m.CaughtUp)},
 		{"proxyfleet_health_lease_holder", "gauge", "1 while this process holds the lease and publishes.", b2i(m.Holder)},
 		{"proxyfleet_health_lease_takeovers_total", "counter", "Times this process took the lease.", m.Takeovers},
+		{"proxyfleet_health_consumer_repairs_total", "counter", "Consumers of PROXY_EVENTS made anew: the last one was deleted, lost events, or its stream was created anew.", m.ConsumerRepairs},
+		{"proxyfleet_health_topology_missing", "gauge", "Streams and buckets this process needs that were gone at its last look.", m.Missing},
 		{"proxyfleet_health_probing", "gauge", "1 if proxies are probed, 0 if the rotation follows events only.", b2i(m.Probing)},
 		{"proxyfleet_probe_targets", "gauge", "Proxies being probed.", m.Targets},
 		{"proxyfleet_probe_results_ignored_total", "counter", "Probe results that came too late to count (address changed, proxy deleted).", m.ProbesIgnored},

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -11,12 +12,15 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"libvirt.org/go/libvirtxml"
 
 	"proxyfleet/config"
 	"proxyfleet/messages"
@@ -188,7 +192,8 @@ func freePort(t *testing.T) string {
 // NATS become real VMs that proxy traffic and sit in the rotation; the
 // publishing health process is killed and a standby takes over; a proxy
 // whose service stops leaves after `fall` failed probes while its
-// neighbours stay; a restarted guest agent never costs a proxy its place; a
+// neighbours stay; an agent-only outage (the guest agent stopped, no other
+// address source answering) never costs a proxy its place; a
 // VM destroyed behind the system's back leaves within an observation
 // interval plus `fall` probes; a delete takes a proxy out and leaves nothing
 // on the host.
@@ -208,7 +213,7 @@ func TestEndToEndRotation(t *testing.T) {
 		c.Health = config.Health{
 			HTTP: "127.0.0.1:0", ProbeListen: rootIP + ":0",
 			Interval: interval, Timeout: 800 * time.Millisecond, Rise: 2, Fall: fall,
-			Grace: 20 * time.Second, Concurrency: 16, LeaseTTL: 3 * time.Second,
+			Grace: 30 * time.Second, Concurrency: 16, LeaseTTL: 3 * time.Second,
 		}
 	})
 	ids := []string{"e2e-a", "e2e-b", "e2e-c"}
@@ -271,15 +276,51 @@ func TestEndToEndRotation(t *testing.T) {
 		t.Fatal("e2e-b left with e2e-a")
 	}
 
-	// e2e-b's guest agent stops and starts again: it never leaves.
+	// An agent-only outage in which no other address source answers:
+	// e2e-b's guest agent stops and the DHCP lease forgets it (ARP always
+	// errors on this libvirt), so the lease source answers cleanly with
+	// nothing and the worker reports provisioning with no address (H3).
+	// The same command and host report it: e2e-b keeps its place on its
+	// grace, still probed and passing, and never leaves; agent and lease
+	// back, it reports running again.
 	before = len(rot.removals())
 	ipB := ipOf("e2e-b")
+	n := e.eventCount("e2e-b")
+	restoreLease := hideLease(t, e.cfg.Hosts[0].Network, ipB)
 	guestControl(t, ipB, "/agent/stop")
-	time.Sleep(2 * observe)
+	outage := time.Now()
+	var prov messages.StateEvent
+	waitUntil(t, "e2e-b reported provisioning with no address", observe+slack, func() bool {
+		for _, ev := range e.eventsSince("e2e-b", n) {
+			if ev.State == messages.StateProvisioning && ev.IP == "" {
+				prov = ev
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("e2e-b reported provisioning (%q) %s after its agent stopped", prov.Reason, time.Since(outage).Round(100*time.Millisecond))
+	if !rot.has("e2e-b") {
+		t.Errorf("e2e-b left the rotation when it reported provisioning: removals %v", rot.removals()[before:])
+	}
+	n = e.eventCount("e2e-b")
 	guestControl(t, ipB, "/agent/start")
-	time.Sleep(2 * observe)
+	restoreLease()
+	waitUntil(t, "e2e-b reported running again", observe+slack, func() bool {
+		for _, ev := range e.eventsSince("e2e-b", n) {
+			if ev.State == messages.StateRunning && ev.IP == ipB {
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("e2e-b reported running again %s after the outage began", time.Since(outage).Round(100*time.Millisecond))
+	// Two probe rounds: a proxy taken out would be back by now, and its
+	// removal recorded.
+	waitUntil(t, "e2e-b in the rotation", slack, func() bool { return rot.has("e2e-b") })
+	time.Sleep(2 * interval)
 	if r := rot.removals(); len(r) != before {
-		t.Errorf("a guest agent restart removed: %v", r[before:])
+		t.Errorf("an agent-only outage removed: %v", r[before:])
 	}
 
 	// e2e-b is destroyed behind the system's back: it leaves within an
@@ -297,4 +338,91 @@ func TestEndToEndRotation(t *testing.T) {
 	if len(rot.versions) == 0 {
 		t.Error("no snapshot on proxy.rotation")
 	}
+}
+
+func (e *e2e) eventCount(id string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.events[id])
+}
+
+// eventsSince returns id's events after the first n.
+func (e *e2e) eventsSince(id string, n int) []messages.StateEvent {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]messages.StateEvent(nil), e.events[id][n:]...)
+}
+
+// dnsmasqDir is where libvirt keeps its networks' DHCP leases: libvirt's
+// network driver reads a network's leases from <bridge>.status there on
+// every lease lookup (virsh domifaddr --source lease).
+const dnsmasqDir = "/var/lib/libvirt/dnsmasq"
+
+// hideLease removes ip's entry from the DHCP lease file of network, so the
+// lease source answers cleanly with nothing for that guest, and returns a
+// function that puts it back (also run when the test ends).
+func hideLease(t *testing.T, network, ip string) (restore func()) {
+	t.Helper()
+	var nw libvirtxml.Network
+	if err := nw.Unmarshal(virsh(t, "net-dumpxml", network)); err != nil {
+		t.Fatalf("network %s: %v", network, err)
+	}
+	if nw.Bridge == nil || nw.Bridge.Name == "" {
+		t.Fatalf("network %s has no bridge", network)
+	}
+	path := filepath.Join(dnsmasqDir, nw.Bridge.Name+".status")
+	read := func() []map[string]any {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("leases: %v", err)
+		}
+		var leases []map[string]any
+		if len(bytes.TrimSpace(b)) > 0 {
+			if err := json.Unmarshal(b, &leases); err != nil {
+				t.Fatalf("leases in %s: %v", path, err)
+			}
+		}
+		return leases
+	}
+	write := func(leases []map[string]any) {
+		b, err := json.MarshalIndent(leases, "", "    ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmp := path + ".pftest"
+		if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+			t.Fatalf("leases: %v", err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatalf("leases: %v", err)
+		}
+	}
+	var kept, hidden []map[string]any
+	for _, l := range read() {
+		if l["ip-address"] == ip {
+			hidden = append(hidden, l)
+		} else {
+			kept = append(kept, l)
+		}
+	}
+	if len(hidden) == 0 {
+		t.Fatalf("no lease of %s in %s: the lease source would not answer for it anyway", ip, path)
+	}
+	write(kept)
+	var once sync.Once
+	restore = func() {
+		once.Do(func() {
+			// Put it back among what the file holds now (dnsmasq may
+			// have written other leases meanwhile).
+			leases := read()
+			for _, h := range hidden {
+				if !slices.ContainsFunc(leases, func(l map[string]any) bool { return l["mac-address"] == h["mac-address"] }) {
+					leases = append(leases, h)
+				}
+			}
+			write(leases)
+		})
+	}
+	t.Cleanup(restore)
+	return restore
 }
