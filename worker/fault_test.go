@@ -138,8 +138,8 @@ func TestNATSRestartWithCommandsInFlight(t *testing.T) {
 		vs, _ := filepath.Glob(filepath.Join(r.hostDir(h), "volumes", "*.disk"))
 		domains += len(ds)
 		volumes += len(vs)
-		if _, err := os.Stat(filepath.Join(r.hostDir(h), "overlaps.log")); err == nil {
-			t.Errorf("%s: two calls for one id overlapped", h)
+		if b, err := os.ReadFile(filepath.Join(r.hostDir(h), "overlaps.log")); err == nil {
+			t.Errorf("%s: two calls for one id overlapped (id, op, pid):\n%s", h, b)
 		}
 	}
 	for id, c := range creates {

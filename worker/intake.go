@@ -338,25 +338,32 @@ func (w *Worker) deadLetter(ctx context.Context, id, cmdID, op string, seq uint6
 // keeping each message in progress while it waits or runs. It returns when
 // ctx is done and every handler has returned.
 type pool struct {
-	sem  chan struct{}
-	wg   sync.WaitGroup
-	log  *slog.Logger
-	tick time.Duration
+	sem   chan struct{}
+	wg    sync.WaitGroup
+	log   *slog.Logger
+	tick  time.Duration
+	fence *fence // abandons in-flight work when cut off from NATS; nil: none
 }
 
-func newPool(n int, ackWait time.Duration, log *slog.Logger) *pool {
-	t := ackWait / 3
+// newPool ticks InProgress every quarter of ackWait (see fence for why a
+// quarter).
+func newPool(n int, ackWait time.Duration, log *slog.Logger, f *fence) *pool {
+	t := ackWait / 4
 	if t <= 0 {
 		t = time.Second
 	}
-	return &pool{sem: make(chan struct{}, n), log: log, tick: t}
+	return &pool{sem: make(chan struct{}, n), log: log, tick: t, fence: f}
 }
 
-// submit starts a goroutine for msg; it owns msg until it returns.
+// submit starts a goroutine for msg; it owns msg until it returns. msg is
+// bound to the fence's generation of its delivery: waiting for a slot
+// counts as in flight.
 func (p *pool) submit(ctx context.Context, msg jetstream.Msg, handle func(context.Context, jetstream.Msg)) {
+	ctx, release := p.fence.bind(ctx)
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
+		defer release()
 		stop := keepInProgress(msg, p.tick)
 		defer stop()
 		select {

@@ -64,6 +64,7 @@ type Worker struct {
 	stats   Stats
 
 	cancel    context.CancelFunc
+	fence     *fence
 	consumers []jetstream.ConsumeContext
 	pools     []*pool
 	wg        sync.WaitGroup // tick loops
@@ -169,6 +170,12 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
+	w.fence = newFence(w.js.Conn(), w.cfg.AckWait/4, w.log)
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		w.fence.run(runCtx)
+	}()
 	if !w.cfg.NoIntake {
 		cons, err := w.js.Consumer(ctx, messages.StreamCommands, IntakeConsumer)
 		if err != nil {
@@ -208,7 +215,7 @@ func (w *Worker) Start(ctx context.Context) error {
 
 // consume runs handle for every message of cons on a pool of n.
 func (w *Worker) consume(ctx context.Context, cons jetstream.Consumer, n int, handle func(context.Context, jetstream.Msg), opts ...jetstream.PullConsumeOpt) error {
-	p := newPool(n, w.cfg.AckWait, w.log)
+	p := newPool(n, w.cfg.AckWait, w.log, w.fence)
 	expiry := w.cfg.PinnedTTL / 2
 	if expiry < time.Second {
 		expiry = time.Second
