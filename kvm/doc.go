@@ -14,11 +14,20 @@
 //
 // go-libvirt calls take no context. Link.call runs each one in a goroutine
 // and waits for it, its time budget, the caller's ctx and the link's death.
-// An overrun or a cancelled ctx kills the link: there is no other way to stop
-// the call, and a link that let a call overrun cannot be trusted. Every other
-// call in flight on it fails transient at the same moment, and the next call
-// redials (no more often than the redial backoff allows). So nothing ever
-// waits on TCP retransmission, and a budget is a real bound.
+//
+// Budget overrun kills, cancellation abandons. An overrun kills the link:
+// there is no other way to stop the call, and a link that let a call overrun
+// cannot be trusted. Every other call in flight on it fails transient at the
+// same moment, and the next call redials (no more often than the redial
+// backoff allows). So nothing ever waits on TCP retransmission, and a budget
+// is a real bound. A caller whose ctx is done (an observation pass over its
+// interval, a ready timeout) only stops waiting: it gets a transient error
+// wrapping ctx.Err(), and its call is abandoned, not stopped. The call runs
+// on in its goroutine, still counted by the link, and its budget is still
+// watched (by a goroutine of the link's): an abandoned call that overruns
+// kills the link like any other. One caller giving up never costs the calls
+// of the host's other proxies their link. (A transfer's dedicated link is its
+// caller's alone, and a cancelled transfer does kill it.)
 //
 // # Why killing is done the way it is (review finding H1)
 //
