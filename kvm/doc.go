@@ -57,9 +57,27 @@
 // keeps no per-proxy state: a proxy is the domain pf-<id>, its overlay
 // pf-<id>-disk.qcow2 and its NoCloud seed pf-<id>-seed.iso, and the domain
 // carries a mark in its metadata (mark.go: owner, proxy id, command id,
-// spec hash, createdAt, host entry, image, labels). Get, Delete and List
-// read that mark back; a domain with our name and no mark of ours is never
-// touched (ErrNotOurs).
+// spec hash, createdAt, host entry, image, labels). Get, Create, Delete and
+// List read that mark back. A domain is this provider's only if its mark is
+// ours, for its id, and names this host entry: a domain with our name and no
+// mark, another application's mark, or the mark of another host entry on the
+// same daemon is never touched (ErrNotOurs, permanent), so two entries on
+// one daemon never reach each other's domains.
+//
+// Do no harm on reads: only the domain's lookup by name can say not-found.
+// Once the domain is found, a failing read of its mark (other than "no mark",
+// which is not ours), its state or its address is explicitly transient,
+// never not-found and never permanent, so no caller replaces or deletes a
+// proxy because a read failed. Not-found is matched everywhere as
+// fleet.ClassOf(err) == fleet.ClassNotFound, so a transient wrap around a
+// not-found stays transient.
+//
+// Delete converges every artifact of the id on its host entry before it
+// returns nil: the domain (found by name, checked by its mark), the overlay
+// and the seed, whether or not a domain is still there; each step takes
+// "already gone" as done, so a retry finishes an interrupted delete. If the
+// domain pf-<id> is there but not this entry's, Delete returns ErrNotOurs
+// and leaves the domain and the volumes of its id alone.
 //
 // Create finds a marked domain instead of defining another (and starts one
 // a crash left defined but never started), ensures the base image (below),

@@ -57,10 +57,31 @@ type Provider struct {
 	mu        sync.Mutex
 	listeners map[int]func(Progress) // creates waiting on an image transfer
 	nextL     int
+
+	// testHook, if set (in-package tests only), runs at named points of a
+	// read or delete: hookLookedUp inside lookup's call, after the domain
+	// was found and before its mark is read; hookMarked in Get, after the
+	// mark was read and before the state is; hookUndefined in Delete, after
+	// the domain is undefined and before the volumes are removed.
+	testHook func(point, id string)
 }
 
-// ErrNotOurs is returned for a domain or volume with one of our names that
-// carries no mark of ours: the provider never touches it.
+const (
+	hookLookedUp  = "looked-up"
+	hookMarked    = "marked"
+	hookUndefined = "undefined"
+)
+
+func (p *Provider) hook(point, id string) {
+	if p.testHook != nil {
+		p.testHook(point, id)
+	}
+}
+
+// ErrNotOurs is returned for a domain with one of our names that carries no
+// mark of this host entry (no mark, another application's, an unreadable
+// one, or one that names another host entry on the same daemon): the
+// provider never touches it, nor the volumes of its id.
 var ErrNotOurs = errors.New("not made by proxyfleet")
 
 // LinkConfigFor is the link configuration of a host entry.
@@ -173,7 +194,7 @@ func (p *Provider) Create(ctx context.Context, spec fleet.Spec) (fleet.Instance,
 			return p.Get(ctx, spec.ID)
 		}
 		return in, nil
-	case !errors.Is(err, fleet.ErrNotFound):
+	case fleet.ClassOf(err) != fleet.ClassNotFound:
 		return fleet.Instance{}, err
 	}
 	stop := p.listen(func(pr Progress) {
@@ -363,42 +384,74 @@ func poolErr(pool string, err error) error {
 	return err
 }
 
-// lookup returns the domain of id and its mark. A domain with our name but
-// without our mark is ErrNotOurs (permanent): it is never touched.
+// lookup returns the domain of id and its mark.
+//
+// A domain with our name that carries no mark of this host entry (no mark,
+// an unreadable one, one for another id, or one naming another host entry
+// on the same daemon, as List checks too) is ErrNotOurs, permanent: it is
+// never touched, so two entries on one daemon never reach each other's
+// domains through Get, Create or Delete.
+//
+// Once the domain is found, a failing read of its mark (other than "no
+// mark", which is not ours) is transient, explicitly: the domain is there,
+// and an error reading it must never look like a missing proxy (not-found)
+// or a refused one (permanent), either of which could make the caller
+// replace or remove it.
 func (p *Provider) lookup(ctx context.Context, id string) (libvirt.Domain, mark, error) {
+	name := domainName(id)
 	var (
 		dom libvirt.Domain
 		doc string
 	)
 	err := p.call(ctx, func(l *libvirt.Libvirt) error {
-		var err error
-		if dom, err = l.DomainLookupByName(domainName(id)); err != nil {
-			return err
+		d, err := l.DomainLookupByName(name)
+		if err != nil {
+			return fmt.Errorf("look up domain %s: %w", name, err)
 		}
-		doc, err = l.DomainGetMetadata(dom, int32(libvirt.DomainMetadataElement), libvirt.OptString{markNS}, 0)
-		return err
+		p.hook(hookLookedUp, id)
+		x, err := l.DomainGetMetadata(d, int32(libvirt.DomainMetadataElement), libvirt.OptString{markNS}, 0)
+		if isCode(err, libvirt.ErrNoDomainMetadata) {
+			return p.notOurs(id, "it has no proxyfleet mark")
+		}
+		if err != nil {
+			return fleet.Transient(fmt.Errorf("read the mark of domain %s on %s: %w", name, p.cfg.Host.Name, err))
+		}
+		dom, doc = d, x
+		return nil
 	})
-	var le libvirt.Error
-	if errors.As(err, &le) && le.Code == uint32(libvirt.ErrNoDomainMetadata) {
-		return dom, mark{}, fleet.Permanent(fmt.Errorf("domain %s on %s: %w", domainName(id), p.cfg.Host.Name, ErrNotOurs))
-	}
 	if err != nil {
-		return dom, mark{}, fmt.Errorf("look up domain %s: %w", domainName(id), err)
+		// Not dom: an abandoned call may still be writing it.
+		return libvirt.Domain{}, mark{}, err
 	}
 	m, ok, err := parseMark(doc)
-	if err != nil || !ok || m.ID != id {
-		return dom, mark{}, fleet.Permanent(fmt.Errorf("domain %s on %s: %w", domainName(id), p.cfg.Host.Name, ErrNotOurs))
+	switch {
+	case err != nil:
+		return dom, mark{}, p.notOurs(id, err.Error())
+	case !ok:
+		return dom, mark{}, p.notOurs(id, "it has no proxyfleet mark")
+	case m.ID != id:
+		return dom, mark{}, p.notOurs(id, fmt.Sprintf("its mark is for proxy %q", m.ID))
+	case m.Host != p.cfg.Host.Name:
+		return dom, mark{}, p.notOurs(id, fmt.Sprintf("its mark names host entry %q", m.Host))
 	}
 	return dom, m, nil
 }
 
+// notOurs is the permanent ErrNotOurs error for id's domain, saying why.
+func (p *Provider) notOurs(id, why string) error {
+	return fleet.Permanent(fmt.Errorf("domain %s on %s: %w: %s", domainName(id), p.cfg.Host.Name, ErrNotOurs, why))
+}
+
 // Get reads the proxy's domain state and, for an active domain, its address
-// under the rule of review finding H3 (see address).
+// under the rule of review finding H3 (see address). Only the domain's
+// lookup can say not-found; once it was found, every failing read (mark,
+// state, address) is transient (see lookup).
 func (p *Provider) Get(ctx context.Context, id string) (fleet.Instance, error) {
 	dom, m, err := p.lookup(ctx, id)
 	if err != nil {
 		return fleet.Instance{}, err
 	}
+	p.hook(hookMarked, id)
 	in := m.instance()
 	var state, reason int32
 	err = p.call(ctx, func(l *libvirt.Libvirt) error {
@@ -407,7 +460,7 @@ func (p *Provider) Get(ctx context.Context, id string) (fleet.Instance, error) {
 		return err
 	})
 	if err != nil {
-		return fleet.Instance{}, fmt.Errorf("state of %s: %w", id, err)
+		return fleet.Instance{}, fleet.Transient(fmt.Errorf("state of %s: %w", id, err))
 	}
 	switch libvirt.DomainState(state) {
 	case libvirt.DomainRunning, libvirt.DomainBlocked, libvirt.DomainPaused:
@@ -498,13 +551,25 @@ func firstIPv4(ifaces []libvirt.DomainInterface) string {
 	return ""
 }
 
-// Delete destroys and undefines the proxy's domain and removes its overlay
-// and seed volumes. A proxy that is not there is success; a domain with our
-// name that is not ours is refused.
+// Delete converges every artifact of id on this host entry to absent
+// before it returns nil: the domain pf-<id> (found by name and checked by
+// its mark) is destroyed and undefined, and the overlay pf-<id>-disk.qcow2
+// and the seed pf-<id>-seed.iso are removed from the entry's pool, whether
+// or not a domain is still there (a create that died before its define, a
+// delete interrupted after the undefine, a domain undefined behind our
+// back). Each step treats "already gone" as done, so a retried delete picks
+// up where an interrupted one stopped, and a proxy with nothing left is
+// success.
+//
+// A domain pf-<id> that is not this entry's (unmarked, another
+// application's, or marked by another host entry on the same daemon) is
+// refused with ErrNotOurs (permanent), and then neither the domain nor the
+// volumes of its id are touched: they belong with it. Any other error
+// leaves what is not yet removed for the retry.
 func (p *Provider) Delete(ctx context.Context, id string) error {
 	dom, _, err := p.lookup(ctx, id)
 	switch {
-	case errors.Is(err, fleet.ErrNotFound):
+	case fleet.ClassOf(err) == fleet.ClassNotFound:
 	case err != nil:
 		return err
 	default:
@@ -521,6 +586,7 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 		if err != nil {
 			return fmt.Errorf("delete domain %s: %w", id, err)
 		}
+		p.hook(hookUndefined, id)
 	}
 	for _, name := range []string{overlayVolumeName(id), seedVolumeName(id)} {
 		if err := p.deleteVolume(ctx, name); err != nil {
@@ -582,14 +648,11 @@ func (p *Provider) List(ctx context.Context) ([]fleet.Instance, error) {
 			continue
 		}
 		_, m, err := p.lookup(ctx, id)
-		if errors.Is(err, fleet.ErrNotFound) || errors.Is(err, ErrNotOurs) {
-			continue
+		if fleet.ClassOf(err) == fleet.ClassNotFound || errors.Is(err, ErrNotOurs) {
+			continue // gone meanwhile, or not ours: another host entry's, say
 		}
 		if err != nil {
 			return nil, err
-		}
-		if m.Host != "" && m.Host != p.cfg.Host.Name {
-			continue // another host entry on the same daemon made it
 		}
 		in := m.instance()
 		var state int32
@@ -598,11 +661,11 @@ func (p *Provider) List(ctx context.Context) ([]fleet.Instance, error) {
 			state, _, err = l.DomainGetState(d, 0)
 			return err
 		})
-		if errors.Is(err, fleet.ErrNotFound) {
+		if fleet.ClassOf(err) == fleet.ClassNotFound {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("state of %s: %w", id, err)
+			return nil, fleet.Transient(fmt.Errorf("state of %s: %w", id, err))
 		}
 		switch libvirt.DomainState(state) {
 		case libvirt.DomainRunning, libvirt.DomainBlocked, libvirt.DomainPaused:
