@@ -66,8 +66,9 @@ type LinkConfig struct {
 	// Budgets are the time limits.
 	Budgets Budgets
 	// NewBackOff makes the redial policy: after a failed dial the link
-	// refuses to dial again (failing calls at once, transient) until the
-	// policy's next interval has passed; a successful dial resets it. nil
+	// refuses to dial again (failing calls at once, transient, or
+	// permanent if the dial's error was) until the policy's next interval
+	// has passed; a successful dial resets it. nil
 	// means exponential from 500ms to 30s with jitter, never giving up.
 	// backoff.Stop from the policy is read as its longest wait, 30s.
 	NewBackOff func() backoff.BackOff
@@ -442,10 +443,16 @@ func (k *Link) get(ctx context.Context) (*conn, error) {
 		d := k.dialer
 		if d == nil {
 			if wait := k.retryAt.Sub(k.now()); wait > 0 {
-				err := k.lastErr
+				err := fmt.Errorf("libvirt %s: link down, next dial in %s: %w",
+					k.name, wait.Round(time.Millisecond), k.lastErr)
 				k.mu.Unlock()
-				return nil, fleet.Transient(fmt.Errorf("libvirt %s: link down, next dial in %s: %w",
-					k.name, wait.Round(time.Millisecond), err))
+				if fleet.ClassOf(err) == fleet.ClassPermanent {
+					// The last dial was refused for good (a host key
+					// that does not match, a login refused): a call
+					// in the window gets that answer, not a retry.
+					return nil, err
+				}
+				return nil, fleet.Transient(err)
 			}
 			d = &dialing{done: make(chan struct{})}
 			k.dialer = d
