@@ -517,3 +517,148 @@ func newClientKey(t *testing.T) string {
 	}
 	return path
 }
+
+// Case b: a storage pool that fills up. The pool of a host entry of its
+// own is a directory on a 32 MiB tmpfs; the first proxy fits (and brings
+// the base image into the pool), then a volume that is not ours takes the
+// space but less than one proxy's volumes need, and the next create fails
+// for lack of space: failed (at once, or dead-lettered after its attempts)
+// with a reason that says so, nothing of it left behind, the proxy that
+// fits unharmed. The test removes the pool and the tmpfs at its end,
+// whatever happened.
+func TestFault_poolFull(t *testing.T) {
+	pool := "pftest-full"
+	dir := fullPool(t, pool, "32m")
+	t.Logf("pool %s on a 32 MiB tmpfs at %s", pool, dir)
+	f := newKVMFault(t, func(c *config.Config) {
+		hostEntry(c, "th-full", func(h *config.Host) { h.Pool = pool })
+		c.Worker.MaxAttempts = 3
+	})
+	f.cleanupProxies("fp-0", "fp-1")
+	f.startWorker()
+
+	start := time.Now()
+	f.waitDone(3*time.Minute, f.command(messages.OpCreate, "fp-0"))
+	fits := f.lastEvent("fp-0")
+	if fits.State != messages.StateRunning || fits.IP == "" {
+		t.Fatalf("fp-0: last event %+v, want running", fits)
+	}
+	t.Logf("fp-0 running at %s after %s (base image uploaded into the pool)", fits.IP, time.Since(start).Round(time.Millisecond))
+
+	need := volBytes(t, pool, "pf-fp-0-disk.qcow2", "Allocation") + volBytes(t, pool, "pf-fp-0-seed.iso", "Capacity")
+	avail := poolBytes(t, pool, "Available")
+	filler := avail - need/2
+	virsh(t, "vol-create-as", pool, "filler.raw", strconv.FormatInt(filler, 10), "--allocation", strconv.FormatInt(filler, 10), "--format", "raw")
+	t.Logf("one proxy needs %d bytes; %d were free; a filler took %d, leaving %d", need, avail, filler, poolBytes(t, pool, "Available"))
+
+	start = time.Now()
+	r := f.awaitResult(3*time.Minute, f.command(messages.OpCreate, "fp-1"))
+	took := time.Since(start)
+	t.Logf("fp-1: %s (%s) after %s and %d retries: %s", r.Outcome, r.Class, took.Round(time.Millisecond), len(f.retried()), r.Reason)
+	if r.Outcome != messages.OutcomeFailed {
+		t.Fatalf("fp-1 on a full pool: %s, want failed", r.Outcome)
+	}
+	if !strings.Contains(r.Reason, "No space left on device") || !strings.Contains(r.Reason, "fp-1") {
+		t.Errorf("fp-1's reason %q does not say it ran out of space", r.Reason)
+	}
+	if ev := f.lastEvent("fp-1"); ev.State != messages.StateFailed {
+		t.Errorf("fp-1: last event %+v, want failed", ev)
+	}
+	if doms, vols := f.hostObjects("fp-1"); len(doms)+len(vols) != 0 {
+		t.Errorf("fp-1 left on the host: domains %v, volumes %v", doms, vols)
+	}
+
+	// The proxy that fit is unharmed: running at the same address, and
+	// nothing was said of it since.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	in, err := f.provider().Get(ctx, "fp-0")
+	if err != nil || in.State != messages.StateRunning || in.IP != fits.IP {
+		t.Errorf("fp-0 after the pool filled up: %+v %v, want running at %s", in, err, fits.IP)
+	}
+	if ev := f.lastEvent("fp-0"); ev != fits {
+		t.Errorf("fp-0: an event since it ran: %+v", ev)
+	}
+	if doms, vols := f.hostObjects("fp-0"); len(doms) != 1 || len(vols) != 2 {
+		t.Errorf("fp-0 on the host: domains %v, volumes %v; want its domain, overlay and seed", doms, vols)
+	}
+	if !strings.Contains(virsh(t, "vol-list", pool), "filler.raw") {
+		t.Error("the filler volume, not ours, is gone")
+	}
+}
+
+// fullPool makes a transient dir pool named pool on a tmpfs of size, and
+// removes both when the test ends (after its proxies' clean-up, which the
+// test registers later). The tmpfs is mounted in libvirtd's own mount
+// namespace: `ip netns exec` gave libvirtd one, and the root mount here is
+// private, so a mount made in ours would never reach it.
+func fullPool(t *testing.T, pool, size string) string {
+	t.Helper()
+	pid := libvirtdPid()
+	if pid == 0 {
+		t.Fatal("no libvirtd running (see /run/libvirtd.pid): is the test host up?")
+	}
+	if err := os.MkdirAll("/var/lib/proxyfleet-testhost", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("/var/lib/proxyfleet-testhost", "fault-pool-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := os.Remove(dir); err != nil {
+			t.Errorf("remove %s: %v", dir, err)
+		}
+	})
+	inLibvirtd := func(args ...string) error {
+		out, err := exec.Command("nsenter", append([]string{"-t", strconv.Itoa(pid), "-m", "--"}, args...)...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%v: %v: %s", args, err, out)
+		}
+		return nil
+	}
+	if err := inLibvirtd("mount", "-t", "tmpfs", "-o", "size="+size+",mode=0755", "pf-fault-pool", dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := inLibvirtd("umount", dir); err != nil {
+			t.Errorf("unmount the pool's tmpfs: %v", err)
+		}
+	})
+	virsh(t, "pool-create-as", pool, "dir", "--target", dir)
+	t.Cleanup(func() {
+		if out, err := exec.Command("virsh", "-c", "qemu:///system", "pool-destroy", pool).CombinedOutput(); err != nil {
+			t.Errorf("destroy pool %s: %v: %s", pool, err, out)
+		}
+	})
+	return dir
+}
+
+// poolBytes reads a size (Capacity, Allocation, Available) of a pool.
+func poolBytes(t *testing.T, pool, field string) int64 {
+	t.Helper()
+	return infoBytes(t, virsh(t, "pool-info", "--bytes", pool), field)
+}
+
+// volBytes reads a size (Capacity, Allocation) of a volume.
+func volBytes(t *testing.T, pool, vol, field string) int64 {
+	t.Helper()
+	return infoBytes(t, virsh(t, "vol-info", "--bytes", "--pool", pool, vol), field)
+}
+
+func infoBytes(t *testing.T, info, field string) int64 {
+	t.Helper()
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || strings.TrimSpace(k) != field {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " bytes"), 10, 64)
+		if err != nil {
+			t.Fatalf("%s in %q: %v", field, line, err)
+		}
+		return n
+	}
+	t.Fatalf("no %s in:\n%s", field, info)
+	return 0
+}
