@@ -113,4 +113,10 @@
 // transient, permanent or not-found; an explicit class set closer to the
 // caller always wins. Errors carry short lowercase context
 // ("define domain p1: ...") and name the host.
+//
+// A dial refused for good, a host key that does not match known_hosts
+// (ErrHostKey) or a login the host refuses (ErrAuthRefused, naming the user,
+// the host and the key), is permanent, and the link keeps that class for the
+// calls that meet it inside its redial backoff: a create on such a host
+// fails at once instead of spending its retries on a "link down".
 package kvm
