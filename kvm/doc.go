@@ -83,7 +83,10 @@
 // a crash left defined but never started), ensures the base image (below),
 // makes the overlay over it and uploads the seed, defines the domain (XML
 // built with libvirtxml, domain.go) and starts it; anything failing removes
-// what this create made. Test hooks (Hooks) stop a create at named points
+// what this create made. The calls that make something (the volumes, the
+// define, the start) are the one exception to "cancellation abandons": a
+// create whose ctx ends while one runs waits for it (within its budget), so
+// that its undo sees, and removes, what the call made instead of racing it. Test hooks (Hooks) stop a create at named points
 // as a crash would.
 //
 // Get maps the domain state to a proxy state and reads the address from

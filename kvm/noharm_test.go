@@ -215,3 +215,49 @@ func TestDelete_convergesVolumesWithoutADomain(t *testing.T) {
 		}
 	})
 }
+
+// A create's call that makes something is not abandoned when the create's
+// ctx is cancelled while it runs: the create waits for it, so its undo
+// removes what it made. (Abandoned, the define would land after the undo
+// looked for the domain: an orphan domain over deleted volumes.)
+func TestCreate_cancelDuringDefineLeavesNothing(t *testing.T) {
+	env := testhostAll(t)
+	p := newTestProvider(t, env, nil)
+	id := testID("cd")
+	cleanupProxy(t, p, id)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	returned, defined := make(chan struct{}), make(chan struct{})
+	p.testHook = func(point, hid string) {
+		if hid != id {
+			return
+		}
+		switch point {
+		case hookDefining:
+			// The caller gives up while the define is in flight; the call
+			// is held until the caller has returned, or long enough for
+			// it to have returned had it been abandoned.
+			cancel()
+			select {
+			case <-returned:
+			case <-time.After(2 * time.Second):
+			}
+		case hookDefineDone:
+			close(defined)
+		}
+	}
+	_, err := p.Create(ctx, testSpec(id))
+	close(returned)
+	if fleet.ClassOf(err) != fleet.ClassTransient || !errors.Is(err, context.Canceled) {
+		t.Fatalf("create cancelled during its define: %v (class %q), want transient context.Canceled", err, fleet.ClassOf(err))
+	}
+	select {
+	case <-defined:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the define never finished")
+	}
+	p.testHook = nil
+	if d, o, s := artifacts(t, p, id); d || o || s {
+		t.Fatalf("after a create cancelled during its define: domain %v, overlay %v, seed %v; want none (its undo removes all it made)", d, o, s)
+	}
+}

@@ -59,17 +59,21 @@ type Provider struct {
 	nextL     int
 
 	// testHook, if set (in-package tests only), runs at named points of a
-	// read or delete: hookLookedUp inside lookup's call, after the domain
-	// was found and before its mark is read; hookMarked in Get, after the
-	// mark was read and before the state is; hookUndefined in Delete, after
-	// the domain is undefined and before the volumes are removed.
+	// read, create or delete: hookLookedUp inside lookup's call, after the
+	// domain was found and before its mark is read; hookMarked in Get,
+	// after the mark was read and before the state is; hookDefining and
+	// hookDefineDone inside the define's call, around DomainDefineXML;
+	// hookUndefined in Delete, after the domain is undefined and before the
+	// volumes are removed.
 	testHook func(point, id string)
 }
 
 const (
-	hookLookedUp  = "looked-up"
-	hookMarked    = "marked"
-	hookUndefined = "undefined"
+	hookLookedUp   = "looked-up"
+	hookMarked     = "marked"
+	hookDefining   = "defining"
+	hookDefineDone = "define-done"
+	hookUndefined  = "undefined"
 )
 
 func (p *Provider) hook(point, id string) {
@@ -172,6 +176,20 @@ func (p *Provider) call(ctx context.Context, fn func(l *libvirt.Libvirt) error) 
 	return p.link.call(ctx, 0, fn)
 }
 
+// mutate runs a call of a create that makes something (a volume, the domain,
+// its start). Unlike call it is never abandoned once it started: a caller
+// whose ctx is done while it runs still waits for it (within its budget),
+// so that what the create made is known when it returns, and its undo
+// removes what the call made instead of racing it (an abandoned define
+// landing after the undo looked for the domain would leave an orphan). ctx
+// is checked before the call starts.
+func (p *Provider) mutate(ctx context.Context, fn func(l *libvirt.Libvirt) error) error {
+	if err := ctx.Err(); err != nil {
+		return fleet.Transient(fmt.Errorf("libvirt %s: %w", p.link.name, err))
+	}
+	return p.link.call(context.WithoutCancel(ctx), 0, fn)
+}
+
 // Create makes the proxy's overlay and seed, defines its domain with the
 // mark, and starts it. A marked domain already there is started if needed
 // and reported, not made again. A failed create removes what it made.
@@ -241,7 +259,7 @@ func (p *Provider) create(ctx context.Context, spec fleet.Spec, img config.Image
 	if err != nil {
 		return fleet.Permanent(fmt.Errorf("create %s: %w", id, err))
 	}
-	err = p.call(ctx, func(l *libvirt.Libvirt) error {
+	err = p.mutate(ctx, func(l *libvirt.Libvirt) error {
 		sp, err := l.StoragePoolLookupByName(pool)
 		if err != nil {
 			return poolErr(pool, err)
@@ -292,8 +310,10 @@ func (p *Provider) create(ctx context.Context, spec fleet.Spec, img config.Image
 	if err != nil {
 		return fleet.Permanent(fmt.Errorf("create %s: %w", id, err))
 	}
-	err = p.call(ctx, func(l *libvirt.Libvirt) error {
+	err = p.mutate(ctx, func(l *libvirt.Libvirt) error {
+		p.hook(hookDefining, id)
 		_, err := l.DomainDefineXML(xml)
+		p.hook(hookDefineDone, id)
 		return err
 	})
 	if err != nil {
@@ -328,7 +348,7 @@ func (p *Provider) uploadSeed(ctx context.Context, id string, iso []byte, m *mad
 		return fleet.Permanent(fmt.Errorf("create %s: %w", id, err))
 	}
 	var vol libvirt.StorageVol
-	err = p.call(ctx, func(l *libvirt.Libvirt) error {
+	err = p.mutate(ctx, func(l *libvirt.Libvirt) error {
 		sp, err := l.StoragePoolLookupByName(pool)
 		if err != nil {
 			return poolErr(pool, err)
@@ -350,7 +370,7 @@ func (p *Provider) uploadSeed(ctx context.Context, id string, iso []byte, m *mad
 }
 
 func (p *Provider) start(ctx context.Context, id string) error {
-	err := p.call(ctx, func(l *libvirt.Libvirt) error {
+	err := p.mutate(ctx, func(l *libvirt.Libvirt) error {
 		d, err := l.DomainLookupByName(domainName(id))
 		if err != nil {
 			return err
