@@ -201,16 +201,19 @@ func (e *e2e) hostObjects(id string) (domains, volumes []string) {
 
 // cleanupProxies deletes what the test made on the host, whatever happened.
 func (e *e2e) cleanupProxies(ids ...string) {
-	e.t.Cleanup(func() {
-		for _, id := range ids {
-			name := "pf-" + id
-			_ = exec.Command("virsh", "-c", "qemu:///system", "destroy", name).Run()
-			_ = exec.Command("virsh", "-c", "qemu:///system", "undefine", name, "--nvram").Run()
-			for _, v := range []string{name + "-disk.qcow2", name + "-seed.iso"} {
-				_ = exec.Command("virsh", "-c", "qemu:///system", "vol-delete", v, "--pool", e.cfg.Hosts[0].Pool).Run()
-			}
+	e.t.Cleanup(func() { e.removeProxies(ids...) })
+}
+
+// removeProxies deletes the domains and volumes of ids from the host.
+func (e *e2e) removeProxies(ids ...string) {
+	for _, id := range ids {
+		name := "pf-" + id
+		_ = exec.Command("virsh", "-c", "qemu:///system", "destroy", name).Run()
+		_ = exec.Command("virsh", "-c", "qemu:///system", "undefine", name, "--nvram").Run()
+		for _, v := range []string{name + "-disk.qcow2", name + "-seed.iso"} {
+			_ = exec.Command("virsh", "-c", "qemu:///system", "vol-delete", v, "--pool", e.cfg.Hosts[0].Pool).Run()
 		}
-	})
+	}
 }
 
 // TestKilledMidCreateLeavesNoDuplicateAndNoOrphan SIGKILLs the worker that
