@@ -55,9 +55,8 @@
 //
 // Provider (provider.go, its reads in get.go) implements worker.Provider
 // for one host entry and keeps no per-proxy state: a proxy is the domain
-// pf-<id>, its overlay
-// pf-<id>-disk.qcow2 and its NoCloud seed pf-<id>-seed.iso, and the domain
-// carries a mark in its metadata (mark.go: owner, proxy id, command id,
+// pf-<id>, its overlay pf-<id>-disk.qcow2 and its NoCloud seed
+// pf-<id>-seed.iso, and the domain carries a mark in its metadata (mark.go: owner, proxy id, command id,
 // spec hash, createdAt, host entry, image, labels). Get, Create, Delete and
 // List read that mark back. A domain is this provider's only if its mark is
 // ours, for its id, and names this host entry: a domain with our name and no
