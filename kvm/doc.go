@@ -53,16 +53,17 @@
 //
 // # The provider
 //
-// Provider (provider.go, its reads in get.go) implements worker.Provider
-// for one host entry and keeps no per-proxy state: a proxy is the domain
+// Provider (provider.go, its reads in get.go) implements worker.Provider for
+// one host entry and keeps no per-proxy state: a proxy is the domain
 // pf-<id>, its overlay pf-<id>-disk.qcow2 and its NoCloud seed
-// pf-<id>-seed.iso, and the domain carries a mark in its metadata (mark.go: owner, proxy id, command id,
-// spec hash, createdAt, host entry, image, labels). Get, Create, Delete and
-// List read that mark back. A domain is this provider's only if its mark is
-// ours, for its id, and names this host entry: a domain with our name and no
-// mark, another application's mark, or the mark of another host entry on the
-// same daemon is never touched (ErrNotOurs, permanent), so two entries on
-// one daemon never reach each other's domains.
+// pf-<id>-seed.iso, and the domain carries a mark in its metadata (mark.go:
+// owner, proxy id, command id, spec hash, createdAt, host entry, image,
+// labels). Get, Create, Delete and List read that mark back. A domain is
+// this provider's only if its mark is ours, for its id, and names this host
+// entry: a domain with our name and no mark, another application's mark, or
+// the mark of another host entry on the same daemon is never touched
+// (ErrNotOurs, permanent), so two entries on one daemon never reach each
+// other's domains.
 //
 // Do no harm on reads: only the domain's lookup by name can say not-found.
 // Once the domain is found, a failing read of its mark (other than "no mark",
