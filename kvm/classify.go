@@ -131,6 +131,7 @@ var sentinelClass = map[error]fleet.Class{
 	errSSHClosed:             fleet.ClassTransient,
 	// Refused for good.
 	ErrHostKey:             fleet.ClassPermanent,
+	ErrAuthRefused:         fleet.ClassPermanent,
 	libvirt.ErrUnsupported: fleet.ClassPermanent, // "unknown procedure": the daemon is too old
 }
 

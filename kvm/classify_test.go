@@ -107,6 +107,7 @@ func classRows() []classRow {
 		{"context.DeadlineExceeded", context.DeadlineExceeded, fleet.ClassTransient},
 		{"errSSHClosed", errSSHClosed, fleet.ClassTransient},
 		{"ErrHostKey", fmt.Errorf("%w: host h1 (198.18.100.1:22)", ErrHostKey), fleet.ClassPermanent},
+		{"ErrAuthRefused", fmt.Errorf("%w: host h1 (198.18.100.1:22) refused login as root", ErrAuthRefused), fleet.ClassPermanent},
 		{"libvirt.ErrUnsupported", libvirt.ErrUnsupported, fleet.ClassPermanent},
 
 		// errnos, one row per entry of errnoClass.

@@ -14,11 +14,20 @@
 //
 // go-libvirt calls take no context. Link.call runs each one in a goroutine
 // and waits for it, its time budget, the caller's ctx and the link's death.
-// An overrun or a cancelled ctx kills the link: there is no other way to stop
-// the call, and a link that let a call overrun cannot be trusted. Every other
-// call in flight on it fails transient at the same moment, and the next call
-// redials (no more often than the redial backoff allows). So nothing ever
-// waits on TCP retransmission, and a budget is a real bound.
+//
+// Budget overrun kills, cancellation abandons. An overrun kills the link:
+// there is no other way to stop the call, and a link that let a call overrun
+// cannot be trusted. Every other call in flight on it fails transient at the
+// same moment, and the next call redials (no more often than the redial
+// backoff allows). So nothing ever waits on TCP retransmission, and a budget
+// is a real bound. A caller whose ctx is done (an observation pass over its
+// interval, a ready timeout) only stops waiting: it gets a transient error
+// wrapping ctx.Err(), and its call is abandoned, not stopped. The call runs
+// on in its goroutine, still counted by the link, and its budget is still
+// watched (by a goroutine of the link's): an abandoned call that overruns
+// kills the link like any other. One caller giving up never costs the calls
+// of the host's other proxies their link. (A transfer's dedicated link is its
+// caller's alone, and a cancelled transfer does kill it.)
 //
 // # Why killing is done the way it is (review finding H1)
 //
@@ -44,19 +53,41 @@
 //
 // # The provider
 //
-// Provider (provider.go) implements worker.Provider for one host entry and
-// keeps no per-proxy state: a proxy is the domain pf-<id>, its overlay
-// pf-<id>-disk.qcow2 and its NoCloud seed pf-<id>-seed.iso, and the domain
-// carries a mark in its metadata (mark.go: owner, proxy id, command id,
-// spec hash, createdAt, host entry, image, labels). Get, Delete and List
-// read that mark back; a domain with our name and no mark of ours is never
-// touched (ErrNotOurs).
+// Provider (provider.go, its reads in get.go) implements worker.Provider for
+// one host entry and keeps no per-proxy state: a proxy is the domain
+// pf-<id>, its overlay pf-<id>-disk.qcow2 and its NoCloud seed
+// pf-<id>-seed.iso, and the domain carries a mark in its metadata (mark.go:
+// owner, proxy id, command id, spec hash, createdAt, host entry, image,
+// labels). Get, Create, Delete and List read that mark back. A domain is
+// this provider's only if its mark is ours, for its id, and names this host
+// entry: a domain with our name and no mark, another application's mark, or
+// the mark of another host entry on the same daemon is never touched
+// (ErrNotOurs, permanent), so two entries on one daemon never reach each
+// other's domains.
+//
+// Do no harm on reads: only the domain's lookup by name can say not-found.
+// Once the domain is found, a failing read of its mark (other than "no mark",
+// which is not ours), its state or its address is explicitly transient,
+// never not-found and never permanent, so no caller replaces or deletes a
+// proxy because a read failed. Not-found is matched everywhere as
+// fleet.ClassOf(err) == fleet.ClassNotFound, so a transient wrap around a
+// not-found stays transient.
+//
+// Delete converges every artifact of the id on its host entry before it
+// returns nil: the domain (found by name, checked by its mark), the overlay
+// and the seed, whether or not a domain is still there; each step takes
+// "already gone" as done, so a retry finishes an interrupted delete. If the
+// domain pf-<id> is there but not this entry's, Delete returns ErrNotOurs
+// and leaves the domain and the volumes of its id alone.
 //
 // Create finds a marked domain instead of defining another (and starts one
 // a crash left defined but never started), ensures the base image (below),
 // makes the overlay over it and uploads the seed, defines the domain (XML
 // built with libvirtxml, domain.go) and starts it; anything failing removes
-// what this create made. Test hooks (Hooks) stop a create at named points
+// what this create made. The calls that make something (the volumes, the
+// define, the start) are the one exception to "cancellation abandons": a
+// create whose ctx ends while one runs waits for it (within its budget), so
+// that its undo sees, and removes, what the call made instead of racing it. Test hooks (Hooks) stop a create at named points
 // as a crash would.
 //
 // Get maps the domain state to a proxy state and reads the address from
@@ -86,4 +117,10 @@
 // transient, permanent or not-found; an explicit class set closer to the
 // caller always wins. Errors carry short lowercase context
 // ("define domain p1: ...") and name the host.
+//
+// A dial refused for good, a host key that does not match known_hosts
+// (ErrHostKey) or a login the host refuses (ErrAuthRefused, naming the user,
+// the host and the key), is permanent, and the link keeps that class for the
+// calls that meet it inside its redial backoff: a create on such a host
+// fails at once instead of spending its retries on a "link down".
 package kvm

@@ -636,7 +636,10 @@ func (c *imageCache) takeOver(ctx context.Context, a artifact, seen volState) (b
 		took = true
 		return nil
 	})
-	return took, err
+	if err != nil {
+		return false, err // an abandoned call may still write took
+	}
+	return took, nil
 }
 
 // deleteByName deletes a volume of pool if it is there.

@@ -66,8 +66,9 @@ type LinkConfig struct {
 	// Budgets are the time limits.
 	Budgets Budgets
 	// NewBackOff makes the redial policy: after a failed dial the link
-	// refuses to dial again (failing calls at once, transient) until the
-	// policy's next interval has passed; a successful dial resets it. nil
+	// refuses to dial again (failing calls at once, transient, or
+	// permanent if the dial's error was) until the policy's next interval
+	// has passed; a successful dial resets it. nil
 	// means exponential from 500ms to 30s with jitter, never giving up.
 	// backoff.Stop from the policy is read as its longest wait, 30s.
 	NewBackOff func() backoff.BackOff
@@ -82,8 +83,9 @@ type LinkConfig struct {
 const maxRedialWait = 30 * time.Second
 
 // ErrLinkDead is matched by errors.Is on every error from a call that failed
-// because its link died (killed over a budget or a cancelled call, dropped
-// by the network, a failed keepalive, closed). Such errors are transient.
+// because its link died (killed over a budget, dropped by the network, a
+// failed keepalive, closed) or a transfer whose dedicated link was cut
+// (stalled, cancelled). Such errors are transient.
 var ErrLinkDead = errors.New("libvirt link dead")
 
 // ErrLinkClosed is the reason given when the Link itself was closed.
@@ -318,11 +320,22 @@ func (k *Link) closedErr() error {
 // call runs fn on the shared link under budget (0 means Budgets.Call).
 //
 // go-libvirt calls take no context, so fn runs in a goroutine of its own
-// while call waits for it, the budget, ctx and the link's death. A budget
-// overrun or a done ctx kills the link: fn's call can be stopped no other
-// way, and a call that overran is a link that cannot be trusted. Every
-// other call in flight on the link then fails transient too, and the next
-// call redials.
+// while call waits for it, the budget, ctx and the link's death.
+//
+// A budget overrun kills the link: fn's call can be stopped no other way,
+// and a call that overran is a link that cannot be trusted. Every other
+// call in flight on the link then fails transient too, and the next call
+// redials.
+//
+// A done ctx does not: the link is shared by every call on the host, and
+// one caller giving up (an observation pass over its interval, a ready
+// timeout) says nothing about the link. The caller stops waiting and gets a
+// transient error wrapping ctx.Err(); its call is abandoned, not stopped: fn
+// keeps running in its goroutine, still counted by the link and still under
+// its budget, which a watcher goroutine (also counted) keeps enforcing, so an
+// abandoned call that overruns kills the link as any other would. What fn
+// writes after its caller left is nobody's: a caller must not read what fn
+// captured once call returned an error.
 //
 // The error is classified (see Classify); fn should wrap its errors with
 // short context ("define domain p1: %w").
@@ -331,7 +344,6 @@ func (k *Link) call(ctx context.Context, budget time.Duration, fn func(l *libvir
 		budget = k.cfg.Budgets.Call
 	}
 	if err := ctx.Err(); err != nil {
-		// Done before it started: no reason to kill a healthy link.
 		return fleet.Transient(fmt.Errorf("libvirt %s: %w", k.name, err))
 	}
 	c, err := k.get(ctx)
@@ -343,24 +355,55 @@ func (k *Link) call(ctx context.Context, budget time.Duration, fn func(l *libvir
 		return k.closedErr()
 	}
 	timer := time.NewTimer(budget)
+	select {
+	case err := <-done:
+		timer.Stop()
+		return k.result(c, err)
+	case <-c.dead:
+		timer.Stop()
+		return k.deadResult(c, done)
+	case <-timer.C:
+		c.markDead(overrun(budget))
+		return c.deadErr()
+	case <-ctx.Done():
+	}
+	// Abandoned: the budget still holds, watched by a goroutine of the
+	// link's. If the link is closing, spawn refuses, and Close kills the
+	// conn, which ends fn.
+	if !k.spawn(func() { k.watchAbandoned(c, done, timer, budget) }) {
+		timer.Stop()
+	}
+	return fleet.Transient(fmt.Errorf("libvirt %s: call abandoned by its caller: %w", k.name, ctx.Err()))
+}
+
+// watchAbandoned waits for an abandoned call to end, and kills the link if
+// it overruns its budget, as call would have. A transport failure it
+// returns marks the conn dead (result), so the next call redials.
+func (k *Link) watchAbandoned(c *conn, done <-chan error, timer *time.Timer, budget time.Duration) {
 	defer timer.Stop()
 	select {
 	case err := <-done:
-		return k.result(c, err)
+		_ = k.result(c, err)
 	case <-c.dead:
-		select {
-		case err := <-done: // it finished as the link died
-			return k.result(c, err)
-		default:
-		}
-		return c.deadErr()
 	case <-timer.C:
-		c.markDead(fmt.Errorf("call over its %s budget", budget))
-		return c.deadErr()
-	case <-ctx.Done():
-		c.markDead(fmt.Errorf("call abandoned: %w", context.Cause(ctx)))
-		return fleet.Transient(fmt.Errorf("libvirt %s: %w", k.name, ctx.Err()))
+		c.markDead(overrun(budget))
 	}
+}
+
+func overrun(budget time.Duration) error {
+	return fmt.Errorf("call over its %s budget", budget)
+}
+
+// deadResult is what a caller gets when the conn died while its call was in
+// flight: the call's own result if it finished meanwhile, else the conn's
+// death.
+func (k *Link) deadResult(c *conn, done <-chan error) error {
+	select {
+	case err := <-done: // it finished as the link died
+		return k.result(c, err)
+	default:
+	}
+	return c.deadErr()
 }
 
 // result classifies fn's error; a transport failure marks the conn dead so
@@ -400,10 +443,16 @@ func (k *Link) get(ctx context.Context) (*conn, error) {
 		d := k.dialer
 		if d == nil {
 			if wait := k.retryAt.Sub(k.now()); wait > 0 {
-				err := k.lastErr
+				err := fmt.Errorf("libvirt %s: link down, next dial in %s: %w",
+					k.name, wait.Round(time.Millisecond), k.lastErr)
 				k.mu.Unlock()
-				return nil, fleet.Transient(fmt.Errorf("libvirt %s: link down, next dial in %s: %w",
-					k.name, wait.Round(time.Millisecond), err))
+				if fleet.ClassOf(err) == fleet.ClassPermanent {
+					// The last dial was refused for good (a host key
+					// that does not match, a login refused): a call
+					// in the window gets that answer, not a retry.
+					return nil, err
+				}
+				return nil, fleet.Transient(err)
 			}
 			d = &dialing{done: make(chan struct{})}
 			k.dialer = d

@@ -161,34 +161,125 @@ func TestLink_overrunFailsEveryCallInFlight(t *testing.T) {
 	}
 }
 
-// A cancelled ctx ends the call at once, transient, and kills the link (the
-// call could not be stopped otherwise).
-func TestLink_cancelledCallIsTransient(t *testing.T) {
+// Issue 7, case 4: a caller whose ctx is cancelled stops waiting at once,
+// transient, and abandons its call; it never kills the shared link that the
+// host's other calls use. A call in flight beside it finishes on the same
+// conn, and nothing redials.
+func TestLink_cancelledCallSparesTheSharedLink(t *testing.T) {
 	s := startSSHD(t)
-	k := newTestLink(t, LinkConfig{SSH: s.sshConfig(t, s.addr)})
+	var dials atomic.Int32
+	sshCfg := s.sshConfig(t, s.addr)
+	k := newTestLink(t, LinkConfig{SSH: sshCfg, Dial: func(ctx context.Context) (net.Conn, error) {
+		dials.Add(1)
+		return DialSSH(ctx, sshCfg)
+	}})
 	c := k.current(t)
-	release := make(chan struct{})
-	t.Cleanup(func() { close(release) })
+
+	// B: a real call in flight, held between two RPCs.
+	releaseB, inB, doneB := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	go func() {
+		doneB <- k.call(context.Background(), time.Minute, func(l *libvirt.Libvirt) error {
+			if err := version(l); err != nil {
+				return err
+			}
+			close(inB)
+			<-releaseB
+			return version(l)
+		})
+	}()
+	<-inB
+
+	// A: in flight on the same conn when its caller cancels.
+	releaseA, inA, doneA := make(chan struct{}), make(chan struct{}), make(chan error, 1)
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() { time.Sleep(100 * time.Millisecond); cancel() }()
-	err := within(t, 2*time.Second, "cancelled call", func() error {
-		return k.call(ctx, time.Minute, func(l *libvirt.Libvirt) error { <-release; return nil })
-	})
+	go func() {
+		doneA <- k.call(ctx, time.Minute, func(l *libvirt.Libvirt) error {
+			close(inA)
+			<-releaseA
+			return version(l)
+		})
+	}()
+	<-inA
+	cancel()
+	err := within(t, 2*time.Second, "the cancelled call", func() error { return <-doneA })
 	if fleet.ClassOf(err) != fleet.ClassTransient || !errors.Is(err, context.Canceled) {
-		t.Fatalf("cancelled call = %v, want transient context.Canceled", err)
+		t.Fatalf("cancelled call = %v (class %q), want transient context.Canceled", err, fleet.ClassOf(err))
 	}
-	if !c.isDead() {
-		t.Fatal("link not dead after a cancelled call")
+	if c.isDead() {
+		t.Fatalf("a cancelled call killed the shared link: %v", c.deadErr())
+	}
+
+	close(releaseB)
+	if err := within(t, 10*time.Second, "the call in flight beside it", func() error { return <-doneB }); err != nil {
+		t.Fatalf("the call in flight beside a cancelled one failed: %v", err)
+	}
+	close(releaseA) // the abandoned call finishes on its own
+	if err := k.call(context.Background(), 5*time.Second, version); err != nil {
+		t.Fatalf("call after the cancelled one: %v", err)
+	}
+	if k.current(t) != c || c.isDead() || dials.Load() != 1 {
+		t.Fatalf("after a cancelled call: %d dials, same conn %v; want 1 dial and the same live conn", dials.Load(), k.current(t) == c)
 	}
 
 	// A call whose ctx is done before it starts does not touch the link.
-	c = k.current(t)
 	err = k.call(ctx, time.Minute, version)
 	if fleet.ClassOf(err) != fleet.ClassTransient || !errors.Is(err, context.Canceled) {
 		t.Fatalf("call with a done ctx = %v, want transient context.Canceled", err)
 	}
 	if c.isDead() {
 		t.Fatal("a call with a done ctx killed the link")
+	}
+}
+
+// An abandoned call is still bound by its budget: when it overruns after
+// its caller left, the link is killed as for any overrun, and the next call
+// redials. Its goroutines end with it (goleak in TestMain, and Close waits
+// for them within its budget: newTestLink's cleanup fails on a leftover).
+func TestLink_abandonedCallStillBoundByItsBudget(t *testing.T) {
+	s := startSSHD(t)
+	k := newTestLink(t, LinkConfig{SSH: s.sshConfig(t, s.addr)})
+	c := k.current(t)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) }) // before the link's Close (cleanups run last first)
+
+	const budget = 500 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	in, done := make(chan struct{}), make(chan error, 1)
+	start := time.Now()
+	go func() {
+		done <- k.call(ctx, budget, func(l *libvirt.Libvirt) error {
+			close(in)
+			<-release // stuck as a call on a wedged daemon would be
+			return nil
+		})
+	}()
+	<-in
+	cancel()
+	err := within(t, time.Second, "the cancelled call", func() error { return <-done })
+	if fleet.ClassOf(err) != fleet.ClassTransient || !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled call = %v, want transient context.Canceled", err)
+	}
+	if c.isDead() {
+		t.Fatalf("the cancel killed the link; only the budget may: %v", c.deadErr())
+	}
+	select {
+	case <-c.dead:
+	case <-time.After(10 * time.Second):
+		t.Fatal("an abandoned call overran its budget and the link still lives")
+	}
+	took := time.Since(start)
+	if took < budget {
+		t.Fatalf("link killed after %s, before the %s budget", took, budget)
+	}
+	if err := c.deadErr(); !strings.Contains(err.Error(), "budget") {
+		t.Fatalf("dead link's reason = %v, want the overrun", err)
+	}
+	t.Logf("abandoned call's overrun killed the link after %s", took)
+	if err := k.call(context.Background(), 5*time.Second, version); err != nil {
+		t.Fatalf("call after the overrun: %v", err)
+	}
+	if k.current(t) == c {
+		t.Fatal("the call after the overrun did not redial")
 	}
 }
 

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
@@ -57,10 +56,35 @@ type Provider struct {
 	mu        sync.Mutex
 	listeners map[int]func(Progress) // creates waiting on an image transfer
 	nextL     int
+
+	// testHook, if set (in-package tests only), runs at named points of a
+	// read, create or delete: hookLookedUp inside lookup's call, after the
+	// domain was found and before its mark is read; hookMarked in Get,
+	// after the mark was read and before the state is; hookDefining and
+	// hookDefineDone inside the define's call, around DomainDefineXML;
+	// hookUndefined in Delete, after the domain is undefined and before the
+	// volumes are removed.
+	testHook func(point, id string)
 }
 
-// ErrNotOurs is returned for a domain or volume with one of our names that
-// carries no mark of ours: the provider never touches it.
+const (
+	hookLookedUp   = "looked-up"
+	hookMarked     = "marked"
+	hookDefining   = "defining"
+	hookDefineDone = "define-done"
+	hookUndefined  = "undefined"
+)
+
+func (p *Provider) hook(point, id string) {
+	if p.testHook != nil {
+		p.testHook(point, id)
+	}
+}
+
+// ErrNotOurs is returned for a domain with one of our names that carries no
+// mark of this host entry (no mark, another application's, an unreadable
+// one, or one that names another host entry on the same daemon): the
+// provider never touches it, nor the volumes of its id.
 var ErrNotOurs = errors.New("not made by proxyfleet")
 
 // LinkConfigFor is the link configuration of a host entry.
@@ -151,6 +175,20 @@ func (p *Provider) call(ctx context.Context, fn func(l *libvirt.Libvirt) error) 
 	return p.link.call(ctx, 0, fn)
 }
 
+// mutate runs a call of a create that makes something (a volume, the domain,
+// its start). Unlike call it is never abandoned once it started: a caller
+// whose ctx is done while it runs still waits for it (within its budget),
+// so that what the create made is known when it returns, and its undo
+// removes what the call made instead of racing it (an abandoned define
+// landing after the undo looked for the domain would leave an orphan). ctx
+// is checked before the call starts.
+func (p *Provider) mutate(ctx context.Context, fn func(l *libvirt.Libvirt) error) error {
+	if err := ctx.Err(); err != nil {
+		return fleet.Transient(fmt.Errorf("libvirt %s: %w", p.link.name, err))
+	}
+	return p.link.call(context.WithoutCancel(ctx), 0, fn)
+}
+
 // Create makes the proxy's overlay and seed, defines its domain with the
 // mark, and starts it. A marked domain already there is started if needed
 // and reported, not made again. A failed create removes what it made.
@@ -173,7 +211,7 @@ func (p *Provider) Create(ctx context.Context, spec fleet.Spec) (fleet.Instance,
 			return p.Get(ctx, spec.ID)
 		}
 		return in, nil
-	case !errors.Is(err, fleet.ErrNotFound):
+	case fleet.ClassOf(err) != fleet.ClassNotFound:
 		return fleet.Instance{}, err
 	}
 	stop := p.listen(func(pr Progress) {
@@ -220,7 +258,7 @@ func (p *Provider) create(ctx context.Context, spec fleet.Spec, img config.Image
 	if err != nil {
 		return fleet.Permanent(fmt.Errorf("create %s: %w", id, err))
 	}
-	err = p.call(ctx, func(l *libvirt.Libvirt) error {
+	err = p.mutate(ctx, func(l *libvirt.Libvirt) error {
 		sp, err := l.StoragePoolLookupByName(pool)
 		if err != nil {
 			return poolErr(pool, err)
@@ -271,8 +309,10 @@ func (p *Provider) create(ctx context.Context, spec fleet.Spec, img config.Image
 	if err != nil {
 		return fleet.Permanent(fmt.Errorf("create %s: %w", id, err))
 	}
-	err = p.call(ctx, func(l *libvirt.Libvirt) error {
+	err = p.mutate(ctx, func(l *libvirt.Libvirt) error {
+		p.hook(hookDefining, id)
 		_, err := l.DomainDefineXML(xml)
+		p.hook(hookDefineDone, id)
 		return err
 	})
 	if err != nil {
@@ -307,7 +347,7 @@ func (p *Provider) uploadSeed(ctx context.Context, id string, iso []byte, m *mad
 		return fleet.Permanent(fmt.Errorf("create %s: %w", id, err))
 	}
 	var vol libvirt.StorageVol
-	err = p.call(ctx, func(l *libvirt.Libvirt) error {
+	err = p.mutate(ctx, func(l *libvirt.Libvirt) error {
 		sp, err := l.StoragePoolLookupByName(pool)
 		if err != nil {
 			return poolErr(pool, err)
@@ -329,7 +369,7 @@ func (p *Provider) uploadSeed(ctx context.Context, id string, iso []byte, m *mad
 }
 
 func (p *Provider) start(ctx context.Context, id string) error {
-	err := p.call(ctx, func(l *libvirt.Libvirt) error {
+	err := p.mutate(ctx, func(l *libvirt.Libvirt) error {
 		d, err := l.DomainLookupByName(domainName(id))
 		if err != nil {
 			return err
@@ -363,148 +403,25 @@ func poolErr(pool string, err error) error {
 	return err
 }
 
-// lookup returns the domain of id and its mark. A domain with our name but
-// without our mark is ErrNotOurs (permanent): it is never touched.
-func (p *Provider) lookup(ctx context.Context, id string) (libvirt.Domain, mark, error) {
-	var (
-		dom libvirt.Domain
-		doc string
-	)
-	err := p.call(ctx, func(l *libvirt.Libvirt) error {
-		var err error
-		if dom, err = l.DomainLookupByName(domainName(id)); err != nil {
-			return err
-		}
-		doc, err = l.DomainGetMetadata(dom, int32(libvirt.DomainMetadataElement), libvirt.OptString{markNS}, 0)
-		return err
-	})
-	var le libvirt.Error
-	if errors.As(err, &le) && le.Code == uint32(libvirt.ErrNoDomainMetadata) {
-		return dom, mark{}, fleet.Permanent(fmt.Errorf("domain %s on %s: %w", domainName(id), p.cfg.Host.Name, ErrNotOurs))
-	}
-	if err != nil {
-		return dom, mark{}, fmt.Errorf("look up domain %s: %w", domainName(id), err)
-	}
-	m, ok, err := parseMark(doc)
-	if err != nil || !ok || m.ID != id {
-		return dom, mark{}, fleet.Permanent(fmt.Errorf("domain %s on %s: %w", domainName(id), p.cfg.Host.Name, ErrNotOurs))
-	}
-	return dom, m, nil
-}
-
-// Get reads the proxy's domain state and, for an active domain, its address
-// under the rule of review finding H3 (see address).
-func (p *Provider) Get(ctx context.Context, id string) (fleet.Instance, error) {
-	dom, m, err := p.lookup(ctx, id)
-	if err != nil {
-		return fleet.Instance{}, err
-	}
-	in := m.instance()
-	var state, reason int32
-	err = p.call(ctx, func(l *libvirt.Libvirt) error {
-		var err error
-		state, reason, err = l.DomainGetState(dom, 0)
-		return err
-	})
-	if err != nil {
-		return fleet.Instance{}, fmt.Errorf("state of %s: %w", id, err)
-	}
-	switch libvirt.DomainState(state) {
-	case libvirt.DomainRunning, libvirt.DomainBlocked, libvirt.DomainPaused:
-	case libvirt.DomainShutoff:
-		in.State = messages.StateFailed
-		in.Reason = "domain is shut off"
-		if libvirt.DomainShutoffReason(reason) == libvirt.DomainShutoffUnknown {
-			in.Reason = reasonNeverStarted
-		}
-		return in, nil
-	case libvirt.DomainCrashed:
-		in.State, in.Reason = messages.StateFailed, "domain crashed"
-		return in, nil
-	default:
-		in.State, in.Reason = messages.StateProvisioning, fmt.Sprintf("domain state %d", state)
-		return in, nil
-	}
-	ip, source, err := p.address(ctx, dom)
-	if err != nil {
-		return fleet.Instance{}, fmt.Errorf("address of %s: %w", id, err)
-	}
-	if ip == "" {
-		in.State, in.Reason = messages.StateProvisioning, "no address yet"
-		return in, nil
-	}
-	in.State, in.IP, in.Source = messages.StateRunning, ip, source
-	return in, nil
-}
-
-// addressSources are tried in order: the guest agent knows best, the DHCP
-// lease is what the host's dnsmasq handed out, ARP is the host's guess.
-var addressSources = []struct {
-	name string
-	src  libvirt.DomainInterfaceAddressesSource
-}{
-	{messages.SourceAgent, libvirt.DomainInterfaceAddressesSrcAgent},
-	{messages.SourceLease, libvirt.DomainInterfaceAddressesSrcLease},
-	{messages.SourceARP, libvirt.DomainInterfaceAddressesSrcArp},
-}
-
-// ErrNoAddressSource is inside the error of an address read on which every
-// source failed.
-var ErrNoAddressSource = errors.New("every address source failed")
-
-// address reads the domain's IPv4 address. Review finding H3: an unreadable
-// address must not look like a missing one. A source that answers cleanly
-// with nothing means "no address yet" (during a boot the agent errors while
-// the lease answers empty); every source erroring, or the link dying, is an
-// explicitly transient error, which classification cannot turn permanent
-// whatever libvirt codes are inside it.
-func (p *Provider) address(ctx context.Context, dom libvirt.Domain) (ip, source string, err error) {
-	var errs []error
-	for _, s := range addressSources {
-		var ifaces []libvirt.DomainInterface
-		err := p.call(ctx, func(l *libvirt.Libvirt) error {
-			var err error
-			ifaces, err = l.DomainInterfaceAddresses(dom, uint32(s.src), 0)
-			return err
-		})
-		if err != nil {
-			if errors.Is(err, ErrLinkDead) || ctx.Err() != nil {
-				return "", "", fleet.Transient(fmt.Errorf("address from %s: %w", s.name, err))
-			}
-			errs = append(errs, fmt.Errorf("%s: %w", s.name, err))
-			continue
-		}
-		if ip := firstIPv4(ifaces); ip != "" {
-			return ip, s.name, nil
-		}
-	}
-	if len(errs) == len(addressSources) {
-		return "", "", fleet.Transient(fmt.Errorf("%w: %w", ErrNoAddressSource, errors.Join(errs...)))
-	}
-	return "", "", nil
-}
-
-func firstIPv4(ifaces []libvirt.DomainInterface) string {
-	for _, ifc := range ifaces {
-		if ifc.Name == "lo" {
-			continue
-		}
-		for _, a := range ifc.Addrs {
-			if a.Type == int32(libvirt.IPAddrTypeIpv4) && !strings.HasPrefix(a.Addr, "127.") {
-				return a.Addr
-			}
-		}
-	}
-	return ""
-}
-
-// Delete destroys and undefines the proxy's domain and removes its overlay
-// and seed volumes. A proxy that is not there is success; a domain with our
-// name that is not ours is refused.
+// Delete converges every artifact of id on this host entry to absent
+// before it returns nil: the domain pf-<id> (found by name and checked by
+// its mark) is destroyed and undefined, and the overlay pf-<id>-disk.qcow2
+// and the seed pf-<id>-seed.iso are removed from the entry's pool, whether
+// or not a domain is still there (a create that died before its define, a
+// delete interrupted after the undefine, a domain undefined behind our
+// back). Each step treats "already gone" as done, so a retried delete picks
+// up where an interrupted one stopped, and a proxy with nothing left is
+// success.
+//
+// A domain pf-<id> that is not this entry's (unmarked, another
+// application's, or marked by another host entry on the same daemon) is
+// refused with ErrNotOurs (permanent), and then neither the domain nor the
+// volumes of its id are touched: they belong with it. Any other error
+// leaves what is not yet removed for the retry.
 func (p *Provider) Delete(ctx context.Context, id string) error {
 	dom, _, err := p.lookup(ctx, id)
 	switch {
-	case errors.Is(err, fleet.ErrNotFound):
+	case fleet.ClassOf(err) == fleet.ClassNotFound:
 	case err != nil:
 		return err
 	default:
@@ -521,6 +438,7 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 		if err != nil {
 			return fmt.Errorf("delete domain %s: %w", id, err)
 		}
+		p.hook(hookUndefined, id)
 	}
 	for _, name := range []string{overlayVolumeName(id), seedVolumeName(id)} {
 		if err := p.deleteVolume(ctx, name); err != nil {
@@ -582,14 +500,11 @@ func (p *Provider) List(ctx context.Context) ([]fleet.Instance, error) {
 			continue
 		}
 		_, m, err := p.lookup(ctx, id)
-		if errors.Is(err, fleet.ErrNotFound) || errors.Is(err, ErrNotOurs) {
-			continue
+		if fleet.ClassOf(err) == fleet.ClassNotFound || errors.Is(err, ErrNotOurs) {
+			continue // gone meanwhile, or not ours: another host entry's, say
 		}
 		if err != nil {
 			return nil, err
-		}
-		if m.Host != "" && m.Host != p.cfg.Host.Name {
-			continue // another host entry on the same daemon made it
 		}
 		in := m.instance()
 		var state int32
@@ -598,11 +513,11 @@ func (p *Provider) List(ctx context.Context) ([]fleet.Instance, error) {
 			state, _, err = l.DomainGetState(d, 0)
 			return err
 		})
-		if errors.Is(err, fleet.ErrNotFound) {
+		if fleet.ClassOf(err) == fleet.ClassNotFound {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("state of %s: %w", id, err)
+			return nil, fleet.Transient(fmt.Errorf("state of %s: %w", id, err))
 		}
 		switch libvirt.DomainState(state) {
 		case libvirt.DomainRunning, libvirt.DomainBlocked, libvirt.DomainPaused:

@@ -226,7 +226,7 @@ func TestProvider_roundTrip(t *testing.T) {
 	if err := p.Delete(ctx, id); err != nil {
 		t.Fatalf("delete: %v", err)
 	}
-	if _, err := p.Get(ctx, id); !errors.Is(err, fleet.ErrNotFound) {
+	if _, err := p.Get(ctx, id); fleet.ClassOf(err) != fleet.ClassNotFound {
 		t.Errorf("get after delete: %v, want not found", err)
 	}
 	vols, _ = p.ListVolumes(ctx)
@@ -271,7 +271,7 @@ func TestProvider_failedCreateCleansUp(t *testing.T) {
 	if err == nil {
 		t.Fatal("create on a missing network succeeded")
 	}
-	if _, err := p.Get(ctx, id); !errors.Is(err, fleet.ErrNotFound) {
+	if _, err := p.Get(ctx, id); fleet.ClassOf(err) != fleet.ClassNotFound {
 		t.Errorf("domain left after a failed create: %v", err)
 	}
 	vols, _ := p.ListVolumes(ctx)
@@ -304,11 +304,32 @@ func TestProvider_notOursIsRefused(t *testing.T) {
 			return l.DomainUndefine(d)
 		})
 	})
+	// A volume with the name of its id's seed goes with the domain: a
+	// refused delete leaves it too.
+	volXML, err := plainVolumeXML(seedVolumeName(id), 4096, "raw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = p.call(ctx, func(l *libvirt.Libvirt) error {
+		sp, err := l.StoragePoolLookupByName(p.cfg.Host.Pool)
+		if err != nil {
+			return err
+		}
+		_, err = l.StorageVolCreateXML(sp, volXML, 0)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.deleteVolume(context.Background(), seedVolumeName(id)) })
 	if _, err := p.Get(ctx, id); !errors.Is(err, ErrNotOurs) || fleet.ClassOf(err) != fleet.ClassPermanent {
 		t.Errorf("get of a foreign domain: %v, want permanent ErrNotOurs", err)
 	}
 	if err := p.Delete(ctx, id); !errors.Is(err, ErrNotOurs) {
 		t.Errorf("delete of a foreign domain: %v, want ErrNotOurs", err)
+	}
+	if d, _, s := artifacts(t, p, id); !d || !s {
+		t.Errorf("after a refused delete: domain %v, seed %v; want both left alone", d, s)
 	}
 	if list, _ := p.List(ctx); hasInstance(list, id) {
 		t.Error("List reports a foreign domain")

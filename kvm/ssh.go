@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -73,6 +74,12 @@ func (c SSHConfig) name() string {
 // unknown to the known_hosts file, or its key does not match. Such an error
 // is permanent: only an operator can fix it.
 var ErrHostKey = errors.New("ssh host key refused")
+
+// ErrAuthRefused is matched by errors.Is when the host refused our login:
+// it did not accept the configured key for the configured user, or offers
+// no public key login at all. Such an error is permanent: only an operator
+// can fix it.
+var ErrAuthRefused = errors.New("ssh login refused")
 
 // ErrKeepalive is the reason recorded when a keepalive got no reply in time.
 var ErrKeepalive = errors.New("ssh keepalive timed out")
@@ -170,6 +177,7 @@ func dialSSH(ctx context.Context, cfg SSHConfig) (*SSHConn, error) {
 	clientCfg := &ssh.ClientConfig{
 		User:              cfg.User,
 		Auth:              []ssh.AuthMethod{ssh.PublicKeys(signer)},
+		AuthCallback:      refusedLogin(cfg, signer),
 		HostKeyCallback:   hostKeys,
 		HostKeyAlgorithms: algos,
 		// No Timeout: it only applies to ssh.Dial; the deadline
@@ -269,6 +277,27 @@ func (c *SSHConn) keepalive(interval, timeout time.Duration) {
 			<-reply
 			return
 		}
+	}
+}
+
+// refusedLogin ends the handshake with a permanent ErrAuthRefused, naming
+// the user, the host and the key, once the host has refused the key or
+// offers no public key login. (Without it the library's own error says
+// neither who was refused nor by whom, and carries no type to classify.)
+func refusedLogin(cfg SSHConfig, signer ssh.Signer) ssh.ClientAuthCallback {
+	return func(c *ssh.ClientAuthContext) (ssh.AuthMethod, error) {
+		const pk = "publickey"
+		tried, offered := slices.Contains(c.TriedMethods, pk), slices.Contains(c.AllowedMethods, pk)
+		if !tried && offered {
+			return nil, nil // try the key (ClientConfig.Auth)
+		}
+		why := fmt.Sprintf("the key in %s (%s %s) was not accepted", cfg.KeyFile,
+			signer.PublicKey().Type(), ssh.FingerprintSHA256(signer.PublicKey()))
+		if !offered {
+			why = fmt.Sprintf("it offers no public key login (methods %v)", c.AllowedMethods)
+		}
+		return nil, fleet.Permanent(fmt.Errorf("%w: host %s refused login as %s: %s",
+			ErrAuthRefused, cfg.name(), cfg.User, why))
 	}
 }
 

@@ -67,11 +67,48 @@ func TestDialSSH_hostKeyRefusedIsPermanent(t *testing.T) {
 			}
 
 			k := newTestLink(t, LinkConfig{SSH: cfg})
-			err = k.call(context.Background(), time.Second, version)
-			if fleet.ClassOf(err) != fleet.ClassPermanent || !errors.Is(err, ErrHostKey) {
-				t.Fatalf("call on a link to a refused host = %v (class %q), want permanent ErrHostKey", err, fleet.ClassOf(err))
+			// The second call comes inside the redial backoff: it gets
+			// the refusal again, permanent, not a transient "link down"
+			// that would cost the caller its retries.
+			for _, which := range []string{"first", "second"} {
+				err = k.call(context.Background(), time.Second, version)
+				if fleet.ClassOf(err) != fleet.ClassPermanent || !errors.Is(err, ErrHostKey) {
+					t.Fatalf("%s call on a link to a refused host = %v (class %q), want permanent ErrHostKey", which, err, fleet.ClassOf(err))
+				}
 			}
 		})
+	}
+}
+
+// A host that refuses our key (or offers no public key login) is a
+// permanent error saying who was refused by whom, with which key; a link to
+// it fails its calls permanent, inside its redial backoff too.
+func TestDialSSH_loginRefusedIsPermanent(t *testing.T) {
+	s := startSSHD(t)
+	cfg := s.sshConfig(t, s.addr)
+	cfg.KeyFile = filepath.Join(t.TempDir(), "stranger_ed25519")
+	writeKey(t, cfg.KeyFile)
+	c, err := DialSSH(context.Background(), cfg)
+	if err == nil {
+		c.Close()
+		t.Fatal("DialSSH logged in with a key the host does not hold")
+	}
+	t.Logf("%v", err)
+	if fleet.ClassOf(err) != fleet.ClassPermanent {
+		t.Fatalf("class %q, want permanent", fleet.ClassOf(err))
+	}
+	mustBe(t, err, ErrAuthRefused, "login refusal")
+	for _, w := range []string{"testhost", s.addr, "refused login as " + s.user, cfg.KeyFile} {
+		if !strings.Contains(err.Error(), w) {
+			t.Fatalf("error %q does not say %q", err, w)
+		}
+	}
+	k := newTestLink(t, LinkConfig{SSH: cfg})
+	for _, which := range []string{"first", "second"} {
+		err = k.call(context.Background(), time.Second, version)
+		if fleet.ClassOf(err) != fleet.ClassPermanent || !errors.Is(err, ErrAuthRefused) {
+			t.Fatalf("%s call on a link whose login is refused = %v (class %q), want permanent ErrAuthRefused", which, err, fleet.ClassOf(err))
+		}
 	}
 }
 

@@ -50,9 +50,10 @@ type e2e struct {
 	cfg  *config.Config
 	path string
 
-	mu     sync.Mutex
-	events map[string][]messages.StateEvent
-	done   map[string]string // command id -> final outcome
+	mu      sync.Mutex
+	events  map[string][]messages.StateEvent
+	done    map[string]string          // command id -> final outcome
+	results map[string]messages.Result // command id -> final result
 }
 
 func newE2E(t *testing.T, mod func(*config.Config)) *e2e {
@@ -71,8 +72,8 @@ func newE2E(t *testing.T, mod func(*config.Config)) *e2e {
 	if mod != nil {
 		mod(c)
 	}
-	e := &e2e{t: t, bin: buildBinary(t), srv: srv, dir: t.TempDir(), cfg: c,
-		events: map[string][]messages.StateEvent{}, done: map[string]string{}}
+	e := &e2e{t: t, srv: srv, dir: t.TempDir(), cfg: c,
+		events: map[string][]messages.StateEvent{}, done: map[string]string{}, results: map[string]messages.Result{}}
 	b, err := yaml.Marshal(c)
 	if err != nil {
 		t.Fatal(err)
@@ -93,6 +94,7 @@ func newE2E(t *testing.T, mod func(*config.Config)) *e2e {
 			var r messages.Result
 			if json.Unmarshal(m.Data, &r) == nil && r.Outcome != messages.OutcomeAccepted {
 				e.done[r.CommandID] = r.Outcome
+				e.results[r.CommandID] = r
 			}
 		}
 	})
@@ -105,6 +107,9 @@ func newE2E(t *testing.T, mod func(*config.Config)) *e2e {
 
 func (e *e2e) start(name string, env []string, args ...string) *proc {
 	e.t.Helper()
+	if e.bin == "" {
+		e.bin = buildBinary(e.t) // only runs that start processes build it
+	}
 	p := startProcEnv(e.t, e.bin, filepath.Join(e.dir, name+".log"), env, args...)
 	return p
 }
@@ -126,6 +131,14 @@ func (e *e2e) command(op, id string) string {
 		e.t.Fatalf("publish %s %s: %v", op, id, err)
 	}
 	return cmdID
+}
+
+// result is the final result of a command, if it came.
+func (e *e2e) result(cmdID string) (messages.Result, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	r, ok := e.results[cmdID]
+	return r, ok
 }
 
 func (e *e2e) outcome(cmdID string) string {
@@ -188,16 +201,19 @@ func (e *e2e) hostObjects(id string) (domains, volumes []string) {
 
 // cleanupProxies deletes what the test made on the host, whatever happened.
 func (e *e2e) cleanupProxies(ids ...string) {
-	e.t.Cleanup(func() {
-		for _, id := range ids {
-			name := "pf-" + id
-			_ = exec.Command("virsh", "-c", "qemu:///system", "destroy", name).Run()
-			_ = exec.Command("virsh", "-c", "qemu:///system", "undefine", name, "--nvram").Run()
-			for _, v := range []string{name + "-disk.qcow2", name + "-seed.iso"} {
-				_ = exec.Command("virsh", "-c", "qemu:///system", "vol-delete", v, "--pool", e.cfg.Hosts[0].Pool).Run()
-			}
+	e.t.Cleanup(func() { e.removeProxies(ids...) })
+}
+
+// removeProxies deletes the domains and volumes of ids from the host.
+func (e *e2e) removeProxies(ids ...string) {
+	for _, id := range ids {
+		name := "pf-" + id
+		_ = exec.Command("virsh", "-c", "qemu:///system", "destroy", name).Run()
+		_ = exec.Command("virsh", "-c", "qemu:///system", "undefine", name, "--nvram").Run()
+		for _, v := range []string{name + "-disk.qcow2", name + "-seed.iso"} {
+			_ = exec.Command("virsh", "-c", "qemu:///system", "vol-delete", v, "--pool", e.cfg.Hosts[0].Pool).Run()
 		}
-	})
+	}
 }
 
 // TestKilledMidCreateLeavesNoDuplicateAndNoOrphan SIGKILLs the worker that
