@@ -132,7 +132,7 @@ func (e *executor) converge(ctx context.Context, d *Desired) error {
 	}
 	e.w.stats.creates.Add(1)
 	if err := e.create(ctx, d); err != nil {
-		return fmt.Errorf("create %s: %w", d.ID, err)
+		return err // the provider's error names the create and the id
 	}
 	return e.awaitRunning(ctx, d)
 }

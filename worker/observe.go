@@ -168,6 +168,10 @@ func (e *executor) observeOne(ctx context.Context, id string) (bool, error) {
 	obs, err := e.prov.Get(ctx, id)
 	var ev messages.StateEvent
 	switch {
+	case isNotFound(err) && last.State == messages.StateProvisioning:
+		// Not made yet, or its create is waiting for a retry: the
+		// converge reports for itself.
+		return false, nil
 	case isNotFound(err):
 		ev = messages.StateEvent{State: messages.StateFailed, Reason: "domain is gone", Class: string(fleet.ClassPermanent)}
 	case err != nil:

@@ -84,3 +84,26 @@ func TestSweepRemovesOrphansOnly(t *testing.T) {
 		t.Errorf("swept = %d, want 1", n)
 	}
 }
+
+// TestObservationLeavesACreateWaitingForItsRetry: a create that failed
+// transiently and waits for its retry has no domain yet; the observation
+// pass must not report it failed ("domain is gone") meanwhile.
+func TestObservationLeavesACreateWaitingForItsRetry(t *testing.T) {
+	r := newRig(t, "h1")
+	r.startWorker(func(c *worker.Config) {
+		c.ObserveInterval = 50 * time.Millisecond
+		c.Backoff = &stepBackoff{step: time.Second} // several passes while it waits
+	})
+	if err := sim.InjectFault(r.hostDir("h1"), sim.Fault{Op: "create", ID: "p1", Class: fleet.ClassTransient, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	r.create("p1", "c1", "")
+	r.waitOutcome("c1", messages.OutcomeDone)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ev := range r.events["p1"] {
+		if ev.State == messages.StateFailed {
+			t.Errorf("reported failed while its create waited for a retry: %+v", ev)
+		}
+	}
+}
