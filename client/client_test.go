@@ -111,12 +111,17 @@ func (r *rig) startWorker() {
 	if r.tune != nil {
 		r.tune(&cfg)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	topo := cfg.Topology
+	topo.Subjects = cfg.Subjects
+	if _, err := topo.Setup(ctx, r.js); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
 	w, err := worker.New(js, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	if err := w.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

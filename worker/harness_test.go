@@ -111,12 +111,13 @@ func (r *rig) startWorker(opts ...workerOpt) *worker.Worker {
 	for _, o := range opts {
 		o(&cfg)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r.setup(ctx, cfg)
 	w, err := worker.New(js, cfg)
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	if err := w.Start(ctx); err != nil {
 		r.t.Fatal(err)
 	}
@@ -126,6 +127,17 @@ func (r *rig) startWorker(opts ...workerOpt) *worker.Worker {
 		w.Stop(ctx)
 	})
 	return w
+}
+
+// setup creates the streams and buckets a worker of cfg needs, as
+// `proxyfleet setup` does, on the rig's own (admin) connection.
+func (r *rig) setup(ctx context.Context, cfg worker.Config) {
+	r.t.Helper()
+	topo := cfg.Topology
+	topo.Subjects = cfg.Subjects
+	if _, err := topo.Setup(ctx, r.js); err != nil {
+		r.t.Fatalf("setup: %v", err)
+	}
 }
 
 // publish sends a command body on subject with an optional message id and
