@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"proxyfleet/config"
 	"proxyfleet/health"
 	"proxyfleet/messages"
+	"proxyfleet/worker"
 )
 
 // serve runs everything in one process: an embedded nats-server with
@@ -113,8 +115,12 @@ func startHealth(ctx context.Context, nc *nats.Conn, c *config.Config, log *slog
 		return nil, err
 	}
 	// The streams and buckets are set-up's (`proxyfleet setup`, or serve)
-	// to create: health binds them.
+	// to create: health waits for them, then binds them.
 	subj := messages.NewSubjects(c.NATS.Prefix)
+	if err := awaitStreams(ctx, js, c.Worker.CheckInterval, log, messages.StreamEvents,
+		worker.BucketStream(messages.BucketRotation), worker.BucketStream(messages.BucketLeases)); err != nil {
+		return nil, err
+	}
 	h, err := health.New(js, health.Config{
 		Subjects: subj,
 		HTTPAddr: c.Health.HTTP,
@@ -186,5 +192,45 @@ func runHealth(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	<-ctx.Done()
 	stop()
+	return nil
+}
+
+// awaitStreams waits until every named stream exists, saying at error level
+// which is missing (again every 30s), looking every interval.
+func awaitStreams(ctx context.Context, js jetstream.JetStream, interval time.Duration, log *slog.Logger, names ...string) error {
+	for _, name := range names {
+		var since, logged time.Time
+		for {
+			_, err := js.Stream(ctx, name)
+			if err == nil {
+				if !since.IsZero() {
+					log.Info("stream "+name+" is there now", "waited", time.Since(since).Round(time.Millisecond))
+				}
+				break
+			}
+			if ctx.Err() != nil {
+				return fmt.Errorf("waiting for stream %s: %w", name, ctx.Err())
+			}
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				if since.IsZero() {
+					since = time.Now()
+				}
+				if time.Since(logged) >= 30*time.Second {
+					log.Error("stream "+name+" is missing: waiting for set-up to create it (`proxyfleet setup`, or `serve`)",
+						"waited", time.Since(since).Round(time.Millisecond))
+					logged = time.Now()
+				}
+			} else {
+				log.Warn("look up stream "+name, "err", err)
+			}
+			t := time.NewTimer(interval)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return fmt.Errorf("waiting for stream %s: %w", name, ctx.Err())
+			case <-t.C:
+			}
+		}
+	}
 	return nil
 }

@@ -172,3 +172,36 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// `proxyfleet health` creates no stream: started before set-up, it says
+// what is missing at error level and starts once set-up has run.
+func TestHealthWaitsForSetup(t *testing.T) {
+	srv := natstest.Start(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yaml")
+	writeFile(t, cfg, fmt.Sprintf("nats: {url: %q}\nhosts:\n  - {name: h1, driver: sim, sim: {dir: %q}}\nworker: {check_interval: 50ms}\n", srv.ClientURL(), dir))
+	ctx, cancel := context.WithCancel(context.Background())
+	var logs syncBuffer
+	ran := make(chan error, 1)
+	go func() { ran <- run(ctx, "health", []string{"--config", cfg, "--http", freePort(t)}, &logs, &logs) }()
+	defer func() {
+		cancel()
+		if err := <-ran; err != nil {
+			t.Errorf("health: %v", err)
+		}
+	}()
+	waitUntil(t, "an error-level log of the missing stream", 10*time.Second, func() bool {
+		return strings.Contains(logs.String(), `"level":"ERROR","msg":"stream PROXY_EVENTS is missing`)
+	})
+	_, js := srv.Connect(t)
+	lctx, lcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer lcancel()
+	names := js.StreamNames(lctx)
+	for n := range names.Name() {
+		t.Errorf("health created stream %s", n)
+	}
+	if _, _, err := runSetup(t, "--config", cfg); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "health to start", 20*time.Second, func() bool { return strings.Contains(logs.String(), `health started`) })
+}
