@@ -48,7 +48,7 @@ func newRig(t *testing.T, hosts ...string) *rig {
 	srv := natstest.Start(t)
 	nc, js := srv.Connect(t)
 	r := &rig{t: t, srv: srv, nc: nc, js: js, dir: t.TempDir(), hosts: hosts, events: map[string][]messages.StateEvent{}}
-	sub, err := nc.Subscribe(subj.Prefix+".>", func(m *nats.Msg) {
+	record := func(m *nats.Msg) {
 		switch {
 		case strings.HasPrefix(m.Subject, subj.Prefix+".result."):
 			var res messages.Result
@@ -65,11 +65,39 @@ func newRig(t *testing.T, hosts ...string) *rig {
 				r.mu.Unlock()
 			}
 		}
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	// Results and events only, as a client would (a core subscriber on a
+	// subject makes a JetStream publish to it wait out its timeout, rather
+	// than fail at once, while its stream is missing), through one channel
+	// so that they are recorded in the order the server sent them.
+	msgs := make(chan *nats.Msg, 1<<16)
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case m := <-msgs:
+				record(m)
+			case <-stop:
+				return
+			}
+		}
+	}()
+	var subs []*nats.Subscription
+	for _, s := range []string{subj.ResultAll(), subj.StateAll()} {
+		sub, err := nc.ChanSubscribe(s, msgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs = append(subs, sub)
+	}
+	t.Cleanup(func() {
+		for _, sub := range subs {
+			_ = sub.Unsubscribe()
+		}
+		close(stop)
+		<-stopped
+	})
 	return r
 }
 
