@@ -509,6 +509,9 @@ func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, 
 				continue // another worker made it: compare
 			}
 			if err != nil {
+				if _, lerr := js.Consumer(ctx, stream, want.Durable); lerr == nil {
+					continue // lost a race the server reported otherwise ("error creating store")
+				}
 				return nil, nil, fmt.Errorf("create consumer %s on %s: %w", want.Durable, stream, err)
 			}
 			return cons, nil, nil
