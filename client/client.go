@@ -1,7 +1,9 @@
 // Package client is the library behind proxyfleet's client verbs: it
 // publishes create and delete commands (and waits for their outcome), reads
-// a proxy's desired record and latest state, lists the fleet, reads the
-// rotation and watches state events live.
+// a proxy's latest state and result (and its desired record, when the user
+// may read it), lists the fleet, reads the rotation and watches state
+// events live. It needs no more than the client role of
+// deploy/nats/accounts.conf.
 //
 // It parses no flags, never exits the process and writes only to the
 // io.Writer it is given, so cmd/proxyfleet (or any other program) can wire
@@ -14,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -35,6 +38,9 @@ type Client struct {
 	subj     messages.Subjects
 	onResult func(messages.Result)
 	rescan   time.Duration // first interval between reads of PROXY_RESULTS while waiting
+
+	permOnce        sync.Once
+	desiredReadable bool // whether this user may read PROXY_DESIRED
 }
 
 // Bounds of the interval between reads of PROXY_RESULTS while waiting.
@@ -194,7 +200,7 @@ func (c *Client) send(ctx context.Context, op, id string, body []byte, commandID
 	m.Header.Set(jetstream.MsgIDHeader, commandID)
 	ack, err := c.js.PublishMsg(ctx, m, jetstream.WithExpectStream(messages.StreamCommands))
 	if errors.Is(err, jetstream.ErrNoStreamResponse) {
-		return out, fmt.Errorf("publish %s of %s: no stream answered (is %s there: has a worker created the topology?): %w", op, id, messages.StreamCommands, err)
+		return out, fmt.Errorf("publish %s of %s: no stream answered (is %s there: has `proxyfleet setup` run?): %w", op, id, messages.StreamCommands, err)
 	}
 	if err != nil {
 		return out, fmt.Errorf("publish %s of %s: %w", op, id, err)

@@ -111,12 +111,17 @@ func (r *rig) startWorker() {
 	if r.tune != nil {
 		r.tune(&cfg)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	topo := cfg.Topology
+	topo.Subjects = cfg.Subjects
+	if _, err := topo.Setup(ctx, r.js); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
 	w, err := worker.New(js, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	if err := w.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -378,7 +383,7 @@ func TestNoTopology(t *testing.T) {
 	if err := c.Watch(ctxFor(t, 5*time.Second), io.Discard, time.Second); err == nil {
 		t.Fatal("watch without topology succeeded")
 	}
-	if _, err := c.Create(ctxFor(t, 5*time.Second), messages.CreateCommand{ID: "p1"}, "", true); err == nil || !strings.Contains(err.Error(), "topology") {
+	if _, err := c.Create(ctxFor(t, 5*time.Second), messages.CreateCommand{ID: "p1"}, "", true); err == nil || !strings.Contains(err.Error(), "proxyfleet setup") {
 		t.Fatalf("create without topology: err = %v", err)
 	}
 }
@@ -570,6 +575,28 @@ func TestPrintAndJSON(t *testing.T) {
 		if got := strings.Fields(lines[i+1]); strings.Join(got, " ") != strings.Join(want, " ") {
 			t.Errorf("row %d = %q, want %q", i+1, got, want)
 		}
+	}
+	// A user that may not read the desired records gets no DESIRED column.
+	b.Reset()
+	unread := []client.Status{{ID: "p1", DesiredUnread: true, Event: sts[0].Event,
+		Result: &messages.Result{ID: "p1", Op: "create", Outcome: "done", CommandID: "c1"}}}
+	if err := client.PrintStatusTable(&b, unread); err != nil {
+		t.Fatal(err)
+	}
+	lines = strings.Split(strings.TrimRight(b.String(), "\n"), "\n")
+	if got := strings.Fields(lines[0]); strings.Join(got, " ") != "ID STATE HOST ADDR SOURCE SEQ AGE REASON" {
+		t.Errorf("header without desired records = %q", got)
+	}
+	if got := strings.Fields(lines[1]); strings.Join(got, " ") != "p1 running h1 198.18.0.1:3128 sim 3 1m -" {
+		t.Errorf("row without desired records = %q", got)
+	}
+	b.Reset()
+	if err := client.PrintStatus(&b, unread[0]); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "may not read PROXY_DESIRED") || !strings.Contains(b.String(), "last result:  create done (command c1") ||
+		!strings.Contains(b.String(), "converged:    true") {
+		t.Fatalf("status without a desired record:\n%s", b.String())
 	}
 	b.Reset()
 	if err := client.PrintStatus(&b, sts[0]); err != nil {

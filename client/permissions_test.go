@@ -13,22 +13,33 @@ import (
 	"proxyfleet/messages"
 )
 
-// ClientRolePublish and ClientRoleSubscribe are everything the client verbs
-// need (with the default prefix): what deploy/nats/accounts.conf must allow
-// its client user. Pulls from PROXY_EVENTS and PROXY_RESULTS need
-// $JS.API.CONSUMER.MSG.NEXT; without it a read is refused, and the refusal
-// reaches only the connection's error handler.
+// ClientRolePublish, ClientRoleDeny and ClientRoleSubscribe are the client
+// user of deploy/nats/accounts.conf (with the default prefix): everything
+// the client verbs need, and no read of PROXY_CMDS or PROXY_DESIRED. Pulls
+// from PROXY_EVENTS and PROXY_RESULTS need $JS.API.CONSUMER.MSG.NEXT;
+// without it a read is refused, and the refusal reaches only the
+// connection's error handler.
 var (
 	ClientRolePublish = []string{
-		"proxy.cmd.create.*", "proxy.cmd.delete.*",
-		"$JS.API.INFO", "$JS.API.STREAM.INFO.*", "$JS.API.STREAM.MSG.GET.*",
-		"$JS.API.DIRECT.GET.>",
-		"$JS.API.CONSUMER.CREATE.PROXY_EVENTS.>", "$JS.API.CONSUMER.MSG.NEXT.PROXY_EVENTS.>",
-		"$JS.API.CONSUMER.CREATE.PROXY_RESULTS.>", "$JS.API.CONSUMER.MSG.NEXT.PROXY_RESULTS.>",
-		"$JS.API.CONSUMER.CREATE.KV_PROXY_DESIRED.>", "$JS.API.CONSUMER.CREATE.KV_PROXY_ROTATION.>",
-		"$JS.API.CONSUMER.DELETE.>", "$JS.FC.>",
+		"proxy.cmd.create.*", "proxy.cmd.delete.*", "$SYS.REQ.USER.INFO",
+		"$JS.API.STREAM.INFO.PROXY_EVENTS", "$JS.API.STREAM.INFO.PROXY_RESULTS", "$JS.API.STREAM.INFO.KV_PROXY_ROTATION",
+		"$JS.API.DIRECT.GET.PROXY_EVENTS", "$JS.API.DIRECT.GET.PROXY_EVENTS.>",
+		"$JS.API.STREAM.MSG.GET.PROXY_EVENTS", "$JS.API.STREAM.MSG.GET.PROXY_RESULTS",
+		"$JS.API.CONSUMER.CREATE.PROXY_EVENTS.>", "$JS.API.CONSUMER.MSG.NEXT.PROXY_EVENTS.*",
+		"$JS.API.CONSUMER.INFO.PROXY_EVENTS.*", "$JS.API.CONSUMER.DELETE.PROXY_EVENTS.*",
+		"$JS.API.CONSUMER.CREATE.PROXY_RESULTS.>", "$JS.API.CONSUMER.MSG.NEXT.PROXY_RESULTS.*",
+		"$JS.API.CONSUMER.DELETE.PROXY_RESULTS.*",
+		"$JS.API.CONSUMER.CREATE.KV_PROXY_ROTATION.>", "$JS.API.CONSUMER.DELETE.KV_PROXY_ROTATION.*",
+		"$JS.FC.KV_PROXY_ROTATION.>",
 	}
-	ClientRoleSubscribe = []string{"proxy.result.>", "proxy.state.>", "proxy.rotation", "_INBOX.>"}
+	ClientRoleDeny = []string{
+		"$JS.API.STREAM.CREATE.>", "$JS.API.STREAM.UPDATE.>", "$JS.API.STREAM.DELETE.>",
+		"$JS.API.STREAM.PURGE.>", "$JS.API.STREAM.MSG.DELETE.>",
+		"$JS.API.CONSUMER.DELETE.PROXY_CMDS.>", "$JS.API.CONSUMER.DELETE.PROXY_WORK.>",
+		"$JS.API.STREAM.MSG.GET.PROXY_CMDS", "$JS.API.DIRECT.GET.PROXY_CMDS", "$JS.API.DIRECT.GET.PROXY_CMDS.>",
+		"$JS.API.STREAM.MSG.GET.KV_PROXY_DESIRED", "$JS.API.DIRECT.GET.KV_PROXY_DESIRED", "$JS.API.DIRECT.GET.KV_PROXY_DESIRED.>",
+	}
+	ClientRoleSubscribe = []string{"proxy.result.>", "proxy.state.>", "proxy.rotation", "_INBOX_client.>"}
 )
 
 // TestClientRolePermissions runs every client verb as a user limited to the
@@ -40,7 +51,7 @@ func TestClientRolePermissions(t *testing.T) {
 		Users: []*server.User{
 			{Username: "worker", Password: "w"},
 			{Username: "client", Password: "c", Permissions: &server.Permissions{
-				Publish:   &server.SubjectPermission{Allow: ClientRolePublish},
+				Publish:   &server.SubjectPermission{Allow: ClientRolePublish, Deny: ClientRoleDeny},
 				Subscribe: &server.SubjectPermission{Allow: ClientRoleSubscribe},
 			}},
 		},
@@ -58,7 +69,7 @@ func TestClientRolePermissions(t *testing.T) {
 	r.setUp(true)
 	var mu sync.Mutex
 	var refused []string
-	nc := r.connect(nats.UserInfo("client", "c"), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+	nc := r.connect(nats.UserInfo("client", "c"), nats.CustomInboxPrefix("_INBOX_client"), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		mu.Lock()
 		refused = append(refused, err.Error())
 		mu.Unlock()
@@ -73,10 +84,13 @@ func TestClientRolePermissions(t *testing.T) {
 	if again := r.create("p1", "c1", ""); !again.Duplicate || again.Final == nil {
 		t.Fatalf("duplicate: %+v", again) // reads PROXY_RESULTS
 	}
-	if st, err := c.Get(ctxFor(t, 10*time.Second), "p1"); err != nil || st.State() != messages.StateRunning {
+	// Reads never wait out a refused request: the client asks the server
+	// what it may read, and reads no desired record.
+	if st, err := c.Get(ctxFor(t, 5*time.Second), "p1"); err != nil || st.State() != messages.StateRunning ||
+		!st.DesiredUnread || st.Desired != nil || st.Result == nil || !st.Converged() {
 		t.Fatalf("get: %+v, %v", st, err)
 	}
-	if l, err := c.List(ctxFor(t, 10*time.Second)); err != nil || len(l) != 1 || l[0].Event == nil {
+	if l, err := c.List(ctxFor(t, 5*time.Second)); err != nil || len(l) != 1 || l[0].Event == nil || !l[0].DesiredUnread {
 		t.Fatalf("list: %+v, %v", l, err)
 	}
 	if _, err := c.Rotation(ctxFor(t, 10*time.Second)); err != nil {

@@ -59,18 +59,28 @@ func Age(now, t time.Time) string {
 	return fmt.Sprintf("%dd", int(d/(24*time.Hour)))
 }
 
-// StatusColumns are the columns of PrintStatusTable.
+// StatusColumns are the columns of PrintStatusTable. DESIRED is left out
+// when no desired record was read (the user may not read PROXY_DESIRED).
 var StatusColumns = []string{"ID", "DESIRED", "STATE", "HOST", "ADDR", "SOURCE", "SEQ", "AGE", "REASON"}
 
-// PrintStatusTable writes one row per proxy: its desired op, observed state,
-// host, address, address source, event seq, the event's age and reason.
+// PrintStatusTable writes one row per proxy: its desired op (when readable),
+// observed state, host, address, address source, event seq, the event's age
+// and reason.
 func PrintStatusTable(w io.Writer, sts []Status) error {
 	return printStatusTable(w, sts, time.Now())
 }
 
 func printStatusTable(w io.Writer, sts []Status, now time.Time) error {
+	withDesired := len(sts) == 0
+	for _, s := range sts {
+		withDesired = withDesired || !s.DesiredUnread
+	}
+	cols := StatusColumns
+	if !withDesired {
+		cols = append([]string{cols[0]}, cols[2:]...)
+	}
 	tw := newTab(w)
-	fmt.Fprintln(tw, strings.Join(StatusColumns, "\t"))
+	fmt.Fprintln(tw, strings.Join(cols, "\t"))
 	for _, s := range sts {
 		desired, host := "", ""
 		if s.Desired != nil {
@@ -82,9 +92,14 @@ func printStatusTable(w io.Writer, sts []Status, now time.Time) error {
 				host = ev.Host
 			}
 			seq, age, source, reason = fmt.Sprint(ev.Seq), Age(now, ev.At), ev.Source, oneLine(ev.Reason)
+		} else if r := s.Result; r != nil && IsFailure(r.Outcome) {
+			reason = oneLine(r.Outcome + ": " + r.Reason)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, dash(desired), s.State(), dash(host),
-			dash(s.Addr()), dash(source), dash(seq), dash(age), dash(reason))
+		row := []string{s.ID, dash(desired), s.State(), dash(host), dash(s.Addr()), dash(source), dash(seq), dash(age), dash(reason)}
+		if !withDesired {
+			row = append(row[:1], row[2:]...)
+		}
+		fmt.Fprintln(tw, strings.Join(row, "\t"))
 	}
 	return tw.Flush()
 }
@@ -118,8 +133,20 @@ func PrintStatus(w io.Writer, s Status) error {
 				row("labels", strings.Join(keys, ","))
 			}
 		}
+	} else if s.DesiredUnread {
+		row("desired", "- (this user may not read "+messages.BucketDesired+")")
 	} else {
 		row("desired", "- (no record)")
+	}
+	if r := s.Result; r != nil {
+		line := fmt.Sprintf("%s %s (command %s, at %s)", r.Op, r.Outcome, r.CommandID, r.At.Format(time.RFC3339))
+		if r.Field != "" {
+			line += ", field " + r.Field
+		}
+		if r.Reason != "" {
+			line += ": " + oneLine(r.Reason)
+		}
+		row("last result", line)
 	}
 	if ev := s.Event; ev != nil {
 		row("event", fmt.Sprintf("%s on %s, seq %d, command %s, %s ago (%s)", ev.State, dash(ev.Host), ev.Seq,

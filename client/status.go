@@ -15,34 +15,58 @@ import (
 	"proxyfleet/worker"
 )
 
-// Status is what is known of one proxy: its desired record and its latest
-// state event. Either may be nil, not both.
+// Status is what is known of one proxy: its latest state event, the latest
+// result of a command on it and, when this connection's user may read
+// PROXY_DESIRED, its desired record. At least one of them is set.
 type Status struct {
 	ID string `json:"id"`
 	// Desired is the proxy's record in PROXY_DESIRED: the last accepted
-	// command (Op create or delete) and its spec.
+	// command (Op create or delete) and its spec. Nil when there is none,
+	// or when DesiredUnread.
 	Desired *worker.Desired `json:"desired,omitempty"`
+	// DesiredUnread says Desired was not read: this user may not read
+	// PROXY_DESIRED (the client role of deploy/nats/accounts.conf may not).
+	DesiredUnread bool `json:"desired_unread,omitempty"`
 	// Event is the latest event on <prefix>.state.<id>.
 	Event *messages.StateEvent `json:"event,omitempty"`
+	// Result is the latest result on <prefix>.result.<id> kept in
+	// PROXY_RESULTS (for nats.results_max_age).
+	Result *messages.Result `json:"result,omitempty"`
 }
 
-// State is the proxy's observed state, or "pending" for a desired create
-// that has no event yet ("-" when nothing is known).
+// lastOp is the op of the last command that took effect, from the desired
+// record or else from the latest result, and whether it is known.
+func (s Status) lastOp() (op, commandID string, ok bool) {
+	if s.Desired != nil {
+		return s.Desired.Op, s.Desired.CommandID, true
+	}
+	if r := s.Result; r != nil {
+		switch r.Outcome {
+		case messages.OutcomeAccepted, messages.OutcomeDone, messages.OutcomeFailed:
+			return r.Op, r.CommandID, true
+		}
+	}
+	return "", "", false
+}
+
+// State is the proxy's observed state, or "pending" for a create that has
+// no event yet ("-" when nothing is known).
 func (s Status) State() string {
-	switch {
-	case s.Event != nil:
+	if s.Event != nil {
 		return s.Event.State
-	case s.Desired != nil && s.Desired.Op == messages.OpCreate:
+	}
+	if op, _, ok := s.lastOp(); ok && op == messages.OpCreate {
 		return "pending"
 	}
 	return "-"
 }
 
-// Converged reports whether the latest event is the outcome of the command
-// the desired record holds (the same command id) and is not a
-// work-in-progress state.
+// Converged reports whether the latest event is the outcome of the last
+// command that took effect (the same command id: the desired record's, or
+// else the latest result's) and is not a work-in-progress state.
 func (s Status) Converged() bool {
-	if s.Desired == nil || s.Event == nil || s.Event.CommandID != s.Desired.CommandID {
+	_, cmd, ok := s.lastOp()
+	if !ok || s.Event == nil || s.Event.CommandID != cmd {
 		return false
 	}
 	switch s.Event.State {
@@ -63,53 +87,86 @@ func (s Status) Addr() string {
 	return fmt.Sprintf("%s:%d", s.Event.IP, s.Event.Port)
 }
 
-// gone is a proxy deleted on purpose and finished with.
+// gone is a proxy deleted on purpose and finished with, or one no command
+// took effect on (every one was rejected or superseded).
 func (s Status) gone() bool {
-	return s.Desired != nil && s.Desired.Op == messages.OpDelete &&
-		(s.Event == nil || s.Event.State == messages.StateDeleted)
+	if s.Desired == nil && s.Event == nil {
+		if _, _, ok := s.lastOp(); !ok {
+			return true
+		}
+	}
+	if op, _, ok := s.lastOp(); ok {
+		return op == messages.OpDelete && (s.Event == nil || s.Event.State == messages.StateDeleted)
+	}
+	return s.Event != nil && s.Event.State == messages.StateDeleted
 }
 
 // Get returns what is known of proxy id. It fails with an error wrapping
-// ErrNotFound when there is neither a desired record nor a state event.
+// ErrNotFound when there is no desired record or state event, and no command
+// took effect (its results, if any, are rejections or supersessions).
 func (c *Client) Get(ctx context.Context, id string) (Status, error) {
 	if !messages.ValidID(id) {
 		return Status{}, &messages.FieldError{Field: "id", Reason: fmt.Sprintf("%q is not a valid proxy id", id)}
 	}
-	st := Status{ID: id}
-	kv, err := c.bucket(ctx, messages.BucketDesired)
-	if err != nil {
-		return st, err
-	}
-	switch e, err := kv.Get(ctx, id); {
-	case errors.Is(err, jetstream.ErrKeyNotFound):
-	case err != nil:
-		return st, fmt.Errorf("read desired record of %s: %w", id, err)
-	default:
-		var d worker.Desired
-		if err := json.Unmarshal(e.Value(), &d); err != nil {
-			return st, fmt.Errorf("decode desired record of %s: %w", id, err)
+	st := Status{ID: id, DesiredUnread: !c.mayReadDesired(ctx)}
+	if !st.DesiredUnread {
+		kv, err := c.bucket(ctx, messages.BucketDesired)
+		if err != nil {
+			return st, err
 		}
-		st.Desired = &d
+		switch e, err := kv.Get(ctx, id); {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return st, fmt.Errorf("read desired record of %s: %w", id, err)
+		default:
+			var d worker.Desired
+			if err := json.Unmarshal(e.Value(), &d); err != nil {
+				return st, fmt.Errorf("decode desired record of %s: %w", id, err)
+			}
+			st.Desired = &d
+		}
 	}
-	stream, err := c.stream(ctx, messages.StreamEvents)
-	if err != nil {
-		return st, err
-	}
-	switch raw, err := stream.GetLastMsgForSubject(ctx, c.subj.State(id)); {
-	case errors.Is(err, jetstream.ErrMsgNotFound):
-	case err != nil:
+	if err := lastOn(ctx, c, messages.StreamEvents, c.subj.State(id), &st.Event); err != nil {
 		return st, fmt.Errorf("read latest event of %s: %w", id, err)
-	default:
-		var ev messages.StateEvent
-		if err := json.Unmarshal(raw.Data, &ev); err != nil {
-			return st, fmt.Errorf("decode latest event of %s: %w", id, err)
-		}
-		st.Event = &ev
+	}
+	if err := lastOn(ctx, c, messages.StreamResults, c.subj.Result(id), &st.Result); err != nil {
+		return st, fmt.Errorf("read latest result of %s: %w", id, err)
 	}
 	if st.Desired == nil && st.Event == nil {
-		return st, fmt.Errorf("proxy %s: %w (no desired record and no state event)", id, ErrNotFound)
+		if _, _, ok := st.lastOp(); !ok {
+			why := "no desired record, state event or result"
+			if r := st.Result; r != nil {
+				why = fmt.Sprintf("no command took effect; the last, %s %s, was %s", r.Op, r.CommandID, r.Outcome)
+				if r.Field != "" {
+					why += " (field " + r.Field + ")"
+				}
+			}
+			return st, fmt.Errorf("proxy %s: %w: %s", id, ErrNotFound, why)
+		}
 	}
 	return st, nil
+}
+
+// lastOn decodes the last message on subject of stream into *into, leaving
+// it nil when there is none.
+func lastOn[T any](ctx context.Context, c *Client, stream, subject string, into **T) error {
+	st, err := c.stream(ctx, stream)
+	if err != nil {
+		return err
+	}
+	raw, err := st.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	v := new(T)
+	if err := json.Unmarshal(raw.Data, v); err != nil {
+		return fmt.Errorf("decode: %w", err)
+	}
+	*into = v
+	return nil
 }
 
 // ListOption configures List.
@@ -123,38 +180,41 @@ type listOptions struct{ all bool }
 // deleted or gone: it is no longer part of the fleet.
 func IncludeDeleted() ListOption { return func(o *listOptions) { o.all = true } }
 
-// List returns every proxy, sorted by id: the keys of PROXY_DESIRED joined
-// with their latest events, plus any proxy that has an event but no desired
-// record (which the worker's sweeps may report). See IncludeDeleted.
+// List returns every proxy, sorted by id: the latest event and the latest
+// result of every proxy, joined with the keys of PROXY_DESIRED when this
+// user may read it (see Status.DesiredUnread). See IncludeDeleted.
 func (c *Client) List(ctx context.Context, opts ...ListOption) ([]Status, error) {
 	var o listOptions
 	for _, f := range opts {
 		f(&o)
 	}
+	unread := !c.mayReadDesired(ctx)
 	byID := map[string]*Status{}
 	get := func(id string) *Status {
 		s := byID[id]
 		if s == nil {
-			s = &Status{ID: id}
+			s = &Status{ID: id, DesiredUnread: unread}
 			byID[id] = s
 		}
 		return s
 	}
 
-	kv, err := c.bucket(ctx, messages.BucketDesired)
-	if err != nil {
-		return nil, err
-	}
-	err = readBucket(ctx, kv, func(e jetstream.KeyValueEntry) error {
-		var d worker.Desired
-		if err := json.Unmarshal(e.Value(), &d); err != nil {
-			return fmt.Errorf("decode desired record of %s: %w", e.Key(), err)
+	if !unread {
+		kv, err := c.bucket(ctx, messages.BucketDesired)
+		if err != nil {
+			return nil, err
 		}
-		get(e.Key()).Desired = &d
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", messages.BucketDesired, err)
+		err = readBucket(ctx, kv, func(e jetstream.KeyValueEntry) error {
+			var d worker.Desired
+			if err := json.Unmarshal(e.Value(), &d); err != nil {
+				return fmt.Errorf("decode desired record of %s: %w", e.Key(), err)
+			}
+			get(e.Key()).Desired = &d
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", messages.BucketDesired, err)
+		}
 	}
 
 	events, err := c.latestEvents(ctx)
@@ -163,6 +223,13 @@ func (c *Client) List(ctx context.Context, opts ...ListOption) ([]Status, error)
 	}
 	for id, ev := range events {
 		get(id).Event = ev
+	}
+	results, err := c.latestResults(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for id, r := range results {
+		get(id).Result = r
 	}
 
 	out := make([]Status, 0, len(byID))
@@ -173,6 +240,23 @@ func (c *Client) List(ctx context.Context, opts ...ListOption) ([]Status, error)
 		out = append(out, *s)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// latestResults returns the latest result kept of every proxy, by id.
+func (c *Client) latestResults(ctx context.Context) (map[string]*messages.Result, error) {
+	out := map[string]*messages.Result{}
+	prefix := c.subj.Prefix + ".result."
+	err := c.readStream(ctx, messages.StreamResults, c.subj.ResultAll(), jetstream.DeliverLastPerSubjectPolicy, func(m jetstream.Msg) {
+		var r messages.Result
+		if json.Unmarshal(m.Data(), &r) != nil {
+			return
+		}
+		out[strings.TrimPrefix(m.Subject(), prefix)] = &r
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read latest results: %w", err)
+	}
 	return out, nil
 }
 
@@ -201,7 +285,7 @@ func (c *Client) latestEvents(ctx context.Context) (map[string]*messages.StateEv
 func (c *Client) stream(ctx context.Context, name string) (jetstream.Stream, error) {
 	s, err := c.js.Stream(ctx, name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, fmt.Errorf("stream %s not found (has a worker created the topology?): %w", name, err)
+		return nil, fmt.Errorf("stream %s not found (has `proxyfleet setup` run?): %w", name, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", name, err)
@@ -213,7 +297,7 @@ func (c *Client) stream(ctx context.Context, name string) (jetstream.Stream, err
 func (c *Client) bucket(ctx context.Context, name string) (jetstream.KeyValue, error) {
 	kv, err := c.js.KeyValue(ctx, name)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, fmt.Errorf("bucket %s not found (has a worker created the topology?): %w", name, err)
+		return nil, fmt.Errorf("bucket %s not found (has `proxyfleet setup` run?): %w", name, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", name, err)

@@ -49,6 +49,10 @@ type NATS struct {
 	// CommandIDMaxAge is how long a command id is remembered, so that a
 	// duplicate published after the dedupe window still has no effect.
 	CommandIDMaxAge time.Duration `yaml:"command_id_max_age"`
+	// RepairInterval is how often set-up's repairer (`serve`, or
+	// `proxyfleet setup --repair`) checks that every stream and bucket
+	// exists, recreating any that was deleted.
+	RepairInterval time.Duration `yaml:"repair_interval"`
 }
 
 // TLS for the NATS connection.
@@ -146,6 +150,11 @@ type Worker struct {
 	Concurrency int `yaml:"concurrency"`
 	// DrainTimeout bounds the graceful stop.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// CheckInterval is how often a worker checks that its consumers exist
+	// and are consumed (it also checks at once when a consume reports an
+	// error), recreating them, and how often it looks again for a missing
+	// stream or bucket.
+	CheckInterval time.Duration `yaml:"check_interval"`
 	// ObserveInterval is how often a host's owner re-reads its running
 	// proxies, publishing only what changed.
 	ObserveInterval time.Duration `yaml:"observe_interval"`
@@ -219,6 +228,7 @@ func (c *Config) SetDefaults() {
 	setDur(&n.ResultsMaxAge, 24*time.Hour)
 	setDur(&n.DeletedMaxAge, 24*time.Hour)
 	setDur(&n.CommandIDMaxAge, 7*24*time.Hour)
+	setDur(&n.RepairInterval, 5*time.Second)
 	for i := range c.Hosts {
 		h := &c.Hosts[i]
 		if h.Driver == "" {
@@ -284,6 +294,7 @@ func (c *Config) SetDefaults() {
 		w.Concurrency = 8
 	}
 	setDur(&w.DrainTimeout, 30*time.Second)
+	setDur(&w.CheckInterval, 5*time.Second)
 	setDur(&w.ObserveInterval, 30*time.Second)
 	hl := &c.Health
 	if hl.HTTP == "" {
@@ -341,6 +352,7 @@ func (c *Config) Validate() error {
 		{"nats.results_max_age", c.NATS.ResultsMaxAge},
 		{"nats.deleted_max_age", c.NATS.DeletedMaxAge},
 		{"nats.command_id_max_age", c.NATS.CommandIDMaxAge},
+		{"nats.repair_interval", c.NATS.RepairInterval},
 		{"worker.ack_wait", c.Worker.AckWait},
 		{"worker.backoff_initial", c.Worker.BackoffInitial},
 		{"worker.backoff_max", c.Worker.BackoffMax},
@@ -348,6 +360,7 @@ func (c *Config) Validate() error {
 		{"worker.poll_interval", c.Worker.PollInterval},
 		{"worker.pinned_ttl", c.Worker.PinnedTTL},
 		{"worker.drain_timeout", c.Worker.DrainTimeout},
+		{"worker.check_interval", c.Worker.CheckInterval},
 		{"worker.observe_interval", c.Worker.ObserveInterval},
 		{"health.interval", c.Health.Interval},
 		{"health.timeout", c.Health.Timeout},

@@ -15,4 +15,11 @@
 // Retries happen only for transient errors, through NakWithDelay with an
 // exponential, jittered backoff, for a bounded number of attempts; then the
 // proxy is failed and the command dead-lettered.
+//
+// Streams and buckets are set-up's: Topology.Setup creates and updates them
+// (it needs an admin credential) and a Repairer recreates any that is
+// deleted. A worker never creates one; it waits for what is missing and
+// refuses to start when one disagrees with its config. Its consumers are its
+// own: it creates or updates them at start and recreates them within
+// CheckInterval when they are deleted under it.
 package worker

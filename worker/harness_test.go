@@ -63,7 +63,7 @@ func newRigOn(t *testing.T, srv *natstest.Server, opt nats.Option, hosts ...stri
 	}
 	nc, js := srv.Connect(t, conn...)
 	r := &rig{t: t, srv: srv, nc: nc, js: js, dir: t.TempDir(), hosts: hosts, conn: conn, events: map[string][]messages.StateEvent{}}
-	sub, err := nc.Subscribe(subj.Prefix+".>", func(m *nats.Msg) {
+	record := func(m *nats.Msg) {
 		switch {
 		case strings.HasPrefix(m.Subject, subj.Prefix+".result."):
 			var res messages.Result
@@ -80,11 +80,39 @@ func newRigOn(t *testing.T, srv *natstest.Server, opt nats.Option, hosts ...stri
 				r.mu.Unlock()
 			}
 		}
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	// Results and events only, as a client would (a core subscriber on a
+	// subject makes a JetStream publish to it wait out its timeout, rather
+	// than fail at once, while its stream is missing), through one channel
+	// so that they are recorded in the order the server sent them.
+	msgs := make(chan *nats.Msg, 1<<16)
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case m := <-msgs:
+				record(m)
+			case <-stop:
+				return
+			}
+		}
+	}()
+	var subs []*nats.Subscription
+	for _, s := range []string{subj.ResultAll(), subj.StateAll()} {
+		sub, err := nc.ChanSubscribe(s, msgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs = append(subs, sub)
+	}
+	t.Cleanup(func() {
+		for _, sub := range subs {
+			_ = sub.Unsubscribe()
+		}
+		close(stop)
+		<-stopped
+	})
 	return r
 }
 
@@ -146,12 +174,13 @@ func (r *rig) startWorkerAs(opt nats.Option, opts ...workerOpt) *worker.Worker {
 	for _, o := range opts {
 		o(&cfg)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r.setup(ctx, cfg)
 	w, err := worker.New(js, cfg)
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	if err := w.Start(ctx); err != nil {
 		r.t.Fatal(err)
 	}
@@ -161,6 +190,17 @@ func (r *rig) startWorkerAs(opt nats.Option, opts ...workerOpt) *worker.Worker {
 		w.Stop(ctx)
 	})
 	return w
+}
+
+// setup creates the streams and buckets a worker of cfg needs, as
+// `proxyfleet setup` does, on the rig's own (admin) connection.
+func (r *rig) setup(ctx context.Context, cfg worker.Config) {
+	r.t.Helper()
+	topo := cfg.Topology
+	topo.Subjects = cfg.Subjects
+	if _, err := topo.Setup(ctx, r.js); err != nil {
+		r.t.Fatalf("setup: %v", err)
+	}
 }
 
 // publish sends a command body on subject with an optional message id and

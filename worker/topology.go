@@ -2,8 +2,6 @@ package worker
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -13,6 +11,11 @@ import (
 
 // Topology sizes the streams, consumers and buckets. See
 // docs/ARCHITECTURE.md for why each setting is what it is.
+//
+// Streams and buckets are created and updated by Setup (the `proxyfleet
+// setup` verb, and `serve` on its embedded server), which needs an admin
+// credential, and kept in place by a Repairer. A worker only creates and
+// updates its own consumers (see Worker.Start).
 type Topology struct {
 	Subjects        messages.Subjects
 	Replicas        int
@@ -36,6 +39,9 @@ const (
 
 // WorkConsumer is the durable name of a host's work consumer.
 func WorkConsumer(host string) string { return "work-" + host }
+
+// LeasesTTL is the TTL of the PROXY_LEASES bucket.
+const LeasesTTL = time.Minute
 
 func (t Topology) withDefaults() Topology {
 	if t.Subjects.Prefix == "" {
@@ -77,7 +83,9 @@ func (t Topology) withDefaults() Topology {
 // before it can.
 func (t Topology) maxDeliver() int { return 2*t.MaxAttempts + 5 }
 
-func (t Topology) streams() []jetstream.StreamConfig {
+// Streams returns the configuration of every stream (KV buckets aside).
+func (t Topology) Streams() []jetstream.StreamConfig {
+	t = t.withDefaults()
 	s := t.Subjects
 	return []jetstream.StreamConfig{{
 		Name:        messages.StreamCommands,
@@ -128,16 +136,22 @@ func (t Topology) streams() []jetstream.StreamConfig {
 	}}
 }
 
-func (t Topology) buckets() []jetstream.KeyValueConfig {
+// Buckets returns the configuration of every KV bucket.
+func (t Topology) Buckets() []jetstream.KeyValueConfig {
+	t = t.withDefaults()
 	return []jetstream.KeyValueConfig{
 		{Bucket: messages.BucketDesired, Description: "desired state per proxy", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas},
 		{Bucket: messages.BucketCommands, Description: "command ids seen, for effect-once", History: 1, TTL: t.CommandIDMaxAge, Storage: jetstream.FileStorage, Replicas: t.Replicas},
 		{Bucket: messages.BucketRotation, Description: "the rotation: proxy id to ip:port", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas},
-		{Bucket: messages.BucketLeases, Description: "leases", History: 1, TTL: time.Minute, Storage: jetstream.FileStorage, Replicas: t.Replicas},
+		{Bucket: messages.BucketLeases, Description: "leases", History: 1, TTL: LeasesTTL, Storage: jetstream.FileStorage, Replicas: t.Replicas},
 	}
 }
 
+// BucketStream is the name of the stream behind KV bucket b.
+func BucketStream(b string) string { return "KV_" + b }
+
 func (t Topology) intakeConsumer() jetstream.ConsumerConfig {
+	t = t.withDefaults()
 	return jetstream.ConsumerConfig{
 		Durable:       IntakeConsumer,
 		Description:   "validates commands into desired state",
@@ -149,6 +163,7 @@ func (t Topology) intakeConsumer() jetstream.ConsumerConfig {
 }
 
 func (t Topology) workConsumer(host string) jetstream.ConsumerConfig {
+	t = t.withDefaults()
 	return jetstream.ConsumerConfig{
 		Durable:        WorkConsumer(host),
 		Description:    "work of host " + host + ", pinned to one worker",
@@ -163,93 +178,27 @@ func (t Topology) workConsumer(host string) jetstream.ConsumerConfig {
 	}
 }
 
-// Ensure creates what is missing and binds what exists. It never updates an
-// existing stream or consumer: set-up happens once, and many workers racing
-// to rewrite one consumer is a known way to lose its state. A create that
-// loses a race to another process binds the winner's.
+// Ensure is Setup followed by creating (or updating) the consumers a worker
+// executing hosts would: the whole topology at once, for tests and tools that
+// hold an admin credential and want it in place before any worker runs.
+// Workers do not call it.
 func (t Topology) Ensure(ctx context.Context, js jetstream.JetStream, hosts []string) error {
-	t = t.withDefaults()
-	if err := t.EnsureStreams(ctx, js); err != nil {
+	if _, err := t.Setup(ctx, js); err != nil {
 		return err
 	}
-	if err := ensureConsumer(ctx, js, messages.StreamCommands, t.intakeConsumer()); err != nil {
-		return err
-	}
+	cfgs := []consumerSpec{{messages.StreamCommands, t.intakeConsumer()}}
 	for _, h := range hosts {
-		if err := ensureConsumer(ctx, js, messages.StreamWork, t.workConsumer(h)); err != nil {
+		cfgs = append(cfgs, consumerSpec{messages.StreamWork, t.workConsumer(h)})
+	}
+	for _, c := range cfgs {
+		if _, _, err := ensureConsumer(ctx, js, c.stream, c.cfg); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// EnsureStreams is Ensure without the consumers: what a process that only
-// reads and publishes (health) needs to be able to start first.
-func (t Topology) EnsureStreams(ctx context.Context, js jetstream.JetStream) error {
-	t = t.withDefaults()
-	for _, sc := range t.streams() {
-		if err := ensureStream(ctx, js, sc); err != nil {
-			return err
-		}
-	}
-	for _, kc := range t.buckets() {
-		if err := ensureBucket(ctx, js, kc); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func ensureStream(ctx context.Context, js jetstream.JetStream, sc jetstream.StreamConfig) error {
-	for range 3 {
-		_, err := js.Stream(ctx, sc.Name)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return fmt.Errorf("look up stream %s: %w", sc.Name, err)
-		}
-		_, err = js.CreateStream(ctx, sc)
-		if err == nil || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			continue // bind what now exists
-		}
-		return fmt.Errorf("create stream %s: %w", sc.Name, err)
-	}
-	return fmt.Errorf("stream %s: could not create or bind", sc.Name)
-}
-
-func ensureBucket(ctx context.Context, js jetstream.JetStream, kc jetstream.KeyValueConfig) error {
-	for range 3 {
-		_, err := js.KeyValue(ctx, kc.Bucket)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, jetstream.ErrBucketNotFound) {
-			return fmt.Errorf("look up bucket %s: %w", kc.Bucket, err)
-		}
-		_, err = js.CreateKeyValue(ctx, kc)
-		if err == nil || errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			continue
-		}
-		return fmt.Errorf("create bucket %s: %w", kc.Bucket, err)
-	}
-	return fmt.Errorf("bucket %s: could not create or bind", kc.Bucket)
-}
-
-func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, cc jetstream.ConsumerConfig) error {
-	for range 3 {
-		_, err := js.Consumer(ctx, stream, cc.Durable)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return fmt.Errorf("look up consumer %s on %s: %w", cc.Durable, stream, err)
-		}
-		_, err = js.CreateConsumer(ctx, stream, cc)
-		if err == nil || errors.Is(err, jetstream.ErrConsumerExists) {
-			continue
-		}
-		return fmt.Errorf("create consumer %s on %s: %w", cc.Durable, stream, err)
-	}
-	return fmt.Errorf("consumer %s on %s: could not create or bind", cc.Durable, stream)
+type consumerSpec struct {
+	stream string
+	cfg    jetstream.ConsumerConfig
 }

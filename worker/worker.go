@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,6 +32,10 @@ type Config struct {
 	PinnedTTL    time.Duration
 	Concurrency  int // work items run at once per host
 	DrainTimeout time.Duration
+	// CheckInterval is how often the worker checks that its consumers
+	// exist and are consumed (besides when a consume reports an error),
+	// and how often it looks again for a missing stream or bucket.
+	CheckInterval time.Duration
 	// ObserveInterval is how often the owner of a host re-reads its
 	// running proxies; negative turns observation off.
 	ObserveInterval time.Duration
@@ -63,16 +68,20 @@ type Worker struct {
 	locks   *keyedLocks
 	stats   Stats
 
-	cancel    context.CancelFunc
-	fence     *fence
-	consumers []jetstream.ConsumeContext
-	pools     []*pool
-	wg        sync.WaitGroup // tick loops
+	cancel      context.CancelFunc
+	fence       *fence
+	runs        []*consumerRun
+	wg          sync.WaitGroup // tick loops and the fence
+	superCancel context.CancelFunc
+	superWG     sync.WaitGroup // consumer supervisors
 }
 
 // Stats counts what a worker did.
 type Stats struct {
 	accepted, rejected, converged, creates, retries, failed, dead, swept atomic.Int64
+	// repairs counts consumers recreated, or consumed again, after they
+	// were deleted or their consume stopped.
+	repairs atomic.Int64
 }
 
 // Snapshot returns the counters.
@@ -80,7 +89,7 @@ func (s *Stats) Snapshot() map[string]int64 {
 	return map[string]int64{
 		"accepted": s.accepted.Load(), "rejected": s.rejected.Load(), "converged": s.converged.Load(),
 		"creates": s.creates.Load(), "retries": s.retries.Load(), "failed": s.failed.Load(), "dead": s.dead.Load(),
-		"swept": s.swept.Load(),
+		"swept": s.swept.Load(), "repairs": s.repairs.Load(),
 	}
 }
 
@@ -99,6 +108,7 @@ func New(js jetstream.JetStream, cfg Config) (*Worker, error) {
 	def(&cfg.PollInterval, 2*time.Second)
 	def(&cfg.PinnedTTL, 15*time.Second)
 	def(&cfg.DrainTimeout, 30*time.Second)
+	def(&cfg.CheckInterval, 5*time.Second)
 	def(&cfg.DeletedTTL, 24*time.Hour)
 	def(&cfg.ObserveInterval, 30*time.Second)
 	def(&cfg.ProgressEvery, 2*time.Second)
@@ -148,14 +158,20 @@ func New(js jetstream.JetStream, cfg Config) (*Worker, error) {
 // Stats returns the worker's counters.
 func (w *Worker) Stats() *Stats { return &w.stats }
 
-// Start ensures the topology and starts consuming. It returns once the
-// consumers run.
+// Start waits until the streams and buckets the worker uses exist (they
+// are set-up's to create: see Topology.Setup), refuses to start if their
+// settings differ from the config, creates its consumers or updates the
+// settings of the existing ones that differ (refusing to start, naming the
+// setting, if the server will not change one in place), and starts
+// consuming. It returns once the consumers run. While it runs, a consumer
+// deleted under it is recreated within CheckInterval (see consumerRun).
 func (w *Worker) Start(ctx context.Context) error {
 	hosts := make([]string, 0, len(w.cfg.Providers))
 	for h := range w.cfg.Providers {
 		hosts = append(hosts, h)
 	}
-	if err := w.cfg.Topology.Ensure(ctx, w.js, w.cfg.Catalog.Hosts); err != nil {
+	sort.Strings(hosts)
+	if err := w.awaitTopology(ctx); err != nil {
 		return err
 	}
 	var err error
@@ -177,28 +193,32 @@ func (w *Worker) Start(ctx context.Context) error {
 		w.fence.run(runCtx)
 	}()
 	if !w.cfg.NoIntake {
-		cons, err := w.js.Consumer(ctx, messages.StreamCommands, IntakeConsumer)
-		if err != nil {
-			cancel()
-			return fmt.Errorf("bind intake consumer: %w", err)
-		}
 		in := &intake{w: w}
-		if err := w.consume(runCtx, cons, 64, in.handle); err != nil {
-			w.Stop(ctx)
-			return fmt.Errorf("consume commands: %w", err)
-		}
+		w.runs = append(w.runs, w.newRun(runCtx, messages.StreamCommands, w.cfg.Topology.intakeConsumer(), 64, in.handle))
 	}
 	for _, h := range hosts {
-		cons, err := w.js.Consumer(ctx, messages.StreamWork, WorkConsumer(h))
+		ex := &executor{w: w, host: h, prov: w.cfg.Providers[h]}
+		w.runs = append(w.runs, w.newRun(runCtx, messages.StreamWork, w.cfg.Topology.workConsumer(h), w.cfg.Concurrency, ex.handle,
+			jetstream.PullPriorityGroup(PriorityGroup)))
+	}
+	for _, c := range w.runs {
+		cons, err := c.ensure(ctx)
+		if err == nil {
+			err = c.consume(cons)
+		}
 		if err != nil {
 			w.Stop(ctx)
-			return fmt.Errorf("bind work consumer of %s: %w", h, err)
+			return err
 		}
-		ex := &executor{w: w, host: h, prov: w.cfg.Providers[h]}
-		if err := w.consume(runCtx, cons, w.cfg.Concurrency, ex.handle, jetstream.PullPriorityGroup(PriorityGroup)); err != nil {
-			w.Stop(ctx)
-			return fmt.Errorf("consume work of %s: %w", h, err)
-		}
+	}
+	superCtx, superCancel := context.WithCancel(context.Background())
+	w.superCancel = superCancel
+	for _, c := range w.runs {
+		w.superWG.Add(1)
+		go func() {
+			defer w.superWG.Done()
+			c.supervise(superCtx)
+		}()
 	}
 	if w.cfg.ObserveInterval > 0 {
 		for _, h := range hosts {
@@ -213,9 +233,8 @@ func (w *Worker) Start(ctx context.Context) error {
 	return nil
 }
 
-// consume runs handle for every message of cons on a pool of n.
-func (w *Worker) consume(ctx context.Context, cons jetstream.Consumer, n int, handle func(context.Context, jetstream.Msg), opts ...jetstream.PullConsumeOpt) error {
-	p := newPool(n, w.cfg.AckWait, w.log, w.fence)
+// newRun is a consumer of stream the worker keeps consuming, on a pool of n.
+func (w *Worker) newRun(runCtx context.Context, stream string, cfg jetstream.ConsumerConfig, n int, handle func(context.Context, jetstream.Msg), opts ...jetstream.PullConsumeOpt) *consumerRun {
 	expiry := w.cfg.PinnedTTL / 2
 	if expiry < time.Second {
 		expiry = time.Second
@@ -223,36 +242,41 @@ func (w *Worker) consume(ctx context.Context, cons jetstream.Consumer, n int, ha
 	if expiry > 30*time.Second {
 		expiry = 30 * time.Second
 	}
-	opts = append(opts, jetstream.PullMaxMessages(n), jetstream.PullExpiry(expiry),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			w.log.Debug("consume", "consumer", cons.CachedInfo().Name, "err", err)
-		}))
-	cc, err := cons.Consume(func(msg jetstream.Msg) { p.submit(ctx, msg, handle) }, opts...)
-	if err != nil {
-		return err
+	opts = append(opts, jetstream.PullMaxMessages(n), jetstream.PullExpiry(expiry))
+	return &consumerRun{
+		w: w, stream: stream, cfg: cfg, handle: handle, opts: opts, runCtx: runCtx,
+		pool: newPool(n, w.cfg.AckWait, w.log, w.fence), kick: make(chan struct{}, 1),
 	}
-	w.consumers = append(w.consumers, cc)
-	w.pools = append(w.pools, p)
-	return nil
 }
 
 // Stop stops pulling, lets in-flight work finish within the drain timeout,
 // then cancels what is left (it is handed back to JetStream) and releases
 // the host consumers' pins so other workers take over at once.
 func (w *Worker) Stop(ctx context.Context) {
-	for _, cc := range w.consumers {
-		cc.Drain() // stop pulling; what was delivered still runs
+	// First the supervisors, so nothing restarts a consume behind us.
+	if w.superCancel != nil {
+		w.superCancel()
+	}
+	w.superWG.Wait()
+	for _, c := range w.runs {
+		if c.cc != nil {
+			c.cc.Drain() // stop pulling; what was delivered still runs
+		}
 	}
 	done := make(chan struct{})
 	go func() {
 		// A draining consumer still hands its buffered messages to the
 		// pool; only once it is closed may the pool be waited for (a
 		// WaitGroup's Add must not race its Wait).
-		for _, cc := range w.consumers {
-			<-cc.Closed()
+		for _, c := range w.runs {
+			for _, cc := range append(c.retired, c.cc) {
+				if cc != nil {
+					<-cc.Closed()
+				}
+			}
 		}
-		for _, p := range w.pools {
-			p.wait()
+		for _, c := range w.runs {
+			c.pool.wait()
 		}
 		close(done)
 	}()
@@ -270,7 +294,7 @@ func (w *Worker) Stop(ctx context.Context) {
 	<-done
 	w.wg.Wait()
 	w.unpin(ctx)
-	w.consumers, w.pools = nil, nil
+	w.runs = nil
 }
 
 // unpin releases this worker's pins, so the server pins another worker now

@@ -109,7 +109,7 @@ func clientVerb(ctx context.Context, verb string, args []string, stdout, stderr 
 		}
 		return output(stdout, *asJSON, rot, func() error { return client.PrintRotation(stdout, rot) })
 	}
-	nc, err := nf.connect("proxyfleet-cli", nil)
+	nc, err := nf.connect("proxyfleet-cli", inboxClient, nil)
 	if err != nil {
 		return err
 	}

@@ -80,6 +80,7 @@ func newE2E(t *testing.T, mod func(*config.Config)) *e2e {
 	}
 	e.path = filepath.Join(e.dir, "config.yaml")
 	writeFile(t, e.path, string(b))
+	setupTopology(t, e.bin, e.path)
 	e.nc, e.js = srv.Connect(t)
 	sub, err := e.nc.Subscribe("proxy.>", func(m *nats.Msg) {
 		e.mu.Lock()

@@ -102,6 +102,7 @@ hosts:
 worker: {ack_wait: 2s, pinned_ttl: 2s, poll_interval: 50ms, backoff_initial: 50ms, backoff_max: 500ms, max_attempts: 30, drain_timeout: 2s}
 `, srv.ClientURL(), hostYAML.String()))
 
+	setupTopology(t, bin, cfg)
 	workers := make([]*proc, 3)
 	start := func(i int) {
 		workers[i] = startProc(t, bin, filepath.Join(dir, fmt.Sprintf("worker%d.log", i)), "worker", "--config", cfg, "--debug")
@@ -237,6 +238,16 @@ worker: {ack_wait: 2s, pinned_ttl: 2s, poll_interval: 50ms, backoff_initial: 50m
 	}
 	for _, b := range backwards {
 		t.Error("event seq went back:", b)
+	}
+}
+
+// setupTopology runs `proxyfleet setup`: workers and health processes do
+// not create streams or buckets.
+func setupTopology(t *testing.T, bin, cfg string) {
+	t.Helper()
+	out, err := exec.Command(bin, "setup", "--config", cfg).CombinedOutput()
+	if err != nil {
+		t.Fatalf("proxyfleet setup: %v\n%s", err, out)
 	}
 }
 

@@ -1,6 +1,7 @@
 // Command proxyfleet runs and drives a fleet of proxy VMs.
 //
-//	proxyfleet serve    [flags]   embedded NATS (or --nats-url), a worker and the health consumer
+//	proxyfleet serve    [flags]   embedded NATS (or --nats-url), set-up and its repairer, a worker and the health consumer
+//	proxyfleet setup    [flags]   create or update every stream and bucket to the config (admin credential)
 //	proxyfleet worker   [flags]   the worker role only
 //	proxyfleet health   [flags]   the health role only
 //	proxyfleet create ID [--host H] [--image I] [--cpus N] [--memory-mib M] [--command-id C] [--wait]
@@ -25,7 +26,8 @@ import (
 const usage = `proxyfleet runs a fleet of proxy VMs on KVM hosts, driven by NATS.
 
 Usage:
-  proxyfleet serve    [--config F] [--data-dir D] [--listen ADDR] [--nats-url URL] [--http ADDR]
+  proxyfleet serve    [--config F] [--data-dir D] [--listen ADDR] [--nats-url URL] [--http ADDR] [--repair]
+  proxyfleet setup    [--config F] [--nats-url URL] [--repair [--interval 5s]]
   proxyfleet worker   --config F [--nats-url URL]
   proxyfleet health   [--config F] [--nats-url URL] [--http ADDR]
   proxyfleet create   ID [--host H] [--image I] [--cpus N] [--memory-mib M] [--label k=v] [--command-id C] [--wait]
@@ -67,6 +69,8 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 	switch cmd {
 	case "serve":
 		return serve(ctx, args, stderr)
+	case "setup":
+		return setup(ctx, args, stdout, stderr)
 	case "worker":
 		return runWorker(ctx, args, stderr)
 	case "health":

@@ -66,9 +66,12 @@ func (n *natsFlags) merge(c *config.Config) {
 	}
 }
 
-func (n *natsFlags) connect(name string, log *slog.Logger) (*nats.Conn, error) {
+// connect connects with the given inbox prefix: each role subscribes to
+// replies under its own (see deploy/nats/accounts.conf).
+func (n *natsFlags) connect(name, inbox string, log *slog.Logger) (*nats.Conn, error) {
 	opts := []nats.Option{
 		nats.Name(name),
+		nats.CustomInboxPrefix(inbox),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -175,6 +178,7 @@ func workerConfig(c *config.Config, provs map[string]worker.Provider, log *slog.
 		PinnedTTL:       c.Worker.PinnedTTL,
 		Concurrency:     c.Worker.Concurrency,
 		DrainTimeout:    c.Worker.DrainTimeout,
+		CheckInterval:   c.Worker.CheckInterval,
 		ObserveInterval: c.Worker.ObserveInterval,
 		DeletedTTL:      c.NATS.DeletedMaxAge,
 		ProxyPort:       c.Proxy.Port,
@@ -197,9 +201,12 @@ func startWorker(ctx context.Context, nc *nats.Conn, c *config.Config, log *slog
 	if err != nil {
 		return nil, err
 	}
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := w.Start(sctx); err != nil {
+	// Start waits for set-up to have created the streams and buckets, as
+	// long as it takes (until ctx ends).
+	if err := w.Start(ctx); err != nil {
+		for _, p := range provs {
+			p.Close()
+		}
 		return nil, fmt.Errorf("start worker: %w", err)
 	}
 	return func() {
@@ -233,7 +240,7 @@ func runWorker(ctx context.Context, args []string, stderr io.Writer) error {
 	if nf.url == "" {
 		nf.url = defaultNATSURL
 	}
-	nc, err := nf.connect("proxyfleet-worker", log)
+	nc, err := nf.connect("proxyfleet-worker", inboxWorker, log)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -15,11 +16,13 @@ import (
 	"proxyfleet/config"
 	"proxyfleet/health"
 	"proxyfleet/messages"
+	"proxyfleet/worker"
 )
 
 // serve runs everything in one process: an embedded nats-server with
-// JetStream unless --nats-url names a cluster, a worker and the health
-// consumer.
+// JetStream unless --nats-url names a cluster, set-up and a repairer of the
+// streams and buckets (with the embedded server, or --repair), a worker and
+// the health consumer, each role on its own connection.
 func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -29,10 +32,13 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	dataDir := fs.String("data-dir", "./data", "JetStream store of the embedded server")
 	listen := fs.String("listen", "127.0.0.1:4222", "client address of the embedded server")
 	httpAddr := fs.String("http", "", "health HTTP address (default from config, 127.0.0.1:8080)")
+	repair := fs.Bool("repair", false, "run set-up at start and recreate deleted streams and buckets while serving (default: on with the embedded server; with --nats-url it needs an admin credential)")
 	debug := fs.Bool("debug", false, "log at debug level")
 	if err := fs.Parse(args); err != nil {
 		return exitError{2}
 	}
+	repairSet := false
+	fs.Visit(func(f *flag.Flag) { repairSet = repairSet || f.Name == "repair" })
 	log := newLogger(stderr, level(*debug)).With("pid", os.Getpid())
 	c, err := loadConfig(*cfgPath)
 	if err != nil {
@@ -52,23 +58,50 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 			s.WaitForShutdown()
 		}()
 		nf.url = s.ClientURL()
+		if !repairSet {
+			*repair = true
+		}
 	}
-	nc, err := nf.connect("proxyfleet-serve", log)
+	if *repair {
+		alog := log.With("role", "setup")
+		nc, err := nf.connect("proxyfleet-serve-setup", inboxAdmin, alog)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		stopRepairer, err := startRepairer(ctx, js, c, alog)
+		if err != nil {
+			return err
+		}
+		defer stopRepairer()
+	}
+	wlog := log.With("role", "worker")
+	wnc, err := nf.connect("proxyfleet-serve-worker", inboxWorker, wlog)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-
-	stopWorker, err := startWorker(ctx, nc, c, log.With("role", "worker"))
+	defer wnc.Close()
+	stopWorker, err := startWorker(ctx, wnc, c, wlog)
 	if err != nil {
 		return err
 	}
-	stopHealth, err := startHealth(ctx, nc, c, log.With("role", "health"))
+	hlog := log.With("role", "health")
+	hnc, err := nf.connect("proxyfleet-serve-health", inboxHealth, hlog)
 	if err != nil {
 		stopWorker()
 		return err
 	}
-	log.Info("proxyfleet serving", "nats", nf.url, "http", c.Health.HTTP, "hosts", c.HostNames())
+	defer hnc.Close()
+	stopHealth, err := startHealth(ctx, hnc, c, hlog)
+	if err != nil {
+		stopWorker()
+		return err
+	}
+	log.Info("proxyfleet serving", "nats", nf.url, "http", c.Health.HTTP, "hosts", c.HostNames(), "repair", *repair)
 	<-ctx.Done()
 	log.Info("stopping")
 	stopWorker()
@@ -81,13 +114,11 @@ func startHealth(ctx context.Context, nc *nats.Conn, c *config.Config, log *slog
 	if err != nil {
 		return nil, err
 	}
-	// Create-or-bind the streams and buckets, so a health process may
-	// start before any worker.
+	// The streams and buckets are set-up's (`proxyfleet setup`, or serve)
+	// to create: health waits for them, then binds them.
 	subj := messages.NewSubjects(c.NATS.Prefix)
-	topo := workerConfig(c, nil, log).Topology
-	tctx, tcancel := context.WithTimeout(ctx, 30*time.Second)
-	defer tcancel()
-	if err := topo.EnsureStreams(tctx, js); err != nil {
+	if err := awaitStreams(ctx, js, c.Worker.CheckInterval, log, messages.StreamEvents,
+		worker.BucketStream(messages.BucketRotation), worker.BucketStream(messages.BucketLeases)); err != nil {
 		return nil, err
 	}
 	h, err := health.New(js, health.Config{
@@ -150,7 +181,7 @@ func runHealth(ctx context.Context, args []string, stderr io.Writer) error {
 	if *httpAddr != "" {
 		c.Health.HTTP = *httpAddr
 	}
-	nc, err := nf.connect("proxyfleet-health", log)
+	nc, err := nf.connect("proxyfleet-health", inboxHealth, log)
 	if err != nil {
 		return err
 	}
@@ -161,5 +192,45 @@ func runHealth(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	<-ctx.Done()
 	stop()
+	return nil
+}
+
+// awaitStreams waits until every named stream exists, saying at error level
+// which is missing (again every 30s), looking every interval.
+func awaitStreams(ctx context.Context, js jetstream.JetStream, interval time.Duration, log *slog.Logger, names ...string) error {
+	for _, name := range names {
+		var since, logged time.Time
+		for {
+			_, err := js.Stream(ctx, name)
+			if err == nil {
+				if !since.IsZero() {
+					log.Info("stream "+name+" is there now", "waited", time.Since(since).Round(time.Millisecond))
+				}
+				break
+			}
+			if ctx.Err() != nil {
+				return fmt.Errorf("waiting for stream %s: %w", name, ctx.Err())
+			}
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				if since.IsZero() {
+					since = time.Now()
+				}
+				if time.Since(logged) >= 30*time.Second {
+					log.Error("stream "+name+" is missing: waiting for set-up to create it (`proxyfleet setup`, or `serve`)",
+						"waited", time.Since(since).Round(time.Millisecond))
+					logged = time.Now()
+				}
+			} else {
+				log.Warn("look up stream "+name, "err", err)
+			}
+			t := time.NewTimer(interval)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return fmt.Errorf("waiting for stream %s: %w", name, ctx.Err())
+			case <-t.C:
+			}
+		}
+	}
 	return nil
 }

@@ -1,10 +1,15 @@
 // Package nats_test checks deploy/nats/accounts.conf: a real nats-server
-// loads it, and a worker, a health process and the client verbs each run as
-// their own user, with only that role's permissions.
+// loads it; admin sets up the streams and buckets, a worker, a health
+// process and the client verbs each run as their own user with only that
+// role's permissions and do their work; and every operation a role must not
+// do is refused to it (after the same operation was seen to succeed for
+// admin, so that the refusal is the permissions' doing).
 package nats_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"strings"
@@ -15,6 +20,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
 
 	"proxyfleet/client"
 	"proxyfleet/health"
@@ -24,10 +30,69 @@ import (
 	"proxyfleet/worker"
 )
 
-func TestRolesRunUnderTheirPermissions(t *testing.T) {
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var subj = messages.NewSubjects("")
+
+// conn is one connection as one user, recording every permission refusal
+// the server reports on it.
+type conn struct {
+	user string
+	nc   *nats.Conn
+	js   jetstream.JetStream
+
+	mu      sync.Mutex
+	refused []string
+}
+
+func (c *conn) refusals() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.refused...)
+}
+
+func (c *conn) refusedFor(subject string) bool {
+	for _, r := range c.refusals() {
+		if strings.Contains(r, `"`+subject+`"`) {
+			return true
+		}
+	}
+	return false
+}
+
+type suite struct {
+	t   *testing.T
+	srv *server.Server
+}
+
+// connect connects as user with the role's inbox prefix, as proxyfleet does.
+func (s *suite) connect(user string) *conn {
+	s.t.Helper()
+	c := &conn{user: user}
+	nc, err := nats.Connect(s.srv.ClientURL(), nats.UserInfo(user, user+"-pass"), nats.CustomInboxPrefix("_INBOX_"+user),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				c.mu.Lock()
+				c.refused = append(c.refused, err.Error())
+				c.mu.Unlock()
+			}
+		}))
+	if err != nil {
+		s.t.Fatalf("connect as %s: %v", user, err)
+	}
+	s.t.Cleanup(nc.Close)
+	c.nc = nc
+	if c.js, err = jetstream.New(nc); err != nil {
+		s.t.Fatal(err)
+	}
+	return c
+}
+
+func startServer(t *testing.T) *server.Server {
 	for k, v := range map[string]string{
-		"PROXYFLEET_CLIENT_PASSWORD": "c-pass", "PROXYFLEET_WORKER_PASSWORD": "w-pass",
-		"PROXYFLEET_HEALTH_PASSWORD": "h-pass", "NATS_SYS_PASSWORD": "s-pass",
+		"PROXYFLEET_ADMIN_PASSWORD": "admin-pass", "PROXYFLEET_CLIENT_PASSWORD": "client-pass",
+		"PROXYFLEET_WORKER_PASSWORD": "worker-pass", "PROXYFLEET_HEALTH_PASSWORD": "health-pass",
+		"NATS_SYS_PASSWORD": "sys-pass",
 	} {
 		t.Setenv(k, v)
 	}
@@ -45,35 +110,164 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 	if !s.ReadyForConnections(10 * time.Second) {
 		t.Fatal("server not ready")
 	}
-	defer func() { s.Shutdown(); s.WaitForShutdown() }()
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	return s
+}
 
-	// Every permission refusal reaches the connection's error handler.
-	var mu sync.Mutex
-	var refused []string
-	connect := func(user, pass string) (*nats.Conn, jetstream.JetStream) {
-		nc, err := nats.Connect(s.ClientURL(), nats.UserInfo(user, pass), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-			mu.Lock()
-			refused = append(refused, user+": "+err.Error())
-			mu.Unlock()
-		}))
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// op is one operation, as the request (or subscription) the server judges.
+type op struct {
+	name    string
+	subject string // the subject a refusal names
+	body    string
+	sub     bool // subscribe to subject instead of requesting on it
+	// undo puts back what the op did when admin ran it.
+	undo func(t *testing.T, admin *conn)
+}
+
+// do runs o on c and reports whether the server answered (any answer,
+// an API error or "no responders" included, is an answer: a refused
+// publish is dropped and never answered).
+func (o op) do(t *testing.T, c *conn) bool {
+	t.Helper()
+	if o.sub {
+		sub, err := c.nc.SubscribeSync(o.subject)
 		if err != nil {
-			t.Fatalf("connect as %s: %v", user, err)
+			return false
 		}
-		t.Cleanup(nc.Close)
-		js, _ := jetstream.New(nc)
-		return nc, js
+		defer func() { _ = sub.Unsubscribe() }()
+		_ = c.nc.Flush()
+		// A subscription that works receives what is published to it.
+		probe := strings.Replace(o.subject, ">", "probe", 1)
+		if err := c.nc.Publish(probe, []byte("x")); err != nil {
+			return false
+		}
+		_, err = sub.NextMsg(time.Second)
+		return err == nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	_, err := c.nc.RequestWithContext(ctx, o.subject, []byte(o.body))
+	return err == nil || errors.Is(err, nats.ErrNoResponders)
+}
 
-	// Health first: it creates the streams and buckets it needs.
-	_, hjs := connect("health", "h-pass")
-	subj := messages.NewSubjects("")
-	if err := (worker.Topology{Subjects: subj}).EnsureStreams(ctx, hjs); err != nil {
-		t.Fatalf("health ensures the streams: %v", err)
+func undoStream(name string) func(*testing.T, *conn) {
+	return func(t *testing.T, admin *conn) {
+		t.Helper()
+		if _, err := (worker.Topology{Subjects: subj}).Setup(ctxFor(t, 10*time.Second), admin.js); err != nil {
+			t.Fatalf("set-up again after %s: %v", name, err)
+		}
 	}
-	h, err := health.New(hjs, health.Config{Subjects: subj, HTTPAddr: "127.0.0.1:0", Logger: quiet})
+}
+
+func undoKey(bucket, key string) func(*testing.T, *conn) {
+	return func(t *testing.T, admin *conn) {
+		t.Helper()
+		ctx := ctxFor(t, 10*time.Second)
+		kv, err := admin.js.KeyValue(ctx, bucket)
+		if err == nil {
+			err = kv.Purge(ctx, key)
+		}
+		if err != nil {
+			t.Fatalf("remove %s from %s: %v", key, bucket, err)
+		}
+	}
+}
+
+// undoConsumer waits for the worker to have recreated a deleted consumer.
+func undoConsumer(stream, name string) func(*testing.T, *conn) {
+	return func(t *testing.T, admin *conn) {
+		t.Helper()
+		poll.Until(t, "the worker to recreate "+name, 20*time.Second, func() bool {
+			_, err := admin.js.Consumer(ctxFor(t, time.Second), stream, name)
+			return err == nil
+		})
+	}
+}
+
+func undoPurgeSubject(stream, subject string) func(*testing.T, *conn) {
+	return func(t *testing.T, admin *conn) {
+		t.Helper()
+		ctx := ctxFor(t, 10*time.Second)
+		st, err := admin.js.Stream(ctx, stream)
+		if err == nil {
+			err = st.Purge(ctx, jetstream.WithPurgeSubject(subject))
+		}
+		if err != nil {
+			t.Fatalf("purge %s: %v", subject, err)
+		}
+	}
+}
+
+// The operations that would stall or destroy the fleet, or let a role do
+// another's job.
+var (
+	rmIntake = op{name: "consumer rm PROXY_CMDS intake", subject: "$JS.API.CONSUMER.DELETE.PROXY_CMDS.intake",
+		undo: undoConsumer(messages.StreamCommands, worker.IntakeConsumer)}
+	rmWork = op{name: "consumer rm PROXY_WORK work-h1", subject: "$JS.API.CONSUMER.DELETE.PROXY_WORK.work-h1",
+		undo: undoConsumer(messages.StreamWork, worker.WorkConsumer("h1"))}
+	rmStream = op{name: "stream rm PROXY_DEAD", subject: "$JS.API.STREAM.DELETE.PROXY_DEAD",
+		undo: undoStream("stream rm")}
+	purgeStream = op{name: "stream purge PROXY_DEAD", subject: "$JS.API.STREAM.PURGE.PROXY_DEAD"}
+	addStream   = op{name: "stream add PF_EXTRA", subject: "$JS.API.STREAM.CREATE.PF_EXTRA",
+		body: `{"name":"PF_EXTRA","subjects":["pf.extra.>"],"storage":"memory"}`,
+		undo: func(t *testing.T, admin *conn) {
+			if err := admin.js.DeleteStream(ctxFor(t, 10*time.Second), "PF_EXTRA"); err != nil {
+				t.Fatal(err)
+			}
+		}}
+	editStream = op{name: "stream edit PROXY_DEAD", subject: "$JS.API.STREAM.UPDATE.PROXY_DEAD",
+		body: `{"name":"PROXY_DEAD","subjects":["proxy.dead.>"],"storage":"memory"}`}
+	addDurable = op{name: "consumer add PROXY_CMDS sneak", subject: "$JS.API.CONSUMER.CREATE.PROXY_CMDS.sneak",
+		body: `{"stream_name":"PROXY_CMDS","config":{"durable_name":"sneak","ack_policy":"explicit"}}`}
+	getCommand = op{name: "stream get PROXY_CMDS", subject: "$JS.API.STREAM.MSG.GET.PROXY_CMDS",
+		body: `{"last_by_subj":"proxy.cmd.create.p1"}`}
+	getDesired = op{name: "stream get KV_PROXY_DESIRED", subject: "$JS.API.STREAM.MSG.GET.KV_PROXY_DESIRED",
+		body: `{"last_by_subj":"$KV.PROXY_DESIRED.p1"}`}
+	directDesired = op{name: "kv get PROXY_DESIRED p1", subject: "$JS.API.DIRECT.GET.KV_PROXY_DESIRED.$KV.PROXY_DESIRED.p1"}
+	putRotation   = op{name: "kv put PROXY_ROTATION", subject: "$KV.PROXY_ROTATION.intruder", body: "198.18.0.9:3128",
+		undo: undoKey(messages.BucketRotation, "intruder")}
+	putLeases = op{name: "kv put PROXY_LEASES", subject: "$KV.PROXY_LEASES.intruder", body: "{}",
+		undo: undoKey(messages.BucketLeases, "intruder")}
+	putDesired = op{name: "kv put PROXY_DESIRED", subject: "$KV.PROXY_DESIRED.intruder", body: "{}",
+		undo: undoKey(messages.BucketDesired, "intruder")}
+	pubState = op{name: "publish a state event", subject: "proxy.state.intruder", body: "{}",
+		undo: undoPurgeSubject(messages.StreamEvents, "proxy.state.intruder")}
+	pubRotation = op{name: "publish the rotation", subject: "proxy.rotation", body: "{}"}
+	pubCommand  = op{name: "publish a command", subject: "proxy.cmd.delete.intruder", body: `{"v":1,"id":"intruder"}`}
+	subWorker   = op{name: "subscribe to the worker's inbox", subject: "_INBOX_worker.>", sub: true}
+	subClient   = op{name: "subscribe to the client's inbox", subject: "_INBOX_client.>", sub: true}
+	subHealth   = op{name: "subscribe to health's inbox", subject: "_INBOX_health.>", sub: true}
+	subWork     = op{name: "subscribe to work items", subject: "proxy.work.>", sub: true}
+)
+
+var forbidden = map[string][]op{
+	"client": {rmIntake, rmWork, rmStream, purgeStream, addStream, editStream, addDurable, getCommand, getDesired,
+		directDesired, putRotation, putDesired, pubState, pubRotation, subWorker, subHealth, subWork},
+	"worker": {rmIntake, rmWork, rmStream, purgeStream, addStream, editStream, addDurable, putRotation, putLeases,
+		pubRotation, subClient, subHealth},
+	"health": {rmIntake, rmWork, rmStream, purgeStream, addStream, editStream, addDurable, putDesired, pubState,
+		pubCommand, subWorker, subClient},
+}
+
+func TestRolesRunUnderTheirPermissions(t *testing.T) {
+	s := &suite{t: t, srv: startServer(t)}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx := ctxFor(t, 2*time.Minute)
+
+	// Admin sets up the streams and buckets.
+	admin := s.connect("admin")
+	if _, err := (worker.Topology{Subjects: subj}).Setup(ctx, admin.js); err != nil {
+		t.Fatalf("set-up as admin: %v", err)
+	}
+
+	hc := s.connect("health")
+	h, err := health.New(hc.js, health.Config{Subjects: subj, HTTPAddr: health.NoHTTP, Logger: quiet, LeaseTTL: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,14 +276,15 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 	}
 	defer h.Stop(context.Background())
 
-	_, wjs := connect("worker", "w-pass")
+	wc := s.connect("worker")
 	d, err := sim.New(sim.Config{Host: "h1", Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(wjs, worker.Config{
+	w, err := worker.New(wc.js, worker.Config{
 		Subjects: subj, Catalog: worker.Catalog{Hosts: []string{"h1"}, Images: []string{"img"}, DefaultImage: "img", DefaultCPUs: 1, DefaultMemoryMiB: 128},
 		Providers: map[string]worker.Provider{"h1": d}, PollInterval: 10 * time.Millisecond, Logger: quiet,
+		CheckInterval: 100 * time.Millisecond, ObserveInterval: 200 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -99,49 +294,144 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 	}
 	defer w.Stop(context.Background())
 
-	cnc, _ := connect("client", "c-pass")
-	cl, err := client.New(cnc, "")
+	cc := s.connect("client")
+	cl, err := client.New(cc.nc, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	o, err := cl.Create(ctx, messages.CreateCommand{ID: "p1"}, "", true)
-	if err != nil || o.Final == nil || o.Final.Outcome != messages.OutcomeDone {
-		t.Fatalf("create as client: %+v %v", o, err)
+	snapshots, err := cc.nc.SubscribeSync(subj.Rotation())
+	if err != nil {
+		t.Fatal(err)
 	}
-	st, err := cl.Get(ctx, "p1")
-	if err != nil || st.State() != messages.StateRunning {
-		t.Fatalf("get as client: %+v %v", st, err)
+	clientWork(t, ctx, cl, "p1")
+	var snap messages.Rotation
+	poll.Until(t, "a rotation snapshot with p1 on "+subj.Rotation(), 20*time.Second, func() bool {
+		m, err := snapshots.NextMsg(10 * time.Millisecond)
+		return err == nil && json.Unmarshal(m.Data, &snap) == nil && len(snap.Proxies) == 1 && snap.Proxies[0].ID == "p1"
+	})
+
+	// Admin reads what the client may not: the desired records.
+	acl, err := client.New(admin.nc, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := acl.Get(ctx, "p1"); err != nil || st.DesiredUnread || st.Desired == nil || st.Desired.Op != messages.OpDelete {
+		t.Fatalf("get as admin: %+v, %v; want the desired record", st, err)
+	}
+
+	_ = snapshots.Unsubscribe()
+
+	// Every forbidden operation succeeds for admin (and is undone)...
+	done := map[string]bool{}
+	for _, role := range []string{"client", "worker", "health"} {
+		for _, o := range forbidden[role] {
+			if done[o.name] {
+				continue
+			}
+			done[o.name] = true
+			if !o.do(t, admin) || admin.refusedFor(o.subject) {
+				t.Fatalf("%s: not done for admin either, so its refusal would prove nothing (refusals %v)", o.name, admin.refusals())
+			}
+			if o.undo != nil {
+				o.undo(t, admin)
+			}
+		}
+	}
+	// ... and is refused to the role, on a connection of its own.
+	for _, role := range []string{"client", "worker", "health"} {
+		probe := s.connect(role)
+		ops := forbidden[role]
+		answered := make([]bool, len(ops))
+		var wg sync.WaitGroup
+		for i, o := range ops {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				answered[i] = o.do(t, probe)
+			}()
+		}
+		wg.Wait()
+		for i, o := range ops {
+			t.Run(role+"/"+o.name, func(t *testing.T) {
+				if answered[i] {
+					t.Errorf("%s: done for %s", o.name, role)
+				}
+				if !poll.Wait(5*time.Second, func() bool { return probe.refusedFor(o.subject) }) {
+					t.Errorf("%s: no refusal of %q reported to %s (refusals: %v)", o.name, o.subject, role, probe.refusals())
+				}
+			})
+		}
+	}
+
+	// The fleet still works after all that: the worker recreated the
+	// consumers admin deleted, under the worker's permissions.
+	clientWork(t, ctx, cl, "p2")
+
+	for _, c := range []*conn{admin, hc, wc, cc} {
+		if r := c.refusals(); len(r) > 0 {
+			t.Errorf("%s's own work was refused: %v", c.user, r)
+		}
+	}
+}
+
+// clientWork runs every client verb on id as the client user: create and
+// wait, get, list, rotation, watch, delete and wait.
+func clientWork(t *testing.T, ctx context.Context, cl *client.Client, id string) {
+	t.Helper()
+	o, err := cl.Create(ctx, messages.CreateCommand{ID: id}, "", true)
+	if err != nil || o.Final == nil || o.Final.Outcome != messages.OutcomeDone {
+		t.Fatalf("create %s as client: %+v %v", id, o, err)
+	}
+	if again, err := cl.Create(ctx, messages.CreateCommand{ID: id}, o.CommandID, true); err != nil || !again.Duplicate || again.Final == nil {
+		t.Fatalf("create %s again with its command id: %+v %v", id, again, err) // reads PROXY_RESULTS
+	}
+	gctx, cancel := context.WithTimeout(ctx, 5*time.Second) // a read never waits out a refusal
+	st, err := cl.Get(gctx, id)
+	cancel()
+	if err != nil || st.State() != messages.StateRunning || !st.DesiredUnread || st.Result == nil ||
+		st.Result.Outcome != messages.OutcomeDone || !st.Converged() {
+		t.Fatalf("get %s as client: %+v %v; want running, converged, its result and no desired record", id, st, err)
+	}
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	l, err := cl.List(lctx)
+	cancel()
+	if err != nil || len(l) != 1 || l[0].ID != id || l[0].State() != messages.StateRunning {
+		t.Fatalf("list as client: %+v %v", l, err)
 	}
 	var rot messages.Rotation
 	if !poll.Wait(20*time.Second, func() bool {
 		rot, err = cl.Rotation(ctx)
-		return err == nil && len(rot.Proxies) == 1
+		return err == nil && len(rot.Proxies) == 1 && rot.Proxies[0].ID == id && rot.Proxies[0].Host == "h1"
 	}) {
 		t.Fatalf("rotation as client: %+v %v (health publishes it)", rot, err)
 	}
-	if _, err := cl.Delete(ctx, "p1", "", true); err != nil {
-		t.Fatalf("delete as client: %v", err)
+	var out syncBuffer
+	wctx, stop := context.WithCancel(ctx)
+	watched := make(chan error, 1)
+	go func() { watched <- cl.Watch(wctx, &out, time.Second, client.WithWatchMode(client.WatchLines)) }()
+	ok := poll.Wait(10*time.Second, func() bool { return strings.Contains(out.String(), " "+id+" running ") })
+	stop()
+	if err := <-watched; err != nil || !ok {
+		t.Fatalf("watch as client: %q, %v", out.String(), err)
 	}
-	// A client may not pretend to be a worker.
-	if err := cnc.Publish(subj.State("p1"), []byte(`{}`)); err == nil {
-		_ = cnc.Flush()
+	if o, err := cl.Delete(ctx, id, "", true); err != nil || o.Final == nil || o.Final.Outcome != messages.OutcomeDone {
+		t.Fatalf("delete %s as client: %+v %v", id, o, err)
 	}
-	time.Sleep(200 * time.Millisecond)
-	mu.Lock()
-	defer mu.Unlock()
-	var others []string
-	sawStateRefusal := false
-	for _, r := range refused {
-		if strings.HasPrefix(r, "client: ") && strings.Contains(r, `Publish to "proxy.state.p1"`) {
-			sawStateRefusal = true
-			continue
-		}
-		others = append(others, r)
-	}
-	if len(others) > 0 {
-		t.Errorf("refusals: %v", others)
-	}
-	if !sawStateRefusal {
-		t.Errorf("a client publishing a state event was not refused (refusals: %v)", refused)
-	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

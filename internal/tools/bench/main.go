@@ -145,6 +145,10 @@ func commands(ctx context.Context, url, dir string, n int) (create, del time.Dur
 	}
 	wnc, wjs := connect(url)
 	defer wnc.Close()
+	// As `proxyfleet setup` does: workers create no streams.
+	if _, err := (worker.Topology{Subjects: subj}).Setup(ctx, wjs); err != nil {
+		log.Fatal(err)
+	}
 	w, err := worker.New(wjs, worker.Config{
 		Subjects:  subj,
 		Catalog:   worker.Catalog{Hosts: hosts, Images: []string{"img"}, DefaultImage: "img", DefaultCPUs: 1, DefaultMemoryMiB: 128},

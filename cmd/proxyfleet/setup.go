@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/config"
+	"proxyfleet/worker"
+)
+
+// Inbox prefixes, one per role: a role may subscribe to its own replies
+// only (deploy/nats/accounts.conf).
+const (
+	inboxAdmin  = "_INBOX_admin"
+	inboxWorker = "_INBOX_worker"
+	inboxHealth = "_INBOX_health"
+	inboxClient = "_INBOX_client"
+)
+
+// topology is the streams, buckets and consumers the config asks for.
+func topology(c *config.Config) worker.Topology {
+	return workerConfig(c, nil, nil).Topology
+}
+
+// setup creates or updates every stream and bucket to the config, printing
+// what it changed; with --repair it then keeps recreating what is deleted
+// until stopped. It needs an admin credential.
+func setup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("setup", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var nf natsFlags
+	nf.register(fs, "")
+	cfgPath := fs.String("config", "", "config file (YAML), for the prefix, replicas, max ages and windows; optional")
+	repair := fs.Bool("repair", false, "after set-up, keep checking every --interval and recreate any stream or bucket that was deleted, until stopped")
+	interval := fs.Duration("interval", 0, "with --repair, time between checks (default: the config's nats.repair_interval, 5s)")
+	timeout := fs.Duration("timeout", 30*time.Second, "give up on set-up after this long")
+	debug := fs.Bool("debug", false, "log at debug level")
+	if err := fs.Parse(args); err != nil || fs.NArg() > 0 {
+		return exitError{2}
+	}
+	c := &config.Config{}
+	if *cfgPath != "" {
+		var err error
+		if c, err = config.Load(*cfgPath); err != nil {
+			return err
+		}
+	} else {
+		c.SetDefaults()
+	}
+	nf.merge(c)
+	if nf.url == "" {
+		nf.url = defaultNATSURL
+	}
+	if *interval > 0 {
+		c.NATS.RepairInterval = *interval
+	}
+	log := newLogger(stderr, level(*debug)).With("role", "setup", "pid", os.Getpid())
+	nc, err := nf.connect("proxyfleet-setup", inboxAdmin, log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	rep := worker.NewRepairer(js, topology(c), worker.RepairerConfig{Interval: c.NATS.RepairInterval, Logger: log})
+	sctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	changes, err := rep.Setup(sctx)
+	for _, ch := range changes {
+		fmt.Fprintln(stdout, ch)
+	}
+	if err != nil {
+		var re *worker.RefusedError
+		if errors.As(err, &re) {
+			fmt.Fprintln(stderr, "a setting JetStream cannot change in place has to be changed by hand (or the stream recreated, losing its messages):")
+		}
+		return fmt.Errorf("set-up: %w", err)
+	}
+	if len(changes) == 0 {
+		fmt.Fprintln(stdout, "every stream and bucket is as configured")
+	}
+	if !*repair {
+		return nil
+	}
+	log.Info("repairing: recreating any stream or bucket that is deleted", "interval", c.NATS.RepairInterval)
+	rep.Start()
+	<-ctx.Done()
+	rep.Stop()
+	log.Info("stopped", "repairs", rep.Repairs())
+	return nil
+}
+
+// startRepairer runs set-up on js, logging what it changed, and then a
+// repairer until the returned stop is called: what `serve` does when it has
+// admin rights.
+func startRepairer(ctx context.Context, js jetstream.JetStream, c *config.Config, log *slog.Logger) (stop func(), err error) {
+	rep := worker.NewRepairer(js, topology(c), worker.RepairerConfig{Interval: c.NATS.RepairInterval, Logger: log})
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	changes, err := rep.Setup(sctx)
+	for _, ch := range changes {
+		log.Info("set-up: " + ch.String())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("set-up: %w", err)
+	}
+	rep.Start()
+	return func() {
+		rep.Stop()
+		log.Info("repairer stopped", "repairs", rep.Repairs())
+	}, nil
+}

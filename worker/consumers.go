@@ -1,0 +1,251 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/messages"
+)
+
+// missingLogEvery is how often a worker repeats, at error level, that a
+// stream or bucket it needs is still missing.
+const missingLogEvery = 30 * time.Second
+
+// setupHint is what a worker that finds the streams not as configured says.
+const setupHint = "run `proxyfleet setup` with this config, or fix the config"
+
+// workerStreams are the streams and buckets (by the stream behind them) a
+// worker uses, as the config wants them.
+func (t Topology) workerStreams() []jetstream.StreamConfig {
+	out := t.Streams()
+	for _, kc := range t.Buckets() {
+		if kc.Bucket == messages.BucketDesired || kc.Bucket == messages.BucketCommands {
+			out = append(out, bucketStreamConfig(kc))
+		}
+	}
+	return out
+}
+
+// awaitTopology waits until every stream and bucket the worker uses exists,
+// saying at error level what is missing (it never creates one: that is
+// set-up's job), then compares their settings with the config. A difference
+// is a *MismatchError: the worker would run with settings that disagree with
+// the server.
+func (w *Worker) awaitTopology(ctx context.Context) error {
+	for _, want := range w.cfg.Topology.workerStreams() {
+		kind, name, fields := "stream", want.Name, streamFields
+		if b, ok := strings.CutPrefix(want.Name, "KV_"); ok {
+			kind, name, fields = "bucket", b, bucketFields
+		}
+		var since, logged time.Time
+		for {
+			st, err := w.js.Stream(ctx, want.Name)
+			if err == nil {
+				have := st.CachedInfo().Config
+				if fds := diffConfig(fields, &have, &want); len(fds) > 0 {
+					return &MismatchError{Kind: kind, Name: name, Diffs: diffsOf(fds), Hint: setupHint}
+				}
+				if !since.IsZero() {
+					w.log.Info(kind+" "+name+" is there now", "waited", w.now().Sub(since).Round(time.Millisecond))
+				}
+				break
+			}
+			if ctx.Err() != nil {
+				return fmt.Errorf("waiting for %s %s: %w", kind, name, ctx.Err())
+			}
+			now := w.now()
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				if since.IsZero() {
+					since = now
+				}
+				if now.Sub(logged) >= missingLogEvery {
+					w.log.Error(kind+" "+name+" is missing: waiting for set-up to create it (`proxyfleet setup`, or `serve`)",
+						"waited", now.Sub(since).Round(time.Millisecond))
+					logged = now
+				}
+			} else {
+				w.log.Warn("look up "+kind+" "+name, "err", err)
+			}
+			t := time.NewTimer(w.cfg.CheckInterval)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return fmt.Errorf("waiting for %s %s: %w", kind, name, ctx.Err())
+			case <-t.C:
+			}
+		}
+	}
+	return nil
+}
+
+// consumerRun is one of the worker's durable consumers (intake, or a host's
+// work consumer) and the consume context pulling from it, kept running by
+// supervise: a consumer deleted under it is recreated, a consume that
+// stopped (the server ends a pull on a deleted consumer) is restarted, a
+// stream that went missing is waited for.
+type consumerRun struct {
+	w      *Worker
+	stream string
+	cfg    jetstream.ConsumerConfig
+	handle func(context.Context, jetstream.Msg)
+	opts   []jetstream.PullConsumeOpt
+	pool   *pool
+	runCtx context.Context // the handlers', cancelled only after the drain
+
+	kick chan struct{} // the consume error handler asks for a check
+
+	// Owned by Start, then by supervise, then by Stop once supervise ended.
+	cc      jetstream.ConsumeContext
+	created time.Time // of the consumer cc pulls from
+	retired []jetstream.ConsumeContext
+	missing time.Time // when the stream was found missing; zero while it is there
+	logged  time.Time
+}
+
+func (c *consumerRun) name() string { return c.cfg.Durable }
+
+// ensure creates the consumer, or updates the settings of the existing one
+// that differ from the config, saying what it changed.
+func (c *consumerRun) ensure(ctx context.Context) (jetstream.Consumer, error) {
+	cons, diffs, err := ensureConsumer(ctx, c.w.js, c.stream, c.cfg)
+	if len(diffs) > 0 {
+		c.w.log.Warn("consumer "+c.name()+" on "+c.stream+" differed from the config: updated it",
+			"changed", joinDiffs(diffs))
+	}
+	return cons, err
+}
+
+// consume starts pulling from cons.
+func (c *consumerRun) consume(cons jetstream.Consumer) error {
+	opts := append(slices.Clip(c.opts), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		if errors.Is(err, jetstream.ErrPinIDMismatch) {
+			c.w.log.Debug("consume", "consumer", c.name(), "err", err)
+			return
+		}
+		lvl := c.w.log.Debug
+		if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) ||
+			errors.Is(err, jetstream.ErrNoHeartbeat) || errors.Is(err, nats.ErrNoResponders) {
+			lvl = c.w.log.Warn
+		}
+		lvl("consume", "consumer", c.name(), "stream", c.stream, "err", err)
+		select {
+		case c.kick <- struct{}{}:
+		default:
+		}
+	}))
+	cc, err := cons.Consume(func(msg jetstream.Msg) { c.pool.submit(c.runCtx, msg, c.handle) }, opts...)
+	if err != nil {
+		return fmt.Errorf("consume %s on %s: %w", c.name(), c.stream, err)
+	}
+	c.cc, c.created = cc, cons.CachedInfo().Created
+	return nil
+}
+
+func closed(cc jetstream.ConsumeContext) bool {
+	select {
+	case <-cc.Closed():
+		return true
+	default:
+		return false
+	}
+}
+
+// retire stops the current consume context; Stop still waits for it.
+func (c *consumerRun) retire() {
+	if c.cc == nil {
+		return
+	}
+	c.cc.Stop()
+	c.retired = append(c.retired, c.cc)
+	c.cc = nil
+}
+
+// supervise checks the consumer every CheckInterval, when the consume
+// reports an error and when the consume stops, until ctx is done.
+func (c *consumerRun) supervise(ctx context.Context) {
+	t := time.NewTicker(c.w.cfg.CheckInterval)
+	defer t.Stop()
+	for {
+		var stopped <-chan struct{}
+		if c.cc != nil && !closed(c.cc) {
+			stopped = c.cc.Closed()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-c.kick:
+		case <-stopped:
+		}
+		cctx, cancel := context.WithTimeout(ctx, max(c.w.cfg.CheckInterval, 5*time.Second))
+		c.check(cctx)
+		cancel()
+	}
+}
+
+// check repairs what it finds wrong with the consumer.
+func (c *consumerRun) check(ctx context.Context) {
+	w := c.w
+	cons, err := w.js.Consumer(ctx, c.stream, c.name())
+	var why string
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		c.retire() // nothing to pull from
+		now := w.now()
+		if c.missing.IsZero() {
+			c.missing = now
+		}
+		if now.Sub(c.logged) >= missingLogEvery {
+			w.log.Error("stream "+c.stream+" is missing: waiting for set-up to recreate it (`proxyfleet setup`, or `serve`)",
+				"consumer", c.name(), "waited", now.Sub(c.missing).Round(time.Millisecond))
+			c.logged = now
+		}
+		return
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		why = "was deleted"
+		if !c.missing.IsZero() {
+			why = "is gone with its stream, which is back"
+		}
+	case err != nil:
+		if ctx.Err() == nil {
+			w.log.Warn("check consumer", "consumer", c.name(), "stream", c.stream, "err", err)
+		}
+		return
+	case c.cc != nil && !closed(c.cc):
+		if created := cons.CachedInfo().Created; !created.Equal(c.created) {
+			// Another worker recreated it; our pulls reach the new one.
+			// Make sure it has our settings.
+			c.created = created
+			if _, err := c.ensure(ctx); err != nil {
+				w.log.Error("consumer "+c.name()+" on "+c.stream+" was recreated by another process with other settings", "err", err)
+			}
+		}
+		return
+	default:
+		why = "had stopped consuming"
+	}
+	cons, err = c.ensure(ctx)
+	if err != nil {
+		w.log.Error("consumer "+c.name()+" on "+c.stream+" "+why+": could not recreate it (will retry)", "err", err)
+		return
+	}
+	c.retire()
+	if err := c.consume(cons); err != nil {
+		w.log.Error("consumer "+c.name()+" on "+c.stream+" "+why+": could not consume it again (will retry)", "err", err)
+		return
+	}
+	w.stats.repairs.Add(1)
+	attrs := []any{"repairs", w.stats.repairs.Load()}
+	if !c.missing.IsZero() {
+		attrs = append(attrs, "stream_missing_for", w.now().Sub(c.missing).Round(time.Millisecond))
+	}
+	c.missing, c.logged = time.Time{}, time.Time{}
+	w.log.Error("consumer "+c.name()+" on "+c.stream+" "+why+": recreated it and resumed consuming", attrs...)
+}
