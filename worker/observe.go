@@ -61,15 +61,31 @@ func (e *executor) observe(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var checked, changed int
+	insts, listErr := e.prov.List(ctx)
+	if listErr != nil {
+		// The proxies with events are still looked at; nothing is swept.
+		w.log.Warn("observation pass: list", "host", e.host, "err", listErr)
+	}
+	// The proxies to look at: those whose last event puts them here and
+	// running (or starting), and the domains here with no event at all
+	// (PROXY_EVENTS was lost and made anew: nothing else would ever
+	// report them again).
+	var ids []string
 	for id, ev := range events {
-		if ev.Host != e.host || (ev.State != messages.StateRunning && ev.State != messages.StateProvisioning) {
-			continue
+		if ev.Host == e.host && (ev.State == messages.StateRunning || ev.State == messages.StateProvisioning) {
+			ids = append(ids, id)
 		}
+	}
+	for _, in := range insts {
+		if _, ok := events[in.ID]; !ok {
+			ids = append(ids, in.ID)
+		}
+	}
+	var changed int
+	for _, id := range ids {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		checked++
 		ok, err := e.observeOne(ctx, id)
 		if err != nil {
 			w.log.Debug("observe", "host", e.host, "id", id, "err", err)
@@ -79,11 +95,11 @@ func (e *executor) observe(ctx context.Context) error {
 			changed++
 		}
 	}
-	swept, err := e.sweep(ctx)
-	if err != nil {
-		return err
+	swept := e.sweep(ctx, insts)
+	w.log.Debug("observation pass", "host", e.host, "proxies", len(ids), "changed", changed, "swept", swept)
+	if listErr != nil {
+		return fmt.Errorf("list %s: %w", e.host, listErr)
 	}
-	w.log.Debug("observation pass", "host", e.host, "proxies", checked, "changed", changed, "swept", swept)
 	return nil
 }
 
@@ -92,16 +108,12 @@ func (e *executor) observe(ctx context.Context) error {
 // lost, say). A domain whose proxy has no desired record at all is left
 // alone and logged: without a record there is no proof it is unwanted, and
 // a lost or misnamed bucket must not delete a fleet.
-func (e *executor) sweep(ctx context.Context) (int, error) {
+func (e *executor) sweep(ctx context.Context, insts []fleet.Instance) int {
 	w := e.w
-	insts, err := e.prov.List(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("list %s: %w", e.host, err)
-	}
 	swept := 0
 	for _, in := range insts {
-		if err := ctx.Err(); err != nil {
-			return swept, err
+		if ctx.Err() != nil {
+			return swept
 		}
 		ok, err := e.sweepOne(ctx, in.ID)
 		if err != nil {
@@ -112,7 +124,7 @@ func (e *executor) sweep(ctx context.Context) (int, error) {
 			swept++
 		}
 	}
-	return swept, nil
+	return swept
 }
 
 func (e *executor) sweepOne(ctx context.Context, id string) (bool, error) {
@@ -157,15 +169,20 @@ func (e *executor) observeOne(ctx context.Context, id string) (bool, error) {
 	if !e.owns(d) {
 		return false, nil // a command is moving or deleting it; its work item reports
 	}
-	last, _, err := w.events.last(ctx, id)
+	last, lastSeq, err := w.events.last(ctx, id)
 	if err != nil {
 		return false, err
 	}
-	if last.CommandID != d.CommandID || last.Host != e.host ||
-		(last.State != messages.StateRunning && last.State != messages.StateProvisioning) {
+	if lastSeq != 0 && (last.CommandID != d.CommandID || last.Host != e.host ||
+		(last.State != messages.StateRunning && last.State != messages.StateProvisioning)) {
 		return false, nil // a converge is (or was) under way; it reports
 	}
 	obs, err := e.prov.Get(ctx, id)
+	if lastSeq == 0 && (err != nil || obs.CommandID != d.CommandID) {
+		// No event on record: report only a domain made for the
+		// command that is wanted; anything else is a converge's to fix.
+		return false, err
+	}
 	var ev messages.StateEvent
 	switch {
 	case isNotFound(err) && last.State == messages.StateProvisioning:

@@ -107,3 +107,26 @@ func TestObservationLeavesACreateWaitingForItsRetry(t *testing.T) {
 		}
 	}
 }
+
+// TestObservationReportsProxiesWhoseEventsWereLost: PROXY_EVENTS deleted
+// and made anew holds no event of a running proxy; the host's observation
+// pass reports it again from its domain.
+func TestObservationReportsProxiesWhoseEventsWereLost(t *testing.T) {
+	r := newRig(t, "h1")
+	r.startWorker(func(c *worker.Config) { c.ObserveInterval = 100 * time.Millisecond })
+	r.create("p1", "c1", "")
+	r.waitOutcome("c1", messages.OutcomeDone)
+	before, _ := r.lastEvent("p1")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.js.DeleteStream(ctx, messages.StreamEvents); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (worker.Topology{Subjects: subj}).Setup(ctx, r.js); err != nil {
+		t.Fatal(err)
+	}
+	r.waitFor("p1 reported again", 10*time.Second, func() bool {
+		ev, ok := r.lastEvent("p1")
+		return ok && ev.State == messages.StateRunning && ev.IP == before.IP && ev.CommandID == "c1"
+	})
+}
