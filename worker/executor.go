@@ -325,7 +325,8 @@ func (e *executor) fail(ctx context.Context, d *Desired, attempt int, class flee
 
 // undoCreate removes what the failed create d made, if anything, and
 // reports whether the proxy may be reported failed: true when nothing
-// healthy is left of it, false when it runs or cannot be read.
+// healthy is left of it, false when it runs, or cannot be read and was last
+// seen running here.
 func (e *executor) undoCreate(ctx context.Context, d *Desired) bool {
 	w := e.w
 	in, err := e.prov.Get(ctx, d.ID)
@@ -333,8 +334,12 @@ func (e *executor) undoCreate(ctx context.Context, d *Desired) bool {
 	case isNotFound(err):
 		return true
 	case err != nil:
+		// Unreadable: nothing is deleted, and a proxy last seen running
+		// here keeps that state (a read error is not news). One never
+		// seen running (a new proxy on a host that refuses us) is failed.
 		w.log.Warn("failed create: proxy unreadable, left as it is", "host", e.host, "id", d.ID, "err", err)
-		return false
+		last, _, lerr := w.events.last(ctx, d.ID)
+		return lerr == nil && !(last.State == messages.StateRunning && last.Host == e.host)
 	case in.State == messages.StateRunning && in.IP != "":
 		w.log.Info("failed command: the proxy runs, left as it is", "host", e.host, "id", d.ID,
 			"command_id", d.CommandID, "made_by", in.CommandID)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -80,8 +81,14 @@ func newE2E(t *testing.T, mod func(*config.Config)) *e2e {
 	}
 	e.path = filepath.Join(e.dir, "config.yaml")
 	writeFile(t, e.path, string(b))
-	setupTopology(t, e.bin, e.path)
 	e.nc, e.js = srv.Connect(t)
+	// Set up as `proxyfleet setup` would, in process: the binary is
+	// built only for the runs that start processes.
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := workerConfig(c, nil, slog.New(slog.DiscardHandler)).Topology.Setup(sctx, e.js); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
 	sub, err := e.nc.Subscribe("proxy.>", func(m *nats.Msg) {
 		e.mu.Lock()
 		defer e.mu.Unlock()
