@@ -554,9 +554,9 @@ func TestWatchTableAndJSON(t *testing.T) {
 func TestPrintAndJSON(t *testing.T) {
 	now := time.Now().UTC()
 	sts := []client.Status{
-		{ID: "p1", Desired: &worker.Desired{ID: "p1", Op: "create", Host: "h1", CommandID: "c1"},
+		{ID: "p1", Desired: &messages.Desired{ID: "p1", Op: "create", Host: "h1", CommandID: "c1"},
 			Event: &messages.StateEvent{ID: "p1", State: "running", Host: "h1", IP: "198.18.0.1", Port: 3128, Source: "sim", CommandID: "c1", Seq: 3, At: now.Add(-90 * time.Second)}},
-		{ID: "p2", Desired: &worker.Desired{ID: "p2", Op: "create", Host: "h1", CommandID: "c2"}},
+		{ID: "p2", Desired: &messages.Desired{ID: "p2", Op: "create", Host: "h1", CommandID: "c2"}},
 		{ID: "p3", Event: &messages.StateEvent{ID: "p3", State: "failed", Host: "h1", Reason: "boom\nagain", Class: "permanent", Seq: 9, At: now}},
 	}
 	var b bytes.Buffer
