@@ -169,7 +169,11 @@ func clientVerb(ctx context.Context, verb string, args []string, stdout, stderr 
 		if *asJSON {
 			wo = append(wo, client.WithWatchMode(client.WatchJSON))
 		}
-		err := cl.Watch(ctx, stdout, refresh, wo...)
+		wt, err := cl.Watch(ctx)
+		if err == nil {
+			err = client.PrintWatch(stdout, wt, refresh, wo...)
+			wt.Stop()
+		}
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			return nil
 		}
