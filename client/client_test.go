@@ -380,7 +380,8 @@ func TestNoTopology(t *testing.T) {
 	if _, err := c.List(ctxFor(t, 5*time.Second)); err == nil || !strings.Contains(err.Error(), "not found") {
 		t.Fatalf("list without topology: err = %v", err)
 	}
-	if err := c.Watch(ctxFor(t, 5*time.Second), io.Discard, time.Second); err == nil {
+	if wt, err := c.Watch(ctxFor(t, 5*time.Second)); err == nil {
+		wt.Stop()
 		t.Fatal("watch without topology succeeded")
 	}
 	if _, err := c.Create(ctxFor(t, 5*time.Second), messages.CreateCommand{ID: "p1"}, "", true); err == nil || !strings.Contains(err.Error(), "proxyfleet setup") {
@@ -479,12 +480,20 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 	poll.Until(t, what, 20*time.Second, cond)
 }
 
-// runWatch runs Watch until the returned stop is called, which returns
-// Watch's error.
+// runWatch opens a watch and prints it until the returned stop is called,
+// which returns the error of Watch or of PrintWatch.
 func runWatch(t *testing.T, c *client.Client, w io.Writer, refresh time.Duration, opts ...client.WatchOption) func() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	done := make(chan error, 1)
-	go func() { done <- c.Watch(ctx, w, refresh, opts...) }()
+	go func() {
+		wt, err := c.Watch(ctx)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer wt.Stop()
+		done <- client.PrintWatch(w, wt, refresh, opts...)
+	}()
 	return func() error {
 		cancel()
 		select {
@@ -554,9 +563,9 @@ func TestWatchTableAndJSON(t *testing.T) {
 func TestPrintAndJSON(t *testing.T) {
 	now := time.Now().UTC()
 	sts := []client.Status{
-		{ID: "p1", Desired: &worker.Desired{ID: "p1", Op: "create", Host: "h1", CommandID: "c1"},
+		{ID: "p1", Desired: &messages.Desired{ID: "p1", Op: "create", Host: "h1", CommandID: "c1"},
 			Event: &messages.StateEvent{ID: "p1", State: "running", Host: "h1", IP: "198.18.0.1", Port: 3128, Source: "sim", CommandID: "c1", Seq: 3, At: now.Add(-90 * time.Second)}},
-		{ID: "p2", Desired: &worker.Desired{ID: "p2", Op: "create", Host: "h1", CommandID: "c2"}},
+		{ID: "p2", Desired: &messages.Desired{ID: "p2", Op: "create", Host: "h1", CommandID: "c2"}},
 		{ID: "p3", Event: &messages.StateEvent{ID: "p3", State: "failed", Host: "h1", Reason: "boom\nagain", Class: "permanent", Seq: 9, At: now}},
 	}
 	var b bytes.Buffer

@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/messages"
-	"proxyfleet/worker"
 )
 
 // Status is what is known of one proxy: its latest state event, the latest
@@ -23,7 +22,7 @@ type Status struct {
 	// Desired is the proxy's record in PROXY_DESIRED: the last accepted
 	// command (Op create or delete) and its spec. Nil when there is none,
 	// or when DesiredUnread.
-	Desired *worker.Desired `json:"desired,omitempty"`
+	Desired *messages.Desired `json:"desired,omitempty"`
 	// DesiredUnread says Desired was not read: this user may not read
 	// PROXY_DESIRED (the client role of deploy/nats/accounts.conf may not).
 	DesiredUnread bool `json:"desired_unread,omitempty"`
@@ -119,7 +118,7 @@ func (c *Client) Get(ctx context.Context, id string) (Status, error) {
 		case err != nil:
 			return st, fmt.Errorf("read desired record of %s: %w", id, err)
 		default:
-			var d worker.Desired
+			var d messages.Desired
 			if err := json.Unmarshal(e.Value(), &d); err != nil {
 				return st, fmt.Errorf("decode desired record of %s: %w", id, err)
 			}
@@ -205,7 +204,7 @@ func (c *Client) List(ctx context.Context, opts ...ListOption) ([]Status, error)
 			return nil, err
 		}
 		err = readBucket(ctx, kv, func(e jetstream.KeyValueEntry) error {
-			var d worker.Desired
+			var d messages.Desired
 			if err := json.Unmarshal(e.Value(), &d); err != nil {
 				return fmt.Errorf("decode desired record of %s: %w", e.Key(), err)
 			}

@@ -1,130 +1,93 @@
 package client
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
-	"os"
 	"sort"
 	"strings"
-	"time"
+	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/messages"
 )
 
-// WatchMode chooses how Watch writes.
-type WatchMode int
-
-const (
-	// WatchAuto draws a table on a terminal and writes lines otherwise.
-	WatchAuto WatchMode = iota
-	// WatchTable redraws the table (clearing the screen only on a terminal).
-	WatchTable
-	// WatchLines writes one FormatEvent line per event.
-	WatchLines
-	// WatchJSON writes one JSON state event per line.
-	WatchJSON
-)
-
-// WatchOption configures Watch.
-type WatchOption func(*watchOptions)
-
-type watchOptions struct {
-	mode WatchMode
-	now  func() time.Time
-	term *bool // overrides the terminal check, for tests
+// Update is one state event as a Watcher delivers it.
+type Update struct {
+	Event messages.StateEvent `json:"event"`
+	// StreamSeq is the event's PROXY_EVENTS stream sequence. Unlike
+	// Event.Seq, which starts over when a proxy is created anew, it orders
+	// every event of the fleet.
+	StreamSeq uint64 `json:"stream_seq"`
 }
 
-// WithWatchMode sets how Watch writes; the default is WatchAuto.
-func WithWatchMode(m WatchMode) WatchOption { return func(o *watchOptions) { o.mode = m } }
+// errConsumerStopped ends a watch whose consumer stopped without a reason
+// given.
+var errConsumerStopped = errors.New("consumer stopped")
 
-// WatchColumns are the columns of Watch's table.
-var WatchColumns = []string{"ID", "STATE", "HOST", "IP", "SOURCE", "SEQ", "AGE", "REASON"}
-
-// clearScreen moves the cursor home and clears the screen (ANSI).
-const clearScreen = "\x1b[H\x1b[2J"
-
-// isTerminal reports whether w is a character device, i.e. a terminal.
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+// Watcher is a live stream of state events, opened by Watch: Initial is
+// the picture it started from, Updates every event after it. It owns one
+// goroutine (and the consumer's), which Stop ends.
+type Watcher struct {
+	initial  []Update
+	updates  chan Update
+	stop     chan struct{} // closed by Stop
+	stopOnce sync.Once
+	ended    chan struct{} // closed once err is set
+	err      error
+	done     chan struct{} // closed when the goroutine and the consumer have stopped
 }
 
-// Watch follows PROXY_EVENTS until ctx is done: it starts with the latest
-// event of every proxy (read to its end first, so that a refused read is an
-// error rather than an empty screen), then writes new events as they come.
-// In table mode it keeps the latest event per proxy and redraws the table
-// (columns WatchColumns) at most every refresh (default 1s), and every
-// refresh on a terminal, clearing the screen first, so ages move on. It
-// returns nil when ctx ends, or the first write or read error; every
-// goroutine it started has stopped by then.
-func (c *Client) Watch(ctx context.Context, w io.Writer, refresh time.Duration, opts ...WatchOption) error {
-	o := watchOptions{now: time.Now}
-	for _, f := range opts {
-		f(&o)
-	}
-	if refresh <= 0 {
-		refresh = time.Second
-	}
-	term := isTerminal(w)
-	if o.term != nil {
-		term = *o.term
-	}
-	mode := o.mode
-	if mode == WatchAuto {
-		mode = WatchLines
-		if term {
-			mode = WatchTable
-		}
-	}
-
+// Watch opens a stream of PROXY_EVENTS. It first reads the latest event of
+// every proxy to its end, so that a refused or broken read is Watch's
+// error rather than an empty stream; Initial returns those events. Then
+// Updates delivers every later event, each once and in stream order, until
+// ctx ends, Stop is called or the connection closes; Err then says which.
+// The caller must call Stop, which waits for what Watch started.
+func (c *Client) Watch(ctx context.Context) (*Watcher, error) {
 	st, err := c.stream(ctx, messages.StreamEvents)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	// The current picture first, read to its end, so that a refused or
-	// broken read fails here instead of leaving an empty screen; then
-	// every event after it. Whatever both see is dropped by its stream
-	// sequence.
+	// The current picture first, read to its end; then every event after
+	// it. Whatever both see is dropped by its stream sequence.
 	info, err := st.Info(ctx)
 	if err != nil {
-		return fmt.Errorf("watch %s: %w", messages.StreamEvents, err)
+		return nil, fmt.Errorf("watch %s: %w", messages.StreamEvents, err)
 	}
 	startSeq := info.State.LastSeq
 	prefix := c.subj.Prefix + ".state."
-	decode := func(m jetstream.Msg) (seenEvent, bool) {
+	decode := func(m jetstream.Msg) (Update, bool) {
 		var ev messages.StateEvent
 		if json.Unmarshal(m.Data(), &ev) != nil {
-			return seenEvent{}, false
+			return Update{}, false
 		}
 		if ev.ID == "" {
 			ev.ID = strings.TrimPrefix(m.Subject(), prefix)
 		}
 		meta, err := m.Metadata()
 		if err != nil {
-			return seenEvent{}, false
+			return Update{}, false
 		}
-		return seenEvent{ev: ev, sseq: meta.Sequence.Stream}, true
+		return Update{Event: ev, StreamSeq: meta.Sequence.Stream}, true
 	}
-	var initial []seenEvent
+	var initial []Update
 	err = c.readStream(ctx, messages.StreamEvents, c.subj.StateAll(), jetstream.DeliverLastPerSubjectPolicy, func(m jetstream.Msg) {
-		if se, ok := decode(m); ok {
-			initial = append(initial, se)
-			startSeq = max(startSeq, se.sseq)
+		if u, ok := decode(m); ok {
+			initial = append(initial, u)
+			startSeq = max(startSeq, u.StreamSeq)
 		}
 	})
 	if err != nil {
-		return fmt.Errorf("watch: read the current states: %w", err)
+		return nil, fmt.Errorf("watch: read the current states: %w", err)
 	}
-	sort.Slice(initial, func(i, j int) bool { return initial[i].sseq < initial[j].sseq })
+	sort.Slice(initial, func(i, j int) bool { return initial[i].StreamSeq < initial[j].StreamSeq })
+	lastSeq := map[string]uint64{}
+	for _, u := range initial {
+		lastSeq[u.Event.ID] = max(lastSeq[u.Event.ID], u.StreamSeq)
+	}
 
 	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{c.subj.StateAll()},
@@ -132,151 +95,119 @@ func (c *Client) Watch(ctx context.Context, w io.Writer, refresh time.Duration, 
 		OptStartSeq:    startSeq + 1,
 	})
 	if err != nil {
-		return fmt.Errorf("watch %s: %w", messages.StreamEvents, err)
+		return nil, fmt.Errorf("watch %s: %w", messages.StreamEvents, err)
 	}
-	events := make(chan seenEvent, 256)
-	stop := make(chan struct{})
+	in := make(chan Update, 256)
+	quit := make(chan struct{}) // closed when the stream ends: unblocks a handler waiting to hand over an event
+	var (
+		mu       sync.Mutex
+		closeErr error // why the consumer stopped itself
+	)
 	cc, err := cons.Consume(func(m jetstream.Msg) {
-		se, ok := decode(m)
+		u, ok := decode(m)
 		if !ok {
 			return
 		}
 		select {
-		case events <- se:
-		case <-stop:
+		case in <- u:
+		case <-quit:
 		}
-	})
+	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		if errors.Is(err, jetstream.ErrConnectionClosed) {
+			mu.Lock()
+			closeErr = err
+			mu.Unlock()
+		}
+	}))
 	if err != nil {
-		return fmt.Errorf("watch %s: %w", messages.StreamEvents, err)
+		return nil, fmt.Errorf("watch %s: %w", messages.StreamEvents, err)
 	}
+	w := &Watcher{
+		initial: initial,
+		updates: make(chan Update),
+		stop:    make(chan struct{}),
+		ended:   make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	stopped := func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if closeErr != nil {
+			return fmt.Errorf("watch %s: %w", messages.StreamEvents, closeErr)
+		}
+		return fmt.Errorf("watch %s: %w", messages.StreamEvents, errConsumerStopped)
+	}
+	go w.run(ctx, cc, in, quit, lastSeq, stopped)
+	return w, nil
+}
+
+// run hands the consumer's events over to Updates, dropping any already
+// seen, until ctx ends, Stop is called or the consumer stops; then it stops
+// the consumer and closes Updates.
+func (w *Watcher) run(ctx context.Context, cc jetstream.ConsumeContext, in <-chan Update, quit chan struct{}, lastSeq map[string]uint64, stopped func() error) {
+	closed := cc.Closed()
 	defer func() {
-		close(stop) // unblocks a handler waiting to hand over an event
+		close(w.ended)
+		close(quit)
 		cc.Stop()
-		<-cc.Closed()
+		<-closed
+		close(w.updates)
+		close(w.done)
 	}()
-
-	bw := bufio.NewWriter(w)
-	latest := map[string]messages.StateEvent{}
-	var lastDraw time.Time
-	dirty := false
-	draw := func() error {
-		if term {
-			if _, err := bw.WriteString(clearScreen); err != nil {
-				return err
-			}
-		} else if !lastDraw.IsZero() {
-			if err := bw.WriteByte('\n'); err != nil {
-				return err
-			}
-		}
-		now := o.now()
-		if err := renderWatchTable(bw, latest, now); err != nil {
-			return err
-		}
-		lastDraw, dirty = now, false
-		return bw.Flush()
-	}
-
-	// apply takes one event; it reports false for one already seen.
-	lastSeq := map[string]uint64{}
-	apply := func(se seenEvent) (bool, error) {
-		if lastSeq[se.ev.ID] >= se.sseq {
-			return false, nil
-		}
-		lastSeq[se.ev.ID] = se.sseq
-		switch mode {
-		case WatchLines:
-			if _, err := fmt.Fprintln(bw, FormatEvent(se.ev)); err != nil {
-				return true, err
-			}
-			return true, bw.Flush()
-		case WatchJSON:
-			b, _ := json.Marshal(se.ev)
-			if _, err := bw.Write(append(b, '\n')); err != nil {
-				return true, err
-			}
-			return true, bw.Flush()
-		}
-		latest[se.ev.ID] = se.ev
-		dirty = true
-		return true, nil
-	}
-	for _, se := range initial {
-		if _, err := apply(se); err != nil {
-			return err
-		}
-	}
-	if mode == WatchTable {
-		if err := draw(); err != nil {
-			return err
-		}
-	}
-
-	tick := time.NewTicker(refresh)
-	defer tick.Stop()
 	for {
+		var u Update
 		select {
+		case u = <-in:
 		case <-ctx.Done():
-			if mode == WatchTable && dirty && !term {
-				return draw() // the last picture, for a log or a pipe
-			}
-			return nil
-		case se := <-events:
-			fresh, err := apply(se)
-			if err != nil {
-				return err
-			}
-			if fresh && mode == WatchTable && o.now().Sub(lastDraw) >= refresh {
-				if err := draw(); err != nil {
-					return err
-				}
-			}
-		case <-tick.C:
-			if mode == WatchTable && (dirty || term) {
-				if err := draw(); err != nil {
-					return err
-				}
-			}
+			w.err = ctx.Err()
+			return
+		case <-w.stop:
+			return
+		case <-closed:
+			w.err = stopped()
+			return
+		}
+		if lastSeq[u.Event.ID] >= u.StreamSeq {
+			continue
+		}
+		lastSeq[u.Event.ID] = u.StreamSeq
+		select {
+		case w.updates <- u:
+		case <-ctx.Done():
+			w.err = ctx.Err()
+			return
+		case <-w.stop:
+			return
+		case <-closed:
+			w.err = stopped()
+			return
 		}
 	}
 }
 
-// seenEvent is a state event and its PROXY_EVENTS stream sequence, which,
-// unlike the event's own seq, orders events across a proxy's lifetimes.
-type seenEvent struct {
-	ev   messages.StateEvent
-	sseq uint64
+// Initial returns the latest event of every proxy when Watch opened, in
+// stream order.
+func (w *Watcher) Initial() []Update { return w.initial }
+
+// Updates delivers the events after Initial's. It is closed when the
+// stream ends; Err then says why.
+func (w *Watcher) Updates() <-chan Update { return w.updates }
+
+// Err says why the stream ended: the context's error, or the connection's
+// when it closed (wrapping jetstream.ErrConnectionClosed). It is nil while
+// the stream runs and when Stop ended it.
+func (w *Watcher) Err() error {
+	select {
+	case <-w.ended:
+		return w.err
+	default:
+		return nil
+	}
 }
 
-// renderWatchTable writes the header line and the table of the latest
-// events, sorted by id.
-func renderWatchTable(w io.Writer, latest map[string]messages.StateEvent, now time.Time) error {
-	ids := make([]string, 0, len(latest))
-	counts := map[string]int{}
-	for id, ev := range latest {
-		ids = append(ids, id)
-		counts[ev.State]++
-	}
-	sort.Strings(ids)
-	var sum []string
-	for _, s := range []string{messages.StateRunning, messages.StateProvisioning, messages.StateFailed, messages.StateDeleting, messages.StateDeleted} {
-		if counts[s] > 0 {
-			sum = append(sum, fmt.Sprintf("%d %s", counts[s], s))
-		}
-	}
-	summary := "no proxies"
-	if len(sum) > 0 {
-		summary = strings.Join(sum, ", ")
-	}
-	if _, err := fmt.Fprintf(w, "proxyfleet watch  %s  %s\n", now.UTC().Format(time.RFC3339), summary); err != nil {
-		return err
-	}
-	tw := newTab(w)
-	fmt.Fprintln(tw, strings.Join(WatchColumns, "\t"))
-	for _, id := range ids {
-		ev := latest[id]
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", id, dash(ev.State), dash(ev.Host), dash(ev.IP),
-			dash(ev.Source), ev.Seq, Age(now, ev.At), dash(oneLine(ev.Reason)))
-	}
-	return tw.Flush()
+// Stop ends the stream and waits until its goroutine and consumer have
+// stopped. It may be called more than once, and after the stream ended.
+func (w *Watcher) Stop() {
+	w.stopOnce.Do(func() { close(w.stop) })
+	<-w.done
 }

@@ -31,7 +31,7 @@ func (l *lockedBuf) String() string {
 	return l.b.String()
 }
 
-// TestWatchTerminalClearsScreen runs the terminal form of Watch: the screen
+// TestWatchTerminalClearsScreen runs the terminal form of PrintWatch: the screen
 // is cleared before each table, the initial picture is drawn at once, and a
 // proxy that is deleted and created anew (its event seq starting over) is
 // not hidden behind its old, higher seq.
@@ -61,7 +61,13 @@ func TestWatchTerminalClearsScreen(t *testing.T) {
 	wctx, wcancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- c.Watch(wctx, &buf, 20*time.Millisecond, WithWatchMode(WatchTable), func(o *watchOptions) { o.term = &yes })
+		wt, err := c.Watch(wctx)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer wt.Stop()
+		done <- PrintWatch(&buf, wt, 20*time.Millisecond, WithWatchMode(WatchTable), func(o *watchOptions) { o.term = &yes })
 	}()
 	if !poll.Wait(10*time.Second, func() bool { return strings.Contains(buf.String(), "deleted") }) {
 		t.Fatalf("initial picture not drawn: %q", buf.String())

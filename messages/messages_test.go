@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestDecodeCreate(t *testing.T) {
@@ -128,4 +129,33 @@ func FuzzDecodeCommand(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestDesiredJSON pins the PROXY_DESIRED record's encoding: records written
+// by one build are read by others (workers, clients), so a renamed field
+// would lose data silently.
+func TestDesiredJSON(t *testing.T) {
+	d := Desired{V: 1, ID: "p1", Op: OpCreate, Seq: 7, CommandID: "c1", Host: "h2", PrevHost: "h1", Image: "img",
+		CPUs: 2, MemoryMiB: 512, Labels: map[string]string{"team": "a"}, SpecHash: "abcd",
+		At: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+	b, err := json.Marshal(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = `{"v":1,"id":"p1","op":"create","seq":7,"command_id":"c1","host":"h2","prev_host":"h1","image":"img","cpus":2,"memory_mib":512,"labels":{"team":"a"},"spec_hash":"abcd","at":"2026-01-02T03:04:05Z"}`
+	if string(b) != want {
+		t.Fatalf("desired record encodes as\n%s\nwant\n%s", b, want)
+	}
+	b, err = json.Marshal(Desired{V: 1, ID: "p1", Op: OpDelete, Seq: 8, CommandID: "c2", Host: "h2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const wantDelete = `{"v":1,"id":"p1","op":"delete","seq":8,"command_id":"c2","host":"h2","at":"0001-01-01T00:00:00Z"}`
+	if string(b) != wantDelete {
+		t.Fatalf("delete record encodes as\n%s\nwant\n%s", b, wantDelete)
+	}
+	var back Desired
+	if err := json.Unmarshal([]byte(want), &back); err != nil || back.PrevHost != "h1" || back.Labels["team"] != "a" || back.Seq != 7 {
+		t.Fatalf("decode: %+v, %v", back, err)
+	}
 }

@@ -6,28 +6,9 @@ import (
 	"encoding/json"
 	"hash/fnv"
 	"sort"
-	"time"
-)
 
-// Desired is a proxy's desired state, the value of its key in PROXY_DESIRED.
-// Records are never removed: a delete leaves a record with Op "delete", so
-// that an older command arriving late still finds a higher Seq and is
-// superseded.
-type Desired struct {
-	V         int               `json:"v"`
-	ID        string            `json:"id"`
-	Op        string            `json:"op"`
-	Seq       uint64            `json:"seq"` // PROXY_CMDS sequence of the command
-	CommandID string            `json:"command_id"`
-	Host      string            `json:"host"`
-	PrevHost  string            `json:"prev_host,omitempty"` // where it ran before a move, to clean up
-	Image     string            `json:"image,omitempty"`
-	CPUs      int               `json:"cpus,omitempty"`
-	MemoryMiB int               `json:"memory_mib,omitempty"`
-	Labels    map[string]string `json:"labels,omitempty"`
-	SpecHash  string            `json:"spec_hash,omitempty"`
-	At        time.Time         `json:"at"`
-}
+	"proxyfleet/messages"
+)
 
 // specHash identifies what needs a new VM when it changes.
 func specHash(host, image string, cpus, mem int, labels map[string]string) string {
@@ -82,7 +63,9 @@ type commandRecord struct {
 	Seq uint64 `json:"seq"`
 }
 
-func (d *Desired) workHosts() []string {
+// workHosts are the hosts a record needs work on: its host and, after a
+// move, the one it ran on before.
+func workHosts(d *messages.Desired) []string {
 	var out []string
 	add := func(h string) {
 		if h == "" {

@@ -90,10 +90,12 @@ func (e *executor) handle(ctx context.Context, msg jetstream.Msg) {
 }
 
 // owns reports whether this host is where d wants the proxy.
-func (e *executor) owns(d *Desired) bool { return d.Op == messages.OpCreate && d.Host == e.host }
+func (e *executor) owns(d *messages.Desired) bool {
+	return d.Op == messages.OpCreate && d.Host == e.host
+}
 
 // converge makes the host match d.
-func (e *executor) converge(ctx context.Context, d *Desired) error {
+func (e *executor) converge(ctx context.Context, d *messages.Desired) error {
 	obs, err := e.prov.Get(ctx, d.ID)
 	present := err == nil
 	if err != nil && !isNotFound(err) {
@@ -140,7 +142,7 @@ func (e *executor) converge(ctx context.Context, d *Desired) error {
 // create runs the provider's Create, turning what it reports of long work
 // (a base image transfer) into provisioning events whose reason says what
 // is happening, at most every Config.ProgressEvery.
-func (e *executor) create(ctx context.Context, d *Desired) error {
+func (e *executor) create(ctx context.Context, d *messages.Desired) error {
 	var latest atomic.Pointer[string]
 	pctx := fleet.WithProgress(ctx, func(msg string) { latest.Store(&msg) })
 	done := make(chan struct{})
@@ -174,13 +176,13 @@ func nonEmpty(s, def string) string {
 	return s
 }
 
-func (e *executor) spec(d *Desired) fleet.Spec {
+func (e *executor) spec(d *messages.Desired) fleet.Spec {
 	return fleet.Spec{ID: d.ID, Image: d.Image, CPUs: d.CPUs, MemoryMiB: d.MemoryMiB, Labels: d.Labels, CommandID: d.CommandID, SpecHash: d.SpecHash}
 }
 
 // awaitRunning polls Get under the ready budget until the proxy runs with an
 // address.
-func (e *executor) awaitRunning(ctx context.Context, d *Desired) error {
+func (e *executor) awaitRunning(ctx context.Context, d *messages.Desired) error {
 	w := e.w
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.ReadyTimeout)
 	defer cancel()
@@ -219,7 +221,7 @@ func (e *executor) awaitRunning(ctx context.Context, d *Desired) error {
 // the domain went (a call abandoned on a deadline) leaves the proxy's
 // volumes, and only the provider's Delete, which converges every artifact
 // of the id, removes them. "deleted" is reported only after it succeeded.
-func (e *executor) remove(ctx context.Context, d *Desired, present bool) error {
+func (e *executor) remove(ctx context.Context, d *messages.Desired, present bool) error {
 	report := d.Op == messages.OpDelete && d.Host == e.host
 	if present && report {
 		if err := e.publish(ctx, d, messages.StateDeleting, fleet.Instance{}, ""); err != nil {
@@ -238,12 +240,12 @@ func (e *executor) remove(ctx context.Context, d *Desired, present bool) error {
 	return e.done(ctx, d)
 }
 
-func (e *executor) done(ctx context.Context, d *Desired) error {
+func (e *executor) done(ctx context.Context, d *messages.Desired) error {
 	err := e.w.publishResult(ctx, messages.Result{ID: d.ID, CommandID: d.CommandID, Op: d.Op, Outcome: messages.OutcomeDone})
 	return fleet.Transient(err) // NATS trouble is worth a retry
 }
 
-func (e *executor) publish(ctx context.Context, d *Desired, state string, obs fleet.Instance, reason string) error {
+func (e *executor) publish(ctx context.Context, d *messages.Desired, state string, obs fleet.Instance, reason string) error {
 	ev := messages.StateEvent{
 		ID: d.ID, State: state, Host: e.host, CommandID: d.CommandID, Reason: reason,
 	}
@@ -259,7 +261,7 @@ func (e *executor) publish(ctx context.Context, d *Desired, state string, obs fl
 // retryOrFail hands a transiently failed work item back with a backoff
 // delay, or fails the command: at once for a permanent error, after
 // MaxAttempts for a transient one (with a dead letter).
-func (e *executor) retryOrFail(ctx context.Context, msg jetstream.Msg, meta *jetstream.MsgMetadata, d *Desired, id string, cause error) {
+func (e *executor) retryOrFail(ctx context.Context, msg jetstream.Msg, meta *jetstream.MsgMetadata, d *messages.Desired, id string, cause error) {
 	w := e.w
 	attempt := int(meta.NumDelivered)
 	class := classOf(cause)
@@ -298,7 +300,7 @@ func (e *executor) retryOrFail(ctx context.Context, msg jetstream.Msg, meta *jet
 //     that cannot be read keeps its last state (a read error is not news);
 //   - the result says failed, with the class and reason; a transient cause
 //     also leaves a dead letter.
-func (e *executor) fail(ctx context.Context, d *Desired, attempt int, class fleet.Class, cause error) {
+func (e *executor) fail(ctx context.Context, d *messages.Desired, attempt int, class fleet.Class, cause error) {
 	w := e.w
 	id := d.ID
 	publishState := true
@@ -327,7 +329,7 @@ func (e *executor) fail(ctx context.Context, d *Desired, attempt int, class flee
 // reports whether the proxy may be reported failed: true when nothing
 // healthy is left of it, false when it runs, or cannot be read and was last
 // seen running here.
-func (e *executor) undoCreate(ctx context.Context, d *Desired) bool {
+func (e *executor) undoCreate(ctx context.Context, d *messages.Desired) bool {
 	w := e.w
 	in, err := e.prov.Get(ctx, d.ID)
 	switch {
@@ -357,7 +359,7 @@ func (e *executor) undoCreate(ctx context.Context, d *Desired) bool {
 
 func isNotFound(err error) bool { return fleet.ClassOf(err) == fleet.ClassNotFound }
 
-func (w *Worker) readDesired(ctx context.Context, id string) (*Desired, error) {
+func (w *Worker) readDesired(ctx context.Context, id string) (*messages.Desired, error) {
 	e, err := w.desired.Get(ctx, id)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, err
@@ -365,7 +367,7 @@ func (w *Worker) readDesired(ctx context.Context, id string) (*Desired, error) {
 	if err != nil {
 		return nil, fleet.Transient(fmt.Errorf("read desired state of %s: %w", id, err))
 	}
-	var d Desired
+	var d messages.Desired
 	if err := json.Unmarshal(e.Value(), &d); err != nil {
 		return nil, fleet.Permanent(fmt.Errorf("decode desired state of %s: %w", id, err))
 	}

@@ -111,12 +111,12 @@ func (in *intake) handle(ctx context.Context, msg jetstream.Msg) {
 }
 
 // validate decodes the body and checks it against the catalog.
-func (in *intake) validate(op, sid, cmdID string, body []byte) (*Desired, *messages.FieldError) {
+func (in *intake) validate(op, sid, cmdID string, body []byte) (*messages.Desired, *messages.FieldError) {
 	w := in.w
 	if len(cmdID) > maxCommandIDLen {
 		return nil, &messages.FieldError{Field: "Nats-Msg-Id", Reason: fmt.Sprintf("longer than %d bytes", maxCommandIDLen)}
 	}
-	d := &Desired{V: messages.Version, ID: sid, Op: op, CommandID: cmdID, At: w.now().UTC()}
+	d := &messages.Desired{V: messages.Version, ID: sid, Op: op, CommandID: cmdID, At: w.now().UTC()}
 	switch op {
 	case messages.OpCreate:
 		c, err := messages.DecodeCreate(body, sid)
@@ -164,7 +164,7 @@ func asFieldError(err error) *messages.FieldError {
 // apply records rec as the desired state unless a newer command is recorded,
 // then dispatches work. It is idempotent for one command: a redelivery finds
 // its own sequence recorded and only dispatches again.
-func (in *intake) apply(ctx context.Context, rec *Desired) (outcome, reason string, err error) {
+func (in *intake) apply(ctx context.Context, rec *messages.Desired) (outcome, reason string, err error) {
 	w := in.w
 	key := commandKey(rec.CommandID)
 	if e, err := w.cmdIDs.Get(ctx, key); err == nil {
@@ -176,7 +176,7 @@ func (in *intake) apply(ctx context.Context, rec *Desired) (outcome, reason stri
 		return "", "", fmt.Errorf("read command id: %w", err)
 	}
 
-	var cur *Desired
+	var cur *messages.Desired
 	for attempt := 0; ; attempt++ {
 		if attempt == 16 {
 			return "", "", fmt.Errorf("write desired state of %s: lost the race 16 times", rec.ID)
@@ -190,7 +190,7 @@ func (in *intake) apply(ctx context.Context, rec *Desired) (outcome, reason stri
 			return "", "", fmt.Errorf("read desired state of %s: %w", rec.ID, err)
 		default:
 			rev = e.Revision()
-			cur = new(Desired)
+			cur = new(messages.Desired)
 			if err := json.Unmarshal(e.Value(), cur); err != nil {
 				return "", "", fmt.Errorf("decode desired state of %s: %w", rec.ID, err)
 			}
@@ -220,7 +220,7 @@ func (in *intake) apply(ctx context.Context, rec *Desired) (outcome, reason stri
 	if _, err := w.cmdIDs.Put(ctx, key, b); err != nil {
 		return "", "", fmt.Errorf("record command id: %w", err)
 	}
-	for _, h := range rec.workHosts() {
+	for _, h := range workHosts(rec) {
 		if err := w.dispatch(ctx, h, rec.ID, rec.Seq); err != nil {
 			return "", "", err
 		}
@@ -232,7 +232,7 @@ func (in *intake) apply(ctx context.Context, rec *Desired) (outcome, reason stri
 // names no host stays where the proxy is, or goes to the rendezvous pick; a
 // delete goes where the proxy was. A proxy that moves leaves PrevHost, so
 // the old host's executor removes it there.
-func (in *intake) place(rec, cur *Desired) {
+func (in *intake) place(rec, cur *messages.Desired) {
 	hosts := in.w.catalog.Hosts
 	curHost := ""
 	if cur != nil {

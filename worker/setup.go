@@ -168,7 +168,7 @@ func maxDesiredSeq(ctx context.Context, js jetstream.JetStream) (uint64, error) 
 			if e == nil {
 				return top, nil
 			}
-			var d Desired
+			var d messages.Desired
 			if json.Unmarshal(e.Value(), &d) == nil {
 				top = max(top, d.Seq)
 			}

@@ -75,12 +75,13 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		return runWorker(ctx, args, stderr)
 	case "health":
 		return runHealth(ctx, args, stderr)
-	case "create", "delete", "get", "list", "watch", "rotation":
-		return clientVerb(ctx, cmd, args, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
 	default:
+		if v, ok := findVerb(cmd); ok {
+			return runVerb(ctx, v, args, stdout, stderr)
+		}
 		fmt.Fprintf(stderr, "unknown command %q\n\n%s", cmd, usage)
 		return exitError{2}
 	}

@@ -408,7 +408,15 @@ func clientWork(t *testing.T, ctx context.Context, cl *client.Client, id string)
 	var out syncBuffer
 	wctx, stop := context.WithCancel(ctx)
 	watched := make(chan error, 1)
-	go func() { watched <- cl.Watch(wctx, &out, time.Second, client.WithWatchMode(client.WatchLines)) }()
+	go func() {
+		wt, err := cl.Watch(wctx)
+		if err != nil {
+			watched <- err
+			return
+		}
+		defer wt.Stop()
+		watched <- client.PrintWatch(&out, wt, time.Second, client.WithWatchMode(client.WatchLines))
+	}()
 	ok := poll.Wait(10*time.Second, func() bool { return strings.Contains(out.String(), " "+id+" running ") })
 	stop()
 	if err := <-watched; err != nil || !ok {

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"proxyfleet/client"
+)
+
+// verb is one of the client verbs: the name it is called by, whether it
+// takes a proxy ID, and a fresh command to hold one run's flags.
+type verb struct {
+	name string
+	id   bool // takes exactly one proxy ID
+	new  func() command
+}
+
+// command is one run of a verb: its own flags (their help is its help) and
+// what it does with them. runVerb adds the flags every verb shares.
+type command interface {
+	// flags registers the verb's own flags.
+	flags(fs *flag.FlagSet)
+	// timeout is the default of --timeout; zero means none.
+	timeout() time.Duration
+	// run does the verb's work once the flags are parsed.
+	run(ctx context.Context, in *invocation) error
+}
+
+// verbs are the client verbs, dispatched by run.
+var verbs = []verb{
+	{name: "create", id: true, new: func() command { return &createCmd{labels: labelFlags{}} }},
+	{name: "delete", id: true, new: func() command { return &deleteCmd{} }},
+	{name: "get", id: true, new: func() command { return &getCmd{} }},
+	{name: "list", new: func() command { return &listCmd{} }},
+	{name: "watch", new: func() command { return &watchCmd{} }},
+	{name: "rotation", new: func() command { return &rotationCmd{} }},
+}
+
+// findVerb returns the client verb called name.
+func findVerb(name string) (verb, bool) {
+	for _, v := range verbs {
+		if v.name == name {
+			return v, true
+		}
+	}
+	return verb{}, false
+}
+
+// defaultTimeout bounds a verb that does not wait for a command's outcome.
+const defaultTimeout = 10 * time.Second
+
+// invocation is what every verb's run shares: its proxy ID, --json, the
+// NATS settings, the outputs, and the connection once made.
+type invocation struct {
+	id             string // the proxy ID, for verbs that take one
+	asJSON         bool
+	nats           natsFlags
+	stdout, stderr io.Writer
+	nc             *nats.Conn
+}
+
+// client connects to NATS and returns a client on the connection, which
+// runVerb closes when the verb returns.
+func (in *invocation) client(opts ...client.Option) (*client.Client, error) {
+	nc, err := in.nats.connect("proxyfleet-cli", inboxClient, nil)
+	if err != nil {
+		return nil, err
+	}
+	in.nc = nc
+	return client.New(nc, in.nats.prefix, opts...)
+}
+
+// output writes v as JSON with --json, and calls text otherwise.
+func (in *invocation) output(v any, text func() error) error {
+	if in.asJSON {
+		return client.WriteJSON(in.stdout, v)
+	}
+	return text()
+}
+
+// runVerb parses the flags every verb shares (NATS, --config, --json,
+// --timeout) and the verb's own, which may come after the ID
+// (proxyfleet create p1 --wait), then runs the verb under its timeout. A
+// usage error exits 2.
+func runVerb(ctx context.Context, v verb, args []string, stdout, stderr io.Writer) error {
+	cmd := v.new()
+	fs := flag.NewFlagSet(v.name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	in := &invocation{stdout: stdout, stderr: stderr}
+	in.nats.register(fs, "")
+	cfgPath := fs.String("config", "", "config file, for the NATS settings (optional)")
+	fs.BoolVar(&in.asJSON, "json", false, "print JSON")
+	timeout := fs.Duration("timeout", 0, "give up after this long (default: 10m with --wait, 10s otherwise, none for watch)")
+	cmd.flags(fs)
+	var pos []string
+	rest := args
+	for {
+		if err := fs.Parse(rest); err != nil {
+			return exitError{2}
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
+	if v.id && len(pos) != 1 || !v.id && len(pos) != 0 {
+		fmt.Fprintf(stderr, "usage: proxyfleet %s%s [flags]\n", v.name, map[bool]string{true: " ID"}[v.id])
+		return exitError{2}
+	}
+	if v.id {
+		in.id = pos[0]
+	}
+	if *cfgPath != "" {
+		c, err := loadConfig(*cfgPath)
+		if err != nil {
+			return err
+		}
+		in.nats.merge(c)
+	}
+	if in.nats.url == "" {
+		in.nats.url = defaultNATSURL
+	}
+	if *timeout <= 0 {
+		*timeout = cmd.timeout()
+	}
+	if *timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, *timeout)
+		defer cancel()
+	}
+	defer func() {
+		if in.nc != nil {
+			in.nc.Close()
+		}
+	}()
+	return cmd.run(ctx, in)
+}

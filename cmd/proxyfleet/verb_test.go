@@ -1,0 +1,142 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"proxyfleet/client"
+	"proxyfleet/internal/natstest"
+	"proxyfleet/messages"
+	"proxyfleet/worker"
+)
+
+// TestUsageListsEveryVerb: each client verb in the table is in the usage
+// text, and each is dispatched (its -h names it).
+func TestUsageListsEveryVerb(t *testing.T) {
+	for _, v := range verbs {
+		if !strings.Contains(usage, "\n  proxyfleet "+v.name+" ") && !strings.Contains(usage, "\n  proxyfleet "+v.name+"\n") {
+			t.Errorf("usage lacks %s", v.name)
+		}
+		var out bytes.Buffer
+		err := run(context.Background(), v.name, []string{"-h"}, &out, &out)
+		var ee exitError
+		if !errors.As(err, &ee) || ee.code != 2 || !strings.HasPrefix(out.String(), "Usage of "+v.name+":\n") {
+			t.Errorf("%s -h: %v, %q", v.name, err, out.String())
+		}
+	}
+}
+
+// TestClientVerbs runs the client verbs through run against an embedded
+// NATS server with the topology and no worker (the test publishes the
+// results and events), checking their output and exit codes as the README
+// documents them.
+func TestClientVerbs(t *testing.T) {
+	srv := natstest.Start(t)
+	_, js := srv.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	subj := messages.NewSubjects("")
+	if err := (worker.Topology{Subjects: subj}).Ensure(ctx, js, []string{"h1"}); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(subject string, v any) {
+		t.Helper()
+		b, _ := json.Marshal(v)
+		if _, err := js.Publish(ctx, subject, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// cli runs one verb; code is its exit code (an error that is no
+	// exitError exits 1, its text on stderr as main writes it).
+	cli := func(args ...string) (stdout, stderr string, code int) {
+		t.Helper()
+		var o, e bytes.Buffer
+		err := run(ctx, args[0], append(args[1:], "--nats-url", srv.ClientURL()), &o, &e)
+		var ee exitError
+		switch {
+		case err == nil:
+		case errors.As(err, &ee):
+			code = ee.code
+		default:
+			code = 1
+			e.WriteString("proxyfleet " + args[0] + ": " + err.Error() + "\n")
+		}
+		return o.String(), e.String(), code
+	}
+	want := func(what string, ok bool, stdout, stderr string) {
+		t.Helper()
+		if !ok {
+			t.Fatalf("%s\nstdout:\n%s\nstderr:\n%s", what, stdout, stderr)
+		}
+	}
+
+	// Usage errors exit 2 and name the form.
+	o, e, code := cli("create")
+	want("create without an id", code == 2 && e == "usage: proxyfleet create ID [flags]\n" && o == "", o, e)
+	o, e, code = cli("list", "p1")
+	want("list with an id", code == 2 && e == "usage: proxyfleet list [flags]\n", o, e)
+	o, e, code = cli("create", "p1", "--label", "nokv")
+	want("a bad label", code == 2 && strings.HasPrefix(e, `invalid value "nokv" for flag -label: want key=value, got "nokv"`), o, e)
+	for verb, flags := range map[string][]string{
+		"create": {"-host", "-image", "-cpus", "-memory-mib", "-label", "-command-id", "-wait"},
+		"delete": {"-command-id", "-wait"}, "list": {"-all"}, "watch": {"-refresh"}, "rotation": {"-http"},
+		"get": {"-nats-url", "-creds", "-tls-ca", "-tls-cert", "-tls-key", "-prefix", "-config", "-json", "-timeout"},
+	} {
+		o, e, code = cli(verb, "-h")
+		for _, f := range flags {
+			want(verb+" -h lists "+f, code == 2 && strings.HasPrefix(e, "Usage of "+verb+":\n") && (strings.Contains(e, "\n  "+f+" ") || strings.Contains(e, "\n  "+f+"\n")), o, e)
+		}
+	}
+
+	// A proxy nobody knows exits 1.
+	o, e, code = cli("get", "p1")
+	want("get of an unknown proxy", code == 1 && e == "proxy p1: not found\n" && o == "", o, e)
+
+	// create and delete without --wait: sent, not waited for.
+	o, e, code = cli("create", "p1", "--command-id", "c1", "--label", "team=a")
+	want("create p1", code == 0 && o == "create p1: command c1, sequence 1: not waited for\n" && e == "", o, e)
+	o, e, code = cli("delete", "p2", "--command-id", "d2", "--json")
+	var out client.Outcome
+	want("delete p2 --json", code == 0 && json.Unmarshal([]byte(o), &out) == nil && out.ID == "p2" && out.CommandID == "d2" && out.Sequence == 2, o, e)
+
+	// --wait on a command whose answers are stored: acceptance on stderr,
+	// the results on stdout, and a failure exits 1.
+	o, e, code = cli("create", "p3", "--command-id", "c3")
+	want("create p3", code == 0, o, e)
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	publish(subj.Result("p3"), messages.Result{V: 1, ID: "p3", CommandID: "c3", Op: "create", Outcome: messages.OutcomeAccepted, At: at})
+	publish(subj.Result("p3"), messages.Result{V: 1, ID: "p3", CommandID: "c3", Op: "create", Outcome: messages.OutcomeFailed, Reason: "boom", Class: "permanent", At: at})
+	o, e, code = cli("create", "p3", "--command-id", "c3", "--wait")
+	want("create p3 --wait, failed", code == 1 && e == "create p3: accepted, command c3\n" &&
+		strings.HasPrefix(o, "create p3: command c3, sequence 3 (duplicate: already published): failed\n") &&
+		strings.Contains(o, "p3  create  failed    c3       2026-01-02T03:04:05Z  -      boom (permanent)\n"), o, e)
+
+	// Reads: get, list, rotation, watch.
+	publish(subj.State("p1"), messages.StateEvent{V: 1, ID: "p1", State: messages.StateRunning, Host: "h1", IP: "198.18.0.1", Port: 3128, Source: "sim", Seq: 2, At: time.Now().UTC()})
+	o, e, code = cli("get", "p1")
+	want("get p1", code == 0 && strings.Contains(o, "\nstate:      running\n") && strings.Contains(o, "\naddr:       198.18.0.1:3128\n"), o, e)
+	o, e, code = cli("get", "p1", "--json")
+	var st client.Status
+	want("get p1 --json", code == 0 && json.Unmarshal([]byte(o), &st) == nil && st.Event != nil && st.Event.IP == "198.18.0.1", o, e)
+	o, e, code = cli("list")
+	want("list", code == 0 && strings.HasPrefix(o, "ID  DESIRED  STATE    HOST  ADDR             SOURCE  SEQ  AGE  REASON\n") && strings.Contains(o, "\np1  "), o, e)
+	kv, err := js.KeyValue(ctx, messages.BucketRotation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "p1", []byte("198.18.0.1:3128")); err != nil {
+		t.Fatal(err)
+	}
+	o, e, code = cli("rotation")
+	want("rotation", code == 0 && strings.HasPrefix(o, "rotation version 1, 1 proxies, at ") && strings.Contains(o, "\np1  198.18.0.1:3128  h1  "), o, e)
+	o, e, code = cli("watch", "--timeout", "1s")
+	want("watch", code == 0 && strings.HasSuffix(o, " p1 running host=h1 addr=198.18.0.1:3128 source=sim seq=2 command=-\n") && strings.Count(o, "\n") == 1 && e == "", o, e)
+	o, e, code = cli("watch", "--timeout", "1s", "--json")
+	var ev messages.StateEvent
+	want("watch --json", code == 0 && json.Unmarshal([]byte(o), &ev) == nil && ev.ID == "p1" && ev.Seq == 2, o, e)
+}
