@@ -9,7 +9,6 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 
-	"proxyfleet/config"
 	"proxyfleet/fleet"
 	"proxyfleet/messages"
 )
@@ -68,8 +67,8 @@ type made struct {
 
 const reasonNeverStarted = "defined, never started"
 
-func (p *Provider) create(ctx context.Context, spec fleet.Spec, img config.Image, vols imageVolumes, m *made) error {
-	id, pool := spec.ID, p.cfg.Host.Pool
+func (p *Provider) create(ctx context.Context, spec fleet.Spec, img ImageSource, vols imageVolumes, m *made) error {
+	id, pool := spec.ID, p.opts.Host.Pool
 	// Leftovers of a create that died before its domain was defined carry
 	// our names and no domain refers to them: remove them first.
 	for _, name := range []string{overlayVolumeName(id), seedVolumeName(id)} {
@@ -94,7 +93,7 @@ func (p *Provider) create(ctx context.Context, spec fleet.Spec, img config.Image
 	}
 	m.overlay = true
 
-	ud, err := userData(p.cfg.Proxy.UserData, id, id)
+	ud, err := userData(p.opts.UserData, id, id)
 	if err != nil {
 		return fleet.Permanent(fmt.Errorf("create %s: %w", id, err))
 	}
@@ -105,21 +104,21 @@ func (p *Provider) create(ctx context.Context, spec fleet.Spec, img config.Image
 	if err := p.uploadSeed(ctx, id, iso, m); err != nil {
 		return err
 	}
-	if h := p.cfg.Hooks.AfterOverlay; h != nil {
+	if h := p.opts.Hooks.AfterOverlay; h != nil {
 		if err := h(id); err != nil {
 			return fmt.Errorf("create %s: %w: %w", id, errHook, err)
 		}
 	}
 
 	params := domainParams{
-		Type: p.cfg.Host.DomainType, ID: id, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB,
-		Network: p.cfg.Host.Network,
+		Type: p.opts.Host.DomainType, ID: id, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB,
+		Network: p.opts.Host.Network,
 		Disk:    diskRef{Pool: pool, Volume: overlayVolumeName(id)},
 		Seed:    diskRef{Pool: pool, Volume: seedVolumeName(id)},
 		Cmdline: img.Cmdline,
 		Mark: mark{
 			Owner: markOwner, ID: id, CommandID: spec.CommandID, SpecHash: spec.SpecHash,
-			CreatedAt: p.cfg.Now().UTC(), Host: p.cfg.Host.Name, Image: img.Name, Labels: spec.Labels,
+			CreatedAt: p.opts.Now().UTC(), Host: p.opts.Host.Name, Image: img.Name, Labels: spec.Labels,
 		},
 	}
 	if vols.Kernel != nil {
@@ -142,7 +141,7 @@ func (p *Provider) create(ctx context.Context, spec fleet.Spec, img config.Image
 		return fmt.Errorf("define domain %s: %w", id, err)
 	}
 	m.domain = true
-	if h := p.cfg.Hooks.AfterDefine; h != nil {
+	if h := p.opts.Hooks.AfterDefine; h != nil {
 		if err := h(id); err != nil {
 			return fmt.Errorf("create %s: %w: %w", id, errHook, err)
 		}
@@ -164,7 +163,7 @@ func instanceID(spec fleet.Spec) string {
 }
 
 func (p *Provider) uploadSeed(ctx context.Context, id string, iso []byte, m *made) error {
-	pool, name := p.cfg.Host.Pool, seedVolumeName(id)
+	pool, name := p.opts.Host.Pool, seedVolumeName(id)
 	volXML, err := plainVolumeXML(name, uint64(len(iso)), "raw")
 	if err != nil {
 		return fleet.Permanent(fmt.Errorf("create %s: %w", id, err))

@@ -56,7 +56,7 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 
 // deleteVolume removes a volume of ours by name; an absent one is success.
 func (p *Provider) deleteVolume(ctx context.Context, name string) error {
-	pool := p.cfg.Host.Pool
+	pool := p.opts.Host.Pool
 	err := p.call(ctx, func(l *libvirt.Libvirt) error {
 		sp, err := l.StoragePoolLookupByName(pool)
 		if err != nil {

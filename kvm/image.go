@@ -12,7 +12,6 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 
-	"proxyfleet/config"
 	"proxyfleet/fleet"
 )
 
@@ -71,7 +70,7 @@ type imageVolumes struct {
 
 // Progress is a report on one upload into the cache.
 type Progress struct {
-	Image  string // config image name
+	Image  string // ImageSource.Name
 	Volume string // the volume being filled
 	Done   int64  // bytes uploaded so far
 	Total  int64  // bytes to upload
@@ -83,7 +82,7 @@ type Progress struct {
 // fields take the defaults named on them. Its methods are safe for
 // concurrent use; it must not be copied after first use.
 type imageCache struct {
-	host       string // host ENTRY name (config hosts[].name), part of every volume name
+	host       string // host ENTRY name (HostOptions.Name), part of every volume name
 	pool       string // libvirt storage pool name
 	link       *Link  // the host's shared link; uploads go through link.transfer
 	budgets    Budgets
@@ -143,7 +142,7 @@ func (c *imageCache) staleAfter() time.Duration {
 	if c.stale > 0 {
 		return c.stale
 	}
-	return 2 * c.budgets.withDefaults().TransferStall
+	return 2 * c.budgets.WithDefaults().TransferStall
 }
 
 func (c *imageCache) pollEvery() time.Duration {
@@ -169,7 +168,7 @@ func (c *imageCache) note(event, volume string) {
 
 // artifact is one file of an image to cache.
 type artifact struct {
-	image  string // config image name
+	image  string // ImageSource.Name
 	kind   string // "base", "kernel" or "initrd"
 	name   string // volume name
 	url    string
@@ -179,7 +178,8 @@ type artifact struct {
 
 // artifacts lists img's files with their volume names. A bad config is
 // permanent.
-func (c *imageCache) artifacts(img config.Image) ([]artifact, error) {
+func (c *imageCache) artifacts(img ImageSource) ([]artifact, error) {
+	img = img.WithDefaults()
 	bad := func(err error) error {
 		return fleet.Permanent(fmt.Errorf("image %s on %s: %w", img.Name, c.host, err))
 	}
@@ -189,7 +189,7 @@ func (c *imageCache) artifacts(img config.Image) ([]artifact, error) {
 	}
 	arts := []artifact{{image: img.Name, kind: "base", name: base, url: img.URL, sha: strings.ToLower(img.SHA256), format: img.Format}}
 	for _, x := range []struct {
-		a    *config.Artifact
+		a    *ArtifactSource
 		kind string
 		name func(host, sha string) (string, error)
 	}{{img.Kernel, "kernel", kernelVolumeName}, {img.Initrd, "initrd", initrdVolumeName}} {
@@ -216,7 +216,7 @@ func (c *imageCache) artifacts(img config.Image) ([]artifact, error) {
 // marked, or with a classified error: permanent for a wrong config or a
 // digest that does not match what the mirror serves, transient for network,
 // libvirt and ctx trouble.
-func (c *imageCache) ensure(ctx context.Context, img config.Image) (imageVolumes, error) {
+func (c *imageCache) ensure(ctx context.Context, img ImageSource) (imageVolumes, error) {
 	arts, err := c.artifacts(img)
 	if err != nil {
 		return imageVolumes{}, err

@@ -14,54 +14,16 @@ import (
 	"proxyfleet/fleet"
 )
 
-// Budgets are the time limits of one host's links. Zero fields take the
-// defaults below.
-type Budgets struct {
-	// Call bounds one libvirt call on the shared link; default 30s.
-	Call time.Duration
-	// Connect bounds a dial: TCP, SSH handshake, socket forward and the
-	// libvirt connect-open; default 15s.
-	Connect time.Duration
-	// TransferStall is how long a transfer may move no bytes before its
-	// dedicated link is killed; default 30s.
-	TransferStall time.Duration
-	// Close bounds Close and the close of a dedicated link; default 5s.
-	Close time.Duration
-}
-
-// DefaultBudgets are used for the zero fields of Budgets.
-var DefaultBudgets = Budgets{
-	Call:          30 * time.Second,
-	Connect:       15 * time.Second,
-	TransferStall: 30 * time.Second,
-	Close:         5 * time.Second,
-}
-
-func (b Budgets) withDefaults() Budgets {
-	if b.Call <= 0 {
-		b.Call = DefaultBudgets.Call
-	}
-	if b.Connect <= 0 {
-		b.Connect = DefaultBudgets.Connect
-	}
-	if b.TransferStall <= 0 {
-		b.TransferStall = DefaultBudgets.TransferStall
-	}
-	if b.Close <= 0 {
-		b.Close = DefaultBudgets.Close
-	}
-	return b
-}
-
 // LinkConfig configures the links to one host.
 type LinkConfig struct {
-	// SSH says how to reach the host. Its ConnectTimeout, if zero, is
-	// Budgets.Connect.
+	// SSH says how to reach the host. Its ConnectTimeout and
+	// KeepaliveInterval, if zero, are Budgets.Connect and
+	// Budgets.Keepalive.
 	SSH SSHConfig
 	// URI is the libvirt URI opened on the host's daemon; empty means
-	// qemu:///system.
+	// DefaultURI.
 	URI string
-	// Budgets are the time limits.
+	// Budgets are the time limits; zero fields take DefaultBudgets.
 	Budgets Budgets
 	// NewBackOff makes the redial policy: after a failed dial the link
 	// refuses to dial again (failing calls at once, transient, or
@@ -138,13 +100,16 @@ type Link struct {
 
 // NewLink checks cfg and returns a link that dials on first use.
 func NewLink(cfg LinkConfig) (*Link, error) {
-	cfg.Budgets = cfg.Budgets.withDefaults()
+	cfg.Budgets = cfg.Budgets.WithDefaults()
 	if cfg.SSH.ConnectTimeout <= 0 {
 		cfg.SSH.ConnectTimeout = cfg.Budgets.Connect
 	}
+	if cfg.SSH.KeepaliveInterval == 0 {
+		cfg.SSH.KeepaliveInterval = cfg.Budgets.Keepalive
+	}
 	cfg.SSH = cfg.SSH.withDefaults()
 	if cfg.URI == "" {
-		cfg.URI = string(libvirt.QEMUSystem)
+		cfg.URI = DefaultURI
 	}
 	if cfg.Dial == nil {
 		var missing []string

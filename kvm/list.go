@@ -62,7 +62,7 @@ func (p *Provider) List(ctx context.Context) ([]fleet.Instance, error) {
 // ListVolumes returns the names of every volume in the host's pool that
 // this project made (proxies' overlays and seeds, cached images).
 func (p *Provider) ListVolumes(ctx context.Context) ([]string, error) {
-	pool := p.cfg.Host.Pool
+	pool := p.opts.Host.Pool
 	var names []string
 	err := p.call(ctx, func(l *libvirt.Libvirt) error {
 		sp, err := l.StoragePoolLookupByName(pool)

@@ -7,47 +7,20 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
-	"time"
 
 	"github.com/digitalocean/go-libvirt"
 
-	"proxyfleet/config"
 	"proxyfleet/fleet"
 )
-
-// Config of the provider of one host entry.
-type Config struct {
-	Host   config.Host
-	Images []config.Image
-	Proxy  config.Proxy
-	Logger *slog.Logger
-	Now    func() time.Time
-	// OnProgress, if set, hears of base image transfers.
-	OnProgress func(Progress)
-	// Link overrides the link built from Host (tests).
-	Link *LinkConfig
-	// Hooks run at named points of a create (tests stage crashes there).
-	Hooks Hooks
-}
-
-// Hooks are called at named points of Create. A hook that returns an error
-// fails the create there, as a crash would leave it (no clean-up runs).
-type Hooks struct {
-	// AfterOverlay runs after the overlay and seed volumes are made,
-	// before the domain is defined.
-	AfterOverlay func(id string) error
-	// AfterDefine runs after the domain is defined, before it is started.
-	AfterDefine func(id string) error
-}
 
 // Provider runs proxies on one host through its libvirt daemon. It keeps
 // no per-proxy state: everything it reports is read back from libvirt, the
 // domain's mark included (DESIGN.md, "read back, not remembered").
 type Provider struct {
-	cfg    Config
+	opts   Options
 	link   *Link
 	images *imageCache
-	byName map[string]config.Image
+	byName map[string]ImageSource
 	log    *slog.Logger
 
 	mu        sync.Mutex
@@ -84,45 +57,28 @@ func (p *Provider) hook(point, id string) {
 // provider never touches it, nor the volumes of its id.
 var ErrNotOurs = errors.New("not made by proxyfleet")
 
-// LinkConfigFor is the link configuration of a host entry.
-func LinkConfigFor(h config.Host) LinkConfig {
-	return LinkConfig{
-		SSH: SSHConfig{
-			Host: h.Name, Address: h.SSH.Address, User: h.SSH.User, KeyFile: h.SSH.KeyFile,
-			KnownHostsFile: h.SSH.KnownHosts, Socket: h.Socket,
-			ConnectTimeout: h.Budgets.Connect, KeepaliveInterval: h.Budgets.Keepalive,
-		},
-		URI:     h.URI,
-		Budgets: Budgets{Call: h.Budgets.Call, Connect: h.Budgets.Connect, TransferStall: h.Budgets.TransferStall, Close: h.Budgets.Close},
+// New returns the provider of opts.Host. A bad option is a permanent
+// *OptionError. It dials on first use, so a worker that never owns this
+// host never opens a link to it.
+func New(opts Options) (*Provider, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, fleet.Permanent(fmt.Errorf("kvm provider %s: %w", opts.Host.Name, err))
 	}
-}
-
-// New returns the provider of cfg.Host. It dials on first use, so a worker
-// that never owns this host never opens a link to it.
-func New(cfg Config) (*Provider, error) {
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	if err := checkHostEntry(cfg.Host.Name); err != nil {
-		return nil, fleet.Permanent(fmt.Errorf("kvm provider: %w", err))
-	}
-	lc := LinkConfigFor(cfg.Host)
-	if cfg.Link != nil {
-		lc = *cfg.Link
+	opts = opts.WithDefaults()
+	lc := opts.Host.linkConfig()
+	if opts.Link != nil {
+		lc = *opts.Link
 	}
 	link, err := NewLink(lc)
 	if err != nil {
-		return nil, fmt.Errorf("kvm provider %s: %w", cfg.Host.Name, err)
+		return nil, fmt.Errorf("kvm provider %s: %w", opts.Host.Name, err)
 	}
-	p := &Provider{cfg: cfg, link: link, byName: map[string]config.Image{}, log: cfg.Logger.With("host", cfg.Host.Name)}
-	for _, im := range cfg.Images {
+	p := &Provider{opts: opts, link: link, byName: map[string]ImageSource{}, log: opts.Logger.With("host", opts.Host.Name)}
+	for _, im := range opts.Images {
 		p.byName[im.Name] = im
 	}
 	p.images = &imageCache{
-		host: cfg.Host.Name, pool: cfg.Host.Pool, link: link, budgets: link.cfg.Budgets,
+		host: opts.Host.Name, pool: opts.Host.Pool, link: link, budgets: link.cfg.Budgets,
 		httpClient: http.DefaultClient, log: p.log, onProgress: p.progress,
 	}
 	return p, nil
@@ -131,8 +87,8 @@ func New(cfg Config) (*Provider, error) {
 // progress hands a transfer's progress to the configured listener and to
 // every create waiting for it. It must not block.
 func (p *Provider) progress(pr Progress) {
-	if p.cfg.OnProgress != nil {
-		p.cfg.OnProgress(pr)
+	if p.opts.OnProgress != nil {
+		p.opts.OnProgress(pr)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
