@@ -21,7 +21,9 @@ func TestParseDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.DefaultImage != "debian-12" || c.Hosts[1].DomainType != "kvm" || c.Hosts[1].Budgets.Call != 30*time.Second ||
+	// The kvm keys (domain_type, budgets, ...) are left to kvm's defaults:
+	// cmd/proxyfleet's TestKVMOptions_defaultsAreKVMs checks them.
+	if c.DefaultImage != "debian-12" || c.Hosts[1].MaxProxies != 20 ||
 		c.Proxy.Port != 3128 || c.NATS.Prefix != "proxy" || c.Health.Timeout != 1600*time.Millisecond {
 		t.Fatalf("defaults not filled: %+v", c)
 	}
@@ -34,6 +36,8 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{"hosts:\n  - {name: a, ssh: {address: nope, user: u, key_file: k, known_hosts: kh}}\n", "hosts[0].ssh.address"},
 		{"hosts:\n  - {name: a, ssh: {address: 'h:22', user: u, key_file: k}}\n", "hosts[0].ssh.known_hosts"},
 		{"hosts:\n  - {name: a, driver: sim}\n", "hosts[0].sim.dir"},
+		{"hosts:\n  - {name: a, domain_type: xen, ssh: {address: 'h:22', user: u, key_file: k, known_hosts: kh}}\n", "hosts[0].domain_type"},
+		{"hosts:\n  - {name: a, budgets: {connect: -1s}, ssh: {address: 'h:22', user: u, key_file: k, known_hosts: kh}}\n", "hosts[0].budgets.connect"},
 		{"hosts: []\n", "hosts"},
 		{good + "proxy: {port: 70000}\n", "proxy.port"},
 		{good + "default_image: nope\n", "default_image"},

@@ -75,7 +75,7 @@ func TestGet_deadLinkDuringAddressIsTransient(t *testing.T) {
 	s := startSSHD(t)
 	fp := s.proxy(t)
 	lc := LinkConfig{SSH: s.sshConfig(t, fp.Addr()), Budgets: Budgets{Call: 2 * time.Second, Connect: 2 * time.Second, TransferStall: 5 * time.Second, Close: time.Second}}
-	p := newTestProvider(t, env, func(c *Config) { c.Link = &lc })
+	p := newTestProvider(t, env, func(c *Options) { c.Link = &lc })
 	in := runningGuest(t, p, newTestProvider(t, env, nil), "h3b")
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

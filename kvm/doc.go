@@ -1,6 +1,27 @@
 // Package kvm is the libvirt provider over SSH: per-host links to libvirtd,
 // call budgets, and error classification, on which the provider's Create,
-// Get, Delete and List are built. It never imports package worker.
+// Get, Delete and List are built.
+//
+// # Options
+//
+// New takes Options (options.go): the host entry (HostOptions: its SSH
+// login, libvirt socket and URI, pool, network, domain type and Budgets),
+// the images proxies boot from (ImageSource), the proxies' cloud-init
+// user-data, and test seams. They are plain values; every default of what
+// this package owns (DefaultBudgets, DefaultSocket, DefaultURI, the pool,
+// network, domain type and disk format) is set in options.go and nowhere
+// else, and Validate names the first bad field (*OptionError). The package
+// imports neither config nor worker: cmd/proxyfleet maps the YAML
+// configuration onto Options, leaving empty what the operator left out.
+//
+// Files: options.go (what New takes); link.go (the shared link: calls,
+// budgets, its dial and redial backoff), conn.go (one connection: its
+// death and kill, open and close), transfer.go (dedicated links with a
+// watchdog), ssh.go (the SSH dialer); provider.go, create.go, get.go (with
+// the address), delete.go, list.go (the provider); mark.go, names.go,
+// domain.go, seed.go (what it writes on the host); image.go (the cache and
+// its single flight), imagemark.go, imageupload.go, imagesource.go (the
+// base image cache); classify.go (the errors).
 //
 // # Links
 //
@@ -32,17 +53,11 @@
 // # Why killing is done the way it is (review finding H1)
 //
 // Killing a link closes the SSH client's TCP socket, never the forwarded
-// channel first: closing an SSH channel writes a close message under the
-// channel's write mutex, which a writer stalled on a dead host holds until
-// the kernel gives up retransmitting, about 15 minutes. Closing the TCP
-// socket takes no lock and unblocks that writer at once.
-//
-// The link is marked dead before the kill runs: the reason is recorded and a
-// channel closed, under a mutex, and only then, outside the mutex, does the
-// winner of that race run the kill. Concurrent callers see the link dead at
-// once and return; none of them waits for the kill, and there is no
-// sync.Once around it (Once.Do would make every concurrent caller wait for
-// the first kill to return: the very queue this avoids).
+// channel first (SSHConn.Close, ssh.go: a channel close waits on a writer
+// stalled on a dead host for as long as the kernel retransmits). The link is
+// marked dead before the kill runs, and the kill runs outside any lock, in
+// the goroutine that won the race to mark it (conn.markDead, conn.go):
+// concurrent callers see it dead at once and never wait for the kill.
 //
 // # Transfers
 //
@@ -53,7 +68,8 @@
 //
 // # The provider
 //
-// Provider (provider.go, its reads in get.go) implements worker.Provider for
+// Provider (provider.go; create.go, get.go, delete.go, list.go) implements
+// the worker's Provider interface (without importing it) for
 // one host entry and keeps no per-proxy state: a proxy is the domain
 // pf-<id>, its overlay pf-<id>-disk.qcow2 and its NoCloud seed
 // pf-<id>-seed.iso, and the domain carries a mark in its metadata (mark.go:
@@ -87,8 +103,8 @@
 // what this create made. The calls that make something (the volumes, the
 // define, the start) are the one exception to "cancellation abandons": a
 // create whose ctx ends while one runs waits for it (within its budget), so
-// that its undo sees, and removes, what the call made instead of racing it. Test hooks (Hooks) stop a create at named points
-// as a crash would.
+// that its undo sees, and removes, what the call made instead of racing it.
+// Test hooks (Hooks) stop a create at named points as a crash would.
 //
 // Get maps the domain state to a proxy state and reads the address from
 // the guest agent, the DHCP lease and ARP, in that order, under the rule of
@@ -100,15 +116,17 @@
 //
 // # The base image cache (H2, H4)
 //
-// image.go caches each image artifact (disk, kernel, initrd) once per host
-// ENTRY and digest (pf-base-<entry>-<digest16>.<fmt>): two entries naming
-// one libvirt host never share a volume. A cached volume is used only with
-// its completion mark, created after the uploaded length and sha256 were
-// verified. Uploads are single-flight across processes: creating the volume
-// is the lock, others wait for the mark, and an upload that stopped growing
-// is taken over. A failed upload's volume is discarded after its dedicated
-// connection is closed, and a source error reaches go-libvirt only as EOF
-// (eofReader), because a real error can wedge its stream sender.
+// Each image artifact (disk, kernel, initrd) is cached once per host ENTRY
+// and digest (pf-base-<entry>-<digest16>.<fmt>): two entries naming one
+// libvirt host never share a volume. Uploads are single-flight across
+// processes: creating the volume is the lock, others wait for the mark, and
+// an upload that stopped growing is taken over (image.go). A cached volume
+// is used only with its completion mark, created after the uploaded length
+// and sha256 were verified (imagemark.go). A failed upload's volume is
+// discarded after its dedicated connection is closed, and a source error
+// reaches go-libvirt only as EOF (eofReader), because a real error can wedge
+// its stream sender (imageupload.go). Sources are file:// and http(s)://
+// URLs; an HTTP one must send a Content-Length (imagesource.go).
 //
 // # Errors
 //

@@ -15,12 +15,6 @@ import (
 // encoder escapes them correctly every time. Nothing here does I/O; the
 // paths of volumes are looked up by the caller and passed in.
 
-// Hypervisor types a host may run domains as (config.Host.DomainType).
-const (
-	domainTypeKVM  = "kvm"  // production: hardware virtualization
-	domainTypeQEMU = "qemu" // TCG emulation: the test host, where nested KVM hangs
-)
-
 // agentChannel is the virtio-serial port name the QEMU guest agent (and the
 // test guest's agent) listens on; libvirt's agent address source talks to it.
 const agentChannel = "org.qemu.guest_agent.0"
@@ -87,7 +81,7 @@ func domainXML(p domainParams) (string, error) {
 	if err := checkID(p.ID); err != nil {
 		return "", fmt.Errorf("domain xml: %w", err)
 	}
-	if p.Type != domainTypeKVM && p.Type != domainTypeQEMU {
+	if p.Type != DomainKVM && p.Type != DomainQEMU {
 		return "", fmt.Errorf("domain xml: domain type %q is not kvm or qemu", p.Type)
 	}
 	if p.CPUs < 1 || p.MemoryMiB < 1 {
@@ -202,7 +196,7 @@ func cpuFor(domainType, override string) *libvirtxml.DomainCPU {
 	mode := override
 	if mode == "" {
 		mode = "custom"
-		if domainType == domainTypeKVM {
+		if domainType == DomainKVM {
 			mode = "host-passthrough"
 		}
 	}

@@ -45,7 +45,7 @@ func (p *Provider) lookup(ctx context.Context, id string) (libvirt.Domain, mark,
 			return p.notOurs(id, "it has no proxyfleet mark")
 		}
 		if err != nil {
-			return fleet.Transient(fmt.Errorf("read the mark of domain %s on %s: %w", name, p.cfg.Host.Name, err))
+			return fleet.Transient(fmt.Errorf("read the mark of domain %s on %s: %w", name, p.opts.Host.Name, err))
 		}
 		dom, doc = d, x
 		return nil
@@ -62,7 +62,7 @@ func (p *Provider) lookup(ctx context.Context, id string) (libvirt.Domain, mark,
 		return dom, mark{}, p.notOurs(id, "it has no proxyfleet mark")
 	case m.ID != id:
 		return dom, mark{}, p.notOurs(id, fmt.Sprintf("its mark is for proxy %q", m.ID))
-	case m.Host != p.cfg.Host.Name:
+	case m.Host != p.opts.Host.Name:
 		return dom, mark{}, p.notOurs(id, fmt.Sprintf("its mark names host entry %q", m.Host))
 	}
 	return dom, m, nil
@@ -70,7 +70,7 @@ func (p *Provider) lookup(ctx context.Context, id string) (libvirt.Domain, mark,
 
 // notOurs is the permanent ErrNotOurs error for id's domain, saying why.
 func (p *Provider) notOurs(id, why string) error {
-	return fleet.Permanent(fmt.Errorf("domain %s on %s: %w: %s", domainName(id), p.cfg.Host.Name, ErrNotOurs, why))
+	return fleet.Permanent(fmt.Errorf("domain %s on %s: %w: %s", domainName(id), p.opts.Host.Name, ErrNotOurs, why))
 }
 
 // Get reads the proxy's domain state and, for an active domain, its address

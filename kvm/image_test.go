@@ -26,7 +26,6 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 
-	"proxyfleet/config"
 	"proxyfleet/fleet"
 )
 
@@ -174,10 +173,10 @@ func TestImage_uploadsOnceAndReusesAcrossInstances(t *testing.T) {
 	diskURL, disk, diskSHA := writeArtifact(t, src, "disk.raw", 6<<20+123)
 	kernelURL, kernel, kernelSHA := writeArtifact(t, src, "vmlinuz", 300<<10)
 	initrdURL, initrd, initrdSHA := writeArtifact(t, src, "initrd", 700<<10)
-	img := config.Image{
+	img := ImageSource{
 		Name: "tiny", URL: diskURL, SHA256: diskSHA, Format: "raw",
-		Kernel: &config.Artifact{URL: kernelURL, SHA256: kernelSHA},
-		Initrd: &config.Artifact{URL: initrdURL, SHA256: initrdSHA},
+		Kernel: &ArtifactSource{URL: kernelURL, SHA256: kernelSHA},
+		Initrd: &ArtifactSource{URL: initrdURL, SHA256: initrdSHA},
 	}
 
 	c1, tr1 := testCache(t, k, pool.Name, "h1")
@@ -273,7 +272,7 @@ func TestImage_qcow2CapacityIsVirtualSize(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, _ := testCache(t, k, pool.Name, "h1")
-	vols, err := c.ensure(context.Background(), config.Image{Name: "q", URL: "file://" + p, SHA256: sha(b), Format: "qcow2"})
+	vols, err := c.ensure(context.Background(), ImageSource{Name: "q", URL: "file://" + p, SHA256: sha(b), Format: "qcow2"})
 	if err != nil {
 		t.Fatalf("ensure: %v", err)
 	}
@@ -290,7 +289,7 @@ func TestImage_H4_hostEntriesGetTheirOwnVolumes(t *testing.T) {
 	k := newTestLink(t, LinkConfig{SSH: s.sshConfig(t, s.addr)})
 	pool, _ := testPool(t, k)
 	u, data, digest := writeArtifact(t, t.TempDir(), "disk.raw", 2<<20)
-	img := config.Image{Name: "debian-12", URL: u, SHA256: digest, Format: "raw"}
+	img := ImageSource{Name: "debian-12", URL: u, SHA256: digest, Format: "raw"}
 
 	c1, tr1 := testCache(t, k, pool.Name, "beelink")
 	c2, tr2 := testCache(t, k, pool.Name, "beelink-2")
@@ -319,7 +318,7 @@ func TestImage_H4_unmarkedVolumeIsNotUsed(t *testing.T) {
 	k := newTestLink(t, LinkConfig{SSH: s.sshConfig(t, s.addr)})
 	pool, _ := testPool(t, k)
 	u, data, digest := writeArtifact(t, t.TempDir(), "disk.raw", 1<<20)
-	img := config.Image{Name: "debian-12", URL: u, SHA256: digest, Format: "raw"}
+	img := ImageSource{Name: "debian-12", URL: u, SHA256: digest, Format: "raw"}
 	name, _ := baseVolumeName("h1", digest, "raw")
 
 	notUsed := func(t *testing.T, why string) {
@@ -410,7 +409,7 @@ func TestImage_goroutinesShareOneUpload(t *testing.T) {
 	k := newTestLink(t, LinkConfig{SSH: s.sshConfig(t, s.addr)})
 	pool, _ := testPool(t, k)
 	u, data, digest := writeArtifact(t, t.TempDir(), "disk.raw", 4<<20)
-	img := config.Image{Name: "i", URL: u, SHA256: digest, Format: "raw"}
+	img := ImageSource{Name: "i", URL: u, SHA256: digest, Format: "raw"}
 	c, tr := testCache(t, k, pool.Name, "h1")
 	var wg sync.WaitGroup
 	refs := make([]volRef, 4)
@@ -438,7 +437,7 @@ type helperConfig struct {
 	SSH   SSHConfig
 	Pool  string
 	Host  string
-	Image config.Image
+	Image ImageSource
 }
 
 // helperResult is what a helper process prints, on a line of its own after
@@ -524,7 +523,7 @@ func TestImage_twoProcessesOneUpload(t *testing.T) {
 
 	b, err := json.Marshal(helperConfig{
 		SSH: s.sshConfig(t, s.addr), Pool: pool.Name, Host: "h1",
-		Image: config.Image{Name: "slow", URL: srv.URL + "/disk.raw", SHA256: sha(data), Format: "raw"},
+		Image: ImageSource{Name: "slow", URL: srv.URL + "/disk.raw", SHA256: sha(data), Format: "raw"},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -602,7 +601,7 @@ func TestImage_digestMismatchIsPermanentAndLeavesNothing(t *testing.T) {
 	u, _, _ := writeArtifact(t, t.TempDir(), "disk.raw", 3<<20)
 	wrong := sha([]byte("something else"))
 	c, tr := testCache(t, k, pool.Name, "h1")
-	_, err := c.ensure(context.Background(), config.Image{Name: "i", URL: u, SHA256: wrong, Format: "raw"})
+	_, err := c.ensure(context.Background(), ImageSource{Name: "i", URL: u, SHA256: wrong, Format: "raw"})
 	t.Logf("ensure: %v", err)
 	if fleet.ClassOf(err) != fleet.ClassPermanent || !strings.Contains(err.Error(), "sha256") {
 		t.Fatalf("ensure = %v (class %q), want a permanent sha256 mismatch", err, fleet.ClassOf(err))
@@ -633,7 +632,7 @@ func TestImage_sourceErrorMidUploadIsTransientAndPrompt(t *testing.T) {
 	c, tr := testCache(t, k, pool.Name, "h1")
 	digest := sha(make([]byte, size))
 	start := time.Now()
-	_, err := c.ensure(context.Background(), config.Image{Name: "i", URL: srv.URL + "/disk.raw", SHA256: digest, Format: "raw"})
+	_, err := c.ensure(context.Background(), ImageSource{Name: "i", URL: srv.URL + "/disk.raw", SHA256: digest, Format: "raw"})
 	took := time.Since(start)
 	t.Logf("ensure with a failing mirror: %v after %s", err, took)
 	if fleet.ClassOf(err) != fleet.ClassTransient || !errors.Is(err, io.ErrUnexpectedEOF) {
@@ -677,7 +676,7 @@ func TestImage_downloadDeadlineInsideTransferBudget(t *testing.T) {
 	c.transferLimit = 2 * time.Second
 	c.downloadMargin = time.Second // capped at a quarter: the download ends at 1.5s
 	start := time.Now()
-	_, err := c.ensure(context.Background(), config.Image{Name: "i", URL: srv.URL + "/disk.raw", SHA256: sha(make([]byte, size)), Format: "raw"})
+	_, err := c.ensure(context.Background(), ImageSource{Name: "i", URL: srv.URL + "/disk.raw", SHA256: sha(make([]byte, size)), Format: "raw"})
 	took := time.Since(start)
 	t.Logf("ensure with a stalled mirror: %v after %s", err, took)
 	if fleet.ClassOf(err) != fleet.ClassTransient || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "download") {
@@ -718,7 +717,7 @@ func TestImage_staleUploadIsTakenOver(t *testing.T) {
 	c, tr := testCache(t, k, pool.Name, "h1")
 	c.stale = time.Second
 	start := time.Now()
-	vols, err := c.ensure(context.Background(), config.Image{Name: "i", URL: u, SHA256: digest, Format: "raw"})
+	vols, err := c.ensure(context.Background(), ImageSource{Name: "i", URL: u, SHA256: digest, Format: "raw"})
 	took := time.Since(start)
 	t.Logf("ensure over an abandoned upload: %v after %s (%s)", err, took, tr)
 	if err != nil {
@@ -748,7 +747,7 @@ func TestImage_noContentLengthIsPermanent(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	c, tr := testCache(t, k, pool.Name, "h1")
-	_, err := c.ensure(context.Background(), config.Image{Name: "i", URL: srv.URL + "/x", SHA256: sha([]byte("data")), Format: "raw"})
+	_, err := c.ensure(context.Background(), ImageSource{Name: "i", URL: srv.URL + "/x", SHA256: sha([]byte("data")), Format: "raw"})
 	if fleet.ClassOf(err) != fleet.ClassPermanent || !strings.Contains(err.Error(), "Content-Length") {
 		t.Fatalf("ensure = %v (class %q), want permanent, no Content-Length", err, fleet.ClassOf(err))
 	}

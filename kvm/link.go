@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -16,54 +14,16 @@ import (
 	"proxyfleet/fleet"
 )
 
-// Budgets are the time limits of one host's links. Zero fields take the
-// defaults below.
-type Budgets struct {
-	// Call bounds one libvirt call on the shared link; default 30s.
-	Call time.Duration
-	// Connect bounds a dial: TCP, SSH handshake, socket forward and the
-	// libvirt connect-open; default 15s.
-	Connect time.Duration
-	// TransferStall is how long a transfer may move no bytes before its
-	// dedicated link is killed; default 30s.
-	TransferStall time.Duration
-	// Close bounds Close and the close of a dedicated link; default 5s.
-	Close time.Duration
-}
-
-// DefaultBudgets are used for the zero fields of Budgets.
-var DefaultBudgets = Budgets{
-	Call:          30 * time.Second,
-	Connect:       15 * time.Second,
-	TransferStall: 30 * time.Second,
-	Close:         5 * time.Second,
-}
-
-func (b Budgets) withDefaults() Budgets {
-	if b.Call <= 0 {
-		b.Call = DefaultBudgets.Call
-	}
-	if b.Connect <= 0 {
-		b.Connect = DefaultBudgets.Connect
-	}
-	if b.TransferStall <= 0 {
-		b.TransferStall = DefaultBudgets.TransferStall
-	}
-	if b.Close <= 0 {
-		b.Close = DefaultBudgets.Close
-	}
-	return b
-}
-
 // LinkConfig configures the links to one host.
 type LinkConfig struct {
-	// SSH says how to reach the host. Its ConnectTimeout, if zero, is
-	// Budgets.Connect.
+	// SSH says how to reach the host. Its ConnectTimeout and
+	// KeepaliveInterval, if zero, are Budgets.Connect and
+	// Budgets.Keepalive.
 	SSH SSHConfig
 	// URI is the libvirt URI opened on the host's daemon; empty means
-	// qemu:///system.
+	// DefaultURI.
 	URI string
-	// Budgets are the time limits.
+	// Budgets are the time limits; zero fields take DefaultBudgets.
 	Budgets Budgets
 	// NewBackOff makes the redial policy: after a failed dial the link
 	// refuses to dial again (failing calls at once, transient, or
@@ -103,113 +63,6 @@ func (e *deadError) Error() string {
 
 func (e *deadError) Unwrap() []error { return []error{ErrLinkDead, e.reason} }
 
-// conn is one connection to a host's libvirtd: a transport and the
-// go-libvirt client on it. A conn is never reconnected; a dead one is
-// replaced by a new one.
-type conn struct {
-	host string
-	l    *libvirt.Libvirt
-	dead chan struct{} // closed once the conn is dead; reason is set first
-
-	mu     sync.Mutex
-	reason error
-	kill   func() // closes the transport; run once, outside any lock
-}
-
-func newConn(host string, t net.Conn) *conn {
-	return &conn{
-		host: host,
-		dead: make(chan struct{}),
-		kill: func() { _ = t.Close() },
-	}
-}
-
-// markDead declares the conn dead for reason and kills its transport.
-//
-// The order is the fix for review finding H1 and must stay as it is:
-//
-//  1. the reason is set and dead is closed under mu, so every caller
-//     parked on the conn, and every caller arriving later, sees it dead at
-//     once and returns, whatever the kill does next;
-//  2. the kill runs after mu is released, in the goroutine that won the
-//     race to mark the conn dead: other callers never wait for it. There is
-//     no sync.Once around the kill: Once.Do makes concurrent callers wait
-//     until the first call's body returns, which is the queue this avoids.
-//
-// It reports whether this call was the one that marked the conn dead.
-func (c *conn) markDead(reason error) bool {
-	c.mu.Lock()
-	select {
-	case <-c.dead:
-		c.mu.Unlock()
-		return false
-	default:
-	}
-	c.reason = reason
-	close(c.dead)
-	kill := c.kill
-	c.mu.Unlock()
-	kill()
-	return true
-}
-
-func (c *conn) isDead() bool {
-	select {
-	case <-c.dead:
-		return true
-	default:
-		return false
-	}
-}
-
-// deadErr is the transient error callers of a dead conn get.
-func (c *conn) deadErr() error {
-	c.mu.Lock()
-	reason := c.reason
-	c.mu.Unlock()
-	return fleet.Transient(&deadError{host: c.host, reason: reason})
-}
-
-// onceDialer hands go-libvirt a transport dialed beforehand (under our own
-// deadline and ctx), once. It implements go-libvirt's socket.Dialer.
-type onceDialer struct {
-	used atomic.Bool
-	t    net.Conn
-}
-
-func (d *onceDialer) Dial() (net.Conn, error) {
-	if d.used.Swap(true) {
-		return nil, errors.New("libvirt transport already used")
-	}
-	return d.t, nil
-}
-
-// gatedConn holds back the transport's first read error until the connect
-// that opened libvirt on it has stopped waiting for ConnectToURI (gate
-// closed).
-//
-// This works around a data race in the pinned go-libvirt: ConnectToURI
-// starts waitAndDisconnect and only then assigns l.disconnected, which that
-// goroutine reads once the socket's reader has ended. Nothing orders the two
-// when the transport dies from outside (a keepalive, an RST, a kill from a
-// goroutine that did not see the connect finish), and the race detector
-// says so. Worse, a transport that dies between the connect-open reply and
-// that assignment leaves l.disconnected never closed. Holding the reader's
-// end until the connect is over orders the two: go-libvirt's socket reader
-// returns only after our connect saw ConnectToURI return (or gave up on it).
-type gatedConn struct {
-	net.Conn
-	gate chan struct{}
-}
-
-func (g *gatedConn) Read(p []byte) (int, error) {
-	n, err := g.Conn.Read(p)
-	if err != nil {
-		<-g.gate
-	}
-	return n, err
-}
-
 // dialing is a dial in progress; done is closed when err is set.
 type dialing struct {
 	done chan struct{}
@@ -247,13 +100,16 @@ type Link struct {
 
 // NewLink checks cfg and returns a link that dials on first use.
 func NewLink(cfg LinkConfig) (*Link, error) {
-	cfg.Budgets = cfg.Budgets.withDefaults()
+	cfg.Budgets = cfg.Budgets.WithDefaults()
 	if cfg.SSH.ConnectTimeout <= 0 {
 		cfg.SSH.ConnectTimeout = cfg.Budgets.Connect
 	}
+	if cfg.SSH.KeepaliveInterval == 0 {
+		cfg.SSH.KeepaliveInterval = cfg.Budgets.Keepalive
+	}
 	cfg.SSH = cfg.SSH.withDefaults()
 	if cfg.URI == "" {
-		cfg.URI = string(libvirt.QEMUSystem)
+		cfg.URI = DefaultURI
 	}
 	if cfg.Dial == nil {
 		var missing []string
@@ -504,89 +360,6 @@ func (k *Link) redial(d *dialing) {
 	close(d.done)
 }
 
-// connect dials the transport and opens libvirt on it, within the connect
-// budget and parent. It must run in a goroutine counted by k.wg.
-func (k *Link) connect(parent context.Context) (*conn, error) {
-	ctx, cancel := context.WithTimeout(parent, k.cfg.Budgets.Connect)
-	defer cancel()
-	t, err := k.dial(ctx)
-	if err != nil {
-		return nil, Classify(fmt.Errorf("connect %s: %w", k.name, err))
-	}
-	var transportDone <-chan struct{}
-	transportErr := func() error { return errors.New("transport ended") }
-	if sc, ok := t.(interface {
-		Done() <-chan struct{}
-		Err() error
-	}); ok {
-		transportDone, transportErr = sc.Done(), sc.Err
-	}
-	c := newConn(k.name, t)
-	gate := make(chan struct{})
-	c.l = libvirt.NewWithDialer(&onceDialer{t: &gatedConn{Conn: t, gate: gate}})
-	opened := make(chan error, 1)
-	k.wg.Add(1) // we are counted, so this Add cannot race a Wait at zero
-	go func() {
-		defer k.wg.Done()
-		opened <- c.l.ConnectToURI(libvirt.ConnectURI(k.cfg.URI))
-	}()
-	select {
-	case err = <-opened:
-	case <-transportDone:
-		err = fmt.Errorf("transport ended while opening: %w", transportErr())
-	case <-ctx.Done():
-		err = fmt.Errorf("over the %s connect budget: %w", k.cfg.Budgets.Connect, context.Cause(ctx))
-	}
-	close(gate)
-	if err != nil {
-		// Killing the transport also ends a ConnectToURI still
-		// waiting; it is counted and need not be waited for here.
-		c.markDead(err)
-		return nil, Classify(fmt.Errorf("connect %s: open %s: %w", k.name, k.cfg.URI, err))
-	}
-	// Read go-libvirt's channel here, after ConnectToURI has set it.
-	disconnected := c.l.Disconnected()
-	k.wg.Add(1)
-	go func() { // the conn's watcher: ends when the conn is dead
-		defer k.wg.Done()
-		select {
-		case <-c.dead:
-		case <-transportDone:
-			c.markDead(transportErr())
-		case <-disconnected:
-			c.markDead(errors.New("libvirt connection lost"))
-		}
-	}()
-	return c, nil
-}
-
-// closeConn closes c politely (libvirt's connect-close, then the transport)
-// within budget, and kills it if that overruns.
-func (k *Link) closeConn(c *conn, budget time.Duration) error {
-	if c.isDead() {
-		return nil
-	}
-	done := make(chan error, 1)
-	k.wg.Add(1) // callers are counted or hold the only reference after closed
-	go func() {
-		defer k.wg.Done()
-		done <- c.l.Disconnect()
-	}()
-	timer := time.NewTimer(budget)
-	defer timer.Stop()
-	var err error
-	select {
-	case err = <-done:
-		if err != nil {
-			err = fmt.Errorf("close %s: %w", k.name, err)
-		}
-	case <-timer.C:
-		err = fleet.Transient(fmt.Errorf("close %s: no answer to connect-close within %s of the close budget", k.name, budget))
-	}
-	c.markDead(ErrLinkClosed)
-	return err
-}
-
 // Close closes the shared link and every dedicated one, and waits for the
 // link's goroutines, all within Budgets.Close. Calls in flight fail
 // transient. Close is idempotent.
@@ -631,146 +404,4 @@ func (k *Link) Close() error {
 		errs = append(errs, fleet.Transient(fmt.Errorf("close %s: goroutines still running after %s", k.name, budget)))
 	}
 	return errors.Join(errs...)
-}
-
-// transfer runs fn on a dedicated link of its own, never the shared one,
-// with src wrapped in a no-progress watchdog: if no bytes are read from src
-// for Budgets.TransferStall, the dedicated link is killed (which unblocks a
-// stalled network write) and src is closed if it is an io.Closer (which
-// unblocks a stalled source), and transfer returns a transient error. A
-// slow transfer never costs the shared link, and a stalled one is cut
-// within the stall window. The dedicated link is closed before transfer
-// returns.
-//
-// A source that can block forever must be an io.Closer whose Close
-// unblocks its Read (an HTTP body is), or go-libvirt's stream sender stays
-// parked in Read until it returns.
-func (k *Link) transfer(ctx context.Context, src io.Reader, fn func(l *libvirt.Libvirt, r io.Reader) error) error {
-	k.mu.Lock()
-	if k.closed {
-		k.mu.Unlock()
-		return k.closedErr()
-	}
-	k.wg.Add(1)
-	k.mu.Unlock()
-	defer k.wg.Done()
-
-	if err := ctx.Err(); err != nil {
-		return fleet.Transient(fmt.Errorf("transfer on %s: %w", k.name, err))
-	}
-	// The dedicated link's dial is this caller's alone: it ends with the
-	// caller's ctx as well as with the link.
-	dialCtx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(k.ctx, cancel)
-	c, err := k.connect(dialCtx)
-	stop()
-	cancel()
-	if err != nil {
-		return fmt.Errorf("transfer link: %w", err)
-	}
-	k.mu.Lock()
-	if k.closed {
-		k.mu.Unlock()
-		c.markDead(ErrLinkClosed)
-		return k.closedErr()
-	}
-	k.dedicated[c] = struct{}{}
-	k.mu.Unlock()
-	defer func() {
-		k.mu.Lock()
-		delete(k.dedicated, c)
-		k.mu.Unlock()
-	}()
-
-	w := &watchReader{r: src}
-	done := make(chan error, 1)
-	k.wg.Add(1)
-	go func() {
-		defer k.wg.Done()
-		done <- fn(c.l, w)
-	}()
-
-	stall := k.cfg.Budgets.TransferStall
-	tick := time.NewTicker(max(stall/10, time.Millisecond))
-	defer tick.Stop()
-	last, lastMove := w.n.Load(), time.Now()
-	for {
-		select {
-		case err := <-done:
-			if err != nil {
-				first := c.markDead(err) // the stream's state is unknown: never reuse it
-				if isTransport(err) {
-					if first {
-						return fmt.Errorf("transfer: %w", c.deadErr())
-					}
-					return fleet.Transient(fmt.Errorf("transfer: %w (%w)", c.deadErr(), err))
-				}
-				return Classify(fmt.Errorf("transfer: %w", err))
-			}
-			// The upload is complete (libvirtd acknowledged the
-			// stream's end); a failing polite close of the dedicated
-			// link cannot undo that, and closeConn kills it anyway.
-			_ = k.closeConn(c, k.cfg.Budgets.Close)
-			return nil
-		case <-c.dead:
-			w.stop(src)
-			select {
-			case err := <-done:
-				if err == nil {
-					return nil // it finished as the link died
-				}
-			default:
-			}
-			return fmt.Errorf("transfer: %w", c.deadErr())
-		case <-ctx.Done():
-			c.markDead(fmt.Errorf("transfer abandoned: %w", context.Cause(ctx)))
-			w.stop(src)
-			return fleet.Transient(fmt.Errorf("transfer on %s: %w", k.name, ctx.Err()))
-		case <-tick.C:
-			if n := w.n.Load(); n != last {
-				last, lastMove = n, time.Now()
-				continue
-			}
-			if time.Since(lastMove) >= stall {
-				c.markDead(fmt.Errorf("transfer stalled: no progress for %s after %d bytes", stall, last))
-				w.stop(src)
-				return fmt.Errorf("transfer: %w", c.deadErr())
-			}
-		}
-	}
-}
-
-// errTransferStopped is what the watched reader returns once the watchdog
-// has cut its transfer.
-var errTransferStopped = errors.New("transfer stopped")
-
-// watchReader counts the bytes read through it for the watchdog.
-type watchReader struct {
-	r       io.Reader
-	n       atomic.Int64
-	stopped atomic.Bool
-	once    sync.Once
-}
-
-func (w *watchReader) Read(p []byte) (int, error) {
-	if w.stopped.Load() {
-		return 0, errTransferStopped
-	}
-	n, err := w.r.Read(p)
-	w.n.Add(int64(n))
-	if w.stopped.Load() {
-		return 0, errTransferStopped
-	}
-	return n, err
-}
-
-// stop makes later reads fail and closes src if it can be closed, which is
-// how a Read blocked in a stalled source is released.
-func (w *watchReader) stop(src io.Reader) {
-	w.stopped.Store(true)
-	w.once.Do(func() {
-		if cl, ok := src.(io.Closer); ok {
-			_ = cl.Close()
-		}
-	})
 }

@@ -42,7 +42,7 @@ type mark struct {
 	SpecHash  string // fleet.Spec.SpecHash at creation
 	CreatedAt time.Time
 	Host      string // host entry the domain was created through
-	Image     string // image name from the config
+	Image     string // ImageSource.Name
 	Labels    map[string]string
 }
 

@@ -20,9 +20,9 @@ import (
 // stops the create before the start (a hook, as a crash would): everything
 // a proxy has, without booting a guest. The test's end deletes it through
 // p.
-func definedProxy(t *testing.T, env map[string]string, prefix string, mod func(*Config)) (*Provider, string) {
+func definedProxy(t *testing.T, env map[string]string, prefix string, mod func(*Options)) (*Provider, string) {
 	t.Helper()
-	p := newTestProvider(t, env, func(c *Config) {
+	p := newTestProvider(t, env, func(c *Options) {
 		if mod != nil {
 			mod(c)
 		}
@@ -86,7 +86,7 @@ func undefine(t *testing.T, p *Provider, id string) {
 func TestProvider_anotherEntrysDomainIsNotOurs(t *testing.T) {
 	env := testhostAll(t)
 	a, id := definedProxy(t, env, "two", nil)
-	b := newTestProvider(t, env, func(c *Config) { c.Host.Name = "th-other" })
+	b := newTestProvider(t, env, func(c *Options) { c.Host.Name = "th-other" })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 

@@ -15,7 +15,6 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 
-	"proxyfleet/config"
 	"proxyfleet/fleet"
 	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
@@ -45,34 +44,32 @@ func testhostAll(t *testing.T) map[string]string {
 	return env
 }
 
-// testGuestImage is the project's test guest as a config image.
-func testGuestImage(env map[string]string) config.Image {
-	return config.Image{
+// testGuestImage is the project's test guest as an image source.
+func testGuestImage(env map[string]string) ImageSource {
+	return ImageSource{
 		Name: "testguest", URL: "file://" + env["TESTHOST_GUEST_DISK"], SHA256: env["TESTHOST_GUEST_DISK_SHA256"], Format: "raw",
-		Kernel:  &config.Artifact{URL: "file://" + env["TESTHOST_GUEST_KERNEL"], SHA256: env["TESTHOST_GUEST_KERNEL_SHA256"]},
-		Initrd:  &config.Artifact{URL: "file://" + env["TESTHOST_GUEST_INITRD"], SHA256: env["TESTHOST_GUEST_INITRD_SHA256"]},
+		Kernel:  &ArtifactSource{URL: "file://" + env["TESTHOST_GUEST_KERNEL"], SHA256: env["TESTHOST_GUEST_KERNEL_SHA256"]},
+		Initrd:  &ArtifactSource{URL: "file://" + env["TESTHOST_GUEST_INITRD"], SHA256: env["TESTHOST_GUEST_INITRD_SHA256"]},
 		Cmdline: strings.Trim(env["TESTHOST_GUEST_CMDLINE"], "'"),
 	}
 }
 
-// testhostEntry is the test host as a config host entry, reached over its
-// own sshd inside the namespace.
-func testhostEntry(env map[string]string, name string) config.Host {
-	h := config.Host{
-		Name: name, Driver: "kvm",
-		SSH:  config.SSH{Address: env["TESTHOST_SSH_ADDR"], User: env["TESTHOST_SSH_USER"], KeyFile: env["TESTHOST_SSH_KEY"], KnownHosts: env["TESTHOST_KNOWN_HOSTS"]},
-		Pool: env["TESTHOST_POOL"], Network: env["TESTHOST_NETWORK"], DomainType: "qemu",
-		Budgets: config.Budgets{Call: 20 * time.Second, TransferStall: 10 * time.Second, Close: 5 * time.Second, Connect: 10 * time.Second, Keepalive: 5 * time.Second},
+// testhostEntry is the test host as a host entry, reached over its own sshd
+// inside the namespace.
+func testhostEntry(env map[string]string, name string) HostOptions {
+	return HostOptions{
+		Name:    name,
+		Address: env["TESTHOST_SSH_ADDR"], User: env["TESTHOST_SSH_USER"], KeyFile: env["TESTHOST_SSH_KEY"], KnownHosts: env["TESTHOST_KNOWN_HOSTS"],
+		Pool: env["TESTHOST_POOL"], Network: env["TESTHOST_NETWORK"], DomainType: DomainQEMU,
+		Budgets: Budgets{Call: 20 * time.Second, TransferStall: 10 * time.Second, Close: 5 * time.Second, Connect: 10 * time.Second, Keepalive: 5 * time.Second},
 	}
-	return h
 }
 
-func newTestProvider(t *testing.T, env map[string]string, mod func(*Config)) *Provider {
+func newTestProvider(t *testing.T, env map[string]string, mod func(*Options)) *Provider {
 	t.Helper()
-	cfg := Config{
+	cfg := Options{
 		Host:   testhostEntry(env, "th1"),
-		Images: []config.Image{testGuestImage(env)},
-		Proxy:  config.Proxy{Port: 3128},
+		Images: []ImageSource{testGuestImage(env)},
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -211,7 +208,7 @@ func TestProvider_roundTrip(t *testing.T) {
 	}
 	// Another host entry on the same daemon does not list it, so its
 	// sweeps never touch this entry's domains.
-	other := newTestProvider(t, env, func(c *Config) { c.Host.Name = "th-other" })
+	other := newTestProvider(t, env, func(c *Options) { c.Host.Name = "th-other" })
 	if list, err := other.List(ctx); err != nil || hasInstance(list, id) {
 		t.Errorf("another entry lists %s: %+v %v", id, list, err)
 	}
@@ -262,7 +259,7 @@ func contains(xs []string, x string) bool {
 // volumes removes them.
 func TestProvider_failedCreateCleansUp(t *testing.T) {
 	env := testhostAll(t)
-	p := newTestProvider(t, env, func(c *Config) { c.Host.Network = "no-such-network" })
+	p := newTestProvider(t, env, func(c *Options) { c.Host.Network = "no-such-network" })
 	id := testID("fc")
 	cleanupProxy(t, p, id)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -311,7 +308,7 @@ func TestProvider_notOursIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = p.call(ctx, func(l *libvirt.Libvirt) error {
-		sp, err := l.StoragePoolLookupByName(p.cfg.Host.Pool)
+		sp, err := l.StoragePoolLookupByName(p.opts.Host.Pool)
 		if err != nil {
 			return err
 		}

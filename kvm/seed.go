@@ -37,7 +37,7 @@ const (
 	userDataFile = "user-data"
 )
 
-// defaultUserData is used when the config has no proxy.user_data.
+// defaultUserData is used when Options.UserData is empty.
 const defaultUserData = "#cloud-config\nhostname: {{.Hostname}}\n"
 
 var (
@@ -92,7 +92,7 @@ type userDataVars struct {
 	Hostname string
 }
 
-// userData renders the config's proxy.user_data template for one proxy
+// userData renders the Options.UserData template for one proxy
 // (text/template, fields .ID and .Hostname); an empty template means
 // defaultUserData. A template that names another field, or does not parse,
 // is an error rather than a seed with "<no value>" in it. The values are

@@ -16,9 +16,6 @@ import (
 	"proxyfleet/fleet"
 )
 
-// DefaultSocket is libvirtd's read-write socket on a host.
-const DefaultSocket = "/run/libvirt/libvirt-sock"
-
 // SSHConfig says how to reach one host's libvirt socket over SSH.
 type SSHConfig struct {
 	// Host is the host entry's name; every error names it.
@@ -36,13 +33,15 @@ type SSHConfig struct {
 	// DefaultSocket.
 	Socket string
 	// ConnectTimeout bounds TCP connect, SSH handshake and the socket
-	// forward together: one deadline for all three. 0 means 15s.
+	// forward together: one deadline for all three. 0 means
+	// DefaultBudgets.Connect.
 	ConnectTimeout time.Duration
 	// KeepaliveInterval is how often a keepalive@openssh.com request is
-	// sent; 0 means 10s, a negative value disables keepalives.
+	// sent; 0 means DefaultBudgets.Keepalive, a negative value disables
+	// keepalives.
 	KeepaliveInterval time.Duration
 	// KeepaliveTimeout is how long a keepalive may wait for its reply
-	// before the client is killed; 0 means 10s.
+	// before the client is killed; 0 means DefaultKeepaliveTimeout.
 	KeepaliveTimeout time.Duration
 }
 
@@ -51,13 +50,13 @@ func (c SSHConfig) withDefaults() SSHConfig {
 		c.Socket = DefaultSocket
 	}
 	if c.ConnectTimeout <= 0 {
-		c.ConnectTimeout = 15 * time.Second
+		c.ConnectTimeout = DefaultBudgets.Connect
 	}
 	if c.KeepaliveInterval == 0 {
-		c.KeepaliveInterval = 10 * time.Second
+		c.KeepaliveInterval = DefaultBudgets.Keepalive
 	}
 	if c.KeepaliveTimeout <= 0 {
-		c.KeepaliveTimeout = 10 * time.Second
+		c.KeepaliveTimeout = DefaultKeepaliveTimeout
 	}
 	return c
 }

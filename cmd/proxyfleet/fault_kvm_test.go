@@ -261,8 +261,7 @@ func domainsLike(t *testing.T, prefix string) []string {
 // back what is on the host.
 func (f *kvmFault) provider() *kvm.Provider {
 	f.t.Helper()
-	p, err := kvm.New(kvm.Config{Host: f.cfg.Hosts[0], Images: f.cfg.Images, Proxy: f.cfg.Proxy,
-		Logger: slog.New(slog.DiscardHandler)})
+	p, err := kvm.New(kvmOptions(f.cfg, f.cfg.Hosts[0], slog.New(slog.DiscardHandler)))
 	if err != nil {
 		f.t.Fatal(err)
 	}

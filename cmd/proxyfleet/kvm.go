@@ -13,14 +13,48 @@ import (
 // newKVMProvider builds the libvirt provider of a kvm host. It dials on
 // first use: a worker that is never pinned to the host opens no link.
 func newKVMProvider(c *config.Config, h config.Host, log *slog.Logger) (worker.Provider, error) {
-	return kvm.New(kvm.Config{
-		Host: h, Images: c.Images, Proxy: c.Proxy, Logger: log,
-		OnProgress: func(p kvm.Progress) {
-			log.Info("image transfer", "host", h.Name, "image", p.Image, "volume", p.Volume,
-				"done", p.Done, "total", p.Total, "rate_mib_s", p.Rate/(1<<20))
+	opts := kvmOptions(c, h, log)
+	opts.OnProgress = func(p kvm.Progress) {
+		log.Info("image transfer", "host", h.Name, "image", p.Image, "volume", p.Volume,
+			"done", p.Done, "total", p.Total, "rate_mib_s", p.Rate/(1<<20))
+	}
+	opts.Hooks = crashHooks(log)
+	return kvm.New(opts)
+}
+
+// kvmOptions maps a kvm host entry of the config, its images and the
+// proxies' user-data onto the provider's options. The config fills no
+// default of these keys: what it leaves empty, kvm fills with its own
+// (kvm.DefaultBudgets and the other defaults in kvm/options.go).
+func kvmOptions(c *config.Config, h config.Host, log *slog.Logger) kvm.Options {
+	images := make([]kvm.ImageSource, len(c.Images))
+	for i, im := range c.Images {
+		images[i] = kvm.ImageSource{
+			Name: im.Name, URL: im.URL, SHA256: im.SHA256, Format: im.Format,
+			Kernel: artifactSource(im.Kernel), Initrd: artifactSource(im.Initrd), Cmdline: im.Cmdline,
+		}
+	}
+	b := h.Budgets
+	return kvm.Options{
+		Host: kvm.HostOptions{
+			Name:    h.Name,
+			Address: h.SSH.Address, User: h.SSH.User, KeyFile: h.SSH.KeyFile, KnownHosts: h.SSH.KnownHosts,
+			Socket: h.Socket, URI: h.URI, Pool: h.Pool, Network: h.Network, DomainType: h.DomainType,
+			Budgets: kvm.Budgets{
+				Call: b.Call, Connect: b.Connect, TransferStall: b.TransferStall, Close: b.Close, Keepalive: b.Keepalive,
+			},
 		},
-		Hooks: crashHooks(log),
-	})
+		Images:   images,
+		UserData: c.Proxy.UserData,
+		Logger:   log,
+	}
+}
+
+func artifactSource(a *config.Artifact) *kvm.ArtifactSource {
+	if a == nil {
+		return nil
+	}
+	return &kvm.ArtifactSource{URL: a.URL, SHA256: a.SHA256}
 }
 
 // crashHooks is a test seam: with PROXYFLEET_TEST_KILL_AT set to
