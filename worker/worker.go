@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -145,7 +146,7 @@ func New(js jetstream.JetStream, cfg Config) (*Worker, error) {
 		return nil, errors.New("worker: catalog has no hosts")
 	}
 	for h := range cfg.Providers {
-		if !contains(cfg.Catalog.Hosts, h) {
+		if !slices.Contains(cfg.Catalog.Hosts, h) {
 			return nil, fmt.Errorf("worker: provider for %q, which the catalog does not name", h)
 		}
 	}
@@ -312,45 +313,5 @@ func (w *Worker) unpin(ctx context.Context) {
 		uctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		_ = st.UnpinConsumer(uctx, WorkConsumer(h), PriorityGroup)
 		cancel()
-	}
-}
-
-// keyedLocks serialises work per proxy id inside one worker.
-type keyedLocks struct {
-	mu    sync.Mutex
-	locks map[string]*keyedLock
-}
-
-type keyedLock struct {
-	ch   chan struct{}
-	refs int
-}
-
-func newKeyedLocks() *keyedLocks { return &keyedLocks{locks: map[string]*keyedLock{}} }
-
-// lock waits for id's lock or ctx.
-func (k *keyedLocks) lock(ctx context.Context, id string) (func(), error) {
-	k.mu.Lock()
-	l := k.locks[id]
-	if l == nil {
-		l = &keyedLock{ch: make(chan struct{}, 1)}
-		k.locks[id] = l
-	}
-	l.refs++
-	k.mu.Unlock()
-	release := func() {
-		k.mu.Lock()
-		l.refs--
-		if l.refs == 0 {
-			delete(k.locks, id)
-		}
-		k.mu.Unlock()
-	}
-	select {
-	case l.ch <- struct{}{}:
-		return func() { <-l.ch; release() }, nil
-	case <-ctx.Done():
-		release()
-		return nil, ctx.Err()
 	}
 }
