@@ -1,6 +1,7 @@
 package health
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,7 +25,8 @@ const DefaultHTTPAddr = "127.0.0.1:8080"
 // Handler where it likes.
 const NoHTTP = "-"
 
-// Config of a health process. New fills the zero values with defaults.
+// Config of a health process. New fills the zero values with defaults (see
+// WithDefaults).
 type Config struct {
 	Subjects messages.Subjects
 	// HTTPAddr is the listen address of /rotation, /healthz and /metrics;
@@ -96,6 +98,42 @@ type Config struct {
 
 // DefaultLeaseTTL is Config.LeaseTTL's default.
 const DefaultLeaseTTL = 15 * time.Second
+
+// WithDefaults returns cfg with every zero value (and negative duration)
+// filled with its default: the one place the health process's defaults
+// live (package config takes its own from here). Timeout's follows
+// Interval; Grace has none (zero demotes at once); Instance is New's to
+// make.
+func (cfg Config) WithDefaults() Config {
+	if cfg.Subjects.Prefix == "" {
+		cfg.Subjects = messages.NewSubjects("")
+	}
+	if cfg.HTTPAddr == "" {
+		cfg.HTTPAddr = DefaultHTTPAddr
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&cfg.OpTimeout, 5*time.Second)
+	def(&cfg.RetryInterval, time.Second)
+	def(&cfg.CatchUpPoll, 500*time.Millisecond)
+	def(&cfg.CheckInterval, 2*time.Second)
+	def(&cfg.Interval, 2*time.Second)
+	def(&cfg.Timeout, cfg.Interval*8/10)
+	def(&cfg.LeaseTTL, DefaultLeaseTTL)
+	cfg.Rise = cmp.Or(cfg.Rise, 2)
+	cfg.Fall = cmp.Or(cfg.Fall, 3)
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, 64)
+	return cfg
+}
 
 // Health consumes state events and publishes the rotation.
 type Health struct {
@@ -174,44 +212,12 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 	if js == nil {
 		return nil, errors.New("health: no JetStream context")
 	}
-	if cfg.Subjects.Prefix == "" {
-		cfg.Subjects = messages.NewSubjects("")
-	}
-	if !messages.ValidPrefix(cfg.Subjects.Prefix) {
-		return nil, fmt.Errorf("health: invalid subject prefix %q", cfg.Subjects.Prefix)
-	}
-	if cfg.HTTPAddr == "" {
-		cfg.HTTPAddr = DefaultHTTPAddr
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
 	if cfg.Grace < 0 {
 		return nil, fmt.Errorf("health: negative grace %v", cfg.Grace)
 	}
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
-		}
-	}
-	def(&cfg.OpTimeout, 5*time.Second)
-	def(&cfg.RetryInterval, time.Second)
-	def(&cfg.CatchUpPoll, 500*time.Millisecond)
-	def(&cfg.CheckInterval, 2*time.Second)
-	def(&cfg.Interval, 2*time.Second)
-	def(&cfg.Timeout, cfg.Interval*8/10)
-	def(&cfg.LeaseTTL, DefaultLeaseTTL)
-	if cfg.Rise == 0 {
-		cfg.Rise = 2
-	}
-	if cfg.Fall == 0 {
-		cfg.Fall = 3
-	}
-	if cfg.Concurrency == 0 {
-		cfg.Concurrency = 64
+	cfg = cfg.WithDefaults()
+	if !messages.ValidPrefix(cfg.Subjects.Prefix) {
+		return nil, fmt.Errorf("health: invalid subject prefix %q", cfg.Subjects.Prefix)
 	}
 	switch {
 	case cfg.Rise < 0:

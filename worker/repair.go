@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,15 +51,7 @@ type Repairer struct {
 
 // NewRepairer returns a repairer of t on js. Call Start to run it.
 func NewRepairer(js jetstream.JetStream, t Topology, cfg RepairerConfig) *Repairer {
-	if cfg.Interval <= 0 {
-		cfg.Interval = 5 * time.Second
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = max(cfg.Interval, 5*time.Second)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg = cfg.WithDefaults()
 	return &Repairer{
 		topo: t.withDefaults(), js: js, cfg: cfg, log: cfg.Logger,
 		seen: map[string]uint64{}, done: make(chan struct{}),
@@ -111,11 +104,7 @@ func (r *Repairer) Stop() {
 func (r *Repairer) floors() map[string]uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make(map[string]uint64, len(r.seen))
-	for k, v := range r.seen {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(r.seen)
 }
 
 // Check looks at every stream and bucket once and recreates what is

@@ -43,40 +43,6 @@ func WorkConsumer(host string) string { return "work-" + host }
 // LeasesTTL is the TTL of the PROXY_LEASES bucket.
 const LeasesTTL = time.Minute
 
-func (t Topology) withDefaults() Topology {
-	if t.Subjects.Prefix == "" {
-		t.Subjects = messages.NewSubjects("")
-	}
-	if t.Replicas == 0 {
-		t.Replicas = 1
-	}
-	if t.DuplicateWindow == 0 {
-		t.DuplicateWindow = 2 * time.Minute
-	}
-	if t.ResultsMaxAge == 0 {
-		t.ResultsMaxAge = 24 * time.Hour
-	}
-	if t.DeadMaxAge == 0 {
-		t.DeadMaxAge = 30 * 24 * time.Hour
-	}
-	if t.CommandIDMaxAge == 0 {
-		t.CommandIDMaxAge = 7 * 24 * time.Hour
-	}
-	if t.AckWait == 0 {
-		t.AckWait = 30 * time.Second
-	}
-	if t.MaxAttempts == 0 {
-		t.MaxAttempts = 8
-	}
-	if t.PinnedTTL == 0 {
-		t.PinnedTTL = 15 * time.Second
-	}
-	if t.MaxAckPending == 0 {
-		t.MaxAckPending = 256
-	}
-	return t
-}
-
 // maxDeliver is the server's backstop: the worker gives up after
 // MaxAttempts on its own (failing and dead-lettering the command); the
 // server stops redelivering only well after that, in case a handler crashes

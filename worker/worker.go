@@ -16,7 +16,8 @@ import (
 	"proxyfleet/messages"
 )
 
-// Config of a worker. New fills the zero values with defaults.
+// Config of a worker. New fills the zero values with defaults (see
+// WithDefaults).
 type Config struct {
 	Subjects messages.Subjects
 	Topology Topology
@@ -96,52 +97,7 @@ func (s *Stats) Snapshot() map[string]int64 {
 
 // New returns a worker on js. Call Start to run it.
 func New(js jetstream.JetStream, cfg Config) (*Worker, error) {
-	if cfg.Subjects.Prefix == "" {
-		cfg.Subjects = messages.NewSubjects("")
-	}
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&cfg.AckWait, 30*time.Second)
-	def(&cfg.ReadyTimeout, 5*time.Minute)
-	def(&cfg.PollInterval, 2*time.Second)
-	def(&cfg.PinnedTTL, 15*time.Second)
-	def(&cfg.DrainTimeout, 30*time.Second)
-	def(&cfg.CheckInterval, 5*time.Second)
-	def(&cfg.DeletedTTL, 24*time.Hour)
-	def(&cfg.ObserveInterval, 30*time.Second)
-	def(&cfg.ProgressEvery, 2*time.Second)
-	if cfg.MaxAttempts == 0 {
-		cfg.MaxAttempts = 8
-	}
-	if cfg.Concurrency == 0 {
-		cfg.Concurrency = 8
-	}
-	if cfg.ProxyPort == 0 {
-		cfg.ProxyPort = 3128
-	}
-	if cfg.Backoff == nil {
-		cfg.Backoff = ExpBackoff{Initial: time.Second, Max: 2 * time.Minute}
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	t := &cfg.Topology
-	t.Subjects = cfg.Subjects
-	if t.AckWait == 0 {
-		t.AckWait = cfg.AckWait
-	}
-	if t.MaxAttempts == 0 {
-		t.MaxAttempts = cfg.MaxAttempts
-	}
-	if t.PinnedTTL == 0 {
-		t.PinnedTTL = cfg.PinnedTTL
-	}
+	cfg = cfg.WithDefaults()
 	if len(cfg.Catalog.Hosts) == 0 {
 		return nil, errors.New("worker: catalog has no hosts")
 	}

@@ -116,27 +116,11 @@ func startHealth(ctx context.Context, nc *nats.Conn, c *config.Config, log *slog
 	}
 	// The streams and buckets are set-up's (`proxyfleet setup`, or serve)
 	// to create: health waits for them, then binds them.
-	subj := messages.NewSubjects(c.NATS.Prefix)
 	if err := awaitStreams(ctx, js, c.Worker.CheckInterval, log, messages.StreamEvents,
 		worker.BucketStream(messages.BucketRotation), worker.BucketStream(messages.BucketLeases)); err != nil {
 		return nil, err
 	}
-	h, err := health.New(js, health.Config{
-		Subjects: subj,
-		HTTPAddr: c.Health.HTTP,
-		Logger:   log,
-		Grace:    c.Health.Grace,
-
-		Target:      c.Health.Target,
-		Expect:      c.Health.Expect,
-		ProbeListen: c.Health.ProbeListen,
-		Interval:    c.Health.Interval,
-		Timeout:     c.Health.Timeout,
-		Rise:        c.Health.Rise,
-		Fall:        c.Health.Fall,
-		Concurrency: c.Health.Concurrency,
-		LeaseTTL:    c.Health.LeaseTTL,
-	})
+	h, err := health.New(js, healthConfig(c, log))
 	if err != nil {
 		return nil, err
 	}
@@ -150,6 +134,26 @@ func startHealth(ctx context.Context, nc *nats.Conn, c *config.Config, log *slog
 		defer cancel()
 		h.Stop(sctx)
 	}, nil
+}
+
+// healthConfig maps the config onto a health process's.
+func healthConfig(c *config.Config, log *slog.Logger) health.Config {
+	return health.Config{
+		Subjects: messages.NewSubjects(c.NATS.Prefix),
+		HTTPAddr: c.Health.HTTP,
+		Logger:   log,
+		Grace:    c.Health.Grace,
+
+		Target:      c.Health.Target,
+		Expect:      c.Health.Expect,
+		ProbeListen: c.Health.ProbeListen,
+		Interval:    c.Health.Interval,
+		Timeout:     c.Health.Timeout,
+		Rise:        c.Health.Rise,
+		Fall:        c.Health.Fall,
+		Concurrency: c.Health.Concurrency,
+		LeaseTTL:    c.Health.LeaseTTL,
+	}
 }
 
 // runHealth runs the health role alone.
