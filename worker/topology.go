@@ -15,7 +15,7 @@ import (
 // Streams and buckets are created and updated by Setup (the `proxyfleet
 // setup` verb, and `serve` on its embedded server), which needs an admin
 // credential, and kept in place by a Repairer. A worker only creates and
-// updates its own consumers (see Worker.Start).
+// updates its own consumers (see Worker.Run).
 type Topology struct {
 	Subjects        messages.Subjects
 	Replicas        int
