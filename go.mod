@@ -13,6 +13,7 @@ require (
 	go.uber.org/goleak v1.3.0
 	go.yaml.in/yaml/v3 v3.0.6
 	golang.org/x/crypto v0.59.0
+	golang.org/x/sync v0.24.0
 	golang.org/x/sys v0.50.0
 	libvirt.org/go/libvirtxml v1.12008.0
 )

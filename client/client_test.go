@@ -22,6 +22,7 @@ import (
 	"proxyfleet/client"
 	"proxyfleet/internal/natstest"
 	"proxyfleet/internal/poll"
+	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
 	"proxyfleet/sim"
 	"proxyfleet/worker"
@@ -122,14 +123,7 @@ func (r *rig) startWorker() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		w.Stop(ctx)
-	})
+	runtest.Start(t, w.Run, w.Started(), 10*time.Second)
 }
 
 func ctxFor(t *testing.T, d time.Duration) context.Context {

@@ -65,7 +65,7 @@
 // deletes of the bucket from slightly different folds, and their versions
 // would mean nothing. The lease is taken with Create, renewed every third
 // of LeaseTTL with compare-and-set on its revision, and released (deleted
-// at its revision) on Stop. The bucket's own TTL (1m, set by the
+// at its revision) when Run stops. The bucket's own TTL (1m, set by the
 // set-up step that creates it) only clears a lease nobody renews; expiry is read
 // from the lease itself: a standby that sees the same revision for the
 // TTL the holder wrote in the value, by the standby's own clock (so clocks
@@ -137,13 +137,13 @@
 // # Repairs
 //
 // Health creates no stream and no bucket: a set-up step with the right to
-// (proxyfleet setup, which serve runs on its embedded server) does. Start
+// (proxyfleet setup, which serve runs on its embedded server) does. Run
 // binds PROXY_EVENTS, PROXY_ROTATION and PROXY_LEASES if they are there;
 // each one missing is logged at error level (and again every minute while
 // it stays missing), named by /healthz and counted in
 // proxyfleet_health_topology_missing, and a keeper goroutine binds them
 // once they are back. Only a setting that disagrees with what exists (a
-// lease longer than the leases bucket's TTL) fails Start.
+// lease longer than the leases bucket's TTL) keeps Run from starting.
 //
 // The keeper then looks every CheckInterval at the buckets, the stream and
 // the consumer, and at once when the consumer reports trouble. It makes
@@ -161,6 +161,16 @@
 // anew needs no repair: the next publish, which fails while it is gone,
 // reads it again; a leases bucket created anew has no lease, and the
 // holder takes it again.
+//
+// # Lifecycle
+//
+// Run is a process's whole life: it listens, binds, consumes, probes and
+// publishes until its context ends, then deletes its consumer, releases
+// the lease and shuts HTTP down, and returns nil. It returns early the
+// error that kept it from starting, and after stopping what ended it: a
+// server of its that stopped serving, or its NATS connection closed for
+// good. The defaults live in Config.WithDefaults (package config takes
+// its own from there).
 //
 // Left open: a probe is not spread over the interval (a round starts all
 // at once, bounded by Concurrency); a request in flight when a paused

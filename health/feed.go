@@ -20,7 +20,7 @@ import (
 // the stream itself (created anew). See the package doc, "Repairs".
 
 // consumerInactive is how long the server keeps a consumer of a health
-// process it no longer hears from (a process that died without Stop).
+// process it no longer hears from (a process that died without stopping).
 const consumerInactive = 5 * time.Minute
 
 // staleRepeat is how often an error about a stream or bucket that stays
@@ -28,7 +28,7 @@ const consumerInactive = 5 * time.Minute
 const staleRepeat = time.Minute
 
 // errMismatch marks a difference between this process's settings and what
-// the server has: refused at Start, logged and retried afterwards.
+// the server has: refused at start (Run returns it), logged and retried afterwards.
 var errMismatch = errors.New("settings disagree with the server")
 
 // errGap marks events lost in transit: the consumer's delivery sequence
@@ -286,7 +286,7 @@ func (h *Health) suspectFeed(gen uint64, err error) {
 	}
 }
 
-// keep runs the keeper until ctx ends: it binds what Start could not,
+// keep runs the keeper until ctx ends: it binds what Run could not at start,
 // then looks at the stream, the buckets and the consumer every
 // CheckInterval (CatchUpPoll while catching up) or when the consumer
 // reports trouble, and repairs what it must.

@@ -1,6 +1,7 @@
 package health
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -24,7 +26,8 @@ const DefaultHTTPAddr = "127.0.0.1:8080"
 // Handler where it likes.
 const NoHTTP = "-"
 
-// Config of a health process. New fills the zero values with defaults.
+// Config of a health process. New fills the zero values with defaults (see
+// WithDefaults).
 type Config struct {
 	Subjects messages.Subjects
 	// HTTPAddr is the listen address of /rotation, /healthz and /metrics;
@@ -97,6 +100,42 @@ type Config struct {
 // DefaultLeaseTTL is Config.LeaseTTL's default.
 const DefaultLeaseTTL = 15 * time.Second
 
+// WithDefaults returns cfg with every zero value (and negative duration)
+// filled with its default: the one place the health process's defaults
+// live (package config takes its own from here). Timeout's follows
+// Interval; Grace has none (zero demotes at once); Instance is New's to
+// make.
+func (cfg Config) WithDefaults() Config {
+	if cfg.Subjects.Prefix == "" {
+		cfg.Subjects = messages.NewSubjects("")
+	}
+	if cfg.HTTPAddr == "" {
+		cfg.HTTPAddr = DefaultHTTPAddr
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&cfg.OpTimeout, 5*time.Second)
+	def(&cfg.RetryInterval, time.Second)
+	def(&cfg.CatchUpPoll, 500*time.Millisecond)
+	def(&cfg.CheckInterval, 2*time.Second)
+	def(&cfg.Interval, 2*time.Second)
+	def(&cfg.Timeout, cfg.Interval*8/10)
+	def(&cfg.LeaseTTL, DefaultLeaseTTL)
+	cfg.Rise = cmp.Or(cfg.Rise, 2)
+	cfg.Fall = cmp.Or(cfg.Fall, 3)
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, 64)
+	return cfg
+}
+
 // Health consumes state events and publishes the rotation.
 type Health struct {
 	cfg  Config
@@ -132,23 +171,25 @@ type Health struct {
 
 	wake chan struct{}
 
-	startOnce sync.Once
-	started   bool
-	ln        net.Listener
-	srv       *http.Server
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
-	stopOnce  sync.Once
+	// The lifecycle (see Run): ln, srv, probeLn and probeSrv are set by
+	// Run before it closes started, then only read.
+	ran      atomic.Bool
+	started  chan struct{}
+	ln       net.Listener
+	srv      *http.Server
+	serveErr chan error // a server that stopped serving
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
 
 	// bucket is what the loop believes PROXY_ROTATION holds; nil until it
 	// has been read once, after the catch-up. Owned by the loop.
 	bucket map[string]string
 
-	// Set by the first successful bind (in Start, or by the keeper), then
+	// Set by the first successful bind (in Run's start, or by the keeper), then
 	// only read, by the loop once boundCh is closed.
 	kv      jetstream.KeyValue
 	boundCh chan struct{}
-	// Owned by Start, then by the keeper (see feed.go).
+	// Owned by Run's start, then by the keeper (see feed.go).
 	bound         bool
 	seeded        int
 	feed          *feed
@@ -169,49 +210,17 @@ type Health struct {
 	probeStats probeStats
 }
 
-// New returns a health process on js. Call Start to run it.
+// New returns a health process on js. Call Run to run it.
 func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 	if js == nil {
 		return nil, errors.New("health: no JetStream context")
 	}
-	if cfg.Subjects.Prefix == "" {
-		cfg.Subjects = messages.NewSubjects("")
-	}
-	if !messages.ValidPrefix(cfg.Subjects.Prefix) {
-		return nil, fmt.Errorf("health: invalid subject prefix %q", cfg.Subjects.Prefix)
-	}
-	if cfg.HTTPAddr == "" {
-		cfg.HTTPAddr = DefaultHTTPAddr
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
 	if cfg.Grace < 0 {
 		return nil, fmt.Errorf("health: negative grace %v", cfg.Grace)
 	}
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
-		}
-	}
-	def(&cfg.OpTimeout, 5*time.Second)
-	def(&cfg.RetryInterval, time.Second)
-	def(&cfg.CatchUpPoll, 500*time.Millisecond)
-	def(&cfg.CheckInterval, 2*time.Second)
-	def(&cfg.Interval, 2*time.Second)
-	def(&cfg.Timeout, cfg.Interval*8/10)
-	def(&cfg.LeaseTTL, DefaultLeaseTTL)
-	if cfg.Rise == 0 {
-		cfg.Rise = 2
-	}
-	if cfg.Fall == 0 {
-		cfg.Fall = 3
-	}
-	if cfg.Concurrency == 0 {
-		cfg.Concurrency = 64
+	cfg = cfg.WithDefaults()
+	if !messages.ValidPrefix(cfg.Subjects.Prefix) {
+		return nil, fmt.Errorf("health: invalid subject prefix %q", cfg.Subjects.Prefix)
 	}
 	switch {
 	case cfg.Rise < 0:
@@ -233,6 +242,8 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 		log: cfg.Logger.With("component", "health", "instance", cfg.Instance), now: cfg.Now,
 		fold:       NewFold(cfg.Grace, cfg.Now),
 		caughtUpCh: make(chan struct{}),
+		started:    make(chan struct{}),
+		serveErr:   make(chan error, 2),
 		wake:       make(chan struct{}, 1),
 		boundCh:    make(chan struct{}),
 		check:      make(chan struct{}, 1),
@@ -263,148 +274,6 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 // probing reports whether proxies are probed (else: events only).
 func (h *Health) probing() bool {
 	return h.cfg.Prober != nil || h.cfg.Target != "" || h.cfg.ProbeListen != ""
-}
-
-// Start listens on HTTPAddr (and ProbeListen), binds the stream and the
-// buckets and starts consuming. It does not create them (a set-up step
-// with the right to, proxyfleet setup, does): one that is missing is
-// logged at error level and waited for in the background. A config that
-// disagrees with what exists (a lease longer than the leases bucket's TTL)
-// fails Start. It returns once all runs; CaughtUp tells when the initial
-// picture is complete.
-func (h *Health) Start(ctx context.Context) error {
-	err := errors.New("health: already started")
-	h.startOnce.Do(func() { err = h.start(ctx) })
-	return err
-}
-
-func (h *Health) start(ctx context.Context) error {
-	var err error
-	closeListeners := func() {
-		for _, ln := range []net.Listener{h.ln, h.probeLn} {
-			if ln != nil {
-				ln.Close()
-			}
-		}
-	}
-	if h.cfg.HTTPAddr != NoHTTP {
-		if h.ln, err = net.Listen("tcp", h.cfg.HTTPAddr); err != nil {
-			return fmt.Errorf("health: listen on %s: %w", h.cfg.HTTPAddr, err)
-		}
-		h.srv = &http.Server{Handler: h.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
-	}
-	if h.cfg.ProbeListen != "" {
-		if h.probeLn, err = net.Listen("tcp", h.cfg.ProbeListen); err != nil {
-			closeListeners()
-			return fmt.Errorf("health: listen on %s for probes: %w", h.cfg.ProbeListen, err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("GET "+ProbePath, ProbeHandler())
-		h.probeSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
-		if h.prober == nil {
-			p, err := NewHTTPProber("http://"+h.probeLn.Addr().String()+ProbePath, h.cfg.Expect)
-			if err != nil {
-				closeListeners()
-				return fmt.Errorf("health: %w", err)
-			}
-			h.prober = p
-		}
-	}
-
-	if err := h.bind(ctx); err != nil {
-		if errors.Is(err, errMismatch) {
-			closeListeners()
-			return fmt.Errorf("health: %w", err)
-		}
-		h.mu.Lock()
-		h.bindErr = err
-		h.mu.Unlock()
-		if !isGone(err) {
-			h.log.Error("binding the stream and buckets: trying again in the background", "err", err)
-		}
-	}
-	// Read before the keeper runs and may change them.
-	bound, seeded := "yes", h.seeded
-	if !h.bound {
-		bound = "waiting for the stream and buckets"
-	}
-	runCtx, cancel := context.WithCancel(context.Background())
-	h.cancel = cancel
-	h.started = true
-	if h.srv != nil {
-		h.wg.Add(1)
-		go func() {
-			defer h.wg.Done()
-			if err := h.srv.Serve(h.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				h.log.Error("http server", "err", err)
-			}
-		}()
-	}
-	if h.probeSrv != nil {
-		h.wg.Add(1)
-		go func() {
-			defer h.wg.Done()
-			if err := h.probeSrv.Serve(h.probeLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				h.log.Error("probe target server", "err", err)
-			}
-		}()
-	}
-	if h.prober != nil {
-		h.wg.Add(1)
-		go func() {
-			defer h.wg.Done()
-			h.probeLoop(runCtx)
-		}()
-	}
-	h.wg.Add(2)
-	go func() {
-		defer h.wg.Done()
-		h.keep(runCtx)
-	}()
-	go func() {
-		defer h.wg.Done()
-		h.loop(runCtx)
-	}()
-	if h.prober != nil {
-		h.log.Info("health started", "http", h.Addr(), "grace", h.cfg.Grace, "seeded", seeded, "bound", bound,
-			"probe_target", h.probeTarget(), "interval", h.cfg.Interval, "timeout", h.cfg.Timeout,
-			"rise", h.cfg.Rise, "fall", h.cfg.Fall, "lease_ttl", h.cfg.LeaseTTL)
-	} else {
-		h.log.Warn("health started without probing: a running event alone puts a proxy in the rotation (set a probe target or listen address)",
-			"http", h.Addr(), "grace", h.cfg.Grace, "seeded", seeded, "bound", bound, "lease_ttl", h.cfg.LeaseTTL)
-	}
-	return nil
-}
-
-// Stop stops consuming, publishing and serving, and waits for its
-// goroutines (or for ctx).
-func (h *Health) Stop(ctx context.Context) {
-	h.stopOnce.Do(func() {
-		h.startOnce.Do(func() {}) // a Start after Stop fails
-		if !h.started {
-			return
-		}
-		// The keeper stops consuming and deletes its consumer; the
-		// loop releases the lease.
-		h.cancel()
-		for _, srv := range []*http.Server{h.srv, h.probeSrv} {
-			if srv == nil {
-				continue
-			}
-			if err := srv.Shutdown(ctx); err != nil {
-				h.log.Warn("http shutdown", "err", err)
-				srv.Close()
-			}
-		}
-		done := make(chan struct{})
-		go func() { h.wg.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-ctx.Done():
-			h.log.Warn("health stop: goroutines still running", "err", ctx.Err())
-		}
-		h.log.Info("health stopped")
-	})
 }
 
 // Addr is the address HTTP is served on, once started ("" before, or with

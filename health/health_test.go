@@ -22,6 +22,7 @@ import (
 	"proxyfleet/health"
 	"proxyfleet/internal/natstest"
 	"proxyfleet/internal/poll"
+	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
 	"proxyfleet/worker"
 )
@@ -38,6 +39,8 @@ type rig struct {
 	nc  *nats.Conn
 	js  jetstream.JetStream
 	kv  jetstream.KeyValue
+
+	runs map[*health.Health]*runtest.Running // of start and startWith
 
 	mu    sync.Mutex
 	snaps []messages.Rotation
@@ -116,20 +119,23 @@ func (r *rig) startWith(js jetstream.JetStream, cfg health.Config) *health.Healt
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	if err := h.Start(context.Background()); err != nil {
-		r.t.Fatal(err)
+	if r.runs == nil {
+		r.runs = map[*health.Health]*runtest.Running{}
 	}
-	r.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		h.Stop(ctx)
-	})
+	r.runs[h] = runtest.Start(r.t, h.Run, h.Started(), 10*time.Second)
 	select {
 	case <-h.CaughtUp():
 	case <-time.After(10 * time.Second):
 		r.t.Fatal("health did not catch up within 10s")
 	}
 	return h
+}
+
+// stop stops h, started by start or startWith, and returns what its Run
+// returned.
+func (r *rig) stop(h *health.Health) error {
+	r.t.Helper()
+	return r.runs[h].Stop()
 }
 
 func event(id string, seq uint64, state, ip string) messages.StateEvent {
@@ -536,17 +542,20 @@ func TestNotReadyBeforeCatchUp(t *testing.T) {
 	}
 }
 
-func TestStopThenStartFails(t *testing.T) {
+func TestRunAgainFails(t *testing.T) {
 	r := newRig(t)
 	h := r.start(health.Config{})
-	ctx := context.Background()
-	h.Stop(ctx)
-	h.Stop(ctx) // idempotent
-	if err := h.Start(ctx); err == nil {
-		t.Fatal("Start after Stop succeeded")
+	if err := r.stop(h); err != nil {
+		t.Fatalf("Run stopped by its context: %v", err)
+	}
+	if err := r.stop(h); err != nil { // idempotent
+		t.Fatal(err)
+	}
+	if err := h.Run(context.Background()); err == nil {
+		t.Fatal("a second Run succeeded")
 	}
 	if _, err := http.Get("http://" + h.Addr() + "/healthz"); err == nil {
-		t.Fatal("HTTP still served after Stop")
+		t.Fatal("HTTP still served after Run returned")
 	}
 }
 
@@ -600,14 +609,19 @@ func TestNoHTTP(t *testing.T) {
 	})
 }
 
-func TestStopWithoutStart(t *testing.T) {
+// Run with its context already done starts nothing and returns nil.
+func TestRunStoppedBeforeItStarts(t *testing.T) {
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)
-	h, err := health.New(js, health.Config{})
+	h, err := health.New(js, health.Config{HTTPAddr: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.Stop(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := h.Run(ctx); err != nil {
+		t.Fatalf("Run with a done context: %v", err)
+	}
 }
 
 // When no message will ever say it was the last one (here: the stream
@@ -692,5 +706,21 @@ func TestCatchUpUnderConcurrentEvents(t *testing.T) {
 		default:
 		}
 		break
+	}
+}
+
+// A health process whose NATS connection is closed for good can neither
+// hear events nor publish: its Run ends with that error once it has
+// stopped, instead of serving a rotation that no longer changes.
+func TestRunEndsWhenItsConnectionCloses(t *testing.T) {
+	r := newRig(t)
+	nc, js := r.srv.Connect(t)
+	h := r.startWith(js, health.Config{CheckInterval: 50 * time.Millisecond})
+	nc.Close()
+	if err := r.runs[h].Wait(10 * time.Second); !errors.Is(err, nats.ErrConnectionClosed) {
+		t.Fatalf("Run after its connection closed = %v, want %v", err, nats.ErrConnectionClosed)
+	}
+	if _, err := http.Get("http://" + h.Addr() + "/healthz"); err == nil {
+		t.Fatal("HTTP still served after Run returned")
 	}
 }

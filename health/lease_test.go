@@ -274,9 +274,7 @@ func TestTakeover(t *testing.T) {
 			if kill {
 				nc1.Close() // the process dies: nothing is released
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			h1.Stop(ctx)
-			cancel()
+			_ = r.stop(h1)
 			waitFor(t, "the standby to take over", h2.Holder)
 			took := time.Since(start)
 			// The last renewal came at most a third of the TTL before the kill.
@@ -342,9 +340,9 @@ func TestRestartLoadsTheRotation(t *testing.T) {
 	}
 	r.waitBucket(want)
 	last := r.waitSnapshot(want).Version
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	h1.Stop(ctx)
-	cancel()
+	if err := r.stop(h1); err != nil {
+		t.Fatal(err)
+	}
 
 	// p1 stopped answering while no process ran.
 	p.set("198.18.100.2:3128", true)

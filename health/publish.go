@@ -16,7 +16,7 @@ func (h *Health) loop(ctx context.Context) {
 	select {
 	case <-ctx.Done():
 		return
-	case <-h.boundCh: // the keeper (or Start) bound the buckets
+	case <-h.boundCh: // the keeper (or Run's start) bound the buckets
 	}
 	defer h.releaseLease()
 	timer := time.NewTimer(time.Hour)

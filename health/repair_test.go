@@ -21,6 +21,7 @@ import (
 	"proxyfleet/internal/faultproxy"
 	"proxyfleet/internal/natstest"
 	"proxyfleet/internal/poll"
+	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
 	"proxyfleet/worker"
 )
@@ -315,14 +316,8 @@ func TestStartWaitsForTheTopology(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := h.Start(ctx); err != nil {
-		t.Fatalf("Start without the stream and buckets: %v; want it to wait for them", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		h.Stop(ctx)
-	})
+	// Run without the stream and buckets starts, and waits for them.
+	runtest.Start(t, h.Run, h.Started(), 10*time.Second)
 	for _, name := range []string{messages.StreamEvents, messages.BucketRotation, messages.BucketLeases} {
 		poll.Until(t, "an error-level log naming "+name, repairBound, func() bool { return errs.has(name) })
 	}
@@ -370,9 +365,13 @@ func TestStartRefusesALeaseLongerThanTheBucketTTL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = h.Start(ctx)
+	err = runtest.Go(t, h.Run).Wait(10 * time.Second)
 	if err == nil || !strings.Contains(err.Error(), "lease ttl") {
-		t.Fatalf("Start with a lease longer than the bucket's TTL: %v", err)
+		t.Fatalf("Run with a lease longer than the bucket's TTL: %v", err)
 	}
-	h.Stop(ctx)
+	select {
+	case <-h.Started():
+		t.Fatal("Started closed by a Run that refused to start")
+	default:
+	}
 }

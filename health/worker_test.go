@@ -1,7 +1,6 @@
 package health_test
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"proxyfleet/health"
+	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
 	"proxyfleet/sim"
 	"proxyfleet/worker"
@@ -42,16 +42,7 @@ func (r *rig) startWorker(hosts ...string) {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := w.Start(ctx); err != nil {
-		r.t.Fatal(err)
-	}
-	r.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		w.Stop(ctx)
-	})
+	runtest.Start(r.t, w.Run, w.Started(), 10*time.Second)
 }
 
 func (r *rig) command(subject string, cmd any) {

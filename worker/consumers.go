@@ -101,7 +101,7 @@ type consumerRun struct {
 
 	kick chan struct{} // the consume error handler asks for a check
 
-	// Owned by Start, then by supervise, then by Stop once supervise ended.
+	// Owned by start, then by supervise, then by drain once supervise ended.
 	cc      jetstream.ConsumeContext
 	created time.Time // of the consumer cc pulls from
 	retired []jetstream.ConsumeContext
@@ -157,7 +157,7 @@ func closed(cc jetstream.ConsumeContext) bool {
 	}
 }
 
-// retire stops the current consume context; Stop still waits for it.
+// retire stops the current consume context; drain still waits for it.
 func (c *consumerRun) retire() {
 	if c.cc == nil {
 		return

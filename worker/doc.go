@@ -22,4 +22,28 @@
 // refuses to start when one disagrees with its config. Its consumers are its
 // own: it creates or updates them at start and recreates them within
 // CheckInterval when they are deleted under it.
+//
+// # Lifecycle
+//
+// A Worker and a Repairer each run as one call, Run(ctx) error: a worker
+// starts (waiting for the topology, creating its consumers), consumes
+// until ctx is done, then drains (stops pulling, lets in-flight work
+// finish within DrainTimeout, hands back the rest, unpins its hosts) and
+// returns nil; it returns the error that kept it from starting, or, after
+// draining, its NATS connection closed for good. The defaults of Config,
+// Topology and RepairerConfig live in one place, their WithDefaults.
+//
+// # Files
+//
+// worker.go is Config, Worker and New; run.go is Run (start, drain,
+// unpin); defaults.go the defaults. intake.go turns commands into desired
+// state (desired.go) and work; executor.go converges one proxy, observe.go
+// re-reads a host's proxies and events.go publishes their state events.
+// Both run their messages on a pool (pool.go), which keeps each in
+// progress and binds it to the fence (fence.go) that abandons work once
+// cut off from NATS; locks.go serialises one proxy's work. consumers.go
+// keeps a consumer consumed; topology.go, setup.go and diff.go are the
+// streams, buckets and consumers as the config wants them and how they are
+// made so; repair.go is the Repairer; backoff.go the retry delays;
+// provider.go the Provider a host implements.
 package worker

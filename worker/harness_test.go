@@ -18,6 +18,7 @@ import (
 
 	"proxyfleet/internal/natstest"
 	"proxyfleet/internal/poll"
+	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
 	"proxyfleet/sim"
 	"proxyfleet/worker"
@@ -40,6 +41,8 @@ type rig struct {
 	mu      sync.Mutex
 	results []messages.Result
 	events  map[string][]messages.StateEvent
+
+	runs sync.Map // *worker.Worker → *runtest.Running, of startWorker
 }
 
 func newRig(t *testing.T, hosts ...string) *rig {
@@ -181,15 +184,16 @@ func (r *rig) startWorkerAs(opt nats.Option, opts ...workerOpt) *worker.Worker {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	if err := w.Start(ctx); err != nil {
-		r.t.Fatal(err)
-	}
-	r.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		w.Stop(ctx)
-	})
+	r.runs.Store(w, runtest.Start(r.t, w.Run, w.Started(), 10*time.Second))
 	return w
+}
+
+// stopWorker stops w, started by startWorker: it drains. It returns what
+// w's Run returned.
+func (r *rig) stopWorker(w *worker.Worker) error {
+	r.t.Helper()
+	run, _ := r.runs.Load(w)
+	return run.(*runtest.Running).Stop()
 }
 
 // setup creates the streams and buckets a worker of cfg needs, as

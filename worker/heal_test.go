@@ -13,6 +13,7 @@ import (
 
 	"proxyfleet/health"
 	"proxyfleet/internal/poll"
+	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
 	"proxyfleet/worker"
 )
@@ -30,8 +31,7 @@ func (r *rig) startRepairer(interval time.Duration) *worker.Repairer {
 	if _, err := rep.Setup(ctx); err != nil {
 		r.t.Fatal(err)
 	}
-	rep.Start()
-	r.t.Cleanup(rep.Stop)
+	runtest.Go(r.t, rep.Run)
 	return rep
 }
 
@@ -46,16 +46,7 @@ func (r *rig) startHealth() *health.Health {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := h.Start(ctx); err != nil {
-		r.t.Fatal(err)
-	}
-	r.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		h.Stop(ctx)
-	})
+	runtest.Start(r.t, h.Run, h.Started(), 10*time.Second)
 	return h
 }
 
@@ -253,7 +244,7 @@ func (r *rig) pinned(host string) string {
 
 // A worker whose consumers are deleted under it recreates them within
 // seconds, says so at error level, counts it, goes on working, and still
-// drains and unpins on Stop.
+// drains and unpins when it stops.
 func TestWorkerRecreatesDeletedConsumers(t *testing.T) {
 	r := newRig(t, "h1")
 	var logs syncBuf
@@ -284,8 +275,10 @@ func TestWorkerRecreatesDeletedConsumers(t *testing.T) {
 	if r.pinned("h1") == "" {
 		t.Fatal("the recreated work consumer is pinned to nobody")
 	}
-	w.Stop(ctx)
+	if err := r.stopWorker(w); err != nil {
+		t.Fatal(err)
+	}
 	if p := r.pinned("h1"); p != "" {
-		t.Fatalf("work-h1 still pinned to %s after Stop", p)
+		t.Fatalf("work-h1 still pinned to %s after the worker stopped", p)
 	}
 }

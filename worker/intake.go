@@ -5,10 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
+	"slices"
 	"strconv"
-	"sync"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -25,17 +23,8 @@ type Catalog struct {
 	DefaultMemoryMiB int
 }
 
-func (c Catalog) hasHost(h string) bool  { return contains(c.Hosts, h) }
-func (c Catalog) hasImage(i string) bool { return contains(c.Images, i) }
-
-func contains(xs []string, x string) bool {
-	for _, v := range xs {
-		if v == x {
-			return true
-		}
-	}
-	return false
-}
+func (c Catalog) hasHost(h string) bool  { return slices.Contains(c.Hosts, h) }
+func (c Catalog) hasImage(i string) bool { return slices.Contains(c.Images, i) }
 
 // maxCommandIDLen bounds the Nats-Msg-Id a client may set.
 const maxCommandIDLen = 256
@@ -244,7 +233,7 @@ func (in *intake) place(rec, cur *messages.Desired) {
 	switch rec.Op {
 	case messages.OpCreate:
 		if rec.Host == "" {
-			if cur != nil && cur.Op == messages.OpCreate && contains(hosts, cur.Host) {
+			if cur != nil && cur.Op == messages.OpCreate && slices.Contains(hosts, cur.Host) {
 				rec.Host = cur.Host
 			} else {
 				rec.Host = pickHost(rec.ID, hosts)
@@ -332,71 +321,4 @@ func (w *Worker) deadLetter(ctx context.Context, id, cmdID, op string, seq uint6
 		Reason: fmt.Sprintf("gave up after %d attempts: %v", attempts, cause), Class: string(classOf(cause))}); err != nil {
 		w.log.Error("publish failed result", "id", id, "err", err)
 	}
-}
-
-// runPool runs handle for every message of a consumer, at most n at once,
-// keeping each message in progress while it waits or runs. It returns when
-// ctx is done and every handler has returned.
-type pool struct {
-	sem   chan struct{}
-	wg    sync.WaitGroup
-	log   *slog.Logger
-	tick  time.Duration
-	fence *fence // abandons in-flight work when cut off from NATS; nil: none
-}
-
-// newPool ticks InProgress every quarter of ackWait (see fence for why a
-// quarter).
-func newPool(n int, ackWait time.Duration, log *slog.Logger, f *fence) *pool {
-	t := ackWait / 4
-	if t <= 0 {
-		t = time.Second
-	}
-	return &pool{sem: make(chan struct{}, n), log: log, tick: t, fence: f}
-}
-
-// submit starts a goroutine for msg; it owns msg until it returns. msg is
-// bound to the fence's generation of its delivery: waiting for a slot
-// counts as in flight.
-func (p *pool) submit(ctx context.Context, msg jetstream.Msg, handle func(context.Context, jetstream.Msg)) {
-	ctx, release := p.fence.bind(ctx)
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		defer release()
-		stop := keepInProgress(msg, p.tick)
-		defer stop()
-		select {
-		case p.sem <- struct{}{}:
-		case <-ctx.Done():
-			_ = msg.NakWithDelay(0) // never started: hand it back now
-			return
-		}
-		defer func() { <-p.sem }()
-		handle(ctx, msg)
-	}()
-}
-
-func (p *pool) wait() { p.wg.Wait() }
-
-// keepInProgress tells JetStream every tick that msg is still being worked
-// on, until the returned func is called.
-func keepInProgress(msg jetstream.Msg, tick time.Duration) func() {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(tick)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				_ = msg.InProgress()
-			}
-		}
-	}()
-	return func() { close(done); wg.Wait() }
 }

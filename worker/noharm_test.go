@@ -14,6 +14,7 @@ import (
 	"proxyfleet/fleet"
 	"proxyfleet/health"
 	"proxyfleet/internal/natstest"
+	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
 	"proxyfleet/sim"
 	"proxyfleet/worker"
@@ -38,16 +39,9 @@ func (r *rig) watchRotation() *rotationWatch {
 	if err != nil {
 		r.t.Fatal(err)
 	}
+	runtest.Start(r.t, h.Run, h.Started(), 10*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := h.Start(ctx); err != nil {
-		r.t.Fatal(err)
-	}
-	r.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		h.Stop(ctx)
-	})
 	kv, err := r.js.KeyValue(ctx, messages.BucketRotation)
 	if err != nil {
 		r.t.Fatal(err)
@@ -183,9 +177,9 @@ func TestUnpublishableResultDeletesNothing(t *testing.T) {
 	w1 := r.startWorker(func(c *worker.Config) { c.MaxAttempts = 3 })
 	rw := r.watchRotation()
 	before := r.runningInRotation(rw, "p1", "c1")
-	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	w1.Stop(stopCtx)
-	cancel()
+	if err := r.stopWorker(w1); err != nil {
+		t.Fatal(err)
+	}
 
 	// Intake on a worker that may answer, execution on one that may not.
 	r.startWorker(func(c *worker.Config) { c.Providers = nil })

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/messages"
@@ -42,26 +44,14 @@ type Repairer struct {
 	repairs atomic.Int64
 	mu      sync.Mutex
 	seen    map[string]uint64 // last sequence seen, by stream
-
-	startOnce, stopOnce sync.Once
-	cancel              context.CancelFunc
-	done                chan struct{}
 }
 
-// NewRepairer returns a repairer of t on js. Call Start to run it.
+// NewRepairer returns a repairer of t on js. Call Run to run it.
 func NewRepairer(js jetstream.JetStream, t Topology, cfg RepairerConfig) *Repairer {
-	if cfg.Interval <= 0 {
-		cfg.Interval = 5 * time.Second
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = max(cfg.Interval, 5*time.Second)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg = cfg.WithDefaults()
 	return &Repairer{
 		topo: t.withDefaults(), js: js, cfg: cfg, log: cfg.Logger,
-		seen: map[string]uint64{}, done: make(chan struct{}),
+		seen: map[string]uint64{},
 	}
 }
 
@@ -74,48 +64,31 @@ func (r *Repairer) Setup(ctx context.Context) ([]Change, error) {
 	return r.topo.setup(ctx, r.js, r.floors())
 }
 
-// Start checks every Interval until Stop. A first check runs at once.
-func (r *Repairer) Start() {
-	r.startOnce.Do(func() {
-		ctx, cancel := context.WithCancel(context.Background())
-		r.cancel = cancel
-		go func() {
-			defer close(r.done)
-			t := time.NewTicker(r.cfg.Interval)
-			defer t.Stop()
-			for {
-				cctx, ccancel := context.WithTimeout(ctx, r.cfg.Timeout)
-				r.Check(cctx)
-				ccancel()
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-				}
-			}
-		}()
-	})
-}
-
-// Stop ends the checks and waits for the one running, if any.
-func (r *Repairer) Stop() {
-	r.stopOnce.Do(func() {
-		r.startOnce.Do(func() { close(r.done) }) // never started
-		if r.cancel != nil {
-			r.cancel()
+// Run checks every Interval, the first time at once, until ctx is done;
+// then it returns nil, having waited for the check running. It fails when
+// its NATS connection is closed for good.
+func (r *Repairer) Run(ctx context.Context) error {
+	t := time.NewTicker(r.cfg.Interval)
+	defer t.Stop()
+	for {
+		if r.js.Conn().IsClosed() {
+			return fmt.Errorf("repairer: %w", nats.ErrConnectionClosed)
 		}
-		<-r.done
-	})
+		cctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+		r.Check(cctx)
+		cancel()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
 }
 
 func (r *Repairer) floors() map[string]uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make(map[string]uint64, len(r.seen))
-	for k, v := range r.seen {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(r.seen)
 }
 
 // Check looks at every stream and bucket once and recreates what is

@@ -1,10 +1,14 @@
 package worker_test
 
 import (
-	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
 	"proxyfleet/sim"
 	"proxyfleet/worker"
@@ -43,9 +47,9 @@ func TestStopFinishesInFlightWork(t *testing.T) {
 	w := r.startWorker(slowHosts(r, 300*time.Millisecond), func(c *worker.Config) { c.DrainTimeout = 10 * time.Second })
 	r.create("p1", "c1", "")
 	r.waitState("p1", messages.StateProvisioning)
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	w.Stop(ctx)
+	if err := r.stopWorker(w); err != nil {
+		t.Fatal(err)
+	}
 	if len(r.resultsFor("c1")) < 2 {
 		// The done result is published before Stop returns.
 		r.waitOutcome("c1", messages.OutcomeDone)
@@ -67,10 +71,10 @@ func TestStopHandsBackWorkPastTheDrainTimeout(t *testing.T) {
 	})
 	r.create("p1", "c1", "")
 	r.waitState("p1", messages.StateProvisioning)
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
 	start := time.Now()
-	w.Stop(ctx)
+	if err := r.stopWorker(w); err != nil {
+		t.Fatal(err)
+	}
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("stop took %s", d)
 	}
@@ -86,5 +90,32 @@ func TestStopHandsBackWorkPastTheDrainTimeout(t *testing.T) {
 	r.waitOutcome("c1", messages.OutcomeDone)
 	if n := len(readLines(r.hostDir("h1") + "/creates.log")); n > 2 {
 		t.Errorf("creates.log has %d fields: created twice", n)
+	}
+}
+
+// A worker whose NATS connection is closed for good can do nothing more:
+// its Run ends, with that error, once it has drained, instead of leaving a
+// process that looks alive.
+func TestRunEndsWhenItsConnectionCloses(t *testing.T) {
+	r := newRig(t, "h1")
+	nc, js := r.srv.Connect(t)
+	var logs syncBuf
+	cfg := worker.Config{
+		Subjects: subj, Catalog: worker.Catalog{Hosts: []string{"h1"}, Images: []string{"img"}, DefaultImage: "img"},
+		Providers:     map[string]worker.Provider{"h1": simHost(t, r, "h1")},
+		CheckInterval: 50 * time.Millisecond, Logger: logTo(&logs),
+	}
+	r.setup(ctxFor(t, 10*time.Second), cfg)
+	w, err := worker.New(js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := runtest.Start(t, w.Run, w.Started(), 10*time.Second)
+	nc.Close()
+	if err := run.Wait(10 * time.Second); !errors.Is(err, nats.ErrConnectionClosed) {
+		t.Fatalf("Run after its connection closed = %v, want %v", err, nats.ErrConnectionClosed)
+	}
+	if !strings.Contains(logs.String(), "draining worker") {
+		t.Errorf("the worker did not drain:\n%s", logs.String())
 	}
 }

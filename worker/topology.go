@@ -15,7 +15,7 @@ import (
 // Streams and buckets are created and updated by Setup (the `proxyfleet
 // setup` verb, and `serve` on its embedded server), which needs an admin
 // credential, and kept in place by a Repairer. A worker only creates and
-// updates its own consumers (see Worker.Start).
+// updates its own consumers (see Worker.Run).
 type Topology struct {
 	Subjects        messages.Subjects
 	Replicas        int
@@ -42,40 +42,6 @@ func WorkConsumer(host string) string { return "work-" + host }
 
 // LeasesTTL is the TTL of the PROXY_LEASES bucket.
 const LeasesTTL = time.Minute
-
-func (t Topology) withDefaults() Topology {
-	if t.Subjects.Prefix == "" {
-		t.Subjects = messages.NewSubjects("")
-	}
-	if t.Replicas == 0 {
-		t.Replicas = 1
-	}
-	if t.DuplicateWindow == 0 {
-		t.DuplicateWindow = 2 * time.Minute
-	}
-	if t.ResultsMaxAge == 0 {
-		t.ResultsMaxAge = 24 * time.Hour
-	}
-	if t.DeadMaxAge == 0 {
-		t.DeadMaxAge = 30 * 24 * time.Hour
-	}
-	if t.CommandIDMaxAge == 0 {
-		t.CommandIDMaxAge = 7 * 24 * time.Hour
-	}
-	if t.AckWait == 0 {
-		t.AckWait = 30 * time.Second
-	}
-	if t.MaxAttempts == 0 {
-		t.MaxAttempts = 8
-	}
-	if t.PinnedTTL == 0 {
-		t.PinnedTTL = 15 * time.Second
-	}
-	if t.MaxAckPending == 0 {
-		t.MaxAckPending = 256
-	}
-	return t
-}
 
 // maxDeliver is the server's backstop: the worker gives up after
 // MaxAttempts on its own (failing and dead-lettering the command); the

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/internal/poll"
+	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
 	"proxyfleet/sim"
 	"proxyfleet/worker"
@@ -143,8 +144,7 @@ func TestWorkerWaitsForTheStreams(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	started := make(chan error, 1)
-	go func() { started <- w.Start(ctxFor(t, 30*time.Second)) }()
+	run := runtest.Go(t, w.Run)
 	poll.Until(t, "an error-level log of the missing stream", 10*time.Second, func() bool {
 		return strings.Contains(logs.String(), `level=ERROR msg="stream PROXY_CMDS is missing`)
 	})
@@ -155,14 +155,15 @@ func TestWorkerWaitsForTheStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case err := <-started:
-		if err != nil {
-			t.Fatal(err)
-		}
+	case <-w.Started():
+	case <-run.Done():
+		t.Fatalf("the worker stopped: %v", run.Err())
 	case <-time.After(20 * time.Second):
 		t.Fatal("the worker did not start once the streams were there")
 	}
-	w.Stop(ctxFor(t, 10*time.Second))
+	if err := run.Stop(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func streamNames(js jetstream.JetStream) ([]string, error) {
@@ -190,11 +191,11 @@ func TestWorkerRefusesAStreamThatDisagrees(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = w.Start(ctxFor(t, 10*time.Second))
+	err = runtest.Go(t, w.Run).Wait(10 * time.Second)
 	var me *worker.MismatchError
 	if !errors.As(err, &me) || me.Name != messages.StreamCommands || me.Diffs[0].Field != "duplicate_window" ||
 		!strings.Contains(err.Error(), "proxyfleet setup") {
-		t.Fatalf("start = %v, want a mismatch of PROXY_CMDS's duplicate_window pointing to proxyfleet setup", err)
+		t.Fatalf("run = %v, want a mismatch of PROXY_CMDS's duplicate_window pointing to proxyfleet setup", err)
 	}
 }
 
@@ -217,10 +218,9 @@ func TestWorkerUpdatesItsConsumers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Start(ctx); err != nil {
+	if err := runtest.Start(t, w.Run, w.Started(), 10*time.Second).Stop(); err != nil {
 		t.Fatal(err)
 	}
-	w.Stop(ctx)
 	for _, c := range []struct{ stream, name string }{{messages.StreamCommands, worker.IntakeConsumer}, {messages.StreamWork, worker.WorkConsumer("h1")}} {
 		cons, err := r.js.Consumer(ctx, c.stream, c.name)
 		if err != nil {
@@ -258,10 +258,10 @@ func TestWorkerUpdatesItsConsumers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = w.Start(ctx)
+	err = runtest.Go(t, w.Run).Wait(10 * time.Second)
 	var re *worker.RefusedError
 	if !errors.As(err, &re) || len(re.Refused) != 1 || re.Refused[0].Field != "max_deliver" {
-		t.Fatalf("start over an intake with a backoff = %v, want a refusal naming max_deliver", err)
+		t.Fatalf("run over an intake with a backoff = %v, want a refusal naming max_deliver", err)
 	}
 }
 

@@ -25,6 +25,7 @@ import (
 
 	"proxyfleet/config"
 	"proxyfleet/fleet"
+	"proxyfleet/internal/runtest"
 	"proxyfleet/kvm"
 	"proxyfleet/messages"
 	"proxyfleet/worker"
@@ -82,15 +83,9 @@ func (f *kvmFault) startWorker() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := w.Start(ctx); err != nil {
-		t.Fatalf("start worker: %v", err)
-	}
+	// Cleanups run last first: the worker stops (drains) before its
+	// providers close.
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), f.cfg.Worker.DrainTimeout+10*time.Second)
-		defer cancel()
-		w.Stop(ctx)
 		for _, p := range provs {
 			if err := p.Close(); err != nil {
 				t.Errorf("close provider: %v", err)
@@ -107,6 +102,7 @@ func (f *kvmFault) startWorker() {
 			t.Logf("worker log (tail):\n%s", b)
 		}
 	})
+	runtest.Start(t, w.Run, w.Started(), 30*time.Second)
 }
 
 func (f *kvmFault) retried() []worker.RetryInfo {

@@ -1,12 +1,3 @@
-// Command proxyfleet runs and drives a fleet of proxy VMs.
-//
-//	proxyfleet serve    [flags]   embedded NATS (or --nats-url), set-up and its repairer, a worker and the health consumer
-//	proxyfleet setup    [flags]   create or update every stream and bucket to the config (admin credential)
-//	proxyfleet worker   [flags]   the worker role only
-//	proxyfleet health   [flags]   the health role only
-//	proxyfleet create ID [--host H] [--image I] [--cpus N] [--memory-mib M] [--command-id C] [--wait]
-//	proxyfleet delete ID [--command-id C] [--wait]
-//	proxyfleet get ID | list | watch | rotation
 package main
 
 import (
@@ -16,8 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/lmittmann/tint"
@@ -51,9 +40,10 @@ func main() {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	// SIGINT or SIGTERM stops (a worker drains); a second one exits at once.
+	ctx, stop := signalContext(os.Stderr)
 	err := run(ctx, os.Args[1], os.Args[2:], os.Stdout, os.Stderr)
+	stop()
 	var ee exitError
 	switch {
 	case err == nil:

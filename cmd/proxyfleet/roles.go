@@ -187,38 +187,35 @@ func workerConfig(c *config.Config, provs map[string]worker.Provider, log *slog.
 	}
 }
 
-// startWorker runs a worker until ctx is done, then drains it.
-func startWorker(ctx context.Context, nc *nats.Conn, c *config.Config, log *slog.Logger) (stop func(), err error) {
+// workerComponent is a worker on nc, executing the config's hosts.
+func workerComponent(nc *nats.Conn, c *config.Config, log *slog.Logger) (component, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return nil, err
+		return component{}, err
 	}
 	provs, err := providers(c, log)
 	if err != nil {
-		return nil, err
+		return component{}, err
 	}
 	w, err := worker.New(js, workerConfig(c, provs, log))
 	if err != nil {
-		return nil, err
-	}
-	// Start waits for set-up to have created the streams and buckets, as
-	// long as it takes (until ctx ends).
-	if err := w.Start(ctx); err != nil {
 		for _, p := range provs {
 			p.Close()
 		}
-		return nil, fmt.Errorf("start worker: %w", err)
+		return component{}, err
 	}
-	return func() {
-		log.Info("draining worker", "timeout", c.Worker.DrainTimeout)
-		dctx, cancel := context.WithTimeout(context.Background(), c.Worker.DrainTimeout+5*time.Second)
-		defer cancel()
-		w.Stop(dctx)
-		for _, p := range provs {
-			p.Close()
-		}
+	// Run waits for set-up to have created the streams and buckets, as
+	// long as it takes (until ctx ends), and drains when ctx ends.
+	return component{"worker", func(ctx context.Context) error {
+		defer func() {
+			for _, p := range provs {
+				p.Close()
+			}
+		}()
+		err := w.Run(ctx)
 		log.Info("worker stopped", "stats", w.Stats().Snapshot())
-	}, nil
+		return err
+	}}, nil
 }
 
 func runWorker(ctx context.Context, args []string, stderr io.Writer) error {
@@ -245,13 +242,11 @@ func runWorker(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer nc.Close()
-	stop, err := startWorker(ctx, nc, c, log)
+	w, err := workerComponent(nc, c, log)
 	if err != nil {
 		return err
 	}
-	<-ctx.Done()
-	stop()
-	return nil
+	return runAll(ctx, log, w)
 }
 
 func level(debug bool) slog.Level {

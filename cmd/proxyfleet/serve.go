@@ -10,6 +10,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -22,8 +23,20 @@ import (
 // serve runs everything in one process: an embedded nats-server with
 // JetStream unless --nats-url names a cluster, set-up and a repairer of the
 // streams and buckets (with the embedded server, or --repair), a worker and
-// the health consumer, each role on its own connection.
+// the health consumer, each role on its own connection. Each is a
+// component (see runAll): when one fails, the others stop and serve
+// returns its error.
 func serve(ctx context.Context, args []string, stderr io.Writer) error {
+	return serveWith(ctx, args, stderr, serveHooks{})
+}
+
+// serveHooks let a test reach into serve.
+type serveHooks struct {
+	// embedded, if set, is handed the embedded server once it is ready.
+	embedded func(*server.Server)
+}
+
+func serveWith(ctx context.Context, args []string, stderr io.Writer, hooks serveHooks) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var nf natsFlags
@@ -48,15 +61,21 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if *httpAddr != "" {
 		c.Health.HTTP = *httpAddr
 	}
+	var comps []component
 	if nf.url == "" {
 		s, err := embedded(*listen, *dataDir, log)
 		if err != nil {
 			return err
 		}
+		// Shut down last: the other components drain through it.
 		defer func() {
 			s.Shutdown()
 			s.WaitForShutdown()
 		}()
+		if hooks.embedded != nil {
+			hooks.embedded(s)
+		}
+		comps = append(comps, watchEmbedded(s))
 		nf.url = s.ClientURL()
 		if !repairSet {
 			*repair = true
@@ -69,15 +88,21 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 			return err
 		}
 		defer nc.Close()
-		js, err := jetstream.New(nc)
+		rep, err := setupRepairer(ctx, nc, c, alog)
 		if err != nil {
 			return err
 		}
-		stopRepairer, err := startRepairer(ctx, js, c, alog)
-		if err != nil {
-			return err
-		}
-		defer stopRepairer()
+		comps = append(comps, rep)
+	}
+	hlog := log.With("role", "health")
+	hnc, err := nf.connect("proxyfleet-serve-health", inboxHealth, hlog)
+	if err != nil {
+		return err
+	}
+	defer hnc.Close()
+	h, err := healthComponent(hnc, c, hlog)
+	if err != nil {
+		return err
 	}
 	wlog := log.With("role", "worker")
 	wnc, err := nf.connect("proxyfleet-serve-worker", inboxWorker, wlog)
@@ -85,44 +110,43 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer wnc.Close()
-	stopWorker, err := startWorker(ctx, wnc, c, wlog)
+	w, err := workerComponent(wnc, c, wlog)
 	if err != nil {
 		return err
 	}
-	hlog := log.With("role", "health")
-	hnc, err := nf.connect("proxyfleet-serve-health", inboxHealth, hlog)
-	if err != nil {
-		stopWorker()
-		return err
-	}
-	defer hnc.Close()
-	stopHealth, err := startHealth(ctx, hnc, c, hlog)
-	if err != nil {
-		stopWorker()
-		return err
-	}
+	comps = append(comps, w, h)
 	log.Info("proxyfleet serving", "nats", nf.url, "http", c.Health.HTTP, "hosts", c.HostNames(), "repair", *repair)
-	<-ctx.Done()
-	log.Info("stopping")
-	stopWorker()
-	stopHealth()
-	return nil
+	return runAll(ctx, log, comps...)
 }
 
-func startHealth(ctx context.Context, nc *nats.Conn, c *config.Config, log *slog.Logger) (func(), error) {
+// healthComponent is a health process on nc: it waits for the stream and
+// buckets it binds (set-up's to create: `proxyfleet setup`, or serve),
+// then runs.
+func healthComponent(nc *nats.Conn, c *config.Config, log *slog.Logger) (component, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return nil, err
+		return component{}, err
 	}
-	// The streams and buckets are set-up's (`proxyfleet setup`, or serve)
-	// to create: health waits for them, then binds them.
-	subj := messages.NewSubjects(c.NATS.Prefix)
-	if err := awaitStreams(ctx, js, c.Worker.CheckInterval, log, messages.StreamEvents,
-		worker.BucketStream(messages.BucketRotation), worker.BucketStream(messages.BucketLeases)); err != nil {
-		return nil, err
+	h, err := health.New(js, healthConfig(c, log))
+	if err != nil {
+		return component{}, err
 	}
-	h, err := health.New(js, health.Config{
-		Subjects: subj,
+	return component{"health", func(ctx context.Context) error {
+		if err := awaitStreams(ctx, js, c.Worker.CheckInterval, log, messages.StreamEvents,
+			worker.BucketStream(messages.BucketRotation), worker.BucketStream(messages.BucketLeases)); err != nil {
+			if ctx.Err() != nil {
+				return nil // stopped while waiting
+			}
+			return err
+		}
+		return h.Run(ctx)
+	}}, nil
+}
+
+// healthConfig maps the config onto a health process's.
+func healthConfig(c *config.Config, log *slog.Logger) health.Config {
+	return health.Config{
+		Subjects: messages.NewSubjects(c.NATS.Prefix),
 		HTTPAddr: c.Health.HTTP,
 		Logger:   log,
 		Grace:    c.Health.Grace,
@@ -136,20 +160,7 @@ func startHealth(ctx context.Context, nc *nats.Conn, c *config.Config, log *slog
 		Fall:        c.Health.Fall,
 		Concurrency: c.Health.Concurrency,
 		LeaseTTL:    c.Health.LeaseTTL,
-	})
-	if err != nil {
-		return nil, err
 	}
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := h.Start(sctx); err != nil {
-		return nil, fmt.Errorf("start health: %w", err)
-	}
-	return func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		h.Stop(sctx)
-	}, nil
 }
 
 // runHealth runs the health role alone.
@@ -186,13 +197,11 @@ func runHealth(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer nc.Close()
-	stop, err := startHealth(ctx, nc, c, log)
+	h, err := healthComponent(nc, c, log)
 	if err != nil {
 		return err
 	}
-	<-ctx.Done()
-	stop()
-	return nil
+	return runAll(ctx, log, h)
 }
 
 // awaitStreams waits until every named stream exists, saying at error level

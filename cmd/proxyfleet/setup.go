@@ -10,6 +10,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/config"
@@ -93,17 +94,17 @@ func setup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	log.Info("repairing: recreating any stream or bucket that is deleted", "interval", c.NATS.RepairInterval)
-	rep.Start()
-	<-ctx.Done()
-	rep.Stop()
-	log.Info("stopped", "repairs", rep.Repairs())
-	return nil
+	return runAll(ctx, log, repairerComponent(rep, log))
 }
 
-// startRepairer runs set-up on js, logging what it changed, and then a
-// repairer until the returned stop is called: what `serve` does when it has
-// admin rights.
-func startRepairer(ctx context.Context, js jetstream.JetStream, c *config.Config, log *slog.Logger) (stop func(), err error) {
+// setupRepairer runs set-up on nc, logging what it changed, and returns
+// the repairer that keeps it in place: what `serve` does when it has admin
+// rights.
+func setupRepairer(ctx context.Context, nc *nats.Conn, c *config.Config, log *slog.Logger) (component, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return component{}, err
+	}
 	rep := worker.NewRepairer(js, topology(c), worker.RepairerConfig{Interval: c.NATS.RepairInterval, Logger: log})
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -112,11 +113,15 @@ func startRepairer(ctx context.Context, js jetstream.JetStream, c *config.Config
 		log.Info("set-up: " + ch.String())
 	}
 	if err != nil {
-		return nil, fmt.Errorf("set-up: %w", err)
+		return component{}, fmt.Errorf("set-up: %w", err)
 	}
-	rep.Start()
-	return func() {
-		rep.Stop()
+	return repairerComponent(rep, log), nil
+}
+
+func repairerComponent(rep *worker.Repairer, log *slog.Logger) component {
+	return component{"repairer", func(ctx context.Context) error {
+		err := rep.Run(ctx)
 		log.Info("repairer stopped", "repairs", rep.Repairs())
-	}, nil
+		return err
+	}}
 }

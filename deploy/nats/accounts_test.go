@@ -25,6 +25,7 @@ import (
 	"proxyfleet/client"
 	"proxyfleet/health"
 	"proxyfleet/internal/poll"
+	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
 	"proxyfleet/sim"
 	"proxyfleet/worker"
@@ -271,10 +272,12 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := h.Start(ctx); err != nil {
-		t.Fatalf("health as health: %v", err)
-	}
-	defer h.Stop(context.Background())
+	hr := runtest.Start(t, h.Run, h.Started(), time.Minute)
+	defer func() {
+		if err := hr.Stop(); err != nil {
+			t.Errorf("health as health: %v", err)
+		}
+	}()
 
 	wc := s.connect("worker")
 	d, err := sim.New(sim.Config{Host: "h1", Dir: t.TempDir()})
@@ -289,10 +292,12 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Start(ctx); err != nil {
-		t.Fatalf("worker as worker: %v", err)
-	}
-	defer w.Stop(context.Background())
+	wr := runtest.Start(t, w.Run, w.Started(), time.Minute)
+	defer func() {
+		if err := wr.Stop(); err != nil {
+			t.Errorf("worker as worker: %v", err)
+		}
+	}()
 
 	cc := s.connect("client")
 	cl, err := client.New(cc.nc, "")

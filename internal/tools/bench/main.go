@@ -158,10 +158,20 @@ func commands(ctx context.Context, url, dir string, n int) (create, del time.Dur
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := w.Start(ctx); err != nil {
+	wctx, stopWorker := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- w.Run(wctx) }()
+	defer func() {
+		stopWorker()
+		if err := <-ran; err != nil {
+			log.Print(err)
+		}
+	}()
+	select {
+	case <-w.Started():
+	case err := <-ran:
 		log.Fatal(err)
 	}
-	defer w.Stop(ctx)
 
 	nc, js := connect(url)
 	defer nc.Close()

@@ -1,0 +1,224 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	"proxyfleet/messages"
+)
+
+// FieldError names the bad field by its YAML path.
+type FieldError struct {
+	Field  string
+	Reason string
+}
+
+func (e *FieldError) Error() string { return "invalid config: " + e.Field + ": " + e.Reason }
+
+func bad(field, format string, args ...any) error {
+	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// Validate returns the first bad field.
+func (c *Config) Validate() error {
+	if !messages.ValidPrefix(c.NATS.Prefix) {
+		return bad("nats.prefix", "%q is not a valid subject prefix", c.NATS.Prefix)
+	}
+	if c.NATS.Replicas < 1 || c.NATS.Replicas > 5 {
+		return bad("nats.replicas", "%d is out of range [1, 5]", c.NATS.Replicas)
+	}
+	if (c.NATS.TLS.Cert == "") != (c.NATS.TLS.Key == "") {
+		return bad("nats.tls", "cert and key go together")
+	}
+	for _, d := range []struct {
+		f string
+		v time.Duration
+	}{
+		{"nats.duplicate_window", c.NATS.DuplicateWindow},
+		{"nats.results_max_age", c.NATS.ResultsMaxAge},
+		{"nats.deleted_max_age", c.NATS.DeletedMaxAge},
+		{"nats.command_id_max_age", c.NATS.CommandIDMaxAge},
+		{"nats.repair_interval", c.NATS.RepairInterval},
+		{"worker.ack_wait", c.Worker.AckWait},
+		{"worker.backoff_initial", c.Worker.BackoffInitial},
+		{"worker.backoff_max", c.Worker.BackoffMax},
+		{"worker.ready_timeout", c.Worker.ReadyTimeout},
+		{"worker.poll_interval", c.Worker.PollInterval},
+		{"worker.pinned_ttl", c.Worker.PinnedTTL},
+		{"worker.drain_timeout", c.Worker.DrainTimeout},
+		{"worker.check_interval", c.Worker.CheckInterval},
+		{"worker.observe_interval", c.Worker.ObserveInterval},
+		{"health.interval", c.Health.Interval},
+		{"health.timeout", c.Health.Timeout},
+		{"health.grace", c.Health.Grace},
+		{"health.lease_ttl", c.Health.LeaseTTL},
+	} {
+		if d.v < 0 {
+			return bad(d.f, "negative duration %s", d.v)
+		}
+	}
+	if c.NATS.CommandIDMaxAge < c.NATS.DuplicateWindow {
+		return bad("nats.command_id_max_age", "%s is shorter than nats.duplicate_window %s", c.NATS.CommandIDMaxAge, c.NATS.DuplicateWindow)
+	}
+	if c.Worker.BackoffMax < c.Worker.BackoffInitial {
+		return bad("worker.backoff_max", "%s is less than worker.backoff_initial %s", c.Worker.BackoffMax, c.Worker.BackoffInitial)
+	}
+	if c.Worker.AckWait < time.Second {
+		return bad("worker.ack_wait", "%s is less than 1s", c.Worker.AckWait)
+	}
+	if c.Worker.MaxAttempts < 1 || c.Worker.MaxAttempts > 1000 {
+		return bad("worker.max_attempts", "%d is out of range [1, 1000]", c.Worker.MaxAttempts)
+	}
+	if c.Worker.Concurrency < 1 || c.Worker.Concurrency > 1024 {
+		return bad("worker.concurrency", "%d is out of range [1, 1024]", c.Worker.Concurrency)
+	}
+	if len(c.Hosts) == 0 {
+		return bad("hosts", "at least one host is needed")
+	}
+	seen := map[string]bool{}
+	for i, h := range c.Hosts {
+		f := fmt.Sprintf("hosts[%d]", i)
+		if !messages.ValidID(h.Name) {
+			return bad(f+".name", "%q is not a valid host name (lowercase letters, digits and '-')", h.Name)
+		}
+		if seen[h.Name] {
+			return bad(f+".name", "%q is named twice", h.Name)
+		}
+		seen[h.Name] = true
+		switch h.Driver {
+		case "sim":
+			if h.Sim.Dir == "" {
+				return bad(f+".sim.dir", "required for driver sim")
+			}
+		case "kvm":
+			if err := h.validateKVM(f); err != nil {
+				return err
+			}
+		default:
+			return bad(f+".driver", "%q is not a driver (kvm or sim)", h.Driver)
+		}
+	}
+	images := map[string]bool{}
+	for i, im := range c.Images {
+		f := fmt.Sprintf("images[%d]", i)
+		if !messages.ValidID(im.Name) {
+			return bad(f+".name", "%q is not a valid image name", im.Name)
+		}
+		if images[im.Name] {
+			return bad(f+".name", "%q is named twice", im.Name)
+		}
+		images[im.Name] = true
+		if err := checkArtifact(f, Artifact{URL: im.URL, SHA256: im.SHA256}); err != nil {
+			return err
+		}
+		if im.Format != "" && im.Format != "qcow2" && im.Format != "raw" {
+			return bad(f+".format", "%q is not qcow2 or raw", im.Format)
+		}
+		if im.Kernel != nil {
+			if err := checkArtifact(f+".kernel", *im.Kernel); err != nil {
+				return err
+			}
+		}
+		if im.Initrd != nil {
+			if im.Kernel == nil {
+				return bad(f+".initrd", "needs a kernel")
+			}
+			if err := checkArtifact(f+".initrd", *im.Initrd); err != nil {
+				return err
+			}
+		}
+	}
+	if c.DefaultImage != "" && !images[c.DefaultImage] {
+		return bad("default_image", "%q is not one of images", c.DefaultImage)
+	}
+	if c.Proxy.Port < 1 || c.Proxy.Port > 65535 {
+		return bad("proxy.port", "%d is not a port", c.Proxy.Port)
+	}
+	if c.Proxy.CPUs < messages.MinCPUs || c.Proxy.CPUs > messages.MaxCPUs {
+		return bad("proxy.cpus", "%d is out of range", c.Proxy.CPUs)
+	}
+	if c.Proxy.MemoryMiB < messages.MinMemoryMiB || c.Proxy.MemoryMiB > messages.MaxMemoryMiB {
+		return bad("proxy.memory_mib", "%d is out of range", c.Proxy.MemoryMiB)
+	}
+	if c.Health.Rise < 1 {
+		return bad("health.rise", "%d is less than 1", c.Health.Rise)
+	}
+	if c.Health.Fall < 1 {
+		return bad("health.fall", "%d is less than 1", c.Health.Fall)
+	}
+	if c.Health.Timeout > c.Health.Interval {
+		return bad("health.timeout", "%s is longer than health.interval %s", c.Health.Timeout, c.Health.Interval)
+	}
+	if _, _, err := net.SplitHostPort(c.Health.HTTP); err != nil {
+		return bad("health.http", "%v", err)
+	}
+	if c.Health.Concurrency < 1 || c.Health.Concurrency > 4096 {
+		return bad("health.concurrency", "%d is out of range [1, 4096]", c.Health.Concurrency)
+	}
+	if c.Health.LeaseTTL > time.Minute {
+		return bad("health.lease_ttl", "%s is longer than the PROXY_LEASES bucket's TTL 1m", c.Health.LeaseTTL)
+	}
+	if t := c.Health.Target; t != "" {
+		if u, err := url.Parse(t); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return bad("health.target", "%q: want http(s)://host[:port]/path", t)
+		}
+	}
+	if l := c.Health.ProbeListen; l != "" {
+		host, _, err := net.SplitHostPort(l)
+		if err != nil {
+			return bad("health.probe_listen", "%v", err)
+		}
+		if ip := net.ParseIP(host); c.Health.Target == "" && (ip == nil || ip.IsUnspecified()) {
+			return bad("health.probe_listen", "%q: with no health.target, an IP the guests can reach (not a name or a wildcard)", l)
+		}
+	}
+	return nil
+}
+
+func (h Host) validateKVM(f string) error {
+	if _, _, err := net.SplitHostPort(h.SSH.Address); err != nil {
+		return bad(f+".ssh.address", "want host:port: %v", err)
+	}
+	if h.SSH.User == "" {
+		return bad(f+".ssh.user", "required")
+	}
+	if h.SSH.KeyFile == "" {
+		return bad(f+".ssh.key_file", "required")
+	}
+	if h.SSH.KnownHosts == "" {
+		return bad(f+".ssh.known_hosts", "required: host keys are always verified")
+	}
+	if h.DomainType != "" && h.DomainType != "kvm" && h.DomainType != "qemu" {
+		return bad(f+".domain_type", "%q is not kvm or qemu", h.DomainType)
+	}
+	if h.MaxProxies < 1 {
+		return bad(f+".max_proxies", "%d is less than 1", h.MaxProxies)
+	}
+	for _, d := range []struct {
+		f string
+		v time.Duration
+	}{
+		{"call", h.Budgets.Call}, {"transfer_stall", h.Budgets.TransferStall},
+		{"close", h.Budgets.Close}, {"connect", h.Budgets.Connect}, {"keepalive", h.Budgets.Keepalive},
+	} {
+		if d.v < 0 {
+			return bad(f+".budgets."+d.f, "negative duration %s", d.v)
+		}
+	}
+	return nil
+}
+
+func checkArtifact(f string, a Artifact) error {
+	switch {
+	case a.URL == "":
+		return bad(f+".url", "required")
+	case !strings.HasPrefix(a.URL, "file://") && !strings.HasPrefix(a.URL, "http://") && !strings.HasPrefix(a.URL, "https://"):
+		return bad(f+".url", "%q: want file://, http:// or https://", a.URL)
+	case len(a.SHA256) != 64 || strings.Trim(strings.ToLower(a.SHA256), "0123456789abcdef") != "":
+		return bad(f+".sha256", "want 64 hex digits")
+	}
+	return nil
+}

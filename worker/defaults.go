@@ -1,0 +1,89 @@
+package worker
+
+import (
+	"cmp"
+	"log/slog"
+	"time"
+
+	"proxyfleet/messages"
+)
+
+// The defaults of Config, Topology and RepairerConfig live here and only
+// here; package config takes its own defaults from WithDefaults, so a
+// worker started from a file and one started from code agree.
+
+// Settings a worker and its consumers share (Config and Topology).
+const (
+	defaultAckWait     = 30 * time.Second
+	defaultMaxAttempts = 8
+	defaultPinnedTTL   = 15 * time.Second
+)
+
+// WithDefaults returns cfg with every zero value filled with its default.
+// AckWait, MaxAttempts and PinnedTTL are the worker's and its consumers'
+// (Topology's): set in one only, the other takes it.
+func (cfg Config) WithDefaults() Config {
+	if cfg.Subjects.Prefix == "" {
+		cfg.Subjects = messages.NewSubjects("")
+	}
+	t := &cfg.Topology
+	t.Subjects = cfg.Subjects
+	t.AckWait = cmp.Or(t.AckWait, cfg.AckWait)
+	t.MaxAttempts = cmp.Or(t.MaxAttempts, cfg.MaxAttempts)
+	t.PinnedTTL = cmp.Or(t.PinnedTTL, cfg.PinnedTTL)
+	*t = t.withDefaults()
+	cfg.AckWait = cmp.Or(cfg.AckWait, t.AckWait)
+	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, t.MaxAttempts)
+	cfg.PinnedTTL = cmp.Or(cfg.PinnedTTL, t.PinnedTTL)
+
+	cfg.ReadyTimeout = cmp.Or(cfg.ReadyTimeout, 5*time.Minute)
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, 2*time.Second)
+	cfg.DrainTimeout = cmp.Or(cfg.DrainTimeout, 30*time.Second)
+	cfg.CheckInterval = cmp.Or(cfg.CheckInterval, 5*time.Second)
+	cfg.DeletedTTL = cmp.Or(cfg.DeletedTTL, 24*time.Hour)
+	cfg.ObserveInterval = cmp.Or(cfg.ObserveInterval, 30*time.Second)
+	cfg.ProgressEvery = cmp.Or(cfg.ProgressEvery, 2*time.Second)
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, 8)
+	cfg.ProxyPort = cmp.Or(cfg.ProxyPort, 3128)
+	if cfg.Backoff == nil {
+		cfg.Backoff = ExpBackoff{Initial: time.Second, Max: 2 * time.Minute}
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return cfg
+}
+
+func (t Topology) withDefaults() Topology {
+	if t.Subjects.Prefix == "" {
+		t.Subjects = messages.NewSubjects("")
+	}
+	t.Replicas = cmp.Or(t.Replicas, 1)
+	t.DuplicateWindow = cmp.Or(t.DuplicateWindow, 2*time.Minute)
+	t.ResultsMaxAge = cmp.Or(t.ResultsMaxAge, 24*time.Hour)
+	t.DeadMaxAge = cmp.Or(t.DeadMaxAge, 30*24*time.Hour)
+	t.CommandIDMaxAge = cmp.Or(t.CommandIDMaxAge, 7*24*time.Hour)
+	t.AckWait = cmp.Or(t.AckWait, defaultAckWait)
+	t.MaxAttempts = cmp.Or(t.MaxAttempts, defaultMaxAttempts)
+	t.PinnedTTL = cmp.Or(t.PinnedTTL, defaultPinnedTTL)
+	t.MaxAckPending = cmp.Or(t.MaxAckPending, 256)
+	return t
+}
+
+// WithDefaults returns cfg with every zero (or negative) value filled with
+// its default.
+func (cfg RepairerConfig) WithDefaults() RepairerConfig {
+	if cfg.Interval <= 0 {
+		cfg.Interval = 5 * time.Second
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = max(cfg.Interval, 5*time.Second)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return cfg
+}

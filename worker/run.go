@@ -1,0 +1,219 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/messages"
+)
+
+// Run runs the worker until ctx is done, then drains it.
+//
+// First it waits until the streams and buckets it uses exist (they are
+// set-up's to create: see Topology.Setup), refuses to start if their
+// settings differ from the config, creates its consumers or updates the
+// settings of the existing ones that differ (refusing to start, naming the
+// setting, if the server will not change one in place), and consumes;
+// Started is closed then. While it runs, a consumer deleted under it is
+// recreated within CheckInterval (see consumerRun).
+//
+// Once ctx is done it drains: it stops pulling, lets in-flight work finish
+// within DrainTimeout, then cancels what is left (it is handed back to
+// JetStream) and releases the host consumers' pins so other workers take
+// over at once.
+//
+// Run returns nil after a drain that ctx asked for (also when ctx ends
+// before the worker started), the error that kept it from starting, or,
+// after draining, what ended it: its NATS connection closed for good. A
+// worker runs once.
+func (w *Worker) Run(ctx context.Context) error {
+	if !w.ran.CompareAndSwap(false, true) {
+		return errors.New("worker: run twice")
+	}
+	err := w.start(ctx)
+	switch {
+	case err == nil:
+		close(w.started)
+		err = watchConn(ctx, w.js.Conn(), w.cfg.CheckInterval)
+		if err != nil {
+			err = fmt.Errorf("worker: %w", err)
+			w.log.Error("stopping", "err", err)
+		}
+	case ctx.Err() != nil:
+		err = nil // stopped before it started
+	}
+	w.drain()
+	return err
+}
+
+// Started is closed once Run consumes.
+func (w *Worker) Started() <-chan struct{} { return w.started }
+
+// watchConn waits until ctx is done (nil) or nc is closed for good (an
+// error), looking every interval.
+func watchConn(ctx context.Context, nc *nats.Conn, every time.Duration) error {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		if nc.IsClosed() {
+			return nats.ErrConnectionClosed
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// start binds what the worker uses and starts consuming; what it started
+// before a failure is for drain to stop.
+func (w *Worker) start(ctx context.Context) error {
+	hosts := slices.Sorted(maps.Keys(w.cfg.Providers))
+	if err := w.awaitTopology(ctx); err != nil {
+		return err
+	}
+	var err error
+	if w.desired, err = w.js.KeyValue(ctx, messages.BucketDesired); err != nil {
+		return fmt.Errorf("bind bucket %s: %w", messages.BucketDesired, err)
+	}
+	if w.cmdIDs, err = w.js.KeyValue(ctx, messages.BucketCommands); err != nil {
+		return fmt.Errorf("bind bucket %s: %w", messages.BucketCommands, err)
+	}
+	if w.events, err = newEventPublisher(ctx, w.js, w.subj, w.cfg.DeletedTTL, w.now); err != nil {
+		return err
+	}
+	// The handlers' context: cancelled by drain, not by ctx.
+	runCtx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	w.fence = newFence(w.js.Conn(), w.cfg.AckWait/4, w.log)
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		w.fence.run(runCtx)
+	}()
+	if !w.cfg.NoIntake {
+		in := &intake{w: w}
+		w.runs = append(w.runs, w.newRun(runCtx, messages.StreamCommands, w.cfg.Topology.intakeConsumer(), 64, in.handle))
+	}
+	for _, h := range hosts {
+		ex := &executor{w: w, host: h, prov: w.cfg.Providers[h]}
+		w.runs = append(w.runs, w.newRun(runCtx, messages.StreamWork, w.cfg.Topology.workConsumer(h), w.cfg.Concurrency, ex.handle,
+			jetstream.PullPriorityGroup(PriorityGroup)))
+	}
+	for _, c := range w.runs {
+		cons, err := c.ensure(ctx)
+		if err == nil {
+			err = c.consume(cons)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	superCtx, superCancel := context.WithCancel(context.Background())
+	w.superCancel = superCancel
+	for _, c := range w.runs {
+		w.superWG.Add(1)
+		go func() {
+			defer w.superWG.Done()
+			c.supervise(superCtx)
+		}()
+	}
+	if w.cfg.ObserveInterval > 0 {
+		for _, h := range hosts {
+			w.wg.Add(1)
+			go func() {
+				defer w.wg.Done()
+				w.tickLoop(runCtx, h)
+			}()
+		}
+	}
+	w.log.Info("worker started", "hosts", hosts, "intake", !w.cfg.NoIntake)
+	return nil
+}
+
+// newRun is a consumer of stream the worker keeps consuming, on a pool of n.
+func (w *Worker) newRun(runCtx context.Context, stream string, cfg jetstream.ConsumerConfig, n int, handle func(context.Context, jetstream.Msg), opts ...jetstream.PullConsumeOpt) *consumerRun {
+	expiry := min(max(w.cfg.PinnedTTL/2, time.Second), 30*time.Second)
+	opts = append(opts, jetstream.PullMaxMessages(n), jetstream.PullExpiry(expiry))
+	return &consumerRun{
+		w: w, stream: stream, cfg: cfg, handle: handle, opts: opts, runCtx: runCtx,
+		pool: newPool(n, w.cfg.AckWait, w.log, w.fence), kick: make(chan struct{}, 1),
+	}
+}
+
+// drain stops pulling, lets in-flight work finish within the drain
+// timeout, then cancels what is left (it is handed back to JetStream) and
+// releases the host consumers' pins so other workers take over at once.
+func (w *Worker) drain() {
+	if w.cancel == nil {
+		return // it never got as far as consuming
+	}
+	// First the supervisors, so nothing restarts a consume behind us.
+	if w.superCancel != nil {
+		w.superCancel()
+	}
+	w.superWG.Wait()
+	w.log.Info("draining worker", "timeout", w.cfg.DrainTimeout)
+	for _, c := range w.runs {
+		if c.cc != nil {
+			c.cc.Drain() // stop pulling; what was delivered still runs
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		// A draining consumer still hands its buffered messages to the
+		// pool; only once it is closed may the pool be waited for (a
+		// WaitGroup's Add must not race its Wait).
+		for _, c := range w.runs {
+			for _, cc := range append(c.retired, c.cc) {
+				if cc != nil {
+					<-cc.Closed()
+				}
+			}
+		}
+		for _, c := range w.runs {
+			c.pool.wait()
+		}
+		close(done)
+	}()
+	t := time.NewTimer(w.cfg.DrainTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		w.log.Warn("drain timeout: handing back in-flight work")
+	}
+	w.cancel()
+	<-done
+	w.wg.Wait()
+	w.unpin()
+	w.runs = nil
+}
+
+// unpin releases this worker's pins, so the server pins another worker now
+// instead of after PinnedTTL. Unpinning a host pinned to another worker
+// costs that worker one pull; it repins at once.
+func (w *Worker) unpin() {
+	if len(w.cfg.Providers) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	st, err := w.js.Stream(ctx, messages.StreamWork)
+	cancel()
+	if err != nil {
+		return
+	}
+	for h := range w.cfg.Providers {
+		uctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = st.UnpinConsumer(uctx, WorkConsumer(h), PriorityGroup)
+		cancel()
+	}
+}
