@@ -39,7 +39,7 @@ func (r *rig) startRepairer(interval time.Duration) *worker.Repairer {
 // only (no probes), as with the sim driver.
 func (r *rig) startHealth() *health.Health {
 	r.t.Helper()
-	_, js := r.srv.Connect(r.t)
+	_, js := r.srv.Connect(r.t, r.conn...)
 	h, err := health.New(js, health.Config{
 		Subjects: subj, HTTPAddr: health.NoHTTP, Logger: testLogger(r.t), LeaseTTL: 2 * time.Second,
 	})

@@ -12,9 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/fleet"
-	"proxyfleet/health"
 	"proxyfleet/internal/natstest"
-	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
 	"proxyfleet/sim"
 	"proxyfleet/worker"
@@ -34,12 +32,7 @@ type rotationWatch struct {
 
 func (r *rig) watchRotation() *rotationWatch {
 	r.t.Helper()
-	_, js := r.srv.Connect(r.t, r.conn...)
-	h, err := health.New(js, health.Config{Subjects: subj, HTTPAddr: health.NoHTTP, Logger: testLogger(r.t)})
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	runtest.Start(r.t, h.Run, h.Started(), 10*time.Second)
+	r.startHealth()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	kv, err := r.js.KeyValue(ctx, messages.BucketRotation)
