@@ -12,4 +12,6 @@ const (
 	BucketCommands = "PROXY_CMDIDS"   // key: hash of a command id; value: the command's sequence (effect-once)
 	BucketRotation = "PROXY_ROTATION" // key: proxy id; value: ip:port
 	BucketLeases   = "PROXY_LEASES"   // leases (the publishing health process)
+	BucketWorkers  = "PROXY_WORKERS"  // key: worker id; value: WorkerRecord, a heartbeat that ages out (TTL)
+	BucketHosts    = "PROXY_HOSTS"    // per-host records: room reserved against max_proxies, quarantine
 )

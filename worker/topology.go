@@ -43,6 +43,12 @@ func WorkConsumer(host string) string { return "work-" + host }
 // LeasesTTL is the TTL of the PROXY_LEASES bucket.
 const LeasesTTL = time.Minute
 
+// WorkersTTL is the TTL of the PROXY_WORKERS bucket: a worker that stops
+// renewing its heartbeat ages out of the membership after it (workers read
+// liveness from the record's own time, with their own, shorter, window;
+// the TTL only clears records nobody renews).
+const WorkersTTL = time.Minute
+
 // maxDeliver is the server's backstop: the worker gives up after
 // MaxAttempts on its own (failing and dead-lettering the command); the
 // server stops redelivering only well after that, in case a handler crashes
@@ -110,6 +116,8 @@ func (t Topology) Buckets() []jetstream.KeyValueConfig {
 		{Bucket: messages.BucketCommands, Description: "command ids seen, for effect-once", History: 1, TTL: t.CommandIDMaxAge, Storage: jetstream.FileStorage, Replicas: t.Replicas},
 		{Bucket: messages.BucketRotation, Description: "the rotation: proxy id to ip:port", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas},
 		{Bucket: messages.BucketLeases, Description: "leases", History: 1, TTL: LeasesTTL, Storage: jetstream.FileStorage, Replicas: t.Replicas},
+		{Bucket: messages.BucketWorkers, Description: "worker heartbeats: the membership hosts are shared over", History: 1, TTL: WorkersTTL, Storage: jetstream.FileStorage, Replicas: t.Replicas},
+		{Bucket: messages.BucketHosts, Description: "per-host records: room reserved, quarantine", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas},
 	}
 }
 
