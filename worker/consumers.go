@@ -26,7 +26,7 @@ const setupHint = "run `proxyfleet setup` with this config, or fix the config"
 func (t Topology) workerStreams() []jetstream.StreamConfig {
 	out := t.Streams()
 	for _, kc := range t.Buckets() {
-		if kc.Bucket == messages.BucketDesired || kc.Bucket == messages.BucketCommands {
+		if kc.Bucket == messages.BucketDesired || kc.Bucket == messages.BucketCommands || kc.Bucket == messages.BucketHosts {
 			out = append(out, bucketStreamConfig(kc))
 		}
 	}

@@ -45,6 +45,11 @@ func (cfg Config) WithDefaults() Config {
 	cfg.ProgressEvery = cmp.Or(cfg.ProgressEvery, 2*time.Second)
 	cfg.Concurrency = cmp.Or(cfg.Concurrency, 8)
 	cfg.ProxyPort = cmp.Or(cfg.ProxyPort, 3128)
+	cfg.QuarantineFailures = cmp.Or(cfg.QuarantineFailures, 5)
+	cfg.QuarantineWindow = cmp.Or(cfg.QuarantineWindow, time.Minute)
+	cfg.QuarantineCoolDown = cmp.Or(cfg.QuarantineCoolDown, 5*time.Second)
+	cfg.QuarantineMaxCoolDown = cmp.Or(cfg.QuarantineMaxCoolDown, 5*time.Minute)
+	cfg.QuarantineMaxCoolDown = max(cfg.QuarantineMaxCoolDown, cfg.QuarantineCoolDown)
 	if cfg.Backoff == nil {
 		cfg.Backoff = ExpBackoff{Initial: time.Second, Max: 2 * time.Minute}
 	}

@@ -32,22 +32,28 @@ func specHash(host, image string, cpus, mem int, labels map[string]string) strin
 	return hex.EncodeToString(sum[:8])
 }
 
-// pickHost chooses a host for a proxy that names none, by rendezvous hashing
-// over the configured hosts: every worker with the same host list picks the
-// same host, and adding a host moves only the proxies it wins.
+// pickHost chooses a host for a proxy that has none (a delete of a proxy
+// never created through us), by rendezvous hashing over the configured
+// hosts: every worker with the same host list picks the same host.
 func pickHost(id string, hosts []string) string {
 	var best string
 	var bestScore uint64
 	for _, h := range hosts {
-		f := fnv.New64a()
-		f.Write([]byte(h))
-		f.Write([]byte{0})
-		f.Write([]byte(id))
-		if s := f.Sum64(); best == "" || s > bestScore {
+		if s := rendezvous(h, id); best == "" || s > bestScore {
 			best, bestScore = h, s
 		}
 	}
 	return best
+}
+
+// rendezvous is host's score for proxy id: the stable hash placement
+// breaks ties with.
+func rendezvous(host, id string) uint64 {
+	f := fnv.New64a()
+	f.Write([]byte(host))
+	f.Write([]byte{0})
+	f.Write([]byte(id))
+	return f.Sum64()
 }
 
 // commandKey is the PROXY_CMDIDS key of a command id: KV keys allow a

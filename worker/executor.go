@@ -34,9 +34,13 @@ type RetryInfo struct {
 
 // executor converges the proxies of one host.
 type executor struct {
-	w    *Worker
-	host string
-	prov Provider
+	w     *Worker
+	host  string
+	prov  Provider // the host's, telling guard of its failures
+	guard *hostGuard
+	// unrecorded are the reservations reconcileRoom found with no
+	// recorded command.
+	unrecorded unrecordedRoom
 }
 
 // handle converges the proxy of one work item. It never returns without
@@ -54,6 +58,10 @@ func (e *executor) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	if id == observeToken {
+		if e.guard.tick(ctx) {
+			_ = msg.Ack() // quarantined: nothing to observe
+			return
+		}
 		if err := e.observe(ctx); err != nil && ctx.Err() == nil {
 			w.log.Warn("observation pass", "host", e.host, "err", err)
 		}
@@ -62,6 +70,12 @@ func (e *executor) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	if meta.NumDelivered > 1 {
 		w.log.Info("work redelivered", "host", e.host, "id", id, "delivery", meta.NumDelivered)
+	}
+	// A quarantined host's work waits here, in progress, spending no
+	// attempt (see quarantine.go).
+	if err := e.guard.await(ctx); err != nil {
+		_ = msg.NakWithDelay(0) // stopping
+		return
 	}
 	unlock, err := w.locks.lock(ctx, id)
 	if err != nil {
@@ -116,6 +130,10 @@ func (e *executor) converge(ctx context.Context, d *messages.Desired) error {
 			return e.done(ctx, d)
 		}
 		return e.awaitRunning(ctx, d)
+	}
+	// Only a proxy holding room here gets a domain here.
+	if err := e.ensureRoom(ctx, d, present); err != nil {
+		return err
 	}
 	reason := "creating"
 	if present {
@@ -230,6 +248,11 @@ func (e *executor) remove(ctx context.Context, d *messages.Desired, present bool
 	}
 	if err := e.prov.Delete(ctx, d.ID); err != nil {
 		return fmt.Errorf("delete %s: %w", d.ID, err)
+	}
+	// Gone from here: its room is free (unless a newer command placed it
+	// here again).
+	if err := e.w.release(ctx, e.host, d.ID, d.Seq); err != nil {
+		return fleet.Transient(err)
 	}
 	if !report {
 		return nil

@@ -21,6 +21,20 @@ type Catalog struct {
 	DefaultImage     string
 	DefaultCPUs      int
 	DefaultMemoryMiB int
+	// MaxProxies is each host's room: intake places no more proxies on a
+	// host than this. A host it does not name gets DefaultMaxProxies.
+	MaxProxies map[string]int
+}
+
+// DefaultMaxProxies is the room of a host the catalog gives none.
+const DefaultMaxProxies = 1000
+
+// maxProxies is host's room.
+func (c Catalog) maxProxies(host string) int {
+	if n := c.MaxProxies[host]; n > 0 {
+		return n
+	}
+	return DefaultMaxProxies
 }
 
 func (c Catalog) hasHost(h string) bool  { return slices.Contains(c.Hosts, h) }
@@ -83,18 +97,26 @@ func (in *intake) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	rec.Seq = seq
-	outcome, reason, err := in.apply(ctx, rec)
+	outcome, field, reason, err := in.apply(ctx, rec)
 	if err != nil {
 		in.retry(ctx, msg, meta, err)
 		return
 	}
 	res.Outcome, res.Reason = outcome, reason
+	if outcome == messages.OutcomeRejected { // no room
+		res.Field, res.Class = field, "permanent"
+		w.log.Info("command rejected", "id", sid, "op", op, "command_id", cmdID, "field", res.Field, "reason", reason)
+	}
 	if err := w.publishResult(ctx, res); err != nil {
 		in.retry(ctx, msg, meta, err)
 		return
 	}
 	if err := msg.Ack(); err != nil {
 		w.log.Warn("intake: ack", "id", sid, "err", err)
+	}
+	if outcome == messages.OutcomeRejected {
+		w.stats.rejected.Add(1)
+		return
 	}
 	w.stats.accepted.Add(1)
 }
@@ -153,22 +175,26 @@ func asFieldError(err error) *messages.FieldError {
 // apply records rec as the desired state unless a newer command is recorded,
 // then dispatches work. It is idempotent for one command: a redelivery finds
 // its own sequence recorded and only dispatches again.
-func (in *intake) apply(ctx context.Context, rec *messages.Desired) (outcome, reason string, err error) {
+//
+// A create with no room is rejected (outcome rejected, with the field and
+// reason): it records nothing.
+func (in *intake) apply(ctx context.Context, rec *messages.Desired) (outcome, field, reason string, err error) {
 	w := in.w
 	key := commandKey(rec.CommandID)
 	if e, err := w.cmdIDs.Get(ctx, key); err == nil {
 		var prev commandRecord
 		if json.Unmarshal(e.Value(), &prev) == nil && prev.Seq != rec.Seq {
-			return messages.OutcomeSuperseded, fmt.Sprintf("duplicate of command %s (sequence %d): no effect", rec.CommandID, prev.Seq), nil
+			return messages.OutcomeSuperseded, "", fmt.Sprintf("duplicate of command %s (sequence %d): no effect", rec.CommandID, prev.Seq), nil
 		}
 	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return "", "", fmt.Errorf("read command id: %w", err)
+		return "", "", "", fmt.Errorf("read command id: %w", err)
 	}
 
 	var cur *messages.Desired
+	named := rec.Host // what the command says; placement fills the rest
 	for attempt := 0; ; attempt++ {
 		if attempt == 16 {
-			return "", "", fmt.Errorf("write desired state of %s: lost the race 16 times", rec.ID)
+			return "", "", "", fmt.Errorf("write desired state of %s: lost the race 16 times", rec.ID)
 		}
 		var rev uint64
 		cur = nil
@@ -176,22 +202,29 @@ func (in *intake) apply(ctx context.Context, rec *messages.Desired) (outcome, re
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
 		case err != nil:
-			return "", "", fmt.Errorf("read desired state of %s: %w", rec.ID, err)
+			return "", "", "", fmt.Errorf("read desired state of %s: %w", rec.ID, err)
 		default:
 			rev = e.Revision()
 			cur = new(messages.Desired)
 			if err := json.Unmarshal(e.Value(), cur); err != nil {
-				return "", "", fmt.Errorf("decode desired state of %s: %w", rec.ID, err)
+				return "", "", "", fmt.Errorf("decode desired state of %s: %w", rec.ID, err)
 			}
 		}
 		if cur != nil && cur.Seq > rec.Seq {
-			return messages.OutcomeSuperseded, fmt.Sprintf("command %s (sequence %d) is newer", cur.CommandID, cur.Seq), nil
+			return messages.OutcomeSuperseded, "", fmt.Sprintf("command %s (sequence %d) is newer", cur.CommandID, cur.Seq), nil
 		}
 		if cur != nil && cur.Seq == rec.Seq {
 			rec = cur // a redelivery of a command already recorded
 			break
 		}
-		in.place(rec, cur)
+		rec.Host, rec.PrevHost = named, ""
+		ferr, err := in.place(ctx, rec, cur)
+		if err != nil {
+			return "", "", "", fmt.Errorf("place %s: %w", rec.ID, err)
+		}
+		if ferr != nil {
+			return messages.OutcomeRejected, ferr.Field, ferr.Reason, nil
+		}
 		b, _ := json.Marshal(rec)
 		if rev == 0 {
 			_, err = w.desired.Create(ctx, rec.ID, b)
@@ -202,26 +235,27 @@ func (in *intake) apply(ctx context.Context, rec *messages.Desired) (outcome, re
 			break
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !isWrongLastSeq(err) {
-			return "", "", fmt.Errorf("write desired state of %s: %w", rec.ID, err)
+			return "", "", "", fmt.Errorf("write desired state of %s: %w", rec.ID, err)
 		}
 	}
 	b, _ := json.Marshal(commandRecord{ID: rec.ID, Seq: rec.Seq})
 	if _, err := w.cmdIDs.Put(ctx, key, b); err != nil {
-		return "", "", fmt.Errorf("record command id: %w", err)
+		return "", "", "", fmt.Errorf("record command id: %w", err)
 	}
 	for _, h := range workHosts(rec) {
 		if err := w.dispatch(ctx, h, rec.ID, rec.Seq); err != nil {
-			return "", "", err
+			return "", "", "", err
 		}
 	}
-	return messages.OutcomeAccepted, "", nil
+	return messages.OutcomeAccepted, "", "", nil
 }
 
-// place decides the host of rec given the current record: a create that
-// names no host stays where the proxy is, or goes to the rendezvous pick; a
-// delete goes where the proxy was. A proxy that moves leaves PrevHost, so
-// the old host's executor removes it there.
-func (in *intake) place(rec, cur *messages.Desired) {
+// place decides the host of rec given the current record: a create goes
+// where placeCreate says, its room reserved there, or is rejected (the
+// FieldError) when there is none; a delete goes where the proxy was. A
+// proxy that moves leaves PrevHost, so the old host's executor removes it
+// there (and releases its room).
+func (in *intake) place(ctx context.Context, rec, cur *messages.Desired) (*messages.FieldError, error) {
 	hosts := in.w.catalog.Hosts
 	curHost := ""
 	if cur != nil {
@@ -232,12 +266,8 @@ func (in *intake) place(rec, cur *messages.Desired) {
 	}
 	switch rec.Op {
 	case messages.OpCreate:
-		if rec.Host == "" {
-			if cur != nil && cur.Op == messages.OpCreate && slices.Contains(hosts, cur.Host) {
-				rec.Host = cur.Host
-			} else {
-				rec.Host = pickHost(rec.ID, hosts)
-			}
+		if ferr, err := in.placeCreate(ctx, rec, cur); ferr != nil || err != nil {
+			return ferr, err
 		}
 		rec.SpecHash = specHash(rec.Host, rec.Image, rec.CPUs, rec.MemoryMiB, rec.Labels)
 		if curHost != "" && curHost != rec.Host {
@@ -254,6 +284,7 @@ func (in *intake) place(rec, cur *messages.Desired) {
 			rec.PrevHost = cur.PrevHost
 		}
 	}
+	return nil, nil
 }
 
 // retry hands a command back after a transient failure, or gives up.

@@ -96,6 +96,9 @@ func (e *executor) observe(ctx context.Context) error {
 		}
 	}
 	swept := e.sweep(ctx, insts)
+	if listErr == nil {
+		e.reconcileRoom(ctx, insts)
+	}
 	w.log.Debug("observation pass", "host", e.host, "proxies", len(ids), "changed", changed, "swept", swept)
 	if listErr != nil {
 		return fmt.Errorf("list %s: %w", e.host, listErr)

@@ -87,12 +87,17 @@ func (w *Worker) start(ctx context.Context) error {
 	if w.cmdIDs, err = w.js.KeyValue(ctx, messages.BucketCommands); err != nil {
 		return fmt.Errorf("bind bucket %s: %w", messages.BucketCommands, err)
 	}
+	if w.hosts, err = w.js.KeyValue(ctx, messages.BucketHosts); err != nil {
+		return fmt.Errorf("bind bucket %s: %w", messages.BucketHosts, err)
+	}
 	if w.events, err = newEventPublisher(ctx, w.js, w.subj, w.cfg.DeletedTTL, w.now); err != nil {
 		return err
 	}
 	// The handlers' context: cancelled by drain, not by ctx.
 	runCtx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
+	w.startWriters()
+	w.recordHosts(ctx, hosts)
 	w.fence = newFence(w.js.Conn(), w.cfg.AckWait/4, w.log)
 	w.wg.Add(1)
 	go func() {
@@ -104,7 +109,8 @@ func (w *Worker) start(ctx context.Context) error {
 		w.runs = append(w.runs, w.newRun(runCtx, messages.StreamCommands, w.cfg.Topology.intakeConsumer(), 64, in.handle))
 	}
 	for _, h := range hosts {
-		ex := &executor{w: w, host: h, prov: w.cfg.Providers[h]}
+		g := newHostGuard(w, h, w.cfg.Providers[h])
+		ex := &executor{w: w, host: h, prov: guarded{Provider: w.cfg.Providers[h], g: g}, guard: g}
 		w.runs = append(w.runs, w.newRun(runCtx, messages.StreamWork, w.cfg.Topology.workConsumer(h), w.cfg.Concurrency, ex.handle,
 			jetstream.PullPriorityGroup(PriorityGroup)))
 	}
@@ -194,6 +200,7 @@ func (w *Worker) drain() {
 	w.cancel()
 	<-done
 	w.wg.Wait()
+	w.stopWriters()
 	w.unpin()
 	w.runs = nil
 }

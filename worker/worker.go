@@ -47,6 +47,16 @@ type Config struct {
 	DeletedTTL time.Duration
 	ProxyPort  int
 
+	// A host whose calls fail transiently QuarantineFailures times within
+	// QuarantineWindow is quarantined (placement skips it, its work waits)
+	// for QuarantineCoolDown, then probed; a failed probe doubles the
+	// cool-down, up to QuarantineMaxCoolDown. A negative
+	// QuarantineFailures turns quarantine off.
+	QuarantineFailures    int
+	QuarantineWindow      time.Duration
+	QuarantineCoolDown    time.Duration
+	QuarantineMaxCoolDown time.Duration
+
 	Backoff Backoff
 	Now     func() time.Time
 	Logger  *slog.Logger
@@ -65,9 +75,16 @@ type Worker struct {
 
 	desired jetstream.KeyValue
 	cmdIDs  jetstream.KeyValue
+	hosts   jetstream.KeyValue // PROXY_HOSTS: room and quarantine (room.go, quarantine.go)
 	events  *eventPublisher
 	locks   *keyedLocks
 	stats   Stats
+
+	// writers batch this worker's changes of each host's record (hostrec.go).
+	writers     map[string]*hostWriter
+	writersStop context.CancelFunc
+	writersDone chan struct{}
+	writersWG   sync.WaitGroup
 
 	ran     atomic.Bool
 	started chan struct{} // closed once Run consumes

@@ -1,0 +1,221 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/messages"
+)
+
+// A host's record in PROXY_HOSTS (messages.HostRecord) is changed only with
+// compare-and-set on its revision. Within a worker, one writer per host
+// applies every change: it takes the changes that arrived while it wrote
+// the last batch and writes them as one (so fifty intakes reserving at once
+// cost a few writes, not fifty serial read-and-writes), starting from the
+// record as it last read or wrote it, and reads the record again only after
+// losing a race to another worker.
+
+// errNoChange, from an edit, leaves the record as it is.
+var errNoChange = errors.New("no change")
+
+// errStopped answers a change asked of a stopped worker.
+var errStopped = errors.New("worker stopped")
+
+// maxHostWrites bounds the compare-and-set attempts of one batch.
+const maxHostWrites = 100
+
+// hostEdit is one change: edit changes the record and returns nil, or
+// returns an error (errNoChange included) without having changed it.
+type hostEdit struct {
+	edit func(*messages.HostRecord) error
+	done chan error // buffered: the writer never waits for the caller
+}
+
+// hostWriter applies the changes of one host's record.
+type hostWriter struct {
+	w    *Worker
+	host string
+	reqs chan hostEdit
+	// Owned by run: the record as last read or written, and its revision
+	// (0: none on the server).
+	rec   messages.HostRecord
+	rev   uint64
+	known bool
+}
+
+// startWriters starts a writer for every host of the catalog; stopWriters
+// ends them.
+func (w *Worker) startWriters() {
+	ctx, cancel := context.WithCancel(context.Background())
+	w.writersStop, w.writersDone = cancel, make(chan struct{})
+	w.writers = map[string]*hostWriter{}
+	for _, h := range w.catalog.Hosts {
+		hw := &hostWriter{w: w, host: h, reqs: make(chan hostEdit, 256)}
+		w.writers[h] = hw
+		w.writersWG.Add(1)
+		go func() {
+			defer w.writersWG.Done()
+			hw.run(ctx)
+		}()
+	}
+}
+
+func (w *Worker) stopWriters() {
+	if w.writersStop == nil {
+		return
+	}
+	w.writersStop()
+	w.writersWG.Wait()
+	close(w.writersDone)
+	w.writersStop = nil
+}
+
+// updateHost applies edit to host's record (see hostEdit) and returns its
+// error (nil for errNoChange), or the write's. A caller whose ctx ends
+// stops waiting; its change may still be made.
+func (w *Worker) updateHost(ctx context.Context, host string, edit func(*messages.HostRecord) error) error {
+	hw := w.writers[host]
+	if hw == nil {
+		return fmt.Errorf("host %s: not in the catalog", host)
+	}
+	e := hostEdit{edit: edit, done: make(chan error, 1)}
+	select {
+	case hw.reqs <- e:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-w.writersDone:
+		return errStopped
+	}
+	select {
+	case err := <-e.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-w.writersDone:
+		return errStopped
+	}
+}
+
+func (hw *hostWriter) run(ctx context.Context) {
+	for {
+		var batch []hostEdit
+		select {
+		case <-ctx.Done():
+			return
+		case e := <-hw.reqs:
+			batch = append(batch, e)
+		}
+	more:
+		for len(batch) < cap(hw.reqs) {
+			select {
+			case e := <-hw.reqs:
+				batch = append(batch, e)
+			default:
+				break more
+			}
+		}
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		errs := hw.apply(wctx, batch)
+		cancel()
+		for i, e := range batch {
+			e.done <- errs[i]
+		}
+	}
+}
+
+// apply makes the changes of batch in one write and returns each one's
+// error.
+func (hw *hostWriter) apply(ctx context.Context, batch []hostEdit) []error {
+	w := hw.w
+	errs := make([]error, len(batch))
+	all := func(err error) []error {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	for attempt := 0; attempt < maxHostWrites; attempt++ {
+		if !hw.known {
+			rec, rev, err := w.readHost(ctx, hw.host)
+			if err != nil {
+				return all(err)
+			}
+			hw.rec, hw.rev, hw.known = rec, rev, true
+		}
+		rec := hw.rec
+		rec.Proxies = maps.Clone(rec.Proxies)
+		if rec.Proxies == nil {
+			rec.Proxies = map[string]uint64{}
+		}
+		changed := false
+		for i, e := range batch {
+			errs[i] = e.edit(&rec)
+			switch {
+			case errs[i] == nil:
+				changed = true
+			case errors.Is(errs[i], errNoChange):
+				errs[i] = nil
+			}
+		}
+		if !changed && hw.rev != 0 {
+			return errs
+		}
+		rec.V, rec.Host, rec.MaxProxies, rec.At = messages.Version, hw.host, w.catalog.maxProxies(hw.host), time.Now().UTC()
+		if rec.Since.IsZero() {
+			rec.Since = rec.At
+		}
+		b, _ := json.Marshal(rec)
+		var rev uint64
+		var err error
+		if hw.rev == 0 {
+			rev, err = w.hosts.Create(ctx, hw.host, b)
+		} else {
+			rev, err = w.hosts.Update(ctx, hw.host, b, hw.rev)
+		}
+		if err == nil {
+			hw.rec, hw.rev = rec, rev
+			return errs
+		}
+		hw.known = false
+		if !errors.Is(err, jetstream.ErrKeyExists) && !isWrongLastSeq(err) {
+			return all(fmt.Errorf("write host record of %s: %w", hw.host, err))
+		}
+		// Another worker wrote it: read it again, after a short random
+		// pause that spreads the writers' retries.
+		t := time.NewTimer(time.Duration(rand.Int64N(int64(time.Millisecond) * int64(min(attempt+1, 10)))))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return all(ctx.Err())
+		case <-t.C:
+		}
+	}
+	return all(fmt.Errorf("write host record of %s: lost the race %d times", hw.host, maxHostWrites))
+}
+
+// readHost reads host's record from the server; a host with none has an
+// empty one (revision 0).
+func (w *Worker) readHost(ctx context.Context, host string) (messages.HostRecord, uint64, error) {
+	rec := messages.HostRecord{V: messages.Version, Host: host, MaxProxies: w.catalog.maxProxies(host), State: messages.HostOK}
+	e, err := w.hosts.Get(ctx, host)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return rec, 0, nil
+	}
+	if err != nil {
+		return rec, 0, fmt.Errorf("read host record of %s: %w", host, err)
+	}
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		return rec, 0, fmt.Errorf("decode host record of %s: %w", host, err)
+	}
+	if rec.State == "" {
+		rec.State = messages.HostOK
+	}
+	return rec, e.Revision(), nil
+}

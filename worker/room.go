@@ -1,0 +1,250 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/fleet"
+	"proxyfleet/messages"
+)
+
+// Room: each host's record in PROXY_HOSTS holds the set of proxies that
+// hold room on it (messages.HostRecord.Proxies). The invariant is that a
+// domain exists on a host only for a proxy in the host's set, and the set
+// never grows past the host's max_proxies:
+//
+//   - intake reserves (adds the proxy, if there is room) before it records a
+//     desired state placing the proxy on the host;
+//   - the executor checks the reservation (taking it again if it went) right
+//     before it creates a domain, under the proxy's lock;
+//   - a proxy's room is released only once its domain is gone from the
+//     host: by the host's executor after a delete or a move away removed it,
+//     and by the owner's reconciliation (see reconcileRoom).
+//
+// Every change is a compare-and-set of the whole record, retried on
+// conflict, so concurrent intakes on any number of workers never both take
+// the last place. A release names the command it acts for and leaves a
+// reservation made by a newer command alone, so a create placing the proxy
+// here again while its delete runs keeps its room.
+
+// errFull says a host has no room for another proxy (see fullError).
+var errFull = errors.New("no room")
+
+// fullError is a host with no room for another proxy.
+type fullError struct {
+	host       string
+	n, maxRoom int
+}
+
+func (e *fullError) Error() string {
+	return fmt.Sprintf("host %s is full (%d of %d proxies)", e.host, e.n, e.maxRoom)
+}
+
+func (e *fullError) Is(target error) bool { return target == errFull }
+
+// reserve gives proxy id room on host for the command of seq. A proxy that
+// holds room there already keeps it (the newer seq is recorded); another
+// needs a free place, unless force (its domain is there already, so it
+// takes room whatever the count). No room is an error wrapping errFull.
+func (w *Worker) reserve(ctx context.Context, host, id string, seq uint64, force bool) error {
+	return w.updateHost(ctx, host, func(rec *messages.HostRecord) error {
+		if r, ok := rec.Proxies[id]; ok {
+			if r >= seq {
+				return errNoChange
+			}
+			rec.Proxies[id] = seq
+			return nil
+		}
+		if room := w.catalog.maxProxies(host); len(rec.Proxies) >= room && !force {
+			return &fullError{host: host, n: len(rec.Proxies), maxRoom: room}
+		}
+		rec.Proxies[id] = seq
+		return nil
+	})
+}
+
+// release frees id's room on host for the command of seq, whose removal of
+// the proxy from the host is done. A reservation made by a newer command
+// stays.
+func (w *Worker) release(ctx context.Context, host, id string, seq uint64) error {
+	return w.updateHost(ctx, host, func(rec *messages.HostRecord) error {
+		r, ok := rec.Proxies[id]
+		if !ok || r > seq {
+			return errNoChange
+		}
+		delete(rec.Proxies, id)
+		return nil
+	})
+}
+
+// ensureRoom checks, right before the executor creates d's domain, that d
+// holds room here, taking it again if it went (a reservation released by a
+// reconciliation while its intake stalled, or a PROXY_HOSTS made anew). A
+// present domain is being replaced: it holds its room whatever the count.
+func (e *executor) ensureRoom(ctx context.Context, d *messages.Desired, present bool) error {
+	// Releases happen under the proxy's lock, which this holds: a
+	// reservation read here stays until the create is done.
+	if rec, _, err := e.w.readHost(ctx, e.host); err == nil {
+		if r, ok := rec.Proxies[d.ID]; ok && r >= d.Seq {
+			return nil
+		}
+	}
+	err := e.w.reserve(ctx, e.host, d.ID, d.Seq, present)
+	if errors.Is(err, errFull) {
+		return fleet.Permanent(fmt.Errorf("create %s: %w", d.ID, err))
+	}
+	if err != nil {
+		return fleet.Transient(err)
+	}
+	return nil
+}
+
+// reconcileRoom makes the host's reservations match what is there, after
+// an observation pass listed insts (the host's domains of ours): a domain
+// with no reservation gets one (its room is taken, whatever the count);
+// a reservation of a proxy with no domain here whose desired state does
+// not place it here is released. That frees the room a crash left (an
+// executor that removed a proxy and died before releasing, a create that
+// reserved and then lost to a newer command). A reservation whose command
+// is not recorded yet (intake reserves first) is released only when passes
+// at least two AckWaits apart find it so: by then its command has been
+// given up, or retried (and a retry reserves again, with its own seq).
+func (e *executor) reconcileRoom(ctx context.Context, insts []fleet.Instance) {
+	w := e.w
+	rec, _, err := w.readHost(ctx, e.host)
+	if err != nil {
+		w.log.Debug("reconcile room", "host", e.host, "err", err)
+		return
+	}
+	present := map[string]bool{}
+	for _, in := range insts {
+		present[in.ID] = true
+		if _, ok := rec.Proxies[in.ID]; !ok && ctx.Err() == nil {
+			e.reserveFound(ctx, in.ID)
+		}
+	}
+	pending := map[string]uint64{}
+	for id, seq := range rec.Proxies {
+		if present[id] || ctx.Err() != nil {
+			continue
+		}
+		if err := e.releaseStale(ctx, id, seq, pending); err != nil {
+			w.log.Debug("reconcile room", "host", e.host, "id", id, "err", err)
+		}
+	}
+	e.unrecorded.keep(pending)
+}
+
+// unrecordedRoom remembers when the owner first saw each reservation whose
+// command was not recorded.
+type unrecordedRoom struct {
+	mu sync.Mutex
+	m  map[string]seenAt
+}
+
+type seenAt struct {
+	seq uint64
+	at  time.Time
+}
+
+// since returns when id's reservation of seq was first seen unrecorded.
+func (u *unrecordedRoom) since(id string, seq uint64) time.Time {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.m == nil {
+		u.m = map[string]seenAt{}
+	}
+	s, ok := u.m[id]
+	if !ok || s.seq != seq {
+		s = seenAt{seq: seq, at: time.Now()}
+		u.m[id] = s
+	}
+	return s.at
+}
+
+// keep forgets every reservation but those of pending.
+func (u *unrecordedRoom) keep(pending map[string]uint64) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for id, s := range u.m {
+		if seq, ok := pending[id]; !ok || seq != s.seq {
+			delete(u.m, id)
+		}
+	}
+}
+
+// reserveFound records the room a domain found here takes, if it is still
+// here under the proxy's lock (its delete may have just released it).
+func (e *executor) reserveFound(ctx context.Context, id string) {
+	unlock, err := e.w.locks.lock(ctx, id)
+	if err != nil {
+		return
+	}
+	defer unlock()
+	if _, err := e.prov.Get(ctx, id); err != nil {
+		return
+	}
+	if err := e.w.reserve(ctx, e.host, id, 0, true); err != nil {
+		e.w.log.Debug("reconcile room", "host", e.host, "id", id, "err", err)
+		return
+	}
+	e.w.log.Info("room taken by a domain with no reservation", "host", e.host, "id", id)
+}
+
+// releaseStale releases id's reservation (of the command of seq), unless
+// the proxy's desired state places it here or its command may still be on
+// its way (then it is added to pending).
+func (e *executor) releaseStale(ctx context.Context, id string, seq uint64, pending map[string]uint64) error {
+	w := e.w
+	unlock, err := w.locks.lock(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	d, err := w.readDesired(ctx, id)
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return err
+	}
+	upTo := seq
+	switch {
+	case d != nil && e.owns(d):
+		return nil
+	case d == nil || d.Seq < seq:
+		pending[id] = seq
+		if time.Since(e.unrecorded.since(id, seq)) < 2*w.cfg.AckWait {
+			return nil // its command may be on its way
+		}
+	default:
+		upTo = d.Seq
+	}
+	if _, err := e.prov.Get(ctx, id); !isNotFound(err) {
+		return err // there after all (or unreadable): it keeps its room
+	}
+	if err := w.release(ctx, e.host, id, upTo); err != nil {
+		return err
+	}
+	w.log.Info("released the room of a proxy that is not here", "host", e.host, "id", id)
+	return nil
+}
+
+// recordHosts makes sure each of hosts has a record saying its room, for
+// `proxyfleet hosts` to show before any proxy is placed there.
+func (w *Worker) recordHosts(ctx context.Context, hosts []string) {
+	for _, h := range hosts {
+		rec, rev, err := w.readHost(ctx, h)
+		if err == nil && rev != 0 && rec.MaxProxies == w.catalog.maxProxies(h) {
+			continue
+		}
+		if err == nil {
+			err = w.updateHost(ctx, h, func(*messages.HostRecord) error { return nil })
+		}
+		if err != nil {
+			w.log.Warn("record host", "host", h, "err", err)
+		}
+	}
+}
