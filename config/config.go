@@ -69,7 +69,7 @@ type Host struct {
 	Pool       string  `yaml:"pool"`
 	Network    string  `yaml:"network"`
 	DomainType string  `yaml:"domain_type"`
-	MaxProxies int     `yaml:"max_proxies"`
+	MaxProxies int     `yaml:"max_proxies"` // room: 20 for kvm, 100 for sim by default
 	Budgets    Budgets `yaml:"budgets"`
 	Sim        Sim     `yaml:"sim"`
 }
@@ -155,6 +155,15 @@ type Worker struct {
 	// ObserveInterval is how often a host's owner re-reads its running
 	// proxies, publishing only what changed.
 	ObserveInterval time.Duration `yaml:"observe_interval"`
+	// A host whose calls fail transiently QuarantineFailures times within
+	// QuarantineWindow is quarantined (placement skips it, its work
+	// waits) for QuarantineCoolDown, then probed; each failed probe
+	// doubles the cool-down, up to QuarantineMaxCoolDown. A negative
+	// QuarantineFailures turns quarantine off.
+	QuarantineFailures    int           `yaml:"quarantine_failures"`
+	QuarantineWindow      time.Duration `yaml:"quarantine_window"`
+	QuarantineCoolDown    time.Duration `yaml:"quarantine_cool_down"`
+	QuarantineMaxCoolDown time.Duration `yaml:"quarantine_max_cool_down"`
 }
 
 // Health tunes the health consumer.
@@ -231,8 +240,8 @@ func (c *Config) SetDefaults() {
 		if h.Driver == "" {
 			h.Driver = "kvm"
 		}
-		if h.Driver == "kvm" && h.MaxProxies == 0 {
-			h.MaxProxies = 20
+		if h.MaxProxies == 0 {
+			h.MaxProxies = defaultMaxProxies[h.Driver]
 		}
 	}
 	if c.DefaultImage == "" && len(c.Images) == 1 {
@@ -264,6 +273,12 @@ func (c *Config) SetDefaults() {
 	setDur(&w.DrainTimeout, 30*time.Second)
 	setDur(&w.CheckInterval, 5*time.Second)
 	setDur(&w.ObserveInterval, 30*time.Second)
+	if w.QuarantineFailures == 0 {
+		w.QuarantineFailures = 5
+	}
+	setDur(&w.QuarantineWindow, time.Minute)
+	setDur(&w.QuarantineCoolDown, 5*time.Second)
+	setDur(&w.QuarantineMaxCoolDown, 5*time.Minute)
 	hl := &c.Health
 	if hl.HTTP == "" {
 		hl.HTTP = "127.0.0.1:8080"
@@ -282,6 +297,10 @@ func (c *Config) SetDefaults() {
 	}
 	setDur(&hl.LeaseTTL, 15*time.Second)
 }
+
+// defaultMaxProxies is a host's room by driver: what a KVM host of modest
+// size runs, and more for a simulated one, whose proxies cost a file.
+var defaultMaxProxies = map[string]int{"kvm": 20, "sim": 100}
 
 func setDur(d *time.Duration, def time.Duration) {
 	if *d == 0 {

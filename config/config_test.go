@@ -23,7 +23,7 @@ func TestParseDefaults(t *testing.T) {
 	}
 	// The kvm keys (domain_type, budgets, ...) are left to kvm's defaults:
 	// cmd/proxyfleet's TestKVMOptions_defaultsAreKVMs checks them.
-	if c.DefaultImage != "debian-12" || c.Hosts[1].MaxProxies != 20 ||
+	if c.DefaultImage != "debian-12" || c.Hosts[1].MaxProxies != 20 || c.Hosts[0].MaxProxies != 100 ||
 		c.Proxy.Port != 3128 || c.NATS.Prefix != "proxy" || c.Health.Timeout != 1600*time.Millisecond {
 		t.Fatalf("defaults not filled: %+v", c)
 	}
@@ -49,6 +49,8 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "health: {probe_listen: '0.0.0.0:8081'}\n", "health.probe_listen"},
 		{good + "health: {probe_listen: 'nope'}\n", "health.probe_listen"},
 		{good + "worker: {observe_interval: -1s}\n", "worker.observe_interval"},
+		{"hosts:\n  - {name: a, driver: sim, max_proxies: -1, sim: {dir: /x}}\n", "hosts[0].max_proxies"},
+		{good + "worker: {quarantine_cool_down: 1m, quarantine_max_cool_down: 30s}\n", "worker.quarantine_max_cool_down"},
 	} {
 		_, err := Parse([]byte(tc.edit))
 		var fe *FieldError

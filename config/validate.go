@@ -51,6 +51,9 @@ func (c *Config) Validate() error {
 		{"worker.drain_timeout", c.Worker.DrainTimeout},
 		{"worker.check_interval", c.Worker.CheckInterval},
 		{"worker.observe_interval", c.Worker.ObserveInterval},
+		{"worker.quarantine_window", c.Worker.QuarantineWindow},
+		{"worker.quarantine_cool_down", c.Worker.QuarantineCoolDown},
+		{"worker.quarantine_max_cool_down", c.Worker.QuarantineMaxCoolDown},
 		{"health.interval", c.Health.Interval},
 		{"health.timeout", c.Health.Timeout},
 		{"health.grace", c.Health.Grace},
@@ -65,6 +68,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Worker.BackoffMax < c.Worker.BackoffInitial {
 		return bad("worker.backoff_max", "%s is less than worker.backoff_initial %s", c.Worker.BackoffMax, c.Worker.BackoffInitial)
+	}
+	if c.Worker.QuarantineMaxCoolDown < c.Worker.QuarantineCoolDown {
+		return bad("worker.quarantine_max_cool_down", "%s is less than worker.quarantine_cool_down %s", c.Worker.QuarantineMaxCoolDown, c.Worker.QuarantineCoolDown)
 	}
 	if c.Worker.AckWait < time.Second {
 		return bad("worker.ack_wait", "%s is less than 1s", c.Worker.AckWait)
@@ -99,6 +105,9 @@ func (c *Config) Validate() error {
 			}
 		default:
 			return bad(f+".driver", "%q is not a driver (kvm or sim)", h.Driver)
+		}
+		if h.MaxProxies < 1 {
+			return bad(f+".max_proxies", "%d is less than 1", h.MaxProxies)
 		}
 	}
 	images := map[string]bool{}
@@ -193,9 +202,6 @@ func (h Host) validateKVM(f string) error {
 	}
 	if h.DomainType != "" && h.DomainType != "kvm" && h.DomainType != "qemu" {
 		return bad(f+".domain_type", "%q is not kvm or qemu", h.DomainType)
-	}
-	if h.MaxProxies < 1 {
-		return bad(f+".max_proxies", "%d is less than 1", h.MaxProxies)
 	}
 	for _, d := range []struct {
 		f string

@@ -168,7 +168,7 @@ func workerConfig(c *config.Config, provs map[string]worker.Provider, log *slog.
 		},
 		Catalog: worker.Catalog{
 			Hosts: c.HostNames(), Images: images, DefaultImage: c.DefaultImage,
-			DefaultCPUs: c.Proxy.CPUs, DefaultMemoryMiB: c.Proxy.MemoryMiB,
+			DefaultCPUs: c.Proxy.CPUs, DefaultMemoryMiB: c.Proxy.MemoryMiB, MaxProxies: maxProxies(c),
 		},
 		Providers:       provs,
 		AckWait:         c.Worker.AckWait,
@@ -184,7 +184,21 @@ func workerConfig(c *config.Config, provs map[string]worker.Provider, log *slog.
 		ProxyPort:       c.Proxy.Port,
 		Backoff:         worker.ExpBackoff{Initial: c.Worker.BackoffInitial, Max: c.Worker.BackoffMax},
 		Logger:          log,
+
+		QuarantineFailures:    c.Worker.QuarantineFailures,
+		QuarantineWindow:      c.Worker.QuarantineWindow,
+		QuarantineCoolDown:    c.Worker.QuarantineCoolDown,
+		QuarantineMaxCoolDown: c.Worker.QuarantineMaxCoolDown,
 	}
+}
+
+// maxProxies is each host's room.
+func maxProxies(c *config.Config) map[string]int {
+	out := map[string]int{}
+	for _, h := range c.Hosts {
+		out[h.Name] = h.MaxProxies
+	}
+	return out
 }
 
 // workerComponent is a worker on nc, executing the config's hosts.

@@ -150,8 +150,9 @@ func commands(ctx context.Context, url, dir string, n int) (create, del time.Dur
 		log.Fatal(err)
 	}
 	w, err := worker.New(wjs, worker.Config{
-		Subjects:  subj,
-		Catalog:   worker.Catalog{Hosts: hosts, Images: []string{"img"}, DefaultImage: "img", DefaultCPUs: 1, DefaultMemoryMiB: 128},
+		Subjects: subj,
+		Catalog: worker.Catalog{Hosts: hosts, Images: []string{"img"}, DefaultImage: "img", DefaultCPUs: 1, DefaultMemoryMiB: 128,
+			MaxProxies: map[string]int{"h1": n, "h2": n}}, // room for every proxy on either host
 		Providers: provs, Concurrency: 32, PollInterval: time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
