@@ -25,6 +25,7 @@ Usage:
   proxyfleet list
   proxyfleet watch
   proxyfleet rotation [--http URL]
+  proxyfleet hosts
 
 Every command takes --nats-url (default nats://127.0.0.1:4222), --creds,
 --tls-ca, --tls-cert, --tls-key and --prefix; "proxyfleet CMD -h" lists all.

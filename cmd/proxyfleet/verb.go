@@ -39,6 +39,7 @@ var verbs = []verb{
 	{name: "list", new: func() command { return &listCmd{} }},
 	{name: "watch", new: func() command { return &watchCmd{} }},
 	{name: "rotation", new: func() command { return &rotationCmd{} }},
+	{name: "hosts", new: func() command { return &hostsCmd{} }},
 }
 
 // findVerb returns the client verb called name.

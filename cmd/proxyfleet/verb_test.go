@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"proxyfleet/client"
 	"proxyfleet/internal/natstest"
 	"proxyfleet/messages"
@@ -134,6 +136,41 @@ func TestClientVerbs(t *testing.T) {
 	}
 	o, e, code = cli("rotation")
 	want("rotation", code == 0 && strings.HasPrefix(o, "rotation version 1, 1 proxies, at ") && strings.Contains(o, "\np1  198.18.0.1:3128  h1  "), o, e)
+	// hosts: the records in PROXY_HOSTS, owners from the heartbeats in
+	// PROXY_WORKERS.
+	hkv, err := js.KeyValue(ctx, messages.BucketHosts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wkv, err := js.KeyValue(ctx, messages.BucketWorkers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(kv jetstream.KeyValue, key string, v any) {
+		t.Helper()
+		b, _ := json.Marshal(v)
+		if _, err := kv.Put(ctx, key, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now().UTC()
+	put(hkv, "h1", messages.HostRecord{V: 1, Host: "h1", MaxProxies: 20, Proxies: map[string]uint64{"p1": 1, "p3": 3}, State: messages.HostOK, Since: now})
+	put(hkv, "h2", messages.HostRecord{V: 1, Host: "h2", MaxProxies: 3, State: messages.HostQuarantined, Since: now,
+		Until: now.Add(time.Hour), CoolDownMS: 3600000, Reason: "list h2: injected fault (transient)"})
+	put(wkv, "wk-1", messages.WorkerRecord{V: 1, ID: "wk-1", State: messages.WorkerActive, Hosts: []string{"h1", "h2", "h3"}, Owned: []string{"h1", "h2"}, At: now})
+	put(wkv, "wk-2", messages.WorkerRecord{V: 1, ID: "wk-2", State: messages.WorkerDraining, Hosts: []string{"h1", "h2", "h3"}, Owned: []string{"h3"}, At: now})
+	o, e, code = cli("hosts")
+	want("hosts", code == 0 && strings.HasPrefix(o, "HOST  OWNER  PROXIES  STATE        SINCE  REASON\n") &&
+		strings.Contains(o, "\nh1    wk-1   2/20     ok           0s     -\n") &&
+		strings.Contains(o, "\nh2    wk-1   0/3      quarantined  0s     probe in 1h0m0s: list h2: injected fault (transient)\n") &&
+		strings.Contains(o, "\nh3    wk-2   -        draining     0s     -\n"), o, e)
+	o, e, code = cli("hosts", "--json")
+	var hosts []map[string]any
+	want("hosts --json", code == 0 && json.Unmarshal([]byte(o), &hosts) == nil && len(hosts) == 3 &&
+		hosts[0]["host"] == "h1" && hosts[0]["owner"] == "wk-1" && hosts[0]["proxies"] == 2.0 && hosts[0]["max_proxies"] == 20.0 &&
+		hosts[0]["state"] == "ok" && hosts[0]["since"] != nil &&
+		hosts[1]["state"] == "quarantined" && hosts[2]["state"] == "draining" && hosts[2]["owner"] == "wk-2", o, e)
+
 	o, e, code = cli("watch", "--timeout", "1s")
 	want("watch", code == 0 && strings.HasSuffix(o, " p1 running host=h1 addr=198.18.0.1:3128 source=sim seq=2 command=-\n") && strings.Count(o, "\n") == 1 && e == "", o, e)
 	o, e, code = cli("watch", "--timeout", "1s", "--json")

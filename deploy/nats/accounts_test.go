@@ -380,7 +380,7 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 }
 
 // clientWork runs every client verb on id as the client user: create and
-// wait, get, list, rotation, watch, delete and wait.
+// wait, get, list, rotation, hosts, watch, delete and wait.
 func clientWork(t *testing.T, ctx context.Context, cl *client.Client, id string) {
 	t.Helper()
 	o, err := cl.Create(ctx, messages.CreateCommand{ID: id}, "", true)
@@ -409,6 +409,13 @@ func clientWork(t *testing.T, ctx context.Context, cl *client.Client, id string)
 		return err == nil && len(rot.Proxies) == 1 && rot.Proxies[0].ID == id && rot.Proxies[0].Host == "h1"
 	}) {
 		t.Fatalf("rotation as client: %+v %v (health publishes it)", rot, err)
+	}
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	hosts, err := cl.Hosts(hctx)
+	cancel()
+	if err != nil || len(hosts) != 1 || hosts[0].Host != "h1" || hosts[0].Proxies != 1 ||
+		hosts[0].MaxProxies != worker.DefaultMaxProxies || hosts[0].State != messages.HostOK {
+		t.Fatalf("hosts as client: %+v %v; want h1 holding %s", hosts, err, id)
 	}
 	var out syncBuffer
 	wctx, stop := context.WithCancel(ctx)
