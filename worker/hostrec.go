@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"time"
 
@@ -17,10 +16,12 @@ import (
 // A host's record in PROXY_HOSTS (messages.HostRecord) is changed only with
 // compare-and-set on its revision. Within a worker, one writer per host
 // applies every change: it takes the changes that arrived while it wrote
-// the last batch and writes them as one (so fifty intakes reserving at once
-// cost a few writes, not fifty serial read-and-writes), starting from the
-// record as it last read or wrote it, and reads the record again only after
-// losing a race to another worker.
+// the last batch, reads the record, applies them and writes them as one (so
+// fifty intakes reserving at once cost a few reads and writes, not fifty
+// serial ones), and reads again and applies them again after losing a race
+// to another worker. Each batch starts from a fresh read: a change found
+// unneeded (a reservation already there) is judged on the record as it is,
+// never on one remembered.
 
 // errNoChange, from an edit, leaves the record as it is.
 var errNoChange = errors.New("no change")
@@ -43,11 +44,6 @@ type hostWriter struct {
 	w    *Worker
 	host string
 	reqs chan hostEdit
-	// Owned by run: the record as last read or written, and its revision
-	// (0: none on the server).
-	rec   messages.HostRecord
-	rev   uint64
-	known bool
 }
 
 // startWriters starts a writer for every host of the catalog; stopWriters
@@ -142,15 +138,10 @@ func (hw *hostWriter) apply(ctx context.Context, batch []hostEdit) []error {
 		return errs
 	}
 	for attempt := 0; attempt < maxHostWrites; attempt++ {
-		if !hw.known {
-			rec, rev, err := w.readHost(ctx, hw.host)
-			if err != nil {
-				return all(err)
-			}
-			hw.rec, hw.rev, hw.known = rec, rev, true
+		rec, rev, err := w.readHost(ctx, hw.host)
+		if err != nil {
+			return all(err)
 		}
-		rec := hw.rec
-		rec.Proxies = maps.Clone(rec.Proxies)
 		if rec.Proxies == nil {
 			rec.Proxies = map[string]uint64{}
 		}
@@ -164,7 +155,7 @@ func (hw *hostWriter) apply(ctx context.Context, batch []hostEdit) []error {
 				errs[i] = nil
 			}
 		}
-		if !changed && hw.rev != 0 {
+		if !changed && rev != 0 {
 			return errs
 		}
 		rec.V, rec.Host, rec.MaxProxies, rec.At = messages.Version, hw.host, w.catalog.maxProxies(hw.host), time.Now().UTC()
@@ -172,18 +163,14 @@ func (hw *hostWriter) apply(ctx context.Context, batch []hostEdit) []error {
 			rec.Since = rec.At
 		}
 		b, _ := json.Marshal(rec)
-		var rev uint64
-		var err error
-		if hw.rev == 0 {
-			rev, err = w.hosts.Create(ctx, hw.host, b)
+		if rev == 0 {
+			_, err = w.hosts.Create(ctx, hw.host, b)
 		} else {
-			rev, err = w.hosts.Update(ctx, hw.host, b, hw.rev)
+			_, err = w.hosts.Update(ctx, hw.host, b, rev)
 		}
 		if err == nil {
-			hw.rec, hw.rev = rec, rev
 			return errs
 		}
-		hw.known = false
 		if !errors.Is(err, jetstream.ErrKeyExists) && !isWrongLastSeq(err) {
 			return all(fmt.Errorf("write host record of %s: %w", hw.host, err))
 		}

@@ -138,7 +138,8 @@ func (g *hostGuard) write(ctx context.Context, q messages.HostRecord) {
 }
 
 // await returns once the host is not quarantined (probing it when its
-// cool-down is over, if no one else is), or with ctx's error.
+// cool-down is over, if no one else is), or with an error once ctx ends or
+// the worker drains (the item goes back, for the next owner).
 func (g *hostGuard) await(ctx context.Context) error {
 	if !g.enabled() {
 		return nil
@@ -166,6 +167,9 @@ func (g *hostGuard) await(ctx context.Context) error {
 		case <-ctx.Done():
 			t.Stop()
 			return ctx.Err()
+		case <-g.w.draining:
+			t.Stop()
+			return errStopped
 		case <-ch:
 		case <-t.C:
 		}

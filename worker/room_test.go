@@ -220,3 +220,69 @@ func TestConcurrentCreatesNeverOverfillAHost(t *testing.T) {
 		}
 	}
 }
+
+// A reservation left by a crash is reconciled by the host's owner: one whose
+// proxy was removed but not released (an executor that died in between) is
+// released at the next observation; one whose command was never recorded
+// (an intake that died after reserving) only after two AckWaits; and a
+// domain with no reservation (PROXY_HOSTS lost) takes its room again.
+func TestLeakedRoomIsReconciled(t *testing.T) {
+	r := newRig(t, "h1")
+	const ackWait = time.Second
+	r.startWorker(withRoom(r, 5), func(c *worker.Config) {
+		c.AckWait = ackWait
+		c.ObserveInterval = 100 * time.Millisecond
+	})
+	createSeq := r.create("gone", "cg", "")
+	r.waitOutcome("cg", messages.OutcomeDone)
+	r.create("p1", "c1", "")
+	r.waitOutcome("c1", messages.OutcomeDone)
+	r.delete("gone", "dg")
+	r.waitOutcome("dg", messages.OutcomeDone)
+	if rec, _ := r.hostRecord("h1"); len(rec.Proxies) != 1 || rec.Proxies["p1"] == 0 {
+		t.Fatalf("reservations %v, want p1 alone", rec.Proxies)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := r.js.KeyValue(ctx, messages.BucketHosts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctx, "h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec messages.HostRecord
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		t.Fatal(err)
+	}
+	rec.Proxies = map[string]uint64{"gone": createSeq, "ghost": 1 << 40}
+	b, _ := json.Marshal(rec)
+	if _, err := kv.Update(ctx, "h1", b, e.Revision()); err != nil {
+		t.Fatal(err)
+	}
+	planted := time.Now()
+
+	r.waitFor("the removed proxy's room released and p1's taken again", 10*time.Second, func() bool {
+		rec, _ := r.hostRecord("h1")
+		_, gone := rec.Proxies["gone"]
+		_, p1 := rec.Proxies["p1"]
+		return !gone && p1
+	})
+	if rec, _ := r.hostRecord("h1"); len(rec.Proxies) != 2 || rec.Proxies["ghost"] != 1<<40 {
+		t.Errorf("reservations %v, want p1 and ghost (its command may still be on its way)", rec.Proxies)
+	}
+	r.waitFor("the unrecorded reservation released", 30*time.Second, func() bool {
+		rec, _ := r.hostRecord("h1")
+		_, ghost := rec.Proxies["ghost"]
+		return !ghost
+	})
+	if d := time.Since(planted); d < 2*ackWait {
+		t.Errorf("an unrecorded reservation released after %s, before two AckWaits", d)
+	}
+	t.Logf("unrecorded reservation released %s after it was planted", time.Since(planted).Round(time.Millisecond))
+	if rec, _ := r.hostRecord("h1"); len(rec.Proxies) != 1 || !r.domainExists("h1", "p1") {
+		t.Errorf("reservations %v, want p1 alone", rec.Proxies)
+	}
+}

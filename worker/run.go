@@ -96,6 +96,7 @@ func (w *Worker) start(ctx context.Context) error {
 	// The handlers' context: cancelled by drain, not by ctx.
 	runCtx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
+	w.draining = make(chan struct{})
 	w.startWriters()
 	w.recordHosts(ctx, hosts)
 	w.fence = newFence(w.js.Conn(), w.cfg.AckWait/4, w.log)
@@ -167,6 +168,7 @@ func (w *Worker) drain() {
 		w.superCancel()
 	}
 	w.superWG.Wait()
+	close(w.draining)
 	w.log.Info("draining worker", "timeout", w.cfg.DrainTimeout)
 	for _, c := range w.runs {
 		if c.cc != nil {

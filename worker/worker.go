@@ -80,6 +80,9 @@ type Worker struct {
 	locks   *keyedLocks
 	stats   Stats
 
+	// draining is closed when the worker starts to drain: work waiting
+	// on a quarantined host is handed back at once.
+	draining chan struct{}
 	// writers batch this worker's changes of each host's record (hostrec.go).
 	writers     map[string]*hostWriter
 	writersStop context.CancelFunc
