@@ -1,8 +1,8 @@
 // Package client is the library behind proxyfleet's client verbs: it
 // publishes create and delete commands (and waits for their outcome), reads
 // a proxy's latest state and result (and its desired record, when the user
-// may read it), lists the fleet, reads the rotation and watches state
-// events live (Watch returns a stream of updates; PrintWatch renders one).
+// may read it), lists the fleet, reads the rotation and the hosts (Hosts:
+// owners, room, quarantine) and watches state events live (Watch returns a stream of updates; PrintWatch renders one).
 // It needs no more than the client role of deploy/nats/accounts.conf, and
 // of proxyfleet it imports only messages, the wire contract.
 //

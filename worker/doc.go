@@ -1,7 +1,9 @@
 // Package worker turns proxy commands into converged proxies.
 //
-// Intake pulls commands from PROXY_CMDS, validates them, records each valid
-// one as the proxy's desired state in PROXY_DESIRED (compare-and-set on the
+// Intake pulls commands from PROXY_CMDS, validates them, places each create
+// on a host with room (reserving it in the host's record in PROXY_HOSTS with
+// compare-and-set, skipping quarantined hosts), records each valid one as
+// the proxy's desired state in PROXY_DESIRED (compare-and-set on the
 // command's stream sequence, so the highest sequence wins whatever the
 // redeliveries) and dispatches a work item to the proxy's host.
 //
@@ -14,7 +16,9 @@
 //
 // Retries happen only for transient errors, through NakWithDelay with an
 // exponential, jittered backoff, for a bounded number of attempts; then the
-// proxy is failed and the command dead-lettered.
+// proxy is failed and the command dead-lettered. A host whose calls keep
+// failing transiently is quarantined: its work waits, spending no attempt,
+// until a probe finds it answering again.
 //
 // Streams and buckets are set-up's: Topology.Setup creates and updates them
 // (it needs an admin credential) and a Repairer recreates any that is
@@ -39,6 +43,9 @@
 // unpin); defaults.go the defaults. intake.go turns commands into desired
 // state (desired.go) and work; executor.go converges one proxy, observe.go
 // re-reads a host's proxies and events.go publishes their state events.
+// placement.go chooses a create's host; room.go reserves and releases room
+// and reconciles it, through hostrec.go, which writes a host's record in
+// PROXY_HOSTS; quarantine.go keeps a host's failures and quarantine.
 // Both run their messages on a pool (pool.go), which keeps each in
 // progress and binds it to the fence (fence.go) that abandons work once
 // cut off from NATS; locks.go serialises one proxy's work. consumers.go

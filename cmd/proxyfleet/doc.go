@@ -6,7 +6,7 @@
 //	proxyfleet health   [flags]   the health role only
 //	proxyfleet create ID [--host H] [--image I] [--cpus N] [--memory-mib M] [--command-id C] [--wait]
 //	proxyfleet delete ID [--command-id C] [--wait]
-//	proxyfleet get ID | list | watch | rotation
+//	proxyfleet get ID | list | watch | rotation | hosts
 //
 // Each role is made of components, each a Run(ctx) error (the worker, the
 // health process, the repairer, serve's embedded nats-server), run
