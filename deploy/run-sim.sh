@@ -34,6 +34,7 @@ In another terminal:
   bin/proxyfleet list                      # every proxy
   bin/proxyfleet watch                     # a live table (Ctrl-C to leave)
   bin/proxyfleet rotation                  # the proxies clients may use now
+  bin/proxyfleet hosts                     # each host's owner, room and state
   curl -s http://127.0.0.1:8080/rotation   # the same, from the health process
   bin/proxyfleet delete p1 --wait
 
