@@ -244,11 +244,15 @@ func oneLine(s string) string {
 }
 
 // guarded is a host's provider that tells the host's guard of every
-// failure.
+// failure. It is Provider only: an optional interface the host's provider
+// may also implement is to be asserted on Unwrap's.
 type guarded struct {
 	Provider
 	g *hostGuard
 }
+
+// Unwrap returns the host's provider itself.
+func (p guarded) Unwrap() Provider { return p.Provider }
 
 func (p guarded) Create(ctx context.Context, spec fleet.Spec) (fleet.Instance, error) {
 	in, err := p.Provider.Create(ctx, spec)
