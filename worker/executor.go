@@ -62,6 +62,8 @@ func (e *executor) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	if meta.NumDelivered > 1 {
 		w.log.Info("work redelivered", "host", e.host, "id", id, "delivery", meta.NumDelivered)
+	} else {
+		w.log.Debug("work", "host", e.host, "id", id)
 	}
 	unlock, err := w.locks.lock(ctx, id)
 	if err != nil {
