@@ -122,6 +122,50 @@ func (c *consumerRun) ensure(ctx context.Context) (jetstream.Consumer, error) {
 	return cons, err
 }
 
+// start creates or updates the consumer and consumes it. A failure the
+// cluster gets over by itself (a request that timed out or found no
+// responder while replicas elect a leader, a 5xx from JetStream) is logged
+// and tried again every CheckInterval until ctx is done: in a cluster,
+// creating a replicated consumer can outlast one request. Anything else (a
+// setting the server refuses, a permission) is returned.
+func (c *consumerRun) start(ctx context.Context) error {
+	for {
+		cons, err := c.ensure(ctx)
+		if err == nil {
+			err = c.consume(cons)
+		}
+		if err == nil || ctx.Err() != nil || !passing(err) {
+			return err
+		}
+		c.w.log.Warn("consumer "+c.name()+" on "+c.stream+": not ready, trying again", "err", err, "in", c.w.cfg.CheckInterval)
+		t := time.NewTimer(c.w.cfg.CheckInterval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+}
+
+// passing reports whether a JetStream API call's failure is one the
+// cluster gets over by itself.
+func passing(err error) bool {
+	var refused *RefusedError
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.As(err, &refused):
+		return false // the server answered, and will answer the same
+	case errors.As(err, &apiErr):
+		return apiErr.Code >= 500
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout),
+		errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrDisconnected),
+		errors.Is(err, nats.ErrConnectionReconnecting):
+		return true
+	}
+	return false
+}
+
 // consume starts pulling from cons.
 func (c *consumerRun) consume(cons jetstream.Consumer) error {
 	opts := append(slices.Clip(c.opts), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {

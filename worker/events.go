@@ -40,9 +40,21 @@ func isWrongLastSeq(err error) bool {
 			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
+// request bounds one request to NATS by js's default timeout, however
+// long ctx has. A reply can be lost for good (in a cluster, the request
+// reached a node that stopped, and the client reconnected to another at
+// once, so the fence does not cut), and a handler's own deadline, such as
+// the ready budget of minutes, is far too long to wait for it while
+// holding the work item and a slot of the host's pool.
+func request(ctx context.Context, js jetstream.JetStream) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, js.Options().DefaultTimeout)
+}
+
 // last returns the latest event of id and its stream sequence (0 if none).
 func (p *eventPublisher) last(ctx context.Context, id string) (messages.StateEvent, uint64, error) {
 	var ev messages.StateEvent
+	ctx, cancel := request(ctx, p.js)
+	defer cancel()
 	raw, err := p.stream.GetLastMsgForSubject(ctx, p.subjects.State(id))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return ev, 0, nil
@@ -70,7 +82,9 @@ func (p *eventPublisher) Publish(ctx context.Context, ev messages.StateEvent) (m
 			// out): start above every seq this proxy ever had. Every
 			// seq is at most the stream sequence it was stored at, and
 			// the stream's last sequence only grows.
-			info, err := p.stream.Info(ctx)
+			rctx, cancel := request(ctx, p.js)
+			info, err := p.stream.Info(rctx)
+			cancel()
 			if err != nil {
 				return ev, fmt.Errorf("read stream %s: %w", messages.StreamEvents, err)
 			}
@@ -86,7 +100,9 @@ func (p *eventPublisher) Publish(ctx context.Context, ev messages.StateEvent) (m
 		if ev.State == messages.StateDeleted && p.deletedTTL > 0 {
 			opts = append(opts, jetstream.WithMsgTTL(p.deletedTTL))
 		}
-		_, err = p.js.Publish(ctx, p.subjects.State(ev.ID), b, opts...)
+		rctx, cancel := request(ctx, p.js)
+		_, err = p.js.Publish(rctx, p.subjects.State(ev.ID), b, opts...)
+		cancel()
 		if err == nil {
 			return ev, nil
 		}

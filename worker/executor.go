@@ -70,6 +70,8 @@ func (e *executor) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	if meta.NumDelivered > 1 {
 		w.log.Info("work redelivered", "host", e.host, "id", id, "delivery", meta.NumDelivered)
+	} else {
+		w.log.Debug("work", "host", e.host, "id", id)
 	}
 	// A quarantined host's work waits here, in progress, spending no
 	// attempt (see quarantine.go).

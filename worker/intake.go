@@ -312,6 +312,8 @@ func (in *intake) retry(ctx context.Context, msg jetstream.Msg, meta *jetstream.
 func (w *Worker) dispatch(ctx context.Context, host, id string, seq uint64) error {
 	m := nats.NewMsg(w.subj.Work(host, id))
 	m.Data = []byte(`{"v":1,"id":"` + id + `","seq":` + strconv.FormatUint(seq, 10) + `}`)
+	ctx, cancel := request(ctx, w.js)
+	defer cancel()
 	if _, err := w.js.PublishMsg(ctx, m); err != nil {
 		return fmt.Errorf("dispatch %s to %s: %w", id, host, err)
 	}
@@ -327,6 +329,8 @@ func (w *Worker) publishResult(ctx context.Context, r messages.Result) error {
 	if err != nil {
 		return err
 	}
+	ctx, cancel := request(ctx, w.js)
+	defer cancel()
 	_, err = w.js.Publish(ctx, w.subj.Result(r.ID), b, jetstream.WithMsgID(r.CommandID+"|"+r.Op+"|"+r.Outcome))
 	if err != nil {
 		return fmt.Errorf("publish result of %s: %w", r.ID, err)
@@ -344,7 +348,9 @@ func (w *Worker) deadLetter(ctx context.Context, id, cmdID, op string, seq uint6
 		dl.Command = json.RawMessage(body)
 	}
 	b, _ := json.Marshal(dl)
-	if _, err := w.js.Publish(ctx, w.subj.Dead(id), b, jetstream.WithMsgID(cmdID+"|dead")); err != nil {
+	pctx, cancel := request(ctx, w.js)
+	defer cancel()
+	if _, err := w.js.Publish(pctx, w.subj.Dead(id), b, jetstream.WithMsgID(cmdID+"|dead")); err != nil {
 		w.log.Error("publish dead letter", "id", id, "err", err)
 	}
 	w.stats.dead.Add(1)

@@ -20,7 +20,8 @@ import (
 // set-up's to create: see Topology.Setup), refuses to start if their
 // settings differ from the config, creates its consumers or updates the
 // settings of the existing ones that differ (refusing to start, naming the
-// setting, if the server will not change one in place), and consumes;
+// setting, if the server will not change one in place; trying again while
+// the cluster does not answer in time), and consumes;
 // Started is closed then. While it runs, a consumer deleted under it is
 // recreated within CheckInterval (see consumerRun).
 //
@@ -116,11 +117,7 @@ func (w *Worker) start(ctx context.Context) error {
 			jetstream.PullPriorityGroup(PriorityGroup)))
 	}
 	for _, c := range w.runs {
-		cons, err := c.ensure(ctx)
-		if err == nil {
-			err = c.consume(cons)
-		}
-		if err != nil {
+		if err := c.start(ctx); err != nil {
 			return err
 		}
 	}

@@ -1,8 +1,11 @@
 // Package natstest runs a real nats-server with JetStream inside a test
-// process, on a loopback port, with its store in the test's temp dir.
+// process, on a loopback port, with its store in the test's temp dir; or,
+// with StartCluster, several routed into one JetStream cluster, any node of
+// which can be stopped and started again on its ports and store.
 package natstest
 
 import (
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -73,6 +76,17 @@ func (s *Server) Start(t testing.TB) {
 		t.Fatal("nats-server: not ready within 10s")
 	}
 	s.Server = srv
+}
+
+// Reload applies edit to the server's options (its users and permissions,
+// say) and reloads them into the running server, as a SIGHUP after a config
+// change would. A restart keeps them. It may be called from any goroutine.
+func (s *Server) Reload(edit func(*server.Options)) error {
+	edit(s.opts)
+	if err := s.ReloadOptions(s.opts.Clone()); err != nil {
+		return fmt.Errorf("nats-server reload: %w", err)
+	}
+	return nil
 }
 
 // Stop shuts the server down and waits until it is down. Clients see it
