@@ -155,6 +155,14 @@ type Worker struct {
 	// ObserveInterval is how often a host's owner re-reads its running
 	// proxies, publishing only what changed.
 	ObserveInterval time.Duration `yaml:"observe_interval"`
+	// Heartbeat is how often a worker renews its record in PROXY_WORKERS,
+	// the membership the hosts are shared over.
+	Heartbeat time.Duration `yaml:"heartbeat"`
+	// Liveness is how young a worker's record must be for the others to
+	// count it live (default three heartbeats): a dead worker's hosts are
+	// pulled by the others this long after its last heartbeat, and owned
+	// once their pins expire (pinned_ttl).
+	Liveness time.Duration `yaml:"liveness"`
 }
 
 // Health tunes the health consumer.
@@ -264,6 +272,8 @@ func (c *Config) SetDefaults() {
 	setDur(&w.DrainTimeout, 30*time.Second)
 	setDur(&w.CheckInterval, 5*time.Second)
 	setDur(&w.ObserveInterval, 30*time.Second)
+	setDur(&w.Heartbeat, 2*time.Second)
+	setDur(&w.Liveness, 3*w.Heartbeat)
 	hl := &c.Health
 	if hl.HTTP == "" {
 		hl.HTTP = "127.0.0.1:8080"

@@ -51,6 +51,8 @@ func (c *Config) Validate() error {
 		{"worker.drain_timeout", c.Worker.DrainTimeout},
 		{"worker.check_interval", c.Worker.CheckInterval},
 		{"worker.observe_interval", c.Worker.ObserveInterval},
+		{"worker.heartbeat", c.Worker.Heartbeat},
+		{"worker.liveness", c.Worker.Liveness},
 		{"health.interval", c.Health.Interval},
 		{"health.timeout", c.Health.Timeout},
 		{"health.grace", c.Health.Grace},
@@ -65,6 +67,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Worker.BackoffMax < c.Worker.BackoffInitial {
 		return bad("worker.backoff_max", "%s is less than worker.backoff_initial %s", c.Worker.BackoffMax, c.Worker.BackoffInitial)
+	}
+	if c.Worker.Liveness <= c.Worker.Heartbeat {
+		return bad("worker.liveness", "%s is not longer than worker.heartbeat %s", c.Worker.Liveness, c.Worker.Heartbeat)
+	}
+	if c.Worker.Liveness > time.Minute {
+		return bad("worker.liveness", "%s is longer than 1m, the TTL of PROXY_WORKERS", c.Worker.Liveness)
 	}
 	if c.Worker.AckWait < time.Second {
 		return bad("worker.ack_wait", "%s is less than 1s", c.Worker.AckWait)

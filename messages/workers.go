@@ -20,7 +20,11 @@ type WorkerRecord struct {
 	// Hosts are the hosts this worker executes (its providers).
 	Hosts []string `json:"hosts"`
 	// Owned are the hosts whose work consumer it holds the pin of now.
-	Owned   []string  `json:"owned"`
-	Started time.Time `json:"started"`
-	At      time.Time `json:"at"`
+	Owned []string `json:"owned"`
+	// Pins are, by owned host, the pin id the server gave this worker:
+	// the PinnedClientID of the host's work consumer while it owns it, by
+	// which a reader of consumer info can name the owner.
+	Pins    map[string]string `json:"pins,omitempty"`
+	Started time.Time         `json:"started"`
+	At      time.Time         `json:"at"`
 }

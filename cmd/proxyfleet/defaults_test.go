@@ -38,6 +38,8 @@ func TestConfigDefaultsAreTheRoles(t *testing.T) {
 		{"worker.drain_timeout", got.DrainTimeout, want.DrainTimeout},
 		{"worker.check_interval", got.CheckInterval, want.CheckInterval},
 		{"worker.observe_interval", got.ObserveInterval, want.ObserveInterval},
+		{"worker.heartbeat", got.Heartbeat, want.Heartbeat},
+		{"worker.liveness", got.Liveness, want.Liveness},
 		{"nats.deleted_max_age", got.DeletedTTL, want.DeletedTTL},
 		{"proxy.port", got.ProxyPort, want.ProxyPort},
 		{"nats.repair_interval", c.NATS.RepairInterval, worker.RepairerConfig{}.WithDefaults().Interval},

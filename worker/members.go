@@ -1,0 +1,260 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/messages"
+)
+
+// membership is the worker's part in sharing the hosts (see share.go): it
+// keeps the worker's record in PROXY_WORKERS (a heartbeat every
+// Heartbeat), watches everyone's, and tells each host's consumer run
+// whether to pull, from the assignment of the live members.
+//
+// Without a view of the membership (the watch failed at start) the worker
+// pulls every host it can execute, as every worker did before hosts were
+// shared: the pins still give each host one owner, only not a fair share.
+type membership struct {
+	w    *Worker
+	kv   jetstream.KeyValue
+	self messages.WorkerRecord // its id, hosts and start: fixed
+	runs map[string]*consumerRun
+	kick chan struct{} // a pin won or lost: write the record now
+
+	// Owned by start, then by run, then by drain once run returned.
+	watcher jetstream.KeyWatcher
+	recs    map[string]member
+	viewed  bool      // the watch delivered the initial records
+	share   []string  // the hosts assigned to this worker, last computed
+	shared  []string  // the ids they were shared over
+	twin    time.Time // when a record of this id from another process was last logged
+}
+
+// newMembership binds PROXY_WORKERS, writes the worker's record and reads
+// everyone's, then sets each host run's want. A failed write or read is
+// logged: the worker runs on and tries again every heartbeat.
+func newMembership(ctx, watchCtx context.Context, w *Worker, runs map[string]*consumerRun) (*membership, error) {
+	kv, err := w.js.KeyValue(ctx, messages.BucketWorkers)
+	if err != nil {
+		return nil, fmt.Errorf("bind bucket %s: %w", messages.BucketWorkers, err)
+	}
+	m := &membership{
+		w: w, kv: kv, runs: runs, kick: make(chan struct{}, 1), recs: map[string]member{},
+		self: messages.WorkerRecord{
+			V: 1, ID: w.cfg.ID, State: messages.WorkerActive,
+			Hosts: slices.Sorted(maps.Keys(runs)), Started: w.now().UTC(),
+		},
+	}
+	for _, c := range runs {
+		c.onPin = m.poke
+	}
+	m.beat(ctx, messages.WorkerActive)
+	m.watch(watchCtx)
+	if m.watcher != nil {
+		m.initial(ctx)
+	}
+	m.reconcile()
+	return m, nil
+}
+
+// poke asks run to write the record now.
+func (m *membership) poke() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+// record is the worker's record as of now.
+func (m *membership) record(state string) messages.WorkerRecord {
+	r := m.self
+	r.State, r.At = state, m.w.now().UTC()
+	r.Owned, r.Pins = []string{}, map[string]string{}
+	for h, c := range m.runs {
+		if pin := c.getPin(); pin != "" {
+			r.Owned = append(r.Owned, h)
+			r.Pins[h] = pin
+		}
+	}
+	slices.Sort(r.Owned)
+	return r
+}
+
+// beat writes the worker's record.
+func (m *membership) beat(ctx context.Context, state string) {
+	b, err := json.Marshal(m.record(state))
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, max(m.w.cfg.Heartbeat, time.Second))
+	defer cancel()
+	if _, err := m.kv.Put(ctx, m.self.ID, b); err != nil && ctx.Err() == nil {
+		m.w.log.Warn("write worker record", "bucket", messages.BucketWorkers, "err", err)
+	}
+}
+
+// leave deletes the worker's record: it has stopped.
+func (m *membership) leave() {
+	m.stopWatch()
+	if m.w.js.Conn().IsClosed() {
+		return // it ages out
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), max(m.w.cfg.Heartbeat, time.Second))
+	defer cancel()
+	if err := m.kv.Delete(ctx, m.self.ID); err != nil {
+		m.w.log.Warn("delete worker record", "bucket", messages.BucketWorkers, "err", err)
+	}
+}
+
+// watch starts watching every record, on ctx (the watch ends with it).
+func (m *membership) watch(ctx context.Context) {
+	wa, err := m.kv.WatchAll(ctx)
+	if err != nil {
+		m.w.log.Warn("watch worker records", "bucket", messages.BucketWorkers, "err", err)
+		return
+	}
+	m.watcher = wa
+}
+
+// initial reads the records the watch starts with, for a while at most.
+func (m *membership) initial(ctx context.Context) {
+	t := time.NewTimer(max(m.w.cfg.CheckInterval, time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case e, ok := <-m.watcher.Updates():
+			if !ok {
+				m.stopWatch()
+				return
+			}
+			if e == nil {
+				m.viewed = true
+				return
+			}
+			m.apply(e)
+		case <-t.C:
+			m.w.log.Warn("worker records: no initial view yet; pulling every host until there is one")
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (m *membership) stopWatch() {
+	if m.watcher != nil {
+		_ = m.watcher.Stop()
+		m.watcher = nil
+	}
+}
+
+// apply records what the watch saw of one key.
+func (m *membership) apply(e jetstream.KeyValueEntry) {
+	if e == nil {
+		m.viewed = true
+		return
+	}
+	id := e.Key()
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(m.recs, id)
+		return
+	}
+	var rec messages.WorkerRecord
+	if err := json.Unmarshal(e.Value(), &rec); err != nil || rec.ID != id {
+		m.w.log.Warn("worker record unreadable: ignored", "key", id, "err", err)
+		delete(m.recs, id)
+		return
+	}
+	if id == m.self.ID && !rec.Started.Equal(m.self.Started) && m.w.now().Sub(m.twin) >= missingLogEvery {
+		m.w.log.Error("another worker runs with this worker's id: give each worker its own (--id)", "id", id, "other_started", rec.Started)
+		m.twin = m.w.now()
+	}
+	m.recs[id] = member{rec: rec, stored: e.Created()}
+}
+
+// run heartbeats and follows the membership until ctx is done.
+func (m *membership) run(ctx context.Context) {
+	defer m.stopWatch()
+	t := time.NewTicker(m.w.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		var updates <-chan jetstream.KeyValueEntry
+		if m.watcher != nil {
+			updates = m.watcher.Updates()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			m.beat(ctx, messages.WorkerActive)
+			if m.watcher == nil {
+				m.watch(ctx)
+			}
+			m.reconcile()
+			m.claim(ctx)
+			continue
+		case <-m.kick:
+			m.beat(ctx, messages.WorkerActive)
+			continue
+		case e, ok := <-updates:
+			if !ok {
+				if ctx.Err() == nil {
+					m.w.log.Warn("worker records: watch ended; watching again")
+				}
+				m.stopWatch()
+				continue
+			}
+			m.apply(e)
+		}
+		m.reconcile()
+	}
+}
+
+// reconcile computes the assignment and tells each host run whether to
+// pull.
+func (m *membership) reconcile() {
+	if !m.viewed {
+		for _, c := range m.runs {
+			c.want(true)
+		}
+		return
+	}
+	live := liveMembers(m.recs, m.self, m.w.now(), m.w.cfg.Liveness)
+	owners := assign(live)
+	var share []string
+	for h, c := range m.runs {
+		mine := owners[h] == m.self.ID
+		c.want(mine)
+		if mine {
+			share = append(share, h)
+		}
+	}
+	slices.Sort(share)
+	ids := make([]string, 0, len(live))
+	for _, r := range live {
+		if len(r.Hosts) > 0 {
+			ids = append(ids, r.ID)
+		}
+	}
+	if !slices.Equal(share, m.share) || !slices.Equal(ids, m.shared) {
+		m.w.log.Info("hosts shared", "workers", ids, "mine", share)
+		m.share, m.shared = share, ids
+	}
+}
+
+// claim publishes a claim for every host the worker pulls without a pin
+// (see consumerRun.claim).
+func (m *membership) claim(ctx context.Context) {
+	for _, c := range m.runs {
+		if c.pulling.Load() && c.wanted.Load() && c.getPin() == "" {
+			c.claim(ctx)
+		}
+	}
+}
