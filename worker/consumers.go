@@ -108,7 +108,7 @@ type consumerRun struct {
 	kick    chan struct{} // the consume error handler, or a change of want, asks for a check
 	wanted  atomic.Bool   // whether to pull: set by the membership
 	pulling atomic.Bool   // whether it pulls (or means to, repairing), or is handing over
-	onPin   func()        // told when the pin is won or lost
+	changed func()        // told when the pin, or whether it pulls, changes
 
 	pinMu sync.Mutex
 	pin   string // the pin id the server gave this worker on the host; "" for none known

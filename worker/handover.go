@@ -42,24 +42,24 @@ func (c *consumerRun) getPin() string {
 // setPin records the pin the worker holds on the host ("" for none).
 func (c *consumerRun) setPin(pin string) {
 	c.pinMu.Lock()
-	changed := c.pin != pin
+	diff := c.pin != pin
 	c.pin = pin
 	c.pinMu.Unlock()
-	if changed && c.onPin != nil {
-		c.onPin()
+	if diff && c.changed != nil {
+		c.changed()
 	}
 }
 
 // dropPin forgets pin if it is still the one recorded.
 func (c *consumerRun) dropPin(pin string) {
 	c.pinMu.Lock()
-	changed := c.pin == pin && pin != ""
-	if changed {
+	diff := c.pin == pin && pin != ""
+	if diff {
 		c.pin = ""
 	}
 	c.pinMu.Unlock()
-	if changed && c.onPin != nil {
-		c.onPin()
+	if diff && c.changed != nil {
+		c.changed()
 	}
 }
 
@@ -110,6 +110,9 @@ func (c *consumerRun) acquire(ctx context.Context) {
 		return
 	}
 	c.pulling.Store(true)
+	if c.changed != nil {
+		c.changed()
+	}
 	c.w.log.Info("pulling host", "host", c.host)
 	c.claim(ctx)
 }
@@ -128,6 +131,9 @@ func (c *consumerRun) release(ctx context.Context) {
 	w := c.w
 	start := time.Now()
 	c.pulling.Store(false)
+	if c.changed != nil {
+		c.changed()
+	}
 	if c.cc != nil {
 		c.cc.Drain()
 	}

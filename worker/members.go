@@ -26,15 +26,23 @@ type membership struct {
 	kv   jetstream.KeyValue
 	self messages.WorkerRecord // its id, hosts and start: fixed
 	runs map[string]*consumerRun
-	kick chan struct{} // a pin won or lost: write the record now
+	kick chan struct{} // a pin won or lost, a host taken or given up: write the record now
 
 	// Owned by start, then by run, then by drain once run returned.
 	watcher jetstream.KeyWatcher
 	recs    map[string]member
-	viewed  bool      // the watch delivered the initial records
-	share   []string  // the hosts assigned to this worker, last computed
-	shared  []string  // the ids they were shared over
-	twin    time.Time // when a record of this id from another process was last logged
+	viewed  bool                 // the watch delivered the initial records
+	share   []string             // the hosts assigned to this worker, last computed
+	backup  []string             // the hosts it pulls for an assigned worker that does not
+	shared  []string             // the ids they were shared over
+	idle    map[string]idleOwner // by host not its own: since when its owner has not pulled it
+	twin    time.Time            // when a record of this id from another process was last logged
+}
+
+// idleOwner is a host's assigned worker, seen not pulling it since since.
+type idleOwner struct {
+	id    string
+	since time.Time
 }
 
 // newMembership binds PROXY_WORKERS, writes the worker's record and reads
@@ -46,14 +54,14 @@ func newMembership(ctx, watchCtx context.Context, w *Worker, runs map[string]*co
 		return nil, fmt.Errorf("bind bucket %s: %w", messages.BucketWorkers, err)
 	}
 	m := &membership{
-		w: w, kv: kv, runs: runs, kick: make(chan struct{}, 1), recs: map[string]member{},
+		w: w, kv: kv, runs: runs, kick: make(chan struct{}, 1), recs: map[string]member{}, idle: map[string]idleOwner{},
 		self: messages.WorkerRecord{
 			V: 1, ID: w.cfg.ID, State: messages.WorkerActive,
 			Hosts: slices.Sorted(maps.Keys(runs)), Started: w.now().UTC(),
 		},
 	}
 	for _, c := range runs {
-		c.onPin = m.poke
+		c.changed = m.poke
 	}
 	m.beat(ctx, messages.WorkerActive)
 	m.watch(watchCtx)
@@ -78,12 +86,16 @@ func (m *membership) record(state string) messages.WorkerRecord {
 	r.State, r.At = state, m.w.now().UTC()
 	r.Owned, r.Pins = []string{}, map[string]string{}
 	for h, c := range m.runs {
+		if c.pulling.Load() {
+			r.Pulling = append(r.Pulling, h)
+		}
 		if pin := c.getPin(); pin != "" {
 			r.Owned = append(r.Owned, h)
 			r.Pins[h] = pin
 		}
 	}
 	slices.Sort(r.Owned)
+	slices.Sort(r.Pulling)
 	return r
 }
 
@@ -218,7 +230,11 @@ func (m *membership) run(ctx context.Context) {
 }
 
 // reconcile computes the assignment and tells each host run whether to
-// pull.
+// pull: its share, and, so that no host is left without an owner, any host
+// whose assigned worker, live by its record, has not been pulling it for
+// Liveness (its record does not list it): a worker that cannot pull a host
+// must not leave it unowned. Such a backup ends once the assigned worker
+// pulls the host (the pin decides meanwhile who owns it).
 func (m *membership) reconcile() {
 	if !m.viewed {
 		for _, c := range m.runs {
@@ -226,17 +242,27 @@ func (m *membership) reconcile() {
 		}
 		return
 	}
-	live := liveMembers(m.recs, m.self, m.w.now(), m.w.cfg.Liveness)
+	now := m.w.now()
+	live := liveMembers(m.recs, m.self, now, m.w.cfg.Liveness)
 	owners := assign(live)
-	var share []string
+	var share, backup []string
 	for h, c := range m.runs {
-		mine := owners[h] == m.self.ID
-		c.want(mine)
+		owner := owners[h]
+		mine := owner == m.self.ID
+		if mine || m.pulls(owner, h) {
+			delete(m.idle, h)
+		} else if io, ok := m.idle[h]; !ok || io.id != owner {
+			m.idle[h] = idleOwner{owner, now}
+		} else if now.Sub(io.since) >= m.w.cfg.Liveness {
+			backup = append(backup, h)
+		}
+		c.want(mine || slices.Contains(backup, h))
 		if mine {
 			share = append(share, h)
 		}
 	}
 	slices.Sort(share)
+	slices.Sort(backup)
 	ids := make([]string, 0, len(live))
 	for _, r := range live {
 		if len(r.Hosts) > 0 {
@@ -247,6 +273,18 @@ func (m *membership) reconcile() {
 		m.w.log.Info("hosts shared", "workers", ids, "mine", share)
 		m.share, m.shared = share, ids
 	}
+	if !slices.Equal(backup, m.backup) {
+		if len(backup) > 0 {
+			m.w.log.Warn("pulling hosts whose assigned worker does not pull them", "hosts", backup)
+		}
+		m.backup = backup
+	}
+}
+
+// pulls reports whether worker id's record says it pulls (or owns) host.
+func (m *membership) pulls(id, host string) bool {
+	r := m.recs[id].rec
+	return slices.Contains(r.Pulling, host) || slices.Contains(r.Owned, host)
 }
 
 // claim publishes a claim for every host the worker pulls without a pin

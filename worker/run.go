@@ -142,6 +142,7 @@ func (w *Worker) start(ctx context.Context) error {
 		c.pulling.Store(true)
 	}
 	w.members.claim(ctx)
+	w.members.poke() // the record says what it pulls now
 	w.memWG.Add(1)
 	go func() {
 		defer w.memWG.Done()

@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"sync"
@@ -254,4 +255,47 @@ func TestHostsSharedOverWorkers(t *testing.T) {
 			ids[fields[i]] = true
 		}
 	}
+}
+
+// A worker live by its record that does not pull the hosts assigned to it
+// (here a record the test renews, of no worker at all) does not leave them
+// without an owner: once it has not pulled them for Liveness, the others
+// pull them too.
+func TestHostsOfAWorkerThatDoesNotPullThemAreOwned(t *testing.T) {
+	r := newRig(t, "s1", "s2", "s3", "s4")
+	hc := newHostCalls()
+	r.startWorker(as(r, hc, "w1", 0))
+	r.waitShares(time.Now(), "w1 alone to own every host", 4, "w1")
+
+	kv, err := r.js.KeyValue(ctxFor(t, 5*time.Second), messages.BucketWorkers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	quit, stopped := make(chan struct{}), make(chan struct{})
+	defer func() { close(quit); <-stopped }()
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		started := time.Now().UTC()
+		for {
+			b, _ := json.Marshal(messages.WorkerRecord{V: 1, ID: "ghost", State: messages.WorkerActive, Hosts: r.hosts, Started: started, At: time.Now().UTC()})
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_, _ = kv.Put(ctx, "ghost", b)
+			cancel()
+			select {
+			case <-quit:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	// The ghost's share is handed over to it, and nobody owns it...
+	r.waitFor("w1 to give the ghost its share", 30*time.Second, func() bool {
+		return len(r.owners()) == 2
+	})
+	// ... until w1 pulls it too.
+	start := time.Now()
+	took := r.waitShares(start, "w1 to own the ghost's share too", 4, "w1")
+	t.Logf("the hosts of a worker that does not pull them were owned again %s after it was given them", took.Round(time.Millisecond))
 }
