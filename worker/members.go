@@ -3,9 +3,11 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -18,7 +20,7 @@ import (
 // Heartbeat), watches everyone's, and tells each host's consumer run
 // whether to pull, from the assignment of the live members.
 //
-// Without a view of the membership (the watch failed at start) the worker
+// Without a view of the membership (it could not read the records yet) the worker
 // pulls every host it can execute, as every worker did before hosts were
 // shared: the pins still give each host one owner, only not a fair share.
 type membership struct {
@@ -31,7 +33,7 @@ type membership struct {
 	// Owned by start, then by run, then by drain once run returned.
 	watcher jetstream.KeyWatcher
 	recs    map[string]member
-	viewed  bool                 // the watch delivered the initial records
+	viewed  bool                 // it has read the records once
 	share   []string             // the hosts assigned to this worker, last computed
 	backup  []string             // the hosts it pulls for an assigned worker that does not
 	shared  []string             // the ids they were shared over
@@ -64,10 +66,7 @@ func newMembership(ctx, watchCtx context.Context, w *Worker, runs map[string]*co
 		c.changed = m.poke
 	}
 	m.beat(ctx, messages.WorkerActive)
-	m.watch(watchCtx)
-	if m.watcher != nil {
-		m.initial(ctx)
-	}
+	m.refresh(ctx, watchCtx)
 	m.reconcile()
 	return m, nil
 }
@@ -125,39 +124,58 @@ func (m *membership) leave() {
 	}
 }
 
-// watch starts watching every record, on ctx (the watch ends with it).
-func (m *membership) watch(ctx context.Context) {
-	wa, err := m.kv.WatchAll(ctx)
+// refresh watches the records' updates (on watchCtx: the watch ends with
+// it), then reads every record, which makes the view anew. Updates queued
+// by the watch meanwhile are applied after the read, in order, so the view
+// ends at the latest of each. (The watch's own initial values are not
+// used: its "initial values done" marker can come before all of them while
+// records are being renewed, which would have a worker start from a
+// membership missing some workers.) Without a watch or a read it keeps the
+// view it had; the run loop tries again every heartbeat.
+func (m *membership) refresh(ctx, watchCtx context.Context) {
+	wa, err := m.kv.WatchAll(watchCtx, jetstream.UpdatesOnly())
 	if err != nil {
 		m.w.log.Warn("watch worker records", "bucket", messages.BucketWorkers, "err", err)
 		return
 	}
 	m.watcher = wa
+	recs, err := m.readAll(ctx)
+	if err != nil {
+		m.w.log.Warn("read worker records", "bucket", messages.BucketWorkers, "err", err)
+		if !m.viewed {
+			m.w.log.Warn("no view of the other workers yet: pulling every host until there is one")
+		}
+		return
+	}
+	m.recs, m.viewed = recs, true
 }
 
-// initial reads the records the watch starts with, for a while at most.
-func (m *membership) initial(ctx context.Context) {
-	t := time.NewTimer(max(m.w.cfg.CheckInterval, time.Second))
-	defer t.Stop()
-	for {
-		select {
-		case e, ok := <-m.watcher.Updates():
-			if !ok {
-				m.stopWatch()
-				return
-			}
-			if e == nil {
-				m.viewed = true
-				return
-			}
-			m.apply(e)
-		case <-t.C:
-			m.w.log.Warn("worker records: no initial view yet; pulling every host until there is one")
-			return
-		case <-ctx.Done():
-			return
+// readAll reads every record directly: the subjects of the bucket's
+// stream, then each key's value.
+func (m *membership) readAll(ctx context.Context) (map[string]member, error) {
+	st, err := m.w.js.Stream(ctx, BucketStream(messages.BucketWorkers))
+	if err != nil {
+		return nil, err
+	}
+	prefix := "$KV." + messages.BucketWorkers + "."
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
+	if err != nil {
+		return nil, err
+	}
+	recs := map[string]member{}
+	for subject := range info.State.Subjects {
+		e, err := m.kv.Get(ctx, strings.TrimPrefix(subject, prefix))
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if id, mem, ok := m.decode(e); ok {
+			recs[id] = mem
 		}
 	}
+	return recs, nil
 }
 
 func (m *membership) stopWatch() {
@@ -170,25 +188,33 @@ func (m *membership) stopWatch() {
 // apply records what the watch saw of one key.
 func (m *membership) apply(e jetstream.KeyValueEntry) {
 	if e == nil {
-		m.viewed = true
-		return
+		return // no initial values are asked for
 	}
-	id := e.Key()
 	if e.Operation() != jetstream.KeyValuePut {
-		delete(m.recs, id)
+		delete(m.recs, e.Key())
 		return
 	}
+	if id, mem, ok := m.decode(e); ok {
+		m.recs[id] = mem
+	} else {
+		delete(m.recs, id)
+	}
+}
+
+// decode reads a record, saying so if it is another process's under this
+// worker's id.
+func (m *membership) decode(e jetstream.KeyValueEntry) (string, member, bool) {
+	id := e.Key()
 	var rec messages.WorkerRecord
 	if err := json.Unmarshal(e.Value(), &rec); err != nil || rec.ID != id {
 		m.w.log.Warn("worker record unreadable: ignored", "key", id, "err", err)
-		delete(m.recs, id)
-		return
+		return id, member{}, false
 	}
 	if id == m.self.ID && !rec.Started.Equal(m.self.Started) && m.w.now().Sub(m.twin) >= missingLogEvery {
 		m.w.log.Error("another worker runs with this worker's id: give each worker its own (--id)", "id", id, "other_started", rec.Started)
 		m.twin = m.w.now()
 	}
-	m.recs[id] = member{rec: rec, stored: e.Created()}
+	return id, member{rec: rec, stored: e.Created()}, true
 }
 
 // run heartbeats and follows the membership until ctx is done.
@@ -207,7 +233,7 @@ func (m *membership) run(ctx context.Context) {
 		case <-t.C:
 			m.beat(ctx, messages.WorkerActive)
 			if m.watcher == nil {
-				m.watch(ctx)
+				m.refresh(ctx, ctx)
 			}
 			m.reconcile()
 			m.claim(ctx)

@@ -168,6 +168,12 @@ worker: {ack_wait: 2s, pinned_ttl: %s, heartbeat: 250ms, liveness: 750ms, poll_i
 		}
 		return true
 	})
+	if os.Getenv("PROXYFLEET_KEEP_LOGS") != "" {
+		for _, id := range ids {
+			b, _ := os.ReadFile(filepath.Join(dir, id+".log"))
+			t.Logf("%s log:\n%s", id, b)
+		}
+	}
 	t.Logf("figures: settled %s after the workers started; the killed worker's hosts owned again %s after the kill (pin TTL %s); two each again %s after it was started again; %d commands done",
 		settle.Round(time.Millisecond), takeover.Round(time.Millisecond), pinnedTTL, back.Round(time.Millisecond), len(cmds))
 	for _, h := range hosts {
