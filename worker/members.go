@@ -133,6 +133,7 @@ func (m *membership) leave() {
 // membership missing some workers.) Without a watch or a read it keeps the
 // view it had; the run loop tries again every heartbeat.
 func (m *membership) refresh(ctx, watchCtx context.Context) {
+	m.stopWatch()
 	wa, err := m.kv.WatchAll(watchCtx, jetstream.UpdatesOnly())
 	if err != nil {
 		m.w.log.Warn("watch worker records", "bucket", messages.BucketWorkers, "err", err)
@@ -232,7 +233,7 @@ func (m *membership) run(ctx context.Context) {
 			return
 		case <-t.C:
 			m.beat(ctx, messages.WorkerActive)
-			if m.watcher == nil {
+			if m.watcher == nil || !m.viewed {
 				m.refresh(ctx, ctx)
 			}
 			m.reconcile()
