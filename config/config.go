@@ -164,6 +164,14 @@ type Worker struct {
 	QuarantineWindow      time.Duration `yaml:"quarantine_window"`
 	QuarantineCoolDown    time.Duration `yaml:"quarantine_cool_down"`
 	QuarantineMaxCoolDown time.Duration `yaml:"quarantine_max_cool_down"`
+	// Heartbeat is how often a worker renews its record in PROXY_WORKERS,
+	// the membership the hosts are shared over.
+	Heartbeat time.Duration `yaml:"heartbeat"`
+	// Liveness is how young a worker's record must be for the others to
+	// count it live (default three heartbeats): a dead worker's hosts are
+	// pulled by the others this long after its last heartbeat, and owned
+	// once their pins expire (pinned_ttl).
+	Liveness time.Duration `yaml:"liveness"`
 }
 
 // Health tunes the health consumer.
@@ -279,6 +287,8 @@ func (c *Config) SetDefaults() {
 	setDur(&w.QuarantineWindow, time.Minute)
 	setDur(&w.QuarantineCoolDown, 5*time.Second)
 	setDur(&w.QuarantineMaxCoolDown, 5*time.Minute)
+	setDur(&w.Heartbeat, 2*time.Second)
+	setDur(&w.Liveness, 3*w.Heartbeat)
 	hl := &c.Health
 	if hl.HTTP == "" {
 		hl.HTTP = "127.0.0.1:8080"

@@ -54,6 +54,8 @@ func (c *Config) Validate() error {
 		{"worker.quarantine_window", c.Worker.QuarantineWindow},
 		{"worker.quarantine_cool_down", c.Worker.QuarantineCoolDown},
 		{"worker.quarantine_max_cool_down", c.Worker.QuarantineMaxCoolDown},
+		{"worker.heartbeat", c.Worker.Heartbeat},
+		{"worker.liveness", c.Worker.Liveness},
 		{"health.interval", c.Health.Interval},
 		{"health.timeout", c.Health.Timeout},
 		{"health.grace", c.Health.Grace},
@@ -71,6 +73,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Worker.QuarantineMaxCoolDown < c.Worker.QuarantineCoolDown {
 		return bad("worker.quarantine_max_cool_down", "%s is less than worker.quarantine_cool_down %s", c.Worker.QuarantineMaxCoolDown, c.Worker.QuarantineCoolDown)
+	}
+	if c.Worker.Liveness <= c.Worker.Heartbeat {
+		return bad("worker.liveness", "%s is not longer than worker.heartbeat %s", c.Worker.Liveness, c.Worker.Heartbeat)
+	}
+	if c.Worker.Liveness > time.Minute {
+		return bad("worker.liveness", "%s is longer than 1m, the TTL of PROXY_WORKERS", c.Worker.Liveness)
 	}
 	if c.Worker.AckWait < time.Second {
 		return bad("worker.ack_wait", "%s is less than 1s", c.Worker.AckWait)

@@ -19,8 +19,15 @@ type WorkerRecord struct {
 	State string `json:"state"`
 	// Hosts are the hosts this worker executes (its providers).
 	Hosts []string `json:"hosts"`
+	// Pulling are the hosts it pulls now: its share, and any whose
+	// assigned worker does not pull them.
+	Pulling []string `json:"pulling,omitempty"`
 	// Owned are the hosts whose work consumer it holds the pin of now.
-	Owned   []string  `json:"owned"`
-	Started time.Time `json:"started"`
-	At      time.Time `json:"at"`
+	Owned []string `json:"owned"`
+	// Pins are, by owned host, the pin id the server gave this worker:
+	// the PinnedClientID of the host's work consumer while it owns it, by
+	// which a reader of consumer info can name the owner.
+	Pins    map[string]string `json:"pins,omitempty"`
+	Started time.Time         `json:"started"`
+	At      time.Time         `json:"at"`
 }

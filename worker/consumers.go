@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -26,7 +28,7 @@ const setupHint = "run `proxyfleet setup` with this config, or fix the config"
 func (t Topology) workerStreams() []jetstream.StreamConfig {
 	out := t.Streams()
 	for _, kc := range t.Buckets() {
-		if kc.Bucket == messages.BucketDesired || kc.Bucket == messages.BucketCommands || kc.Bucket == messages.BucketHosts {
+		if kc.Bucket == messages.BucketDesired || kc.Bucket == messages.BucketCommands || kc.Bucket == messages.BucketHosts || kc.Bucket == messages.BucketWorkers {
 			out = append(out, bucketStreamConfig(kc))
 		}
 	}
@@ -90,23 +92,35 @@ func (w *Worker) awaitTopology(ctx context.Context) error {
 // supervise: a consumer deleted under it is recreated, a consume that
 // stopped (the server ends a pull on a deleted consumer) is restarted, a
 // stream that went missing is waited for.
+//
+// A host's run (host set) pulls only while the membership wants it to (see
+// members.go and handover.go); the intake's always does.
 type consumerRun struct {
 	w      *Worker
 	stream string
+	host   string // "" for the intake
 	cfg    jetstream.ConsumerConfig
 	handle func(context.Context, jetstream.Msg)
 	opts   []jetstream.PullConsumeOpt
 	pool   *pool
-	runCtx context.Context // the handlers', cancelled only after the drain
+	runCtx context.Context // the parent of workCtx, cancelled only after the drain
 
-	kick chan struct{} // the consume error handler asks for a check
+	kick    chan struct{} // the consume error handler, or a change of want, asks for a check
+	wanted  atomic.Bool   // whether to pull: set by the membership
+	pulling atomic.Bool   // whether it pulls (or means to, repairing), or is handing over
+	changed func()        // told when the pin, or whether it pulls, changes
+
+	pinMu sync.Mutex
+	pin   string // the pin id the server gave this worker on the host; "" for none known
 
 	// Owned by start, then by supervise, then by drain once supervise ended.
-	cc      jetstream.ConsumeContext
-	created time.Time // of the consumer cc pulls from
-	retired []jetstream.ConsumeContext
-	missing time.Time // when the stream was found missing; zero while it is there
-	logged  time.Time
+	cc         jetstream.ConsumeContext
+	workCtx    context.Context // the handlers' of this pulling period
+	workCancel context.CancelFunc
+	created    time.Time // of the consumer cc pulls from
+	retired    []jetstream.ConsumeContext
+	missing    time.Time // when the stream was found missing; zero while it is there
+	logged     time.Time
 }
 
 func (c *consumerRun) name() string { return c.cfg.Durable }
@@ -128,21 +142,18 @@ func (c *consumerRun) ensure(ctx context.Context) (jetstream.Consumer, error) {
 // and tried again every CheckInterval until ctx is done: in a cluster,
 // creating a replicated consumer can outlast one request. Anything else (a
 // setting the server refuses, a permission) is returned.
-func (c *consumerRun) start(ctx context.Context) error {
+func (c *consumerRun) ensureRetrying(ctx context.Context) (jetstream.Consumer, error) {
 	for {
 		cons, err := c.ensure(ctx)
-		if err == nil {
-			err = c.consume(cons)
-		}
 		if err == nil || ctx.Err() != nil || !passing(err) {
-			return err
+			return cons, err
 		}
 		c.w.log.Warn("consumer "+c.name()+" on "+c.stream+": not ready, trying again", "err", err, "in", c.w.cfg.CheckInterval)
 		t := time.NewTimer(c.w.cfg.CheckInterval)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return err
+			return nil, err
 		case <-t.C:
 		}
 	}
@@ -171,6 +182,7 @@ func (c *consumerRun) consume(cons jetstream.Consumer) error {
 	opts := append(slices.Clip(c.opts), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		if errors.Is(err, jetstream.ErrPinIDMismatch) {
 			c.w.log.Debug("consume", "consumer", c.name(), "err", err)
+			c.setPin("") // the server pinned another puller
 			return
 		}
 		lvl := c.w.log.Debug
@@ -184,7 +196,12 @@ func (c *consumerRun) consume(cons jetstream.Consumer) error {
 		default:
 		}
 	}))
-	cc, err := cons.Consume(func(msg jetstream.Msg) { c.pool.submit(c.runCtx, msg, c.handle) }, opts...)
+	ctx := c.workCtx
+	handler := func(msg jetstream.Msg) { c.pool.submit(ctx, msg, c.handle) }
+	if c.host != "" {
+		handler = func(msg jetstream.Msg) { c.deliver(ctx, msg) }
+	}
+	cc, err := cons.Consume(handler, opts...)
 	if err != nil {
 		return fmt.Errorf("consume %s on %s: %w", c.name(), c.stream, err)
 	}
@@ -228,15 +245,27 @@ func (c *consumerRun) supervise(ctx context.Context) {
 		case <-c.kick:
 		case <-stopped:
 		}
-		cctx, cancel := context.WithTimeout(ctx, max(c.w.cfg.CheckInterval, 5*time.Second))
-		c.check(cctx)
-		cancel()
+		c.check(ctx)
 	}
 }
 
-// check repairs what it finds wrong with the consumer.
+// check starts or stops pulling as the membership wants, and repairs what
+// it finds wrong with the consumer it pulls from.
 func (c *consumerRun) check(ctx context.Context) {
 	w := c.w
+	want, pulling := c.wanted.Load(), c.pulling.Load()
+	if !want {
+		if pulling {
+			c.release(ctx) // as long as the host's in-flight work takes
+		}
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, max(w.cfg.CheckInterval, 5*time.Second))
+	defer cancel()
+	if !pulling {
+		c.acquire(ctx)
+		return
+	}
 	cons, err := w.js.Consumer(ctx, c.stream, c.name())
 	var why string
 	switch {
@@ -281,6 +310,7 @@ func (c *consumerRun) check(ctx context.Context) {
 		return
 	}
 	c.retire()
+	c.setPin("") // a new consume learns its pin afresh
 	if err := c.consume(cons); err != nil {
 		w.log.Error("consumer "+c.name()+" on "+c.stream+" "+why+": could not consume it again (will retry)", "err", err)
 		return

@@ -43,6 +43,8 @@ func (cfg Config) WithDefaults() Config {
 	cfg.DeletedTTL = cmp.Or(cfg.DeletedTTL, 24*time.Hour)
 	cfg.ObserveInterval = cmp.Or(cfg.ObserveInterval, 30*time.Second)
 	cfg.ProgressEvery = cmp.Or(cfg.ProgressEvery, 2*time.Second)
+	cfg.Heartbeat = cmp.Or(cfg.Heartbeat, 2*time.Second)
+	cfg.Liveness = cmp.Or(cfg.Liveness, 3*cfg.Heartbeat)
 	cfg.Concurrency = cmp.Or(cfg.Concurrency, 8)
 	cfg.ProxyPort = cmp.Or(cfg.ProxyPort, 3128)
 	cfg.QuarantineFailures = cmp.Or(cfg.QuarantineFailures, 5)

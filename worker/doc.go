@@ -10,7 +10,11 @@
 // Execution pulls work items from PROXY_WORK through one consumer per host.
 // Each host consumer has a pinned priority group, so the server hands one
 // host's work to one worker at a time and moves it to another when that
-// worker stops pulling. The executor reads the desired state and the
+// worker stops pulling. Workers share the hosts: each keeps a record in
+// PROXY_WORKERS and pulls only the hosts that a rendezvous assignment with
+// bounded load, computed alike by every worker from the live records, gives
+// it; handing a host over, it keeps the pin until the host's work in flight
+// has ended. The executor reads the desired state and the
 // observed proxy (through the Provider declared here) and converges them,
 // publishing state events with a per-proxy seq that only grows.
 //
@@ -31,16 +35,17 @@
 //
 // A Worker and a Repairer each run as one call, Run(ctx) error: a worker
 // starts (waiting for the topology, creating its consumers), consumes
-// until ctx is done, then drains (stops pulling, lets in-flight work
-// finish within DrainTimeout, hands back the rest, unpins its hosts) and
+// until ctx is done, then drains (says so in its record, stops pulling,
+// lets in-flight work finish within DrainTimeout holding its pins, hands
+// back the rest, unpins its hosts, deletes its record) and
 // returns nil; it returns the error that kept it from starting, or, after
 // draining, its NATS connection closed for good. The defaults of Config,
 // Topology and RepairerConfig live in one place, their WithDefaults.
 //
 // # Files
 //
-// worker.go is Config, Worker and New; run.go is Run (start, drain,
-// unpin); defaults.go the defaults. intake.go turns commands into desired
+// worker.go is Config, Worker and New; run.go is Run (start, drain);
+// defaults.go the defaults. intake.go turns commands into desired
 // state (desired.go) and work; executor.go converges one proxy, observe.go
 // re-reads a host's proxies and events.go publishes their state events.
 // placement.go chooses a create's host; room.go reserves and releases room
@@ -49,7 +54,10 @@
 // Both run their messages on a pool (pool.go), which keeps each in
 // progress and binds it to the fence (fence.go) that abandons work once
 // cut off from NATS; locks.go serialises one proxy's work. consumers.go
-// keeps a consumer consumed; topology.go, setup.go and diff.go are the
+// keeps a consumer consumed; members.go keeps the worker's record and
+// follows everyone's, share.go computes which hosts are whose, handover.go
+// takes and gives up a host's pin, owners.go reads who owns each host from
+// the server's side; topology.go, setup.go and diff.go are the
 // streams, buckets and consumers as the config wants them and how they are
 // made so; repair.go is the Repairer; backoff.go the retry delays;
 // provider.go the Provider a host implements.

@@ -171,6 +171,7 @@ func (r *rig) startWorkerAs(opt nats.Option, opts ...workerOpt) *worker.Worker {
 		AckWait:   5 * time.Second, MaxAttempts: 5,
 		ReadyTimeout: 10 * time.Second, PollInterval: 20 * time.Millisecond,
 		PinnedTTL: 2 * time.Second, DrainTimeout: 5 * time.Second,
+		Heartbeat: 250 * time.Millisecond, Liveness: 1500 * time.Millisecond,
 		Backoff: worker.ExpBackoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
 		Logger:  testLogger(r.t),
 	}

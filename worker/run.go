@@ -25,10 +25,15 @@ import (
 // Started is closed then. While it runs, a consumer deleted under it is
 // recreated within CheckInterval (see consumerRun).
 //
-// Once ctx is done it drains: it stops pulling, lets in-flight work finish
-// within DrainTimeout, then cancels what is left (it is handed back to
-// JetStream) and releases the host consumers' pins so other workers take
-// over at once.
+// It pulls only its share of the hosts (see members.go): it writes its
+// record in PROXY_WORKERS before it consumes, and follows the others' while
+// it runs, taking and handing over hosts as the membership changes.
+//
+// Once ctx is done it drains: its record says so (the others start pulling
+// its hosts), it stops pulling, lets in-flight work finish within
+// DrainTimeout, then cancels what is left (it is handed back to JetStream)
+// and releases the host consumers' pins so other workers take over at
+// once, and deletes its record.
 //
 // Run returns nil after a drain that ctx asked for (also when ctx ends
 // before the worker started), the error that kept it from starting, or,
@@ -108,19 +113,49 @@ func (w *Worker) start(ctx context.Context) error {
 	}()
 	if !w.cfg.NoIntake {
 		in := &intake{w: w}
-		w.runs = append(w.runs, w.newRun(runCtx, messages.StreamCommands, w.cfg.Topology.intakeConsumer(), 64, in.handle))
+		c := w.newRun(runCtx, messages.StreamCommands, w.cfg.Topology.intakeConsumer(), 64, in.handle)
+		c.wanted.Store(true)
+		w.runs = append(w.runs, c)
 	}
+	hostRuns := map[string]*consumerRun{}
 	for _, h := range hosts {
 		g := newHostGuard(w, h, w.cfg.Providers[h])
 		ex := &executor{w: w, host: h, prov: guarded{Provider: w.cfg.Providers[h], g: g}, guard: g}
-		w.runs = append(w.runs, w.newRun(runCtx, messages.StreamWork, w.cfg.Topology.workConsumer(h), w.cfg.Concurrency, ex.handle,
-			jetstream.PullPriorityGroup(PriorityGroup)))
+		c := w.newRun(runCtx, messages.StreamWork, w.cfg.Topology.workConsumer(h), w.cfg.Concurrency, ex.handle,
+			jetstream.PullPriorityGroup(PriorityGroup))
+		c.host = h
+		hostRuns[h] = c
+		w.runs = append(w.runs, c)
 	}
+	// Its record, and everyone's: which hosts are its share to pull.
+	memCtx, memCancel := context.WithCancel(context.Background())
+	w.memCancel = memCancel
+	if w.members, err = newMembership(ctx, memCtx, w, hostRuns); err != nil {
+		return err
+	}
+	// Every consumer is made to the config (a difference refuses the
+	// start), but only the share is pulled.
 	for _, c := range w.runs {
-		if err := c.start(ctx); err != nil {
+		cons, err := c.ensureRetrying(ctx)
+		if err != nil {
 			return err
 		}
+		if !c.wanted.Load() {
+			continue
+		}
+		c.begin()
+		if err := c.consume(cons); err != nil {
+			return err
+		}
+		c.pulling.Store(true)
 	}
+	w.members.claim(ctx)
+	w.members.poke() // the record says what it pulls now
+	w.memWG.Add(1)
+	go func() {
+		defer w.memWG.Done()
+		w.members.run(memCtx)
+	}()
 	superCtx, superCancel := context.WithCancel(context.Background())
 	w.superCancel = superCancel
 	for _, c := range w.runs {
@@ -139,7 +174,8 @@ func (w *Worker) start(ctx context.Context) error {
 			}()
 		}
 	}
-	w.log.Info("worker started", "hosts", hosts, "intake", !w.cfg.NoIntake)
+	w.log.Info("worker started", "id", w.cfg.ID, "hosts", hosts, "intake", !w.cfg.NoIntake,
+		"pulling", w.members.share, "heartbeat", w.cfg.Heartbeat, "liveness", w.cfg.Liveness)
 	return nil
 }
 
@@ -156,9 +192,19 @@ func (w *Worker) newRun(runCtx context.Context, stream string, cfg jetstream.Con
 // drain stops pulling, lets in-flight work finish within the drain
 // timeout, then cancels what is left (it is handed back to JetStream) and
 // releases the host consumers' pins so other workers take over at once.
+// Its record says it is draining first, so the others start pulling its
+// hosts at once; it keeps each host's pin until the host's in-flight work
+// has ended (see holdPin), and deletes its record last.
 func (w *Worker) drain() {
 	if w.cancel == nil {
 		return // it never got as far as consuming
+	}
+	if w.memCancel != nil {
+		w.memCancel()
+		w.memWG.Wait()
+	}
+	if w.members != nil && !w.js.Conn().IsClosed() {
+		w.members.beat(context.Background(), messages.WorkerDraining)
 	}
 	// First the supervisors, so nothing restarts a consume behind us.
 	if w.superCancel != nil {
@@ -167,9 +213,14 @@ func (w *Worker) drain() {
 	w.superWG.Wait()
 	close(w.draining)
 	w.log.Info("draining worker", "timeout", w.cfg.DrainTimeout)
+	var holds []func()
 	for _, c := range w.runs {
+		c.pulling.Store(false)
 		if c.cc != nil {
 			c.cc.Drain() // stop pulling; what was delivered still runs
+		}
+		if c.host != "" {
+			holds = append(holds, c.holdPin())
 		}
 	}
 	done := make(chan struct{})
@@ -200,26 +251,16 @@ func (w *Worker) drain() {
 	<-done
 	w.wg.Wait()
 	w.stopWriters()
-	w.unpin()
+	for _, stop := range holds {
+		stop()
+	}
+	for _, c := range w.runs {
+		if c.host != "" {
+			c.unpin()
+		}
+	}
+	if w.members != nil {
+		w.members.leave()
+	}
 	w.runs = nil
-}
-
-// unpin releases this worker's pins, so the server pins another worker now
-// instead of after PinnedTTL. Unpinning a host pinned to another worker
-// costs that worker one pull; it repins at once.
-func (w *Worker) unpin() {
-	if len(w.cfg.Providers) == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	st, err := w.js.Stream(ctx, messages.StreamWork)
-	cancel()
-	if err != nil {
-		return
-	}
-	for h := range w.cfg.Providers {
-		uctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = st.UnpinConsumer(uctx, WorkConsumer(h), PriorityGroup)
-		cancel()
-	}
 }

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,6 +21,10 @@ import (
 // Config of a worker. New fills the zero values with defaults (see
 // WithDefaults).
 type Config struct {
+	// ID names the worker in PROXY_WORKERS, which the hosts are shared
+	// over, and in its logs: stable and readable. Empty: <hostname>-<pid>
+	// (and -2, -3... for further workers of one process).
+	ID       string
 	Subjects messages.Subjects
 	Topology Topology
 	Catalog  Catalog
@@ -43,6 +50,13 @@ type Config struct {
 	// ProgressEvery is the least time between two progress events
 	// (provisioning, with the provider's report as reason) of one create.
 	ProgressEvery time.Duration
+	// Heartbeat is how often the worker renews its record in
+	// PROXY_WORKERS; Liveness is how young a record must be (its time, by
+	// the reader's clock) for its worker to count as live. A dead worker's
+	// hosts are pulled by the others Liveness (plus up to a Heartbeat)
+	// after its last renewal, and owned once its pins expire (PinnedTTL).
+	Heartbeat time.Duration
+	Liveness  time.Duration
 	// DeletedTTL is how long a "deleted" event stays in PROXY_EVENTS.
 	DeletedTTL time.Duration
 	ProxyPort  int
@@ -93,6 +107,9 @@ type Worker struct {
 	started chan struct{} // closed once Run consumes
 
 	// Owned by Run.
+	members     *membership
+	memCancel   context.CancelFunc
+	memWG       sync.WaitGroup // the membership's loop
 	cancel      context.CancelFunc
 	fence       *fence
 	runs        []*consumerRun
@@ -129,10 +146,63 @@ func New(js jetstream.JetStream, cfg Config) (*Worker, error) {
 			return nil, fmt.Errorf("worker: provider for %q, which the catalog does not name", h)
 		}
 	}
+	if cfg.ID == "" {
+		cfg.ID = defaultID()
+	}
+	if !ValidID(cfg.ID) {
+		return nil, fmt.Errorf("worker: id %q: want letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128", cfg.ID)
+	}
+	if cfg.Liveness <= cfg.Heartbeat {
+		return nil, fmt.Errorf("worker: liveness %s must be longer than the heartbeat %s", cfg.Liveness, cfg.Heartbeat)
+	}
 	return &Worker{
 		cfg: cfg, js: js, subj: cfg.Subjects, catalog: cfg.Catalog,
-		log: cfg.Logger, now: cfg.Now, locks: newKeyedLocks(), started: make(chan struct{}),
+		log: cfg.Logger.With("worker", cfg.ID), now: cfg.Now, locks: newKeyedLocks(), started: make(chan struct{}),
 	}, nil
+}
+
+// ID is the worker's id.
+func (w *Worker) ID() string { return w.cfg.ID }
+
+// ValidID reports whether id may name a worker: letters, digits, '.', '_'
+// and '-', starting with a letter or digit and not ending with '.', at
+// most 128 characters (it is a key of PROXY_WORKERS).
+func ValidID(id string) bool {
+	if id == "" || len(id) > 128 || strings.HasSuffix(id, ".") {
+		return false
+	}
+	for i, r := range id {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+		case i > 0 && (r == '.' || r == '_' || r == '-'):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// workersMade numbers the workers of this process, for their default ids.
+var workersMade atomic.Int64
+
+// defaultID is <hostname>-<pid>, with -<n> for the n-th worker of the
+// process after the first.
+func defaultID() string {
+	host, _ := os.Hostname()
+	host = strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '.' {
+			return r
+		}
+		return '-'
+	}, strings.Trim(host, "."))
+	if host == "" || !ValidID(host) {
+		host = "worker"
+	}
+	id := host + "-" + strconv.Itoa(os.Getpid())
+	if n := workersMade.Add(1); n > 1 {
+		id += "-" + strconv.FormatInt(n, 10)
+	}
+	return id
 }
 
 // Stats returns the worker's counters.

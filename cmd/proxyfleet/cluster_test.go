@@ -28,15 +28,6 @@ import (
 	"proxyfleet/worker"
 )
 
-// checkOwnership turns on the last check of TestClusterLosesANodeAndAWorker:
-// that the hosts are shared fairly over the workers again once the killed
-// worker is back (ownershipFair). It reads the workers' heartbeats
-// (messages.WorkerRecord in PROXY_WORKERS, with the hosts each owns) and
-// needs fair-share pinning, neither of which is merged yet: nothing writes
-// PROXY_WORKERS today, so the check would fail. The lead sets it true when
-// merging that work.
-const checkOwnership = false
-
 // TestClusterLosesANodeAndAWorker runs the fleet on a three-node JetStream
 // cluster with every stream and bucket replicated three times: three worker
 // processes and a health process of the built binary, each given all three
@@ -474,13 +465,11 @@ health: {lease_ttl: 2s}
 	t.Logf("figures: %d work items redelivered; %d state events read as stored, %d seen on the core subscription, of which %d went back (publishes the stream refused)",
 		redelivered, storedEvents, arrivedEvents, coreBackwards)
 
-	if checkOwnership {
-		var ids []string
-		for _, w := range workers {
-			ids = append(ids, strconv.Itoa(w.cmd.Process.Pid))
-		}
-		ownershipFair(t, js, ids, hosts, cfg.Worker.PinnedTTL)
+	var ids []string
+	for _, w := range workers {
+		ids = append(ids, strconv.Itoa(w.cmd.Process.Pid))
 	}
+	ownershipFair(t, js, ids, hosts, cfg.Worker.PinnedTTL)
 }
 
 // ownershipFair waits until the hosts are shared fairly over the live

@@ -42,6 +42,8 @@ func TestConfigDefaultsAreTheRoles(t *testing.T) {
 		{"worker.quarantine_window", got.QuarantineWindow, want.QuarantineWindow},
 		{"worker.quarantine_cool_down", got.QuarantineCoolDown, want.QuarantineCoolDown},
 		{"worker.quarantine_max_cool_down", got.QuarantineMaxCoolDown, want.QuarantineMaxCoolDown},
+		{"worker.heartbeat", got.Heartbeat, want.Heartbeat},
+		{"worker.liveness", got.Liveness, want.Liveness},
 		{"nats.deleted_max_age", got.DeletedTTL, want.DeletedTTL},
 		{"proxy.port", got.ProxyPort, want.ProxyPort},
 		{"nats.repair_interval", c.NATS.RepairInterval, worker.RepairerConfig{}.WithDefaults().Interval},

@@ -180,6 +180,8 @@ func workerConfig(c *config.Config, provs map[string]worker.Provider, log *slog.
 		DrainTimeout:    c.Worker.DrainTimeout,
 		CheckInterval:   c.Worker.CheckInterval,
 		ObserveInterval: c.Worker.ObserveInterval,
+		Heartbeat:       c.Worker.Heartbeat,
+		Liveness:        c.Worker.Liveness,
 		DeletedTTL:      c.NATS.DeletedMaxAge,
 		ProxyPort:       c.Proxy.Port,
 		Backoff:         worker.ExpBackoff{Initial: c.Worker.BackoffInitial, Max: c.Worker.BackoffMax},
@@ -201,8 +203,9 @@ func maxProxies(c *config.Config) map[string]int {
 	return out
 }
 
-// workerComponent is a worker on nc, executing the config's hosts.
-func workerComponent(nc *nats.Conn, c *config.Config, log *slog.Logger) (component, error) {
+// workerComponent is a worker on nc, executing the config's hosts, named
+// id (empty: hostname-pid).
+func workerComponent(nc *nats.Conn, c *config.Config, id string, log *slog.Logger) (component, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return component{}, err
@@ -211,7 +214,9 @@ func workerComponent(nc *nats.Conn, c *config.Config, log *slog.Logger) (compone
 	if err != nil {
 		return component{}, err
 	}
-	w, err := worker.New(js, workerConfig(c, provs, log))
+	wc := workerConfig(c, provs, log)
+	wc.ID = id
+	w, err := worker.New(js, wc)
 	if err != nil {
 		for _, p := range provs {
 			p.Close()
@@ -238,9 +243,13 @@ func runWorker(ctx context.Context, args []string, stderr io.Writer) error {
 	var nf natsFlags
 	nf.register(fs, "")
 	cfgPath := fs.String("config", "", "config file (YAML)")
+	id := fs.String("id", "", "this worker's id, stable and readable (default hostname-pid)")
 	debug := fs.Bool("debug", false, "log at debug level")
 	if err := fs.Parse(args); err != nil {
 		return exitError{2}
+	}
+	if err := checkID(*id); err != nil {
+		return err
 	}
 	log := newLogger(stderr, level(*debug)).With("role", "worker", "pid", os.Getpid())
 	c, err := loadConfig(*cfgPath)
@@ -256,11 +265,19 @@ func runWorker(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer nc.Close()
-	w, err := workerComponent(nc, c, log)
+	w, err := workerComponent(nc, c, *id, log)
 	if err != nil {
 		return err
 	}
 	return runAll(ctx, log, w)
+}
+
+// checkID refuses an --id that cannot name a worker.
+func checkID(id string) error {
+	if id != "" && !worker.ValidID(id) {
+		return fmt.Errorf("--id %q: want letters, digits, '.', '_' and '-', starting with a letter or digit", id)
+	}
+	return nil
 }
 
 func level(debug bool) slog.Level {

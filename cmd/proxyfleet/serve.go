@@ -46,9 +46,13 @@ func serveWith(ctx context.Context, args []string, stderr io.Writer, hooks serve
 	listen := fs.String("listen", "127.0.0.1:4222", "client address of the embedded server")
 	httpAddr := fs.String("http", "", "health HTTP address (default from config, 127.0.0.1:8080)")
 	repair := fs.Bool("repair", false, "run set-up at start and recreate deleted streams and buckets while serving (default: on with the embedded server; with --nats-url it needs an admin credential)")
+	id := fs.String("id", "", "the worker's id, stable and readable (default hostname-pid)")
 	debug := fs.Bool("debug", false, "log at debug level")
 	if err := fs.Parse(args); err != nil {
 		return exitError{2}
+	}
+	if err := checkID(*id); err != nil {
+		return err
 	}
 	repairSet := false
 	fs.Visit(func(f *flag.Flag) { repairSet = repairSet || f.Name == "repair" })
@@ -110,7 +114,7 @@ func serveWith(ctx context.Context, args []string, stderr io.Writer, hooks serve
 		return err
 	}
 	defer wnc.Close()
-	w, err := workerComponent(wnc, c, wlog)
+	w, err := workerComponent(wnc, c, *id, wlog)
 	if err != nil {
 		return err
 	}

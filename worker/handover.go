@@ -1,0 +1,284 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Taking a host and handing it over. A host's work consumer is pinned to
+// one pulling worker at a time; the server tells the pinned worker its pin
+// id in the Nats-Pin-Id header of every message it delivers, which is how a
+// worker knows it owns a host (the consumer's PinnedClientID is the same
+// id, which the worker's record publishes for readers of consumer info).
+//
+// A worker that is to take a host pulls it and publishes a claim, an empty
+// work item (proxy.work.<host>._claim) the owner acks at once: the server
+// pins the host on its next delivery, so ownership is settled, and seen,
+// without waiting for real work. A worker that is to give a host up stops
+// pulling it but keeps its pin while the host's in-flight work ends (pull
+// requests that carry the pin and can take no message renew it), then
+// unpins it, so the next owner gets the host's work only once the last one
+// has finished with it: never two owners of one host at a time.
+
+// pinHeader is the header in which the server tells a puller its pin id.
+const pinHeader = "Nats-Pin-Id"
+
+// claimToken is the id token of a claim. Like observeToken it is not a
+// valid proxy id.
+const claimToken = "_claim"
+
+func (c *consumerRun) getPin() string {
+	c.pinMu.Lock()
+	defer c.pinMu.Unlock()
+	return c.pin
+}
+
+// setPin records the pin the worker holds on the host ("" for none).
+func (c *consumerRun) setPin(pin string) {
+	c.pinMu.Lock()
+	diff := c.pin != pin
+	c.pin = pin
+	c.pinMu.Unlock()
+	if diff && c.changed != nil {
+		c.changed()
+	}
+}
+
+// dropPin forgets pin if it is still the one recorded.
+func (c *consumerRun) dropPin(pin string) {
+	c.pinMu.Lock()
+	diff := c.pin == pin && pin != ""
+	if diff {
+		c.pin = ""
+	}
+	c.pinMu.Unlock()
+	if diff && c.changed != nil {
+		c.changed()
+	}
+}
+
+// want tells the run whether to pull its host; the supervisor acts on it.
+func (c *consumerRun) want(pull bool) {
+	if c.wanted.Swap(pull) != pull {
+		select {
+		case c.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// deliver is the consume handler of a host run: it notes the pin, acks a
+// claim, and runs everything else on the pool under ctx.
+func (c *consumerRun) deliver(ctx context.Context, msg jetstream.Msg) {
+	if pin := msg.Headers().Get(pinHeader); pin != "" {
+		c.setPin(pin)
+	}
+	if _, id, err := c.w.subj.ParseWork(msg.Subject()); err == nil && id == claimToken {
+		_ = msg.Ack()
+		return
+	}
+	c.pool.submit(ctx, msg, c.handle)
+}
+
+// claim publishes a claim of the host (see above).
+func (c *consumerRun) claim(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, max(c.w.cfg.Heartbeat, time.Second))
+	defer cancel()
+	if _, err := c.w.js.Publish(ctx, c.w.subj.Work(c.host, claimToken), nil); err != nil && ctx.Err() == nil {
+		c.w.log.Debug("publish claim", "host", c.host, "err", err)
+	}
+}
+
+// acquire starts pulling the host, which the membership assigned to this
+// worker.
+func (c *consumerRun) acquire(ctx context.Context) {
+	cons, err := c.ensure(ctx)
+	if err == nil {
+		c.begin()
+		if err = c.consume(cons); err != nil {
+			c.workCancel()
+		}
+	}
+	if err != nil {
+		c.w.log.Error("could not start pulling host "+c.host+" (will retry)", "err", err)
+		return
+	}
+	c.pulling.Store(true)
+	if c.changed != nil {
+		c.changed()
+	}
+	c.w.log.Info("pulling host", "host", c.host)
+	c.claim(ctx)
+}
+
+// begin starts an active period: the context the handlers of its
+// deliveries run under.
+func (c *consumerRun) begin() {
+	c.workCtx, c.workCancel = context.WithCancel(c.runCtx)
+}
+
+// release hands the host over: it stops pulling, holds the pin while the
+// work the host's consumer delivered ends (cancelling what is left after
+// DrainTimeout: it is handed back), then unpins the host. If ctx ends
+// first (the worker is stopping), the drain takes over.
+func (c *consumerRun) release(ctx context.Context) {
+	w := c.w
+	start := time.Now()
+	c.pulling.Store(false)
+	if c.changed != nil {
+		c.changed()
+	}
+	if c.cc != nil {
+		c.cc.Drain()
+	}
+	stop := c.holdPin()
+	defer stop()
+	if !c.awaitIdle(ctx, w.cfg.DrainTimeout) {
+		return
+	}
+	c.cc, c.retired = nil, nil
+	c.workCancel()
+	stop()
+	c.unpin()
+	w.log.Info("handed host over", "host", c.host, "took", time.Since(start).Round(time.Millisecond))
+}
+
+// awaitIdle waits until the host run's consume contexts have closed and
+// its handlers returned, cancelling them after timeout. It reports false
+// if ctx ended first.
+func (c *consumerRun) awaitIdle(ctx context.Context, timeout time.Duration) bool {
+	var ccs []jetstream.ConsumeContext
+	for _, cc := range append(c.retired, c.cc) {
+		if cc != nil {
+			ccs = append(ccs, cc)
+		}
+	}
+	done := make(chan struct{})
+	c.w.wg.Add(1)
+	go func() {
+		defer c.w.wg.Done()
+		// As in drain: the pool may be waited for only once every
+		// consume that feeds it has closed.
+		for _, cc := range ccs {
+			<-cc.Closed()
+		}
+		c.pool.wait()
+		close(done)
+	}()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		c.w.log.Warn("handing host over: in-flight work past the drain timeout is handed back", "host", c.host)
+		c.workCancel()
+	}
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// holdRequest is a pull request that renews pin and can take no message
+// (max_bytes 1 is less than any message), answered at once.
+type holdRequest struct {
+	Batch    int    `json:"batch"`
+	MaxBytes int    `json:"max_bytes"`
+	NoWait   bool   `json:"no_wait"`
+	Group    string `json:"group"`
+	ID       string `json:"id"`
+}
+
+// holdPin keeps the host's pin, if the worker holds it, until stop is
+// called: a hold request every quarter of PinnedTTL. An answer that the pin
+// is not (or no longer) the consumer's means the worker lost it: it is
+// forgotten, and nothing is held.
+func (c *consumerRun) holdPin() (stop func()) {
+	pin := c.getPin()
+	nc := c.w.js.Conn()
+	if pin == "" || nc.IsClosed() {
+		return func() {}
+	}
+	subject := apiPrefix(c.w.js) + "CONSUMER.MSG.NEXT." + c.stream + "." + c.name()
+	req, _ := json.Marshal(holdRequest{Batch: 1, MaxBytes: 1, NoWait: true, Group: PriorityGroup, ID: pin})
+	lost := make(chan struct{})
+	var lostOnce sync.Once
+	inbox := nc.NewInbox()
+	sub, err := nc.Subscribe(inbox, func(m *nats.Msg) {
+		if m.Header.Get("Status") == "423" { // Nats-Pin-Id mismatch
+			lostOnce.Do(func() { close(lost) })
+		}
+	})
+	if err != nil {
+		c.w.log.Warn("hold pin", "host", c.host, "err", err)
+		return func() {}
+	}
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(max(c.w.cfg.PinnedTTL/4, 10*time.Millisecond))
+		defer t.Stop()
+		for {
+			_ = nc.PublishRequest(subject, inbox, req)
+			select {
+			case <-quit:
+				return
+			case <-lost:
+				c.w.log.Warn("lost the pin of host while handing it over", "host", c.host)
+				c.dropPin(pin)
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(quit)
+			<-done
+			_ = sub.Unsubscribe()
+		})
+	}
+}
+
+// unpin releases the host's pin if the worker holds it, so the server pins
+// the next worker that pulls it now instead of after PinnedTTL.
+func (c *consumerRun) unpin() {
+	pin := c.getPin()
+	if pin == "" || c.w.js.Conn().IsClosed() {
+		return // it expires after PinnedTTL
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	st, err := c.w.js.Stream(ctx, c.stream)
+	if err == nil {
+		err = st.UnpinConsumer(ctx, c.name(), PriorityGroup)
+	}
+	if err != nil {
+		c.w.log.Warn("unpin host", "host", c.host, "err", err)
+	}
+	c.dropPin(pin)
+}
+
+// apiPrefix is the subject prefix of js's API requests.
+func apiPrefix(js jetstream.JetStream) string {
+	o := js.Options()
+	switch {
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	case o.APIPrefix != "":
+		return strings.TrimSuffix(o.APIPrefix, ".") + "."
+	}
+	return jetstream.DefaultAPIPrefix
+}
