@@ -155,6 +155,10 @@ type Worker struct {
 	// ObserveInterval is how often a host's owner re-reads its running
 	// proxies, publishing only what changed.
 	ObserveInterval time.Duration `yaml:"observe_interval"`
+	// SweepGrace is how long a volume of ours must have gone unused (a
+	// proxy's with no domain, a cached image's no configured image names)
+	// before the host's observation pass removes it.
+	SweepGrace time.Duration `yaml:"sweep_grace"`
 }
 
 // Health tunes the health consumer.
@@ -264,6 +268,7 @@ func (c *Config) SetDefaults() {
 	setDur(&w.DrainTimeout, 30*time.Second)
 	setDur(&w.CheckInterval, 5*time.Second)
 	setDur(&w.ObserveInterval, 30*time.Second)
+	setDur(&w.SweepGrace, 10*time.Minute)
 	hl := &c.Health
 	if hl.HTTP == "" {
 		hl.HTTP = "127.0.0.1:8080"

@@ -51,6 +51,7 @@ func (c *Config) Validate() error {
 		{"worker.drain_timeout", c.Worker.DrainTimeout},
 		{"worker.check_interval", c.Worker.CheckInterval},
 		{"worker.observe_interval", c.Worker.ObserveInterval},
+		{"worker.sweep_grace", c.Worker.SweepGrace},
 		{"health.interval", c.Health.Interval},
 		{"health.timeout", c.Health.Timeout},
 		{"health.grace", c.Health.Grace},

@@ -95,7 +95,11 @@ func (e *executor) observe(ctx context.Context) error {
 			changed++
 		}
 	}
-	swept := e.sweep(ctx, insts)
+	swept := 0
+	if listErr == nil {
+		swept = e.sweep(ctx, insts)
+		swept += e.sweepVolumes(ctx)
+	}
 	w.log.Debug("observation pass", "host", e.host, "proxies", len(ids), "changed", changed, "swept", swept)
 	if listErr != nil {
 		return fmt.Errorf("list %s: %w", e.host, listErr)
@@ -190,7 +194,9 @@ func (e *executor) observeOne(ctx context.Context, id string) (bool, error) {
 		// converge reports for itself.
 		return false, nil
 	case isNotFound(err):
-		ev = messages.StateEvent{State: messages.StateFailed, Reason: "domain is gone", Class: string(fleet.ClassPermanent)}
+		// It ran here for the command that is wanted, and its domain is
+		// gone (destroyed and undefined behind the system's back).
+		return e.redrive(ctx, d)
 	case err != nil:
 		// An unreadable proxy is not a changed one (review finding H3).
 		return false, err

@@ -38,6 +38,7 @@ func TestConfigDefaultsAreTheRoles(t *testing.T) {
 		{"worker.drain_timeout", got.DrainTimeout, want.DrainTimeout},
 		{"worker.check_interval", got.CheckInterval, want.CheckInterval},
 		{"worker.observe_interval", got.ObserveInterval, want.ObserveInterval},
+		{"worker.sweep_grace", got.SweepGrace, want.SweepGrace},
 		{"nats.deleted_max_age", got.DeletedTTL, want.DeletedTTL},
 		{"proxy.port", got.ProxyPort, want.ProxyPort},
 		{"nats.repair_interval", c.NATS.RepairInterval, worker.RepairerConfig{}.WithDefaults().Interval},

@@ -180,6 +180,7 @@ func workerConfig(c *config.Config, provs map[string]worker.Provider, log *slog.
 		DrainTimeout:    c.Worker.DrainTimeout,
 		CheckInterval:   c.Worker.CheckInterval,
 		ObserveInterval: c.Worker.ObserveInterval,
+		SweepGrace:      c.Worker.SweepGrace,
 		DeletedTTL:      c.NATS.DeletedMaxAge,
 		ProxyPort:       c.Proxy.Port,
 		Backoff:         worker.ExpBackoff{Initial: c.Worker.BackoffInitial, Max: c.Worker.BackoffMax},
