@@ -40,6 +40,9 @@ type executor struct {
 	// volumesSweptAt is when the last volume sweep of the host started
 	// (UnixNano; redrive.go).
 	volumesSweptAt atomic.Int64
+	// ran remembers the proxies that ran and whose last event is one
+	// the observation pass published (redrive.go).
+	ran ranMemo
 }
 
 // handle converges the proxy of one work item. It never returns without

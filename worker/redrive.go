@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -15,17 +16,25 @@ import (
 // Re-drive and volume sweeps, the parts of the observation pass (observe.go)
 // that act rather than report.
 //
-// Re-drive: a proxy that ran here for the command that is wanted (its last
-// event is this host's "running" for the desired record's command) and whose
+// Re-drive: a proxy that ran here for the command that is wanted and whose
 // domain is gone (destroyed and undefined behind the system's back) is made
 // again through the same path as a command: a work item for it, run by the
-// executor under the id's lock with the usual retries. Only what ran is
-// re-driven: the re-drive's own event is "provisioning", and a provisioning
+// executor under the id's lock with the usual retries.
+//
+// Only what ran is re-driven. "It ran" is: its last event is this host's
+// "running" for the desired record's command, or its last event is one an
+// observation pass of this executor published after it saw the proxy so
+// (the domain shut off before it was undefined: "failed"; or the guest lost
+// its address: "provisioning"). The executor remembers the seq of those
+// events (ranMemo); any other event since (a converge's, another worker's)
+// ends the memory. A re-drive's own event is "provisioning", from which a
 // proxy with no domain is left to its converge, so one disappearance makes
 // one re-drive; a create that fails (permanently, or out of attempts)
-// reports "failed", which the observation pass never looks at again. So
-// nothing is re-driven in a loop: a proxy is re-driven again only after it
-// ran again.
+// reports "failed", which observation never looks at again. So nothing is
+// re-driven in a loop: a proxy is re-driven again only after it ran again.
+// The memory is this process's: a proxy reported failed by one worker whose
+// domain is undefined after the host moved to another stays failed, as a
+// command's failure would.
 
 // reasonRedrive is the reason of a re-drive's provisioning events.
 const reasonRedrive = "re-creating: domain gone"
@@ -129,4 +138,45 @@ func (e *executor) claimVolumes(ctx context.Context, id string) (func(), bool) {
 		return nil, false
 	}
 	return unlock, true
+}
+
+// ranMemo remembers, per proxy id, the seq of the last event an observation
+// pass published for a proxy that ran (see "Only what ran", above).
+type ranMemo struct {
+	mu sync.Mutex
+	m  map[string]uint64
+}
+
+func (r *ranMemo) set(id string, seq uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[string]uint64{}
+	}
+	r.m[id] = seq
+}
+
+// valid reports whether the event of id with seq is one remembered.
+func (r *ranMemo) valid(id string, seq uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s, ok := r.m[id]
+	return ok && s == seq
+}
+
+func (r *ranMemo) forget(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.m, id)
+}
+
+// prune forgets every id whose last event is not the one remembered.
+func (r *ranMemo) prune(last map[string]messages.StateEvent) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, seq := range r.m {
+		if ev, ok := last[id]; !ok || ev.Seq != seq {
+			delete(r.m, id)
+		}
+	}
 }
