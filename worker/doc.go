@@ -38,7 +38,9 @@
 // worker.go is Config, Worker and New; run.go is Run (start, drain,
 // unpin); defaults.go the defaults. intake.go turns commands into desired
 // state (desired.go) and work; executor.go converges one proxy, observe.go
-// re-reads a host's proxies and events.go publishes their state events.
+// re-reads a host's proxies, redrive.go makes again those whose domain is
+// gone and sweeps the volumes nothing uses (through a provider that is a
+// Sweeper), and events.go publishes their state events.
 // Both run their messages on a pool (pool.go), which keeps each in
 // progress and binds it to the fence (fence.go) that abandons work once
 // cut off from NATS; locks.go serialises one proxy's work. consumers.go

@@ -73,42 +73,48 @@ func TestRedriveAndSweepsOnTheTestHost(t *testing.T) {
 	}
 	t.Logf("%s running at %s after %s", id, first.IP, time.Since(start).Round(time.Millisecond))
 
-	uuid := strings.TrimSpace(virsh(t, "domuuid", "pf-"+id))
-	gone := time.Now()
-	virsh(t, "destroy", "pf-"+id)
-	virsh(t, "undefine", "pf-"+id)
-	waitUntil(t, id+" running again", 3*time.Minute, func() bool {
-		ev := f.lastEvent(id)
-		return ev.State == messages.StateRunning && ev.Seq > first.Seq
-	})
-	again := f.lastEvent(id)
-	t.Logf("%s running again at %s, %s after its domain was undefined", id, again.IP, time.Since(gone).Round(time.Millisecond))
-	if again.CommandID != c || again.Host != entry || again.IP == "" {
-		t.Errorf("running again as %+v, want command %s on %s with an address", again, c, entry)
-	}
-	if u := strings.TrimSpace(virsh(t, "domuuid", "pf-"+id)); u == uuid {
-		t.Errorf("domain pf-%s has its old uuid %s: not made again", id, u)
-	}
-	// A pass between the destroy and the undefine may have seen the
-	// domain shut off and reported it failed; once it is re-created, it
-	// is not.
-	f.e2e.mu.Lock()
-	var said bool
-	for _, ev := range f.events[id] {
-		if ev.Seq <= first.Seq {
-			continue
+	// Twice: undefined while it runs, then destroyed (it goes from
+	// running to gone); and destroyed, then undefined (a pass in between
+	// may see it shut off and report it failed first).
+	last := first
+	for _, order := range [][]string{{"undefine", "destroy"}, {"destroy", "undefine"}} {
+		uuid := strings.TrimSpace(virsh(t, "domuuid", "pf-"+id))
+		gone := time.Now()
+		for _, verb := range order {
+			virsh(t, verb, "pf-"+id)
 		}
-		if ev.State == messages.StateFailed && said {
-			t.Errorf("reported failed while it is re-created: %+v", ev)
+		waitUntil(t, id+" running again", 3*time.Minute, func() bool {
+			ev := f.lastEvent(id)
+			return ev.State == messages.StateRunning && ev.Seq > last.Seq
+		})
+		again := f.lastEvent(id)
+		t.Logf("%s then %s: %s running again at %s, %s after its domain went", order[0], order[1], id, again.IP,
+			time.Since(gone).Round(time.Millisecond))
+		if again.CommandID != c || again.Host != entry || again.IP == "" {
+			t.Errorf("running again as %+v, want command %s on %s with an address", again, c, entry)
 		}
-		if ev.State == messages.StateFailed {
-			t.Logf("an observation saw the domain shut off before it was undefined: %s", ev.Reason)
+		if u := strings.TrimSpace(virsh(t, "domuuid", "pf-"+id)); u == uuid {
+			t.Errorf("domain pf-%s has its old uuid %s: not made again", id, u)
 		}
-		said = said || (ev.State == messages.StateProvisioning && ev.Reason == "re-creating: domain gone")
-	}
-	f.e2e.mu.Unlock()
-	if !said {
-		t.Error("no provisioning event saying it is re-created because its domain was gone")
+		f.e2e.mu.Lock()
+		var said bool
+		for _, ev := range f.events[id] {
+			if ev.Seq <= last.Seq {
+				continue
+			}
+			if ev.State == messages.StateFailed && said {
+				t.Errorf("reported failed while it is re-created: %+v", ev)
+			}
+			if ev.State == messages.StateFailed {
+				t.Logf("an observation saw the domain shut off before it was undefined: %s", ev.Reason)
+			}
+			said = said || (ev.State == messages.StateProvisioning && ev.Reason == "re-creating: domain gone")
+		}
+		f.e2e.mu.Unlock()
+		if !said {
+			t.Error("no provisioning event saying it is re-created because its domain was gone")
+		}
+		last = again
 	}
 
 	vols := poolVolumeNames(t, pool)
