@@ -18,8 +18,8 @@
 // budgets, its dial and redial backoff), conn.go (one connection: its
 // death and kill, open and close), transfer.go (dedicated links with a
 // watchdog), ssh.go (the SSH dialer); provider.go, create.go, get.go (with
-// the address), delete.go, list.go (the provider), sweep.go (the volumes
-// nothing uses); mark.go, names.go,
+// the address), delete.go, list.go (the provider), sweep.go and sweepuse.go
+// (the volumes nothing uses); mark.go, names.go,
 // domain.go, seed.go (what it writes on the host); image.go (the cache and
 // its single flight), imagemark.go, imageupload.go, imagesource.go (the
 // base image cache); classify.go (the errors).
