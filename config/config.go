@@ -172,6 +172,10 @@ type Worker struct {
 	// pulled by the others this long after its last heartbeat, and owned
 	// once their pins expire (pinned_ttl).
 	Liveness time.Duration `yaml:"liveness"`
+	// SweepGrace is how long a volume of ours must have gone unused (a
+	// proxy's with no domain, a cached image's no configured image names)
+	// before the host's observation pass removes it.
+	SweepGrace time.Duration `yaml:"sweep_grace"`
 }
 
 // Health tunes the health consumer.
@@ -289,6 +293,7 @@ func (c *Config) SetDefaults() {
 	setDur(&w.QuarantineMaxCoolDown, 5*time.Minute)
 	setDur(&w.Heartbeat, 2*time.Second)
 	setDur(&w.Liveness, 3*w.Heartbeat)
+	setDur(&w.SweepGrace, 10*time.Minute)
 	hl := &c.Health
 	if hl.HTTP == "" {
 		hl.HTTP = "127.0.0.1:8080"

@@ -56,6 +56,7 @@ func (c *Config) Validate() error {
 		{"worker.quarantine_max_cool_down", c.Worker.QuarantineMaxCoolDown},
 		{"worker.heartbeat", c.Worker.Heartbeat},
 		{"worker.liveness", c.Worker.Liveness},
+		{"worker.sweep_grace", c.Worker.SweepGrace},
 		{"health.interval", c.Health.Interval},
 		{"health.timeout", c.Health.Timeout},
 		{"health.grace", c.Health.Grace},

@@ -18,7 +18,8 @@
 // budgets, its dial and redial backoff), conn.go (one connection: its
 // death and kill, open and close), transfer.go (dedicated links with a
 // watchdog), ssh.go (the SSH dialer); provider.go, create.go, get.go (with
-// the address), delete.go, list.go (the provider); mark.go, names.go,
+// the address), delete.go, list.go (the provider), sweep.go and sweepuse.go
+// (the volumes nothing uses); mark.go, names.go,
 // domain.go, seed.go (what it writes on the host); image.go (the cache and
 // its single flight), imagemark.go, imageupload.go, imagesource.go (the
 // base image cache); classify.go (the errors).
@@ -127,6 +128,19 @@
 // reaches go-libvirt only as EOF (eofReader), because a real error can wedge
 // its stream sender (imageupload.go). Sources are file:// and http(s)://
 // URLs; an HTTP one must send a Content-Length (imagesource.go).
+//
+// A cached volume lives as long as something may use it. SweepVolumes
+// (sweep.go, called by the worker's observation pass) removes one of this
+// entry's cached volumes, its marks first, once no configured image names
+// its digest and nothing has used it for the grace: no volume of the pool
+// is backed by it and no domain on the daemon refers to its path (disk,
+// backing chain, kernel, initrd). It removes a proxy's overlay and seed
+// that have had no domain pf-<id> (of anyone) for the grace, after the
+// caller's claim of the id. The grace is first-seen by the provider: a
+// volume seen unused, with the same mtime and allocation, on passes
+// spanning the grace, so a volume younger than the grace is never removed
+// and no host clock is compared with ours. Another entry's cached volumes,
+// names that are not ours, and marks whose volume stays are never touched.
 //
 // # Errors
 //

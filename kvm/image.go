@@ -24,7 +24,9 @@ import (
 // two entries may share one pool, and a volume named for the image alone let
 // one entry use what another had uploaded from another URL, or had not
 // finished uploading. This file holds the cache and its single flight; the
-// upload is in imageupload.go, its sources in imagesource.go.
+// upload is in imageupload.go, its sources in imagesource.go. A cached
+// volume that no configured image names and nothing uses is removed after a
+// grace by the volume sweep (sweep.go).
 //
 // # Single flight
 //

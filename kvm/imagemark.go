@@ -40,10 +40,11 @@ import (
 // on the shared link stuck past its budget, with goroutines that a kill
 // could not end. So a mark is only created, looked up, stat'ed and deleted.
 //
-// The ".<sha256>.ok" tail is not a shape parseVolumeName knows, so a sweep
-// that removes volumes of ours leaves marks alone; a mark without its
-// volume is harmless (ignored, and removed by the next upload of that
-// volume).
+// The ".<sha256>.ok" tail is not a shape parseVolumeName knows, so the
+// volume sweep (sweep.go) never takes a mark for a volume: it removes a
+// mark only with the cached volume it vouches for (the mark first). A mark
+// without its volume is harmless (ignored, and removed by the next upload
+// of that volume).
 
 // markName is the completion mark's name of a's volume.
 func markName(a artifact) string { return a.name + "." + a.sha + markSuffix }

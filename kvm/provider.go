@@ -26,6 +26,7 @@ type Provider struct {
 	mu        sync.Mutex
 	listeners map[int]func(Progress) // creates waiting on an image transfer
 	nextL     int
+	sweepSeen map[string]sweepSeen // volumes seen unused (sweep.go)
 
 	// testHook, if set (in-package tests only), runs at named points of a
 	// read, create or delete: hookLookedUp inside lookup's call, after the

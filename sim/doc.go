@@ -15,5 +15,7 @@
 // the proxy's volume (volumes/<id>.disk), then its domain, and a delete
 // removes the domain, then the volume. The fault op "delete-volumes" fails
 // a delete between the two, as a call abandoned on a deadline would, so
-// tests can prove a later delete still removes the volume.
+// tests can prove a later delete still removes the volume. SweepVolumes
+// removes a volume with no domain that is older than a grace, as the kvm
+// provider's sweep does, so the worker's volume sweep runs on sim hosts too.
 package sim

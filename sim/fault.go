@@ -13,8 +13,9 @@ import (
 )
 
 // Fault is an injected failure: the next Count calls of Op (create, get,
-// delete or list; or delete-volumes, a delete failing after its domain is
-// gone and before its volume is), for proxy ID or any proxy if ID is empty,
+// delete, list or sweep; or delete-volumes, a delete failing after its
+// domain is gone and before its volume is), for proxy ID or any proxy if ID
+// is empty,
 // fail with an error of Class. A negative Count never runs out.
 type Fault struct {
 	Op    string      `json:"op"`

@@ -17,6 +17,8 @@ const (
 	defaultAckWait     = 30 * time.Second
 	defaultMaxAttempts = 8
 	defaultPinnedTTL   = 15 * time.Second
+	// defaultSweepGrace: a volume nothing used for this long is removed.
+	defaultSweepGrace = 10 * time.Minute
 )
 
 // WithDefaults returns cfg with every zero value filled with its default.
@@ -42,6 +44,7 @@ func (cfg Config) WithDefaults() Config {
 	cfg.CheckInterval = cmp.Or(cfg.CheckInterval, 5*time.Second)
 	cfg.DeletedTTL = cmp.Or(cfg.DeletedTTL, 24*time.Hour)
 	cfg.ObserveInterval = cmp.Or(cfg.ObserveInterval, 30*time.Second)
+	cfg.SweepGrace = cmp.Or(cfg.SweepGrace, defaultSweepGrace)
 	cfg.ProgressEvery = cmp.Or(cfg.ProgressEvery, 2*time.Second)
 	cfg.Heartbeat = cmp.Or(cfg.Heartbeat, 2*time.Second)
 	cfg.Liveness = cmp.Or(cfg.Liveness, 3*cfg.Heartbeat)

@@ -47,7 +47,9 @@
 // worker.go is Config, Worker and New; run.go is Run (start, drain);
 // defaults.go the defaults. intake.go turns commands into desired
 // state (desired.go) and work; executor.go converges one proxy, observe.go
-// re-reads a host's proxies and events.go publishes their state events.
+// re-reads a host's proxies, redrive.go makes again those whose domain is
+// gone and sweeps the volumes nothing uses (through a provider that is a
+// Sweeper), and events.go publishes their state events.
 // placement.go chooses a create's host; room.go reserves and releases room
 // and reconciles it, through hostrec.go, which writes a host's record in
 // PROXY_HOSTS; quarantine.go keeps a host's failures and quarantine.

@@ -41,6 +41,12 @@ type executor struct {
 	// unrecorded are the reservations reconcileRoom found with no
 	// recorded command.
 	unrecorded unrecordedRoom
+	// volumesSweptAt is when the last volume sweep of the host started
+	// (UnixNano; redrive.go).
+	volumesSweptAt atomic.Int64
+	// ran remembers the proxies that ran and whose last event is one
+	// the observation pass published (redrive.go).
+	ran ranMemo
 }
 
 // handle converges the proxy of one work item. It never returns without
@@ -95,7 +101,7 @@ func (e *executor) handle(ctx context.Context, msg jetstream.Msg) {
 		e.retryOrFail(ctx, msg, meta, nil, id, err)
 		return
 	}
-	if err := e.converge(ctx, d); err != nil {
+	if err := e.converge(ctx, d, itemReason(msg.Data(), d)); err != nil {
 		e.retryOrFail(ctx, msg, meta, d, id, err)
 		return
 	}
@@ -110,8 +116,9 @@ func (e *executor) owns(d *messages.Desired) bool {
 	return d.Op == messages.OpCreate && d.Host == e.host
 }
 
-// converge makes the host match d.
-func (e *executor) converge(ctx context.Context, d *messages.Desired) error {
+// converge makes the host match d. why, if set, is the reason of the
+// provisioning event of a create (a re-drive's).
+func (e *executor) converge(ctx context.Context, d *messages.Desired, why string) error {
 	obs, err := e.prov.Get(ctx, d.ID)
 	present := err == nil
 	if err != nil && !isNotFound(err) {
@@ -137,7 +144,7 @@ func (e *executor) converge(ctx context.Context, d *messages.Desired) error {
 	if err := e.ensureRoom(ctx, d, present); err != nil {
 		return err
 	}
-	reason := "creating"
+	reason := nonEmpty(why, "creating")
 	if present {
 		reason = "replacing: spec changed"
 		if obs.SpecHash == d.SpecHash {

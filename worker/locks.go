@@ -44,3 +44,29 @@ func (k *keyedLocks) lock(ctx context.Context, id string) (func(), error) {
 		return nil, ctx.Err()
 	}
 }
+
+// tryLock takes id's lock if it is free.
+func (k *keyedLocks) tryLock(id string) (func(), bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.locks[id]
+	if l == nil {
+		l = &keyedLock{ch: make(chan struct{}, 1)}
+		k.locks[id] = l
+	}
+	select {
+	case l.ch <- struct{}{}:
+	default:
+		return nil, false
+	}
+	l.refs++
+	return func() {
+		<-l.ch
+		k.mu.Lock()
+		l.refs--
+		if l.refs == 0 {
+			delete(k.locks, id)
+		}
+		k.mu.Unlock()
+	}, true
+}

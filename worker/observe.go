@@ -67,12 +67,15 @@ func (e *executor) observe(ctx context.Context) error {
 		w.log.Warn("observation pass: list", "host", e.host, "err", listErr)
 	}
 	// The proxies to look at: those whose last event puts them here and
-	// running (or starting), and the domains here with no event at all
-	// (PROXY_EVENTS was lost and made anew: nothing else would ever
-	// report them again).
+	// running (or starting), those that ran and were last reported failed
+	// by an observation (their domain may go: re-drive), and the domains
+	// here with no event at all (PROXY_EVENTS was lost and made anew:
+	// nothing else would ever report them again).
+	e.ran.prune(events)
 	var ids []string
 	for id, ev := range events {
-		if ev.Host == e.host && (ev.State == messages.StateRunning || ev.State == messages.StateProvisioning) {
+		if ev.Host == e.host && (ev.State == messages.StateRunning || ev.State == messages.StateProvisioning ||
+			ev.State == messages.StateFailed && e.ran.valid(id, ev.Seq)) {
 			ids = append(ids, id)
 		}
 	}
@@ -95,8 +98,10 @@ func (e *executor) observe(ctx context.Context) error {
 			changed++
 		}
 	}
-	swept := e.sweep(ctx, insts)
+	swept := 0
 	if listErr == nil {
+		swept = e.sweep(ctx, insts)
+		swept += e.sweepVolumes(ctx)
 		e.reconcileRoom(ctx, insts)
 	}
 	w.log.Debug("observation pass", "host", e.host, "proxies", len(ids), "changed", changed, "swept", swept)
@@ -176,8 +181,11 @@ func (e *executor) observeOne(ctx context.Context, id string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	// ran: it ran here for this command, and nothing but observation
+	// passes has reported it since.
+	ran := lastSeq != 0 && (last.State == messages.StateRunning || e.ran.valid(id, last.Seq))
 	if lastSeq != 0 && (last.CommandID != d.CommandID || last.Host != e.host ||
-		(last.State != messages.StateRunning && last.State != messages.StateProvisioning)) {
+		(last.State != messages.StateRunning && last.State != messages.StateProvisioning && !ran)) {
 		return false, nil // a converge is (or was) under way; it reports
 	}
 	obs, err := e.prov.Get(ctx, id)
@@ -188,15 +196,22 @@ func (e *executor) observeOne(ctx context.Context, id string) (bool, error) {
 	}
 	var ev messages.StateEvent
 	switch {
-	case isNotFound(err) && last.State == messages.StateProvisioning:
+	case isNotFound(err) && ran:
+		// It ran here for the command that is wanted, and its domain is
+		// gone (destroyed and undefined behind the system's back).
+		e.ran.forget(id)
+		return e.redrive(ctx, d)
+	case isNotFound(err):
 		// Not made yet, or its create is waiting for a retry: the
 		// converge reports for itself.
 		return false, nil
-	case isNotFound(err):
-		ev = messages.StateEvent{State: messages.StateFailed, Reason: "domain is gone", Class: string(fleet.ClassPermanent)}
 	case err != nil:
 		// An unreadable proxy is not a changed one (review finding H3).
 		return false, err
+	case last.State == messages.StateFailed:
+		// Reported failed (shut off) and still there: a command's to
+		// replace, as before.
+		return false, nil
 	default:
 		ev = messages.StateEvent{State: obs.State, Reason: obs.Reason}
 		if obs.State == messages.StateRunning {
@@ -213,8 +228,12 @@ func (e *executor) observeOne(ctx context.Context, id string) (bool, error) {
 	if ev.State == messages.StateProvisioning && ev.Reason == "" {
 		ev.Reason = "no address"
 	}
-	if _, err := w.events.Publish(ctx, ev); err != nil {
+	pub, err := w.events.Publish(ctx, ev)
+	if err != nil {
 		return false, err
+	}
+	if ran {
+		e.ran.set(id, pub.Seq)
 	}
 	w.log.Info("observed a change", "host", e.host, "id", id, "was", last.State, "now", ev.State, "ip", ev.IP, "reason", ev.Reason)
 	return true, nil

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"time"
 
 	"proxyfleet/fleet"
 )
@@ -32,4 +33,23 @@ type Provider interface {
 	List(ctx context.Context) ([]fleet.Instance, error)
 	// Close releases the provider's connections.
 	Close() error
+}
+
+// Sweeper is what a Provider may also implement so that its host's
+// observation pass removes volumes nothing uses (docs/ARCHITECTURE.md,
+// "Sweeps"). kvm and sim implement it.
+type Sweeper interface {
+	// SweepVolumes removes, and returns by name, the host entry's volumes
+	// that nothing has used for at least grace: a proxy's volumes with no
+	// domain of its id on the host, and cached image volumes that no
+	// configured image names and nothing backs. It never touches what
+	// another host entry or someone else made, nor a volume it cannot
+	// prove unused.
+	//
+	// Before it removes a proxy's volumes it calls claim with the proxy's
+	// id: ok false keeps them; with ok, the id is held (no converge of it
+	// runs) until the sweeper calls release, which it does once it has
+	// checked again that no domain is there and removed them.
+	SweepVolumes(ctx context.Context, grace time.Duration,
+		claim func(ctx context.Context, id string) (release func(), ok bool)) ([]string, error)
 }

@@ -47,6 +47,10 @@ type Config struct {
 	// ObserveInterval is how often the owner of a host re-reads its
 	// running proxies; negative turns observation off.
 	ObserveInterval time.Duration
+	// SweepGrace is how long a volume must have gone unused before the
+	// observation pass removes it, when the host's provider is a Sweeper;
+	// negative turns volume sweeps off.
+	SweepGrace time.Duration
 	// ProgressEvery is the least time between two progress events
 	// (provisioning, with the provider's report as reason) of one create.
 	ProgressEvery time.Duration
@@ -121,6 +125,9 @@ type Worker struct {
 // Stats counts what a worker did.
 type Stats struct {
 	accepted, rejected, converged, creates, retries, failed, dead, swept atomic.Int64
+	// redriven counts proxies re-created because their domain was gone;
+	// volumesSwept the volumes the observation passes removed.
+	redriven, volumesSwept atomic.Int64
 	// repairs counts consumers recreated, or consumed again, after they
 	// were deleted or their consume stopped.
 	repairs atomic.Int64
@@ -132,6 +139,7 @@ func (s *Stats) Snapshot() map[string]int64 {
 		"accepted": s.accepted.Load(), "rejected": s.rejected.Load(), "converged": s.converged.Load(),
 		"creates": s.creates.Load(), "retries": s.retries.Load(), "failed": s.failed.Load(), "dead": s.dead.Load(),
 		"swept": s.swept.Load(), "repairs": s.repairs.Load(),
+		"redriven": s.redriven.Load(), "volumes_swept": s.volumesSwept.Load(),
 	}
 }
 

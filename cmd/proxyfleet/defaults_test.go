@@ -44,6 +44,7 @@ func TestConfigDefaultsAreTheRoles(t *testing.T) {
 		{"worker.quarantine_max_cool_down", got.QuarantineMaxCoolDown, want.QuarantineMaxCoolDown},
 		{"worker.heartbeat", got.Heartbeat, want.Heartbeat},
 		{"worker.liveness", got.Liveness, want.Liveness},
+		{"worker.sweep_grace", got.SweepGrace, want.SweepGrace},
 		{"nats.deleted_max_age", got.DeletedTTL, want.DeletedTTL},
 		{"proxy.port", got.ProxyPort, want.ProxyPort},
 		{"nats.repair_interval", c.NATS.RepairInterval, worker.RepairerConfig{}.WithDefaults().Interval},

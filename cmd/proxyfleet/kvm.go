@@ -10,6 +10,9 @@ import (
 	"proxyfleet/worker"
 )
 
+// The kvm provider sweeps the volumes nothing uses (worker.Sweeper).
+var _ worker.Sweeper = (*kvm.Provider)(nil)
+
 // newKVMProvider builds the libvirt provider of a kvm host. It dials on
 // first use: a worker that is never pinned to the host opens no link.
 func newKVMProvider(c *config.Config, h config.Host, log *slog.Logger) (worker.Provider, error) {

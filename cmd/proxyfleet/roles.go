@@ -126,6 +126,9 @@ func loadConfig(path string) (*config.Config, error) {
 	return config.Load(path)
 }
 
+// The sim driver sweeps the volumes nothing uses, as kvm does (kvm.go).
+var _ worker.Sweeper = (*sim.Driver)(nil)
+
 // providers builds one Provider per configured host.
 func providers(c *config.Config, log *slog.Logger) (map[string]worker.Provider, error) {
 	out := map[string]worker.Provider{}
@@ -182,6 +185,7 @@ func workerConfig(c *config.Config, provs map[string]worker.Provider, log *slog.
 		ObserveInterval: c.Worker.ObserveInterval,
 		Heartbeat:       c.Worker.Heartbeat,
 		Liveness:        c.Worker.Liveness,
+		SweepGrace:      c.Worker.SweepGrace,
 		DeletedTTL:      c.NATS.DeletedMaxAge,
 		ProxyPort:       c.Proxy.Port,
 		Backoff:         worker.ExpBackoff{Initial: c.Worker.BackoffInitial, Max: c.Worker.BackoffMax},
