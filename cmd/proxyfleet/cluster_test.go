@@ -386,20 +386,7 @@ health: {lease_ttl: 2s}
 		}
 		return true
 	})
-	seen := map[string]string{}
-	for _, h := range hosts {
-		for _, line := range readLogLines(filepath.Join(dir, h, "creates.log")) {
-			if _, cmdID, ok := strings.Cut(line, " "); ok {
-				if seen[cmdID] != "" {
-					t.Errorf("command %s created twice: on %s and %s", cmdID, seen[cmdID], h)
-				}
-				seen[cmdID] = h
-			}
-		}
-		if b, err := os.ReadFile(filepath.Join(dir, h, "overlaps.log")); err == nil {
-			t.Errorf("%s: calls for one id overlapped:\n%s", h, b)
-		}
-	}
+	checkSimLogs(t, dir, hosts)
 
 	// The health process folded it all into the rotation: exactly the
 	// proxies whose last command is a create.
@@ -751,6 +738,27 @@ func mostHosts(own map[string]int, workers int) int {
 func readFile(path string) string {
 	b, _ := os.ReadFile(path)
 	return string(b)
+}
+
+// checkSimLogs fails t if a command created a domain twice on the sim
+// hosts under dir (creates.log, across hosts) or two calls for one id
+// overlapped (overlaps.log).
+func checkSimLogs(t *testing.T, dir string, hosts []string) {
+	t.Helper()
+	seen := map[string]string{}
+	for _, h := range hosts {
+		for _, line := range readLogLines(filepath.Join(dir, h, "creates.log")) {
+			if _, cmdID, ok := strings.Cut(line, " "); ok {
+				if seen[cmdID] != "" {
+					t.Errorf("command %s created twice: on %s and %s", cmdID, seen[cmdID], h)
+				}
+				seen[cmdID] = h
+			}
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, h, "overlaps.log")); err == nil {
+			t.Errorf("%s: calls for one id overlapped:\n%s", h, b)
+		}
+	}
 }
 
 func readLogLines(path string) []string {

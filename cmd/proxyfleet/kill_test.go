@@ -207,22 +207,7 @@ worker: {ack_wait: 2s, pinned_ttl: 2s, poll_interval: 50ms, backoff_initial: 50m
 			t.Errorf("%s: %d domains after %s, want %d", id, n, op, want)
 		}
 	}
-	for _, h := range hosts {
-		b, _ := os.ReadFile(filepath.Join(dir, h, "creates.log"))
-		seen := map[string]bool{}
-		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-			if line == "" {
-				continue
-			}
-			if seen[line] {
-				t.Errorf("%s: created twice: %s", h, line)
-			}
-			seen[line] = true
-		}
-		if b, err := os.ReadFile(filepath.Join(dir, h, "overlaps.log")); err == nil {
-			t.Errorf("%s: calls for one id overlapped:\n%s", h, b)
-		}
-	}
+	checkSimLogs(t, dir, hosts)
 	mu.Lock()
 	defer mu.Unlock()
 	// Work a killed worker held is redelivered to the next owner, which

@@ -176,20 +176,5 @@ worker: {ack_wait: 2s, pinned_ttl: %s, heartbeat: 250ms, liveness: 750ms, poll_i
 	}
 	t.Logf("figures: settled %s after the workers started; the killed worker's hosts owned again %s after the kill (pin TTL %s); two each again %s after it was started again; %d commands done",
 		settle.Round(time.Millisecond), takeover.Round(time.Millisecond), pinnedTTL, back.Round(time.Millisecond), len(cmds))
-	for _, h := range hosts {
-		b, _ := os.ReadFile(filepath.Join(dir, h, "creates.log"))
-		seen := map[string]bool{}
-		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-			if line == "" {
-				continue
-			}
-			if seen[line] {
-				t.Errorf("%s: created twice: %s", h, line)
-			}
-			seen[line] = true
-		}
-		if b, err := os.ReadFile(filepath.Join(dir, h, "overlaps.log")); err == nil {
-			t.Errorf("%s: calls for one id overlapped:\n%s", h, b)
-		}
-	}
+	checkSimLogs(t, dir, hosts)
 }
