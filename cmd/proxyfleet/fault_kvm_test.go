@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/pem"
+	"encoding/xml"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -605,6 +606,14 @@ func fullPool(t *testing.T, pool, size string) string {
 	if pid == 0 {
 		t.Fatal("no libvirtd running (see /run/libvirtd.pid): is the test host up?")
 	}
+	inLibvirtd := func(args ...string) error {
+		out, err := exec.Command("nsenter", append([]string{"-t", strconv.Itoa(pid), "-m", "--"}, args...)...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%v: %v: %s", args, err, out)
+		}
+		return nil
+	}
+	removeStalePool(t, pool, inLibvirtd)
 	if err := os.MkdirAll("/var/lib/proxyfleet-testhost", 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -617,13 +626,6 @@ func fullPool(t *testing.T, pool, size string) string {
 			t.Errorf("remove %s: %v", dir, err)
 		}
 	})
-	inLibvirtd := func(args ...string) error {
-		out, err := exec.Command("nsenter", append([]string{"-t", strconv.Itoa(pid), "-m", "--"}, args...)...).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("%v: %v: %s", args, err, out)
-		}
-		return nil
-	}
 	if err := inLibvirtd("mount", "-t", "tmpfs", "-o", "size="+size+",mode=0755", "pf-fault-pool", dir); err != nil {
 		t.Fatal(err)
 	}
@@ -639,6 +641,36 @@ func fullPool(t *testing.T, pool, size string) string {
 		}
 	})
 	return dir
+}
+
+// removeStalePool takes away a pool of this test's own name that a run
+// stopped mid-test left behind (a killed `go test` runs no clean-up, and
+// libvirtd keeps a transient pool while it runs): the pool, the tmpfs
+// under it and its directory. Without this the next run fails at once
+// with "pool 'pftest-full' already exists". The name is the test's own, so
+// nothing else is touched.
+func removeStalePool(t *testing.T, pool string, inLibvirtd func(args ...string) error) {
+	t.Helper()
+	out, err := exec.Command("virsh", "-c", "qemu:///system", "pool-dumpxml", pool).Output()
+	if err != nil {
+		return // no such pool: the usual case
+	}
+	var def struct {
+		Target struct {
+			Path string `xml:"path"`
+		} `xml:"target"`
+	}
+	if err := xml.Unmarshal(out, &def); err != nil {
+		t.Fatalf("read the leftover pool %s: %v", pool, err)
+	}
+	t.Logf("pool %s left by an earlier run at %s: removing it first", pool, def.Target.Path)
+	virsh(t, "pool-destroy", pool)
+	if dir := def.Target.Path; strings.HasPrefix(dir, "/var/lib/proxyfleet-testhost/fault-pool-") {
+		_ = inLibvirtd("umount", dir) // gone already if libvirtd restarted since
+		if err := os.Remove(dir); err != nil && !os.IsNotExist(err) {
+			t.Logf("remove the leftover pool's directory %s: %v", dir, err)
+		}
+	}
 }
 
 // poolBytes reads a size (Capacity, Allocation, Available) of a pool.
