@@ -92,7 +92,14 @@ func (e *executor) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	defer unlock()
 
-	d, err := w.readDesired(ctx, id)
+	d, err := w.readDesiredSince(ctx, id, workSeq(msg.Data()))
+	if errors.Is(err, ErrDesiredBehind) {
+		// Never act on a record older than the command that made this
+		// work: it may say delete where a newer create is recorded, and
+		// the work item, one per subject, would be acked and gone.
+		e.retryOrFail(ctx, msg, meta, nil, id, err)
+		return
+	}
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		_ = msg.Ack() // nothing is wanted of this id
 		return
@@ -390,6 +397,51 @@ func (e *executor) undoCreate(ctx context.Context, d *messages.Desired) bool {
 }
 
 func isNotFound(err error) bool { return fleet.ClassOf(err) == fleet.ClassNotFound }
+
+// ErrDesiredBehind marks a read of a desired record older than the work
+// item that asked for it (see readDesiredSince).
+var ErrDesiredBehind = errors.New("desired state is behind its work")
+
+// readDesiredSince reads id's desired record and insists it be at least as
+// new as seq, the sequence of the command that dispatched the work (0: no
+// such claim). KV reads are direct gets any replica may answer, and a
+// replica that is catching up (a node just back) answers with an older
+// record, or none. Such a read is tried again for a moment (the replica is
+// usually current within milliseconds), then reported as ErrDesiredBehind,
+// a transient error the caller retries with backoff.
+func (w *Worker) readDesiredSince(ctx context.Context, id string, seq uint64) (*messages.Desired, error) {
+	const tries, pause = 20, 50 * time.Millisecond
+	for try := 1; ; try++ {
+		d, err := w.readDesired(ctx, id)
+		behind := (err == nil && d.Seq < seq) || (errors.Is(err, jetstream.ErrKeyNotFound) && seq > 0)
+		if !behind {
+			return d, err
+		}
+		if try == tries {
+			have := uint64(0)
+			if d != nil {
+				have = d.Seq
+			}
+			return nil, fleet.Transient(fmt.Errorf("read desired state of %s: sequence %d, its work says %d: %w", id, have, seq, ErrDesiredBehind))
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// workSeq is the command sequence a work item carries (0 when it has none).
+func workSeq(body []byte) uint64 {
+	var it workItem
+	if json.Unmarshal(body, &it) != nil {
+		return 0
+	}
+	return it.Seq
+}
 
 func (w *Worker) readDesired(ctx context.Context, id string) (*messages.Desired, error) {
 	e, err := w.desired.Get(ctx, id)

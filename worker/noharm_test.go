@@ -2,6 +2,9 @@ package worker_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"sync"
 	"testing"
@@ -259,4 +262,76 @@ func (b bootNever) Get(ctx context.Context, id string) (fleet.Instance, error) {
 		in.State, in.IP, in.Source, in.Reason = messages.StateProvisioning, "", "", "no address yet"
 	}
 	return in, err
+}
+
+// A desired record older than its work item is never acted on. KV reads are
+// direct gets any replica answers, and a replica catching up after a node
+// restart answers with an older record: in the cluster test a proxy's
+// delete (read stale) was run for the work of its newer create, whose item
+// was then acked and gone, so the proxy ended deleted. Here the stale read
+// is staged: the record says delete at an old sequence, a work item names
+// a newer one. The executor must wait for the record to catch up, then
+// converge to it, and delete nothing.
+func TestStaleDesiredReadDeletesNothing(t *testing.T) {
+	r := newRig(t, "h1")
+	var mu sync.Mutex
+	behind := 0
+	r.startWorker(func(c *worker.Config) {
+		c.MaxAttempts = 50
+		c.OnRetry = func(ri worker.RetryInfo) {
+			if errors.Is(ri.Err, worker.ErrDesiredBehind) {
+				mu.Lock()
+				behind++
+				mu.Unlock()
+			}
+		}
+	})
+	rw := r.watchRotation()
+	before := r.runningInRotation(rw, "p1", "c1")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv, err := r.js.KeyValue(ctx, messages.BucketDesired)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctx, "p1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cur messages.Desired
+	if err := json.Unmarshal(e.Value(), &cur); err != nil {
+		t.Fatal(err)
+	}
+	put := func(d messages.Desired) {
+		b, _ := json.Marshal(d)
+		if _, err := kv.Put(ctx, "p1", b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stale := cur
+	stale.Op, stale.CommandID = messages.OpDelete, "c0-old"
+	put(stale)
+	newer := cur.Seq + 1000
+	m := nats.NewMsg(subj.Work("h1", "p1"))
+	m.Data = []byte(fmt.Sprintf(`{"v":1,"id":"p1","seq":%d}`, newer))
+	if _, err := r.js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	// The worker sees the stale record for a while: long enough for the
+	// buggy form to delete.
+	r.waitFor("the worker to delete p1 or retry the work of a record behind it", 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return behind > 0 || !r.domainExists("h1", "p1")
+	})
+	if !r.domainExists("h1", "p1") {
+		t.Fatal("the proxy was deleted on a desired record older than its work")
+	}
+	// The record catches up: the create, at the work's sequence.
+	caught := cur
+	caught.Seq, caught.CommandID = newer, "c2"
+	put(caught)
+	r.waitOutcome("c2", messages.OutcomeDone)
+	r.checkUnharmed(rw, "h1", "p1", "c1", before)
 }
