@@ -153,6 +153,19 @@ func (e *executor) sweepOne(ctx context.Context, id string) (bool, error) {
 	if e.owns(d) {
 		return false, nil
 	}
+	// The read above may come from a replica that is behind (an old
+	// delete where a newer create is recorded): before deleting, the
+	// leader must say the same.
+	if d, err = w.readDesiredFromLeader(ctx, id); err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return false, nil
+		}
+		return false, err
+	}
+	if e.owns(d) {
+		w.log.Info("sweep: a replica's read was behind; the leader wants it here", "host", e.host, "id", id)
+		return false, nil
+	}
 	if err := e.prov.Delete(ctx, id); err != nil {
 		return false, err
 	}

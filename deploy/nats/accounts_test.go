@@ -23,6 +23,7 @@ import (
 	"go.uber.org/goleak"
 
 	"proxyfleet/client"
+	"proxyfleet/fleet"
 	"proxyfleet/health"
 	"proxyfleet/internal/poll"
 	"proxyfleet/internal/runtest"
@@ -313,6 +314,17 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 	poll.Until(t, "a rotation snapshot with p1 on "+subj.Rotation(), 20*time.Second, func() bool {
 		m, err := snapshots.NextMsg(10 * time.Millisecond)
 		return err == nil && json.Unmarshal(m.Data, &snap) == nil && len(snap.Proxies) == 1 && snap.Proxies[0].ID == "p1"
+	})
+
+	// A VM leaks behind p1's delete: the worker's sweep, which reads the
+	// record through the stream leader before it deletes, removes it
+	// under the worker's permissions.
+	if _, err := d.Create(ctx, fleet.Spec{ID: "p1", CommandID: "leak"}); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, "the worker to sweep the leaked p1", 20*time.Second, func() bool {
+		_, err := d.Get(ctx, "p1")
+		return fleet.ClassOf(err) == fleet.ClassNotFound
 	})
 
 	// Admin reads what the client may not: the desired records.
