@@ -5,16 +5,27 @@ GO ?= go
 BIN := bin/proxyfleet
 RUN_DIR := .run
 STATICCHECK_VERSION := v0.8.2
+# The image `make image` builds (its version and commit go into the binary)
+# and the engine that builds it (default: docker, else podman).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+IMAGE ?= proxyfleet:$(VERSION)
+CONTAINER_ENGINE ?= $(shell command -v docker || command -v podman)
 # Tests that need the test host run against it; everything else runs anywhere.
 TEST_PKGS ?= ./...
 TEST_TIMEOUT ?= 40m
 
-.PHONY: help build run run-sim test test-unit lint bench clean fuzz
+.PHONY: help build image run run-sim test test-unit lint bench clean fuzz
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 build: ## build bin/proxyfleet
 	$(GO) build -o $(BIN) ./cmd/proxyfleet
+
+image: ## build the container image proxyfleet:VERSION from the Dockerfile with docker or podman (fails saying so without either)
+	@if [ -z "$(CONTAINER_ENGINE)" ]; then echo "make image: neither docker nor podman is installed; no image built" >&2; exit 1; fi; \
+	echo "$(CONTAINER_ENGINE) build -t $(IMAGE) --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -f Dockerfile ."; \
+	"$(CONTAINER_ENGINE)" build -t "$(IMAGE)" --build-arg "VERSION=$(VERSION)" --build-arg "COMMIT=$(COMMIT)" -f Dockerfile .
 
 run: build testhost ## set up the test host, then `proxyfleet serve` against it (embedded NATS) in the foreground
 	@bash deploy/run.sh
@@ -30,6 +41,7 @@ test-unit: ## run the tests without setting up the test host (kvm tests will fai
 
 lint: ## go vet, gofmt and staticcheck
 	$(GO) vet ./...
+	$(GO) vet -tags killpoints ./cmd/proxyfleet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	@test -x bin/staticcheck || GOBIN=$(CURDIR)/bin $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	bin/staticcheck ./...

@@ -22,11 +22,12 @@ import (
 	"proxyfleet/messages"
 )
 
-// buildBinary builds proxyfleet once per test run.
+// buildBinary builds proxyfleet for a test, with the kill points
+// (killpoints.go) that PROXYFLEET_TEST_KILL_AT switches on.
 func buildBinary(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "proxyfleet")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd := exec.Command("go", "build", "-tags", "killpoints", "-o", bin, ".")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

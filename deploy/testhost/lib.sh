@@ -19,7 +19,8 @@ NETWORK=${TESTHOST_NETWORK:-pftest}
 URI=qemu:///system
 PKGS=(libxml2-utils libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86
 	qemu-utils openssh-server dnsmasq-base genisoimage busybox-static linux-image-amd64
-	iproute2 curl)
+	iproute2 curl
+	systemd)   # systemd-analyze and systemd-sysusers: deploy/systemd_test.go checks the units
 
 export PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
 [ -x /usr/local/go/bin/go ] && case ":$PATH:" in *:/usr/local/go/bin:*) ;; *) PATH=$PATH:/usr/local/go/bin ;; esac
