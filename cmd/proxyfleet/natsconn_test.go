@@ -1,0 +1,246 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"proxyfleet/internal/natstest"
+	"proxyfleet/messages"
+	"proxyfleet/worker"
+)
+
+// runCLI runs one command as main does; code is its exit code (an error
+// that is no exitError exits 1, its text on stderr as main writes it).
+func runCLI(ctx context.Context, args ...string) (stdout, stderr string, code int) {
+	var o, e bytes.Buffer
+	err := run(ctx, args[0], args[1:], &o, &e)
+	var ee exitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		code = ee.code
+	default:
+		code = 1
+		e.WriteString("proxyfleet " + args[0] + ": " + err.Error() + "\n")
+	}
+	return o.String(), e.String(), code
+}
+
+// isolateNATSEnv gives the test a HOME and XDG_CONFIG_HOME of its own (no
+// nats context of the machine's) and no NATS_* variables, and returns the
+// nats CLI's context directory in it.
+func isolateNATSEnv(t *testing.T) string {
+	t.Helper()
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	t.Setenv("XDG_CONFIG_HOME", filepath.Join(home, ".config"))
+	for _, k := range []string{"NATS_URL", "NATS_CONTEXT", "NATS_CREDS", "NATS_NKEY", "NATS_USER", "NATS_PASSWORD", "NATS_CERT", "NATS_KEY", "NATS_CA"} {
+		t.Setenv(k, "")
+	}
+	dir := filepath.Join(home, ".config", "nats", "context")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// operatorServer runs a nats-server in operator (JWT) mode with one
+// account, JetStream on, and returns it with a user credentials file of
+// that account.
+func operatorServer(t *testing.T) (*natstest.Server, string) {
+	t.Helper()
+	okp, _ := nkeys.CreateOperator()
+	opub, _ := okp.PublicKey()
+	oc := jwt.NewOperatorClaims(opub)
+	oc.Name = "test"
+	ojwt, err := oc.Encode(okp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if oc, err = jwt.DecodeOperatorClaims(ojwt); err != nil {
+		t.Fatal(err)
+	}
+	account := func(name string, js bool) (string, string, nkeys.KeyPair) {
+		akp, _ := nkeys.CreateAccount()
+		apub, _ := akp.PublicKey()
+		ac := jwt.NewAccountClaims(apub)
+		ac.Name = name
+		if js {
+			ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
+		}
+		ajwt, err := ac.Encode(okp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return apub, ajwt, akp
+	}
+	spub, sjwt, _ := account("SYS", false)
+	apub, ajwt, akp := account("PROXYFLEET", true)
+	res := &server.MemAccResolver{}
+	if err := res.Store(spub, sjwt); err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Store(apub, ajwt); err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.StartOpts(t, func(o *server.Options) {
+		o.TrustedOperators = []*jwt.OperatorClaims{oc}
+		o.AccountResolver = res
+		o.SystemAccount = spub
+	})
+	ukp, _ := nkeys.CreateUser()
+	upub, _ := ukp.PublicKey()
+	uc := jwt.NewUserClaims(upub)
+	ujwt, err := uc.Encode(akp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := ukp.Seed()
+	creds, err := jwt.FormatUserConfig(ujwt, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "user.creds")
+	if err := os.WriteFile(path, creds, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The topology, as set-up makes it, so that the verbs find it.
+	_, js := srv.Connect(t, nats.UserCredentials(path))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := (worker.Topology{Subjects: messages.NewSubjects("")}).Ensure(ctx, js, []string{"h1"}); err != nil {
+		t.Fatal(err)
+	}
+	return srv, path
+}
+
+// writeContext writes a nats CLI context file, as `nats context save`
+// does, into dir.
+func writeContext(t *testing.T, dir, name string, fields map[string]string) {
+	t.Helper()
+	b, _ := json.Marshal(fields)
+	if err := os.WriteFile(filepath.Join(dir, name+".json"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestConnectLikeTheNATSCLI: against a real server that requires JWT
+// credentials, a client verb connects with NATS_URL, with --creds, and with
+// a nats CLI context (named by --context, by NATS_CONTEXT, or selected),
+// and the sources rank as in the nats CLI: flag, environment, context,
+// config file. Without credentials the server refuses, so each success is
+// the credentials' doing.
+func TestConnectLikeTheNATSCLI(t *testing.T) {
+	ctxDir := isolateNATSEnv(t)
+	srv, creds := operatorServer(t)
+	url := srv.ClientURL()
+	dead := "nats://127.0.0.1:1" // nothing listens there
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	list := func(what string, wantOK bool, args ...string) {
+		t.Helper()
+		o, e, code := runCLI(ctx, append([]string{"list", "--timeout", "5s"}, args...)...)
+		if (code == 0) != wantOK || wantOK && !strings.HasPrefix(o, "ID  ") {
+			t.Errorf("%s: exit %d, want success %v\nstdout: %s\nstderr: %s", what, code, wantOK, o, e)
+		}
+	}
+
+	list("no credentials", false, "--server", url)
+	list("--server and --creds", true, "--server", url, "--creds", creds)
+	list("-s and --creds", true, "-s", url, "--creds", creds)
+
+	t.Setenv("NATS_URL", url)
+	list("NATS_URL and --creds", true, "--creds", creds)
+	t.Setenv("NATS_CREDS", creds)
+	list("NATS_URL and NATS_CREDS", true)
+	list("--server beats NATS_URL", false, "--server", dead)
+	t.Setenv("NATS_URL", "")
+	t.Setenv("NATS_CREDS", "")
+
+	writeContext(t, ctxDir, "pf", map[string]string{"url": url, "creds": creds, "description": "proxyfleet test"})
+	writeContext(t, ctxDir, "elsewhere", map[string]string{"url": dead, "creds": creds})
+	list("--context", true, "--context", "pf")
+	list("--context naming a dead server", false, "--context", "elsewhere")
+	list("--server beats the context", true, "--context", "elsewhere", "--server", url)
+	t.Setenv("NATS_URL", url)
+	list("NATS_URL beats the context", true, "--context", "elsewhere")
+	t.Setenv("NATS_URL", "")
+	t.Setenv("NATS_CONTEXT", "pf")
+	list("NATS_CONTEXT", true)
+	t.Setenv("NATS_CONTEXT", "")
+	if err := os.WriteFile(filepath.Join(filepath.Dir(ctxDir), "context.txt"), []byte("pf"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	list("the selected context", true)
+	list("--context beats the selected one", false, "--context", "elsewhere")
+
+	// The config file ranks below the context.
+	cfg := filepath.Join(t.TempDir(), "client.yaml")
+	writeFile(t, cfg, "nats: {url: \""+dead+"\", creds: \""+creds+"\"}\nhosts:\n  - {name: h1, driver: sim, sim: {dir: /nonexistent}}\n")
+	list("the context beats the config file", true, "--config", cfg)
+	if err := os.Remove(filepath.Join(filepath.Dir(ctxDir), "context.txt")); err != nil {
+		t.Fatal(err)
+	}
+	list("the config file without a context", false, "--config", cfg)
+	list("--server beats the config file", true, "--config", cfg, "--server", url)
+
+	_, e, code := runCLI(ctx, "list", "--context", "nosuch")
+	if code != 1 || !strings.Contains(e, `nats context "nosuch"`) {
+		t.Errorf("an unknown context: exit %d, %q", code, e)
+	}
+}
+
+// TestConnectWithUserAndNkey: --user/--password (and NATS_USER and
+// NATS_PASSWORD) and --nkey connect to a server that requires them.
+func TestConnectWithUserAndNkey(t *testing.T) {
+	isolateNATSEnv(t)
+	ukp, _ := nkeys.CreateUser()
+	upub, _ := ukp.PublicKey()
+	seed, _ := ukp.Seed()
+	seedPath := filepath.Join(t.TempDir(), "user.nk")
+	if err := os.WriteFile(seedPath, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.StartOpts(t, func(o *server.Options) {
+		o.Users = []*server.User{{Username: "op", Password: "secret"}}
+		o.Nkeys = []*server.NkeyUser{{Nkey: upub}}
+	})
+	_, js := srv.Connect(t, nats.UserInfo("op", "secret"))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := (worker.Topology{Subjects: messages.NewSubjects("")}).Ensure(ctx, js, []string{"h1"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		what string
+		ok   bool
+		args []string
+	}{
+		{"no credentials", false, nil},
+		{"a wrong password", false, []string{"--user", "op", "--password", "wrong"}},
+		{"--user and --password", true, []string{"--user", "op", "--password", "secret"}},
+		{"--nkey", true, []string{"--nkey", seedPath}},
+	} {
+		o, e, code := runCLI(ctx, append([]string{"hosts", "--timeout", "5s", "--server", srv.ClientURL()}, c.args...)...)
+		if (code == 0) != c.ok {
+			t.Errorf("%s: exit %d, want success %v\nstdout: %s\nstderr: %s", c.what, code, c.ok, o, e)
+		}
+	}
+	t.Setenv("NATS_USER", "op")
+	t.Setenv("NATS_PASSWORD", "secret")
+	if o, e, code := runCLI(ctx, "hosts", "--timeout", "5s", "--server", srv.ClientURL()); code != 0 {
+		t.Errorf("NATS_USER and NATS_PASSWORD: exit %d\nstdout: %s\nstderr: %s", code, o, e)
+	}
+}
