@@ -70,7 +70,11 @@ func (c *Client) Replay(ctx context.Context, e DeadEntry, commandID string, wait
 				e.Sequence, e.ID, ErrNotReplayable, last.Op, last.CommandID, last.Outcome)
 		}
 	}
-	out, err := c.send(ctx, e.Op, e.ID, e.Command, commandID, wait)
+	body, err := replayBody(e)
+	if err != nil {
+		return Outcome{ID: e.ID, Op: e.Op}, err
+	}
+	out, err := c.send(ctx, e.Op, e.ID, body, commandID, wait)
 	if out.Sequence == 0 {
 		return out, err // not stored: the dead letter stays
 	}
@@ -86,6 +90,25 @@ func (c *Client) Replay(ctx context.Context, e DeadEntry, commandID string, wait
 		return out, errors.Join(err, derr)
 	}
 	return out, err
+}
+
+// replayBody is the command to publish for dead letter e. A dead letter
+// of intake holds the command as sent; one of the executor holds the
+// proxy's desired record, which has the same fields for the spec (and the
+// host it was placed on, which the new command keeps).
+func replayBody(e DeadEntry) ([]byte, error) {
+	var d messages.Desired
+	if err := json.Unmarshal(e.Command, &d); err != nil {
+		return nil, fmt.Errorf("dead letter %d of %s: %w: decode its command: %v", e.Sequence, e.ID, ErrNotReplayable, err)
+	}
+	switch e.Op {
+	case messages.OpCreate:
+		return json.Marshal(messages.CreateCommand{V: messages.Version, ID: e.ID, Host: d.Host, Image: d.Image,
+			CPUs: d.CPUs, MemoryMiB: d.MemoryMiB, Labels: d.Labels})
+	case messages.OpDelete:
+		return json.Marshal(messages.DeleteCommand{V: messages.Version, ID: e.ID})
+	}
+	return nil, fmt.Errorf("dead letter %d of %s: %w: unknown op %q", e.Sequence, e.ID, ErrNotReplayable, e.Op)
 }
 
 // PrintDeadLetters writes one row per dead letter.
