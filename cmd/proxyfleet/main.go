@@ -94,7 +94,7 @@ func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.
 		return completion(args, stdout, stderr)
 	case "help", "-h", "--help":
 		if len(args) > 0 {
-			return dispatch(ctx, args[0], []string{"--help"}, stdout, stderr)
+			return dispatch(ctx, args[0], append(args[1:len(args):len(args)], "--help"), stdout, stderr)
 		}
 		fmt.Fprint(stdout, usage)
 		return nil
