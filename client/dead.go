@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -121,7 +122,7 @@ func PrintDeadLetters(w io.Writer, es []DeadEntry) error {
 			at = e.At.Format(time.RFC3339)
 		}
 		last := oneLine(e.LastError)
-		if e.Class != "" && last != "" {
+		if e.Class != "" && last != "" && !strings.HasSuffix(last, "("+e.Class+")") {
 			last += " (" + e.Class + ")"
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", e.Sequence, e.ID, e.Op, e.CommandID, e.Attempts, dash(at), dash(last))
