@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
+	"proxyfleet/config"
 	"proxyfleet/internal/natstest"
 	"proxyfleet/messages"
 	"proxyfleet/worker"
@@ -242,5 +243,39 @@ func TestConnectWithUserAndNkey(t *testing.T) {
 	t.Setenv("NATS_PASSWORD", "secret")
 	if o, e, code := runCLI(ctx, "hosts", "--timeout", "5s", "--server", srv.ClientURL()); code != 0 {
 		t.Errorf("NATS_USER and NATS_PASSWORD: exit %d\nstdout: %s\nstderr: %s", code, o, e)
+	}
+}
+
+// TestPrefixFromFlagOrConfig: --prefix wins over the config file's, and
+// the config every role builds its subjects from carries the winner, so
+// serve, worker, health and setup honour the flag.
+func TestPrefixFromFlagOrConfig(t *testing.T) {
+	isolateNATSEnv(t)
+	for _, c := range []struct{ flag, cfg, want string }{{"flagp", "cfgp", "flagp"}, {"", "cfgp", "cfgp"}, {"flagp", "", "flagp"}, {"", "", ""}} {
+		cfg := &config.Config{NATS: config.NATS{Prefix: c.cfg}}
+		nf := natsFlags{prefix: c.flag}
+		if err := nf.resolve(cfg); err != nil {
+			t.Fatal(err)
+		}
+		if cfg.NATS.Prefix != c.want || nf.prefix != c.want {
+			t.Errorf("--prefix %q, config %q: config has %q, flags %q; want %q", c.flag, c.cfg, cfg.NATS.Prefix, nf.prefix, c.want)
+		}
+	}
+}
+
+// TestServeAndWorkerNeedConfig: their usage says --config is required,
+// and without it they say so and exit 1 before doing anything.
+func TestServeAndWorkerNeedConfig(t *testing.T) {
+	isolateNATSEnv(t)
+	for _, role := range []string{"serve", "worker"} {
+		o, _, _ := runCLI(context.Background(), role, "--help")
+		if !strings.HasPrefix(o, "Usage: proxyfleet "+role+" --config F [flags]\n") || !strings.Contains(usage, "\n  proxyfleet "+role+" ") ||
+			!strings.Contains(usage, role+"   --config F") && !strings.Contains(usage, role+"    --config F") {
+			t.Errorf("%s: usage does not say --config is required:\n%s", role, o)
+		}
+		o, e, code := runCLI(context.Background(), role, "--id", "w1")
+		if code != 1 || o != "" || e != "proxyfleet "+role+": --config is required\n" {
+			t.Errorf("%s without --config: exit %d\nstdout: %s\nstderr: %s", role, code, o, e)
+		}
 	}
 }
