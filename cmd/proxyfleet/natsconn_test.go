@@ -3,8 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
+	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -278,4 +286,83 @@ func TestServeAndWorkerNeedConfig(t *testing.T) {
 			t.Errorf("%s without --config: exit %d\nstdout: %s\nstderr: %s", role, code, o, e)
 		}
 	}
+}
+
+// writeCert writes a certificate (signed by parent, or self-signed when
+// parent is nil) and its key as PEM files in dir, and returns them.
+func writeCert(t *testing.T, dir, name string, tmpl *x509.Certificate, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (certPath, keyPath string, cert *x509.Certificate, key *ecdsa.PrivateKey) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if parent == nil {
+		parent, parentKey = tmpl, key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cert, err = x509.ParseCertificate(der); err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPath, keyPath = filepath.Join(dir, name+".pem"), filepath.Join(dir, name+"-key.pem")
+	writeFile(t, certPath, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})))
+	writeFile(t, keyPath, string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})))
+	return certPath, keyPath, cert, key
+}
+
+// TestConnectWithTLS: against a server that verifies client certificates,
+// --tlsca, --tlscert and --tlskey connect, as do NATS_CA, NATS_CERT and
+// NATS_KEY, and a context's ca, cert and key; without the client
+// certificate the server refuses.
+func TestConnectWithTLS(t *testing.T) {
+	ctxDir := isolateNATSEnv(t)
+	dir := t.TempDir()
+	now := time.Now()
+	caPath, _, ca, caKey := writeCert(t, dir, "ca", &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test ca"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}, nil, nil)
+	srvCert, srvKey, _, _ := writeCert(t, dir, "server", &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour), IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}, ca, caKey)
+	cliCert, cliKey, _, _ := writeCert(t, dir, "client", &x509.Certificate{SerialNumber: big.NewInt(3), Subject: pkix.Name{CommonName: "operator"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}, ca, caKey)
+	tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: srvCert, KeyFile: srvKey, CaFile: caPath, Verify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.StartOpts(t, func(o *server.Options) {
+		o.TLS, o.TLSVerify, o.TLSConfig, o.TLSTimeout = true, true, tc, 5
+	})
+	url := "tls://" + srv.Addr().String()
+	_, js := srv.Connect(t, nats.RootCAs(caPath), nats.ClientCert(cliCert, cliKey))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := (worker.Topology{Subjects: messages.NewSubjects("")}).Ensure(ctx, js, []string{"h1"}); err != nil {
+		t.Fatal(err)
+	}
+	list := func(what string, wantOK bool, args ...string) {
+		t.Helper()
+		o, e, code := runCLI(ctx, append([]string{"list", "--timeout", "5s"}, args...)...)
+		if (code == 0) != wantOK {
+			t.Errorf("%s: exit %d, want success %v\nstdout: %s\nstderr: %s", what, code, wantOK, o, e)
+		}
+	}
+	list("the CA only", false, "--server", url, "--tlsca", caPath)
+	list("--tlsca, --tlscert, --tlskey", true, "--server", url, "--tlsca", caPath, "--tlscert", cliCert, "--tlskey", cliKey)
+	t.Setenv("NATS_CA", caPath)
+	t.Setenv("NATS_CERT", cliCert)
+	t.Setenv("NATS_KEY", cliKey)
+	list("NATS_CA, NATS_CERT, NATS_KEY", true, "--server", url)
+	t.Setenv("NATS_CA", "")
+	t.Setenv("NATS_CERT", "")
+	t.Setenv("NATS_KEY", "")
+	writeContext(t, ctxDir, "tls", map[string]string{"url": url, "ca": caPath, "cert": cliCert, "key": cliKey})
+	list("a context with ca, cert and key", true, "--context", "tls")
 }
