@@ -19,8 +19,11 @@ TEST_TIMEOUT ?= 40m
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
+# `proxyfleet version` reports these.
+LDFLAGS := -X main.buildVersion=$(shell git describe --tags --always --dirty 2>/dev/null) -X main.buildCommit=$(shell git rev-parse HEAD 2>/dev/null)
+
 build: ## build bin/proxyfleet
-	$(GO) build -o $(BIN) ./cmd/proxyfleet
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/proxyfleet
 
 image: ## build the container image proxyfleet:VERSION from the Dockerfile with docker or podman (fails saying so without either)
 	@if [ -z "$(CONTAINER_ENGINE)" ]; then echo "make image: neither docker nor podman is installed; no image built" >&2; exit 1; fi; \

@@ -89,7 +89,7 @@ type imageCache struct {
 	link       *Link  // the host's shared link; uploads go through link.transfer
 	budgets    Budgets
 	httpClient *http.Client // nil: http.DefaultClient
-	log        *slog.Logger // nil: slog.Default()
+	log        *slog.Logger // names the host already (the provider's); nil: slog.Default()
 	// onProgress, if set, hears of every upload: once as it starts (Done
 	// 0), at most every progressEvery while it runs, and once when all
 	// bytes are through (Done == Total). It is called from the
@@ -286,7 +286,7 @@ func (c *imageCache) ensureArtifact(ctx context.Context, a artifact) (volRef, er
 		return volRef{}, err
 	}
 	defer release()
-	log := c.logger().With("host", c.host, "image", a.image, "volume", a.name)
+	log := c.logger().With("image", a.image, "volume", a.name) // the logger names the host
 	stale, poll := c.staleAfter(), c.pollEvery()
 
 	var (

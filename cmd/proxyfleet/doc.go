@@ -1,12 +1,13 @@
 // Command proxyfleet runs and drives a fleet of proxy VMs.
 //
-//	proxyfleet serve    [flags]   embedded NATS (or --nats-url), set-up and its repairer, a worker and the health consumer
+//	proxyfleet serve    [flags]   embedded NATS (or --server), set-up and its repairer, a worker and the health consumer
 //	proxyfleet setup    [flags]   create or update every stream and bucket to the config (admin credential)
 //	proxyfleet worker   [flags]   the worker role only
 //	proxyfleet health   [flags]   the health role only
 //	proxyfleet create ID [--host H] [--image I] [--cpus N] [--memory-mib M] [--command-id C] [--wait]
 //	proxyfleet delete ID [--command-id C] [--wait]
 //	proxyfleet get ID | list | watch | rotation | hosts
+//	proxyfleet dead ls | dead replay ID|--all | version | completion bash|zsh
 //
 // Each role is made of components, each a Run(ctx) error (the worker, the
 // health process, the repairer, serve's embedded nats-server), run
@@ -14,4 +15,8 @@
 // process exits 1 with its error. The first SIGINT or SIGTERM stops them
 // all (a worker drains); a second exits at once. roles.go maps the config
 // onto the worker, serve.go and setup.go onto the other components.
+//
+// Every command connects as the nats CLI does (natsconn.go: flags, NATS_*
+// variables, nats contexts, the config file, in that order), takes --help
+// (help.go) and logs as --log-level and --log-format say (logging.go).
 package main

@@ -45,7 +45,7 @@ func TestServeEndsWhenAComponentFails(t *testing.T) {
 	served := make(chan error, 1)
 	go func() {
 		served <- serveWith(context.Background(), []string{"--config", cfg, "--data-dir", filepath.Join(dir, "data"),
-			"--listen", freePort(t), "--http", freePort(t)}, &logs, serveHooks{embedded: func(s *server.Server) { got <- s }})
+			"--listen", freePort(t), "--http", freePort(t)}, &logs, &logs, serveHooks{embedded: func(s *server.Server) { got <- s }})
 	}()
 	var s *server.Server
 	select {

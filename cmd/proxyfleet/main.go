@@ -5,30 +5,33 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
-	"time"
-
-	"github.com/lmittmann/tint"
 )
 
 const usage = `proxyfleet runs a fleet of proxy VMs on KVM hosts, driven by NATS.
 
 Usage:
-  proxyfleet serve    [--config F] [--data-dir D] [--listen ADDR] [--nats-url URL] [--http ADDR] [--repair]
-  proxyfleet setup    [--config F] [--nats-url URL] [--repair [--interval 5s]]
-  proxyfleet worker   --config F [--nats-url URL]
-  proxyfleet health   [--config F] [--nats-url URL] [--http ADDR]
+  proxyfleet serve    --config F [--data-dir D] [--listen ADDR] [--server URL] [--http ADDR] [--repair] [--id ID]
+  proxyfleet setup    [--config F] [--repair [--interval 5s]]
+  proxyfleet worker   --config F [--id ID]
+  proxyfleet health   [--config F] [--http ADDR]
   proxyfleet create   ID [--host H] [--image I] [--cpus N] [--memory-mib M] [--label k=v] [--command-id C] [--wait]
   proxyfleet delete   ID [--command-id C] [--wait]
   proxyfleet get      ID
-  proxyfleet list
-  proxyfleet watch
+  proxyfleet list     [--all]
+  proxyfleet watch    [--refresh 1s]
   proxyfleet rotation [--http URL]
   proxyfleet hosts
+  proxyfleet dead     ls | replay (ID | --all) [--force] [--wait]
+  proxyfleet version
+  proxyfleet completion bash|zsh
 
-Every command takes --nats-url (default nats://127.0.0.1:4222), --creds,
---tls-ca, --tls-cert, --tls-key and --prefix; "proxyfleet CMD -h" lists all.
+Every command connects as the nats CLI does: --server/-s (or NATS_URL),
+--context (or NATS_CONTEXT, or the selected nats context), --creds, --nkey,
+--user/--password, --tlscert, --tlskey, --tlsca, and takes --prefix. A flag
+wins over its environment variable, which wins over the context, then the
+config file, then the default nats://127.0.0.1:4222. Roles take --log-level
+and --log-format. "proxyfleet CMD --help" tells more.
 `
 
 // exitError carries a process exit code.
@@ -57,16 +60,42 @@ func main() {
 }
 
 func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) error {
+	err := dispatch(ctx, cmd, args, stdout, stderr)
+	if errors.Is(err, errHelp) {
+		return nil
+	}
+	return err
+}
+
+func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer) error {
 	switch cmd {
 	case "serve":
-		return serve(ctx, args, stderr)
+		return serve(ctx, args, stdout, stderr)
 	case "setup":
 		return setup(ctx, args, stdout, stderr)
 	case "worker":
-		return runWorker(ctx, args, stderr)
+		return runWorker(ctx, args, stdout, stderr)
 	case "health":
-		return runHealth(ctx, args, stderr)
+		return runHealth(ctx, args, stdout, stderr)
+	case "dead":
+		if len(args) > 0 {
+			if v, ok := findVerb("dead " + args[0]); ok {
+				return runVerb(ctx, v, args[1:], stdout, stderr)
+			}
+		}
+		fs := newFlags("dead", stderr)
+		if err := parseFlags(fs, args, stdout); err != nil {
+			return err
+		}
+		return usageError(fs)
+	case "version":
+		return version(args, stdout, stderr)
+	case "completion":
+		return completion(args, stdout, stderr)
 	case "help", "-h", "--help":
+		if len(args) > 0 {
+			return dispatch(ctx, args[0], append(args[1:len(args):len(args)], "--help"), stdout, stderr)
+		}
 		fmt.Fprint(stdout, usage)
 		return nil
 	default:
@@ -76,14 +105,4 @@ func run(ctx context.Context, cmd string, args []string, stdout, stderr io.Write
 		fmt.Fprintf(stderr, "unknown command %q\n\n%s", cmd, usage)
 		return exitError{2}
 	}
-}
-
-// newLogger logs through tint on a terminal and as JSON otherwise.
-func newLogger(w io.Writer, level slog.Level) *slog.Logger {
-	if f, ok := w.(*os.File); ok {
-		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-			return slog.New(tint.NewTextHandler(w, &tint.Options{Level: level, TimeFormat: time.TimeOnly}))
-		}
-	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
 }

@@ -2,10 +2,7 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -24,98 +21,6 @@ import (
 	"proxyfleet/sim"
 	"proxyfleet/worker"
 )
-
-const defaultNATSURL = "nats://127.0.0.1:4222"
-
-// natsFlags are the connection flags every command takes.
-type natsFlags struct {
-	url, creds, ca, cert, key, prefix string
-}
-
-func (n *natsFlags) register(fs *flag.FlagSet, defURL string) {
-	fs.StringVar(&n.url, "nats-url", defURL, "NATS server URL(s), comma-separated")
-	fs.StringVar(&n.creds, "creds", "", "NATS credentials file")
-	fs.StringVar(&n.ca, "tls-ca", "", "CA bundle to verify the NATS server")
-	fs.StringVar(&n.cert, "tls-cert", "", "client certificate for NATS")
-	fs.StringVar(&n.key, "tls-key", "", "client key for NATS")
-	fs.StringVar(&n.prefix, "prefix", "", "subject prefix (default from config, or \"proxy\")")
-}
-
-// merge fills flags left empty from the config file.
-func (n *natsFlags) merge(c *config.Config) {
-	if c == nil {
-		return
-	}
-	if n.url == "" {
-		n.url = c.NATS.URL
-	}
-	if n.creds == "" {
-		n.creds = c.NATS.Creds
-	}
-	if n.ca == "" {
-		n.ca = c.NATS.TLS.CA
-	}
-	if n.cert == "" {
-		n.cert = c.NATS.TLS.Cert
-	}
-	if n.key == "" {
-		n.key = c.NATS.TLS.Key
-	}
-	if n.prefix == "" {
-		n.prefix = c.NATS.Prefix
-	}
-}
-
-// connect connects with the given inbox prefix: each role subscribes to
-// replies under its own (see deploy/nats/accounts.conf).
-func (n *natsFlags) connect(name, inbox string, log *slog.Logger) (*nats.Conn, error) {
-	opts := []nats.Option{
-		nats.Name(name),
-		nats.CustomInboxPrefix(inbox),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250 * time.Millisecond),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil && log != nil {
-				log.Warn("nats disconnected", "err", err)
-			}
-		}),
-		nats.ReconnectHandler(func(c *nats.Conn) {
-			if log != nil {
-				log.Info("nats reconnected", "url", c.ConnectedUrl())
-			}
-		}),
-	}
-	if n.creds != "" {
-		opts = append(opts, nats.UserCredentials(n.creds))
-	}
-	if n.ca != "" || n.cert != "" {
-		tc := &tls.Config{MinVersion: tls.VersionTLS12}
-		if n.ca != "" {
-			pem, err := os.ReadFile(n.ca)
-			if err != nil {
-				return nil, fmt.Errorf("read tls ca: %w", err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("tls ca %s: no certificates", n.ca)
-			}
-			tc.RootCAs = pool
-		}
-		if n.cert != "" {
-			cert, err := tls.LoadX509KeyPair(n.cert, n.key)
-			if err != nil {
-				return nil, fmt.Errorf("load tls cert: %w", err)
-			}
-			tc.Certificates = []tls.Certificate{cert}
-		}
-		opts = append(opts, nats.Secure(tc))
-	}
-	nc, err := nats.Connect(n.url, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("connect to nats at %s: %w", n.url, err)
-	}
-	return nc, nil
-}
 
 // loadConfig reads the config, or returns the defaults when path is empty
 // and a default is acceptable.
@@ -241,29 +146,35 @@ func workerComponent(nc *nats.Conn, c *config.Config, id string, log *slog.Logge
 	}}, nil
 }
 
-func runWorker(ctx context.Context, args []string, stderr io.Writer) error {
-	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var nf natsFlags
-	nf.register(fs, "")
-	cfgPath := fs.String("config", "", "config file (YAML)")
+func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("worker", stderr)
+	var (
+		nf natsFlags
+		lf logFlags
+	)
+	nf.register(fs)
+	lf.register(fs)
+	cfgPath := fs.String("config", "", "config file (YAML); required")
 	id := fs.String("id", "", "this worker's id, stable and readable (default hostname-pid)")
-	debug := fs.Bool("debug", false, "log at debug level")
-	if err := fs.Parse(args); err != nil {
-		return exitError{2}
+	if err := parseFlags(fs, args, stdout); err != nil {
+		return err
 	}
 	if err := checkID(*id); err != nil {
 		return err
 	}
-	log := newLogger(stderr, level(*debug)).With("role", "worker", "pid", os.Getpid())
+	log, err := lf.logger(stderr)
+	if err != nil {
+		return err
+	}
+	log = log.With("role", "worker", "pid", os.Getpid())
 	c, err := loadConfig(*cfgPath)
 	if err != nil {
 		return err
 	}
-	nf.merge(c)
-	if nf.url == "" {
-		nf.url = defaultNATSURL
+	if err := nf.resolve(c); err != nil {
+		return err
 	}
+	nf.ensureURL()
 	nc, err := nf.connect("proxyfleet-worker", inboxWorker, log)
 	if err != nil {
 		return err
@@ -282,13 +193,6 @@ func checkID(id string) error {
 		return fmt.Errorf("--id %q: want letters, digits, '.', '_' and '-', starting with a letter or digit", id)
 	}
 	return nil
-}
-
-func level(debug bool) slog.Level {
-	if debug {
-		return slog.LevelDebug
-	}
-	return slog.LevelInfo
 }
 
 // embedded runs the in-process nats-server of `serve`.
@@ -320,6 +224,9 @@ func embedded(listen, dataDir string, log *slog.Logger) (*server.Server, error) 
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats-server: %w", err)
 	}
+	// Its warnings and errors go to our log (NoLog only stops it
+	// configuring a logger of its own).
+	s.SetLogger(natsLog{log.With("component", "nats-server")}, false, false)
 	go s.Start()
 	if !s.ReadyForConnections(15 * time.Second) {
 		s.Shutdown()

@@ -26,8 +26,8 @@ import (
 // the health consumer, each role on its own connection. Each is a
 // component (see runAll): when one fails, the others stop and serve
 // returns its error.
-func serve(ctx context.Context, args []string, stderr io.Writer) error {
-	return serveWith(ctx, args, stderr, serveHooks{})
+func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return serveWith(ctx, args, stdout, stderr, serveHooks{})
 }
 
 // serveHooks let a test reach into serve.
@@ -36,32 +36,40 @@ type serveHooks struct {
 	embedded func(*server.Server)
 }
 
-func serveWith(ctx context.Context, args []string, stderr io.Writer, hooks serveHooks) error {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var nf natsFlags
-	nf.register(fs, "")
-	cfgPath := fs.String("config", "", "config file (YAML)")
+func serveWith(ctx context.Context, args []string, stdout, stderr io.Writer, hooks serveHooks) error {
+	fs := newFlags("serve", stderr)
+	var (
+		nf natsFlags
+		lf logFlags
+	)
+	nf.register(fs)
+	lf.register(fs)
+	cfgPath := fs.String("config", "", "config file (YAML); required")
 	dataDir := fs.String("data-dir", "./data", "JetStream store of the embedded server")
 	listen := fs.String("listen", "127.0.0.1:4222", "client address of the embedded server")
 	httpAddr := fs.String("http", "", "health HTTP address (default from config, 127.0.0.1:8080)")
-	repair := fs.Bool("repair", false, "run set-up at start and recreate deleted streams and buckets while serving (default: on with the embedded server; with --nats-url it needs an admin credential)")
+	repair := fs.Bool("repair", false, "run set-up at start and recreate deleted streams and buckets while serving (default: on with the embedded server; with --server it needs an admin credential)")
 	id := fs.String("id", "", "the worker's id, stable and readable (default hostname-pid)")
-	debug := fs.Bool("debug", false, "log at debug level")
-	if err := fs.Parse(args); err != nil {
-		return exitError{2}
+	if err := parseFlags(fs, args, stdout); err != nil {
+		return err
 	}
 	if err := checkID(*id); err != nil {
 		return err
 	}
 	repairSet := false
 	fs.Visit(func(f *flag.Flag) { repairSet = repairSet || f.Name == "repair" })
-	log := newLogger(stderr, level(*debug)).With("pid", os.Getpid())
+	log, err := lf.logger(stderr)
+	if err != nil {
+		return err
+	}
+	log = log.With("pid", os.Getpid())
 	c, err := loadConfig(*cfgPath)
 	if err != nil {
 		return err
 	}
-	nf.merge(c)
+	if err := nf.resolve(c); err != nil {
+		return err
+	}
 	if *httpAddr != "" {
 		c.Health.HTTP = *httpAddr
 	}
@@ -168,31 +176,36 @@ func healthConfig(c *config.Config, log *slog.Logger) health.Config {
 }
 
 // runHealth runs the health role alone.
-func runHealth(ctx context.Context, args []string, stderr io.Writer) error {
-	fs := flag.NewFlagSet("health", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var nf natsFlags
-	nf.register(fs, "")
+func runHealth(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("health", stderr)
+	var (
+		nf natsFlags
+		lf logFlags
+	)
+	nf.register(fs)
+	lf.register(fs)
 	cfgPath := fs.String("config", "", "config file (YAML); optional")
 	httpAddr := fs.String("http", "", "HTTP address (default from config, 127.0.0.1:8080)")
-	debug := fs.Bool("debug", false, "log at debug level")
-	if err := fs.Parse(args); err != nil {
-		return exitError{2}
+	if err := parseFlags(fs, args, stdout); err != nil {
+		return err
 	}
-	log := newLogger(stderr, level(*debug)).With("role", "health", "pid", os.Getpid())
+	log, err := lf.logger(stderr)
+	if err != nil {
+		return err
+	}
+	log = log.With("role", "health", "pid", os.Getpid())
 	c := &config.Config{Hosts: []config.Host{{Name: "none", Driver: "sim", Sim: config.Sim{Dir: "/nonexistent"}}}}
 	if *cfgPath != "" {
-		var err error
 		if c, err = config.Load(*cfgPath); err != nil {
 			return err
 		}
 	} else {
 		c.SetDefaults()
 	}
-	nf.merge(c)
-	if nf.url == "" {
-		nf.url = defaultNATSURL
+	if err := nf.resolve(c); err != nil {
+		return err
 	}
+	nf.ensureURL()
 	if *httpAddr != "" {
 		c.Health.HTTP = *httpAddr
 	}

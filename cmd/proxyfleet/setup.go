@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -35,35 +34,43 @@ func topology(c *config.Config) worker.Topology {
 // what it changed; with --repair it then keeps recreating what is deleted
 // until stopped. It needs an admin credential.
 func setup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("setup", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var nf natsFlags
-	nf.register(fs, "")
+	fs := newFlags("setup", stderr)
+	var (
+		nf natsFlags
+		lf logFlags
+	)
+	nf.register(fs)
+	lf.register(fs)
 	cfgPath := fs.String("config", "", "config file (YAML), for the prefix, replicas, max ages and windows; optional")
 	repair := fs.Bool("repair", false, "after set-up, keep checking every --interval and recreate any stream or bucket that was deleted, until stopped")
 	interval := fs.Duration("interval", 0, "with --repair, time between checks (default: the config's nats.repair_interval, 5s)")
 	timeout := fs.Duration("timeout", 30*time.Second, "give up on set-up after this long")
-	debug := fs.Bool("debug", false, "log at debug level")
-	if err := fs.Parse(args); err != nil || fs.NArg() > 0 {
-		return exitError{2}
+	if err := parseFlags(fs, args, stdout); err != nil {
+		return err
 	}
+	if fs.NArg() > 0 {
+		return usageError(fs)
+	}
+	log, err := lf.logger(stderr)
+	if err != nil {
+		return err
+	}
+	log = log.With("role", "setup", "pid", os.Getpid())
 	c := &config.Config{}
 	if *cfgPath != "" {
-		var err error
 		if c, err = config.Load(*cfgPath); err != nil {
 			return err
 		}
 	} else {
 		c.SetDefaults()
 	}
-	nf.merge(c)
-	if nf.url == "" {
-		nf.url = defaultNATSURL
+	if err := nf.resolve(c); err != nil {
+		return err
 	}
+	nf.ensureURL()
 	if *interval > 0 {
 		c.NATS.RepairInterval = *interval
 	}
-	log := newLogger(stderr, level(*debug)).With("role", "setup", "pid", os.Getpid())
 	nc, err := nf.connect("proxyfleet-setup", inboxAdmin, log)
 	if err != nil {
 		return err

@@ -10,15 +10,26 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"proxyfleet/client"
+	"proxyfleet/config"
 )
 
 // verb is one of the client verbs: the name it is called by, whether it
-// takes a proxy ID, and a fresh command to hold one run's flags.
+// takes a proxy ID, what its --timeout means, and a fresh command to hold
+// one run's flags.
 type verb struct {
-	name string
-	id   bool // takes exactly one proxy ID
-	new  func() command
+	name       string
+	id         bool // takes exactly one proxy ID
+	optionalID bool // takes at most one (the command checks the rest)
+	timeout    string
+	new        func() command
 }
+
+// The --timeout texts: each says what the verb does with it.
+const (
+	timeoutSend  = "give up after this long (default 10m with --wait, 10s otherwise)"
+	timeoutRead  = "give up after this long (default 10s)"
+	timeoutWatch = "stop watching after this long (default: never)"
+)
 
 // command is one run of a verb: its own flags (their help is its help) and
 // what it does with them. runVerb adds the flags every verb shares.
@@ -33,13 +44,15 @@ type command interface {
 
 // verbs are the client verbs, dispatched by run.
 var verbs = []verb{
-	{name: "create", id: true, new: func() command { return &createCmd{labels: labelFlags{}} }},
-	{name: "delete", id: true, new: func() command { return &deleteCmd{} }},
-	{name: "get", id: true, new: func() command { return &getCmd{} }},
-	{name: "list", new: func() command { return &listCmd{} }},
-	{name: "watch", new: func() command { return &watchCmd{} }},
-	{name: "rotation", new: func() command { return &rotationCmd{} }},
-	{name: "hosts", new: func() command { return &hostsCmd{} }},
+	{name: "create", id: true, timeout: timeoutSend, new: func() command { return &createCmd{labels: labelFlags{}} }},
+	{name: "delete", id: true, timeout: timeoutSend, new: func() command { return &deleteCmd{} }},
+	{name: "get", id: true, timeout: timeoutRead, new: func() command { return &getCmd{} }},
+	{name: "list", timeout: timeoutRead, new: func() command { return &listCmd{} }},
+	{name: "watch", timeout: timeoutWatch, new: func() command { return &watchCmd{} }},
+	{name: "rotation", timeout: timeoutRead, new: func() command { return &rotationCmd{} }},
+	{name: "hosts", timeout: timeoutRead, new: func() command { return &hostsCmd{} }},
+	{name: "dead ls", timeout: timeoutRead, new: func() command { return &deadLsCmd{} }},
+	{name: "dead replay", optionalID: true, timeout: timeoutSend, new: func() command { return &deadReplayCmd{} }},
 }
 
 // findVerb returns the client verb called name.
@@ -90,19 +103,18 @@ func (in *invocation) output(v any, text func() error) error {
 // usage error exits 2.
 func runVerb(ctx context.Context, v verb, args []string, stdout, stderr io.Writer) error {
 	cmd := v.new()
-	fs := flag.NewFlagSet(v.name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags(v.name, stderr)
 	in := &invocation{stdout: stdout, stderr: stderr}
-	in.nats.register(fs, "")
+	in.nats.register(fs)
 	cfgPath := fs.String("config", "", "config file, for the NATS settings (optional)")
 	fs.BoolVar(&in.asJSON, "json", false, "print JSON")
-	timeout := fs.Duration("timeout", 0, "give up after this long (default: 10m with --wait, 10s otherwise, none for watch)")
+	timeout := fs.Duration("timeout", 0, v.timeout)
 	cmd.flags(fs)
 	var pos []string
 	rest := args
 	for {
-		if err := fs.Parse(rest); err != nil {
-			return exitError{2}
+		if err := parseFlags(fs, rest, stdout); err != nil {
+			return err
 		}
 		if fs.NArg() == 0 {
 			break
@@ -110,23 +122,24 @@ func runVerb(ctx context.Context, v verb, args []string, stdout, stderr io.Write
 		pos = append(pos, fs.Arg(0))
 		rest = fs.Args()[1:]
 	}
-	if v.id && len(pos) != 1 || !v.id && len(pos) != 0 {
-		fmt.Fprintf(stderr, "usage: proxyfleet %s%s [flags]\n", v.name, map[bool]string{true: " ID"}[v.id])
+	switch {
+	case v.id && len(pos) != 1, v.optionalID && len(pos) > 1, !v.id && !v.optionalID && len(pos) != 0:
+		fmt.Fprintf(stderr, "usage: %s\n", usageLine(v.name))
 		return exitError{2}
-	}
-	if v.id {
+	case len(pos) == 1:
 		in.id = pos[0]
 	}
+	var c *config.Config
 	if *cfgPath != "" {
-		c, err := loadConfig(*cfgPath)
-		if err != nil {
+		var err error
+		if c, err = loadConfig(*cfgPath); err != nil {
 			return err
 		}
-		in.nats.merge(c)
 	}
-	if in.nats.url == "" {
-		in.nats.url = defaultNATSURL
+	if err := in.nats.resolve(c); err != nil {
+		return err
 	}
+	in.nats.ensureURL()
 	if *timeout <= 0 {
 		*timeout = cmd.timeout()
 	}

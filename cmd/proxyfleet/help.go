@@ -1,0 +1,185 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+)
+
+// helpText is what `proxyfleet CMD --help` says about a command besides
+// its flags.
+type helpText struct {
+	args     string // the positional arguments, as in the usage line: "ID"
+	summary  string // one line
+	more     string // further paragraphs, optional
+	examples []string
+}
+
+// helps are every command's, by name ("dead ls" for a sub-verb).
+var helps = map[string]helpText{
+	"serve": {
+		args:    "--config F",
+		summary: "run everything in one process: an embedded nats-server (unless a server is named), set-up and its repairer, a worker and the health process",
+		more: "--config is required: it names the hosts. Without --server, NATS_URL or a nats context\n" +
+			"naming a URL, serve runs an embedded nats-server on --listen with its store in --data-dir.",
+		examples: []string{"proxyfleet serve --config proxyfleet.yaml", "proxyfleet serve --config proxyfleet.yaml --server nats://nats:4222 --repair"},
+	},
+	"setup": {
+		summary:  "create or update every stream and bucket to the config (an admin credential); with --repair keep recreating what is deleted",
+		examples: []string{"proxyfleet setup --context admin", "proxyfleet setup --config prod.yaml --repair --interval 5s"},
+	},
+	"worker": {
+		args:     "--config F",
+		summary:  "run the worker role: intake of commands and execution on the configured hosts (--config is required)",
+		examples: []string{"proxyfleet worker --config proxyfleet.yaml --id wk-1", "NATS_CONTEXT=worker proxyfleet worker --config proxyfleet.yaml"},
+	},
+	"health": {
+		summary:  "run the health role: fold state events and probes into the rotation, and serve it over HTTP",
+		examples: []string{"proxyfleet health --config proxyfleet.yaml --http 127.0.0.1:8080"},
+	},
+	"create": {
+		args: "ID", summary: "ask for a proxy named ID (lowercase letters, digits and '-')",
+		more:     "Prints the command's id and sequence; with --wait also its results, and exits 1 if it was rejected or failed.",
+		examples: []string{"proxyfleet create p1", "proxyfleet create p1 --host h1 --label team=a --wait", "proxyfleet create p1 --json"},
+	},
+	"delete": {
+		args: "ID", summary: "ask for the proxy ID to be removed",
+		more:     "With --wait, prints its results and exits 1 if it was rejected or failed.",
+		examples: []string{"proxyfleet delete p1", "proxyfleet delete p1 --wait"},
+	},
+	"get": {
+		args: "ID", summary: "show one proxy: its desired and reported state and its last result (exit 1 if unknown)",
+		examples: []string{"proxyfleet get p1", "proxyfleet get p1 --json"},
+	},
+	"list": {
+		summary:  "list the fleet's proxies",
+		examples: []string{"proxyfleet list", "proxyfleet list --all --json"},
+	},
+	"watch": {
+		summary:  "show state events live, until stopped or --timeout",
+		examples: []string{"proxyfleet watch", "proxyfleet watch --json --timeout 1m"},
+	},
+	"rotation": {
+		summary:  "show the rotation: the proxies clients may use",
+		examples: []string{"proxyfleet rotation", "proxyfleet rotation --http http://127.0.0.1:8080"},
+	},
+	"hosts": {
+		summary:  "show each host's owner, room and state",
+		examples: []string{"proxyfleet hosts", "proxyfleet hosts --json"},
+	},
+	"dead": {
+		args: "ls | replay (ID | --all)", summary: "list or replay the commands that ran out of attempts (PROXY_DEAD; an admin credential)",
+		examples: []string{"proxyfleet dead ls", "proxyfleet dead replay p1"},
+	},
+	"dead ls": {
+		summary:  "list the dead letters: commands that ran out of attempts, with their last error",
+		examples: []string{"proxyfleet dead ls", "proxyfleet dead ls --json"},
+	},
+	"dead replay": {
+		args: "ID | --all", summary: "publish the dead-lettered command of proxy ID (or of every proxy) again, as a new command, and remove its dead letter",
+		more: "A dead letter whose proxy has had a later command is skipped (replaying it would undo that command)\n" +
+			"unless --force is given.",
+		examples: []string{"proxyfleet dead replay p1", "proxyfleet dead replay --all --wait"},
+	},
+	"version": {
+		summary:  "print proxyfleet's version, commit and Go version",
+		examples: []string{"proxyfleet version", "proxyfleet version --json"},
+	},
+	"completion": {
+		args: "bash | zsh", summary: "print a shell completion script",
+		examples: []string{"source <(proxyfleet completion bash)", "proxyfleet completion zsh > \"${fpath[1]}/_proxyfleet\""},
+	},
+}
+
+// newFlags is the flag set of command name, which reports a bad flag on
+// stderr (parseFlags adds the usage line, and prints the full help for -h).
+func newFlags(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {}
+	return fs
+}
+
+// usageError prints the command's usage line on the flag set's output and
+// returns the exit code of a usage error.
+func usageError(fs *flag.FlagSet) error {
+	fmt.Fprintf(fs.Output(), "usage: %s (proxyfleet %s --help for more)\n", usageLine(fs.Name()), fs.Name())
+	return exitError{2}
+}
+
+// errHelp is what parseFlags returns once it has printed the help: the
+// command ends, successfully.
+var errHelp = errors.New("help printed")
+
+// parseFlags parses args: -h or --help prints the help on stdout and
+// returns errHelp; a bad flag has been reported and returns exitError{2}.
+func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) error {
+	err := fs.Parse(args)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, flag.ErrHelp):
+		printHelp(stdout, fs)
+		return errHelp
+	default:
+		return usageError(fs)
+	}
+}
+
+// usageLine is "proxyfleet NAME ARGS [flags]".
+func usageLine(name string) string {
+	line := "proxyfleet " + name
+	if a := helps[name].args; a != "" {
+		line += " " + a
+	}
+	return line + " [flags]"
+}
+
+// printHelp writes the command's usage, summary, examples and flags, the
+// older flag names left out.
+func printHelp(w io.Writer, fs *flag.FlagSet) {
+	h := helps[fs.Name()]
+	fmt.Fprintf(w, "Usage: %s\n\n%s.\n", usageLine(fs.Name()), capitalise(h.summary))
+	if h.more != "" {
+		fmt.Fprintf(w, "\n%s\n", h.more)
+	}
+	if len(h.examples) > 0 {
+		fmt.Fprintf(w, "\nExamples:\n")
+		for _, e := range h.examples {
+			fmt.Fprintf(w, "  %s\n", e)
+		}
+	}
+	n := 0
+	fs.VisitAll(func(f *flag.Flag) {
+		if hiddenFlags[f.Name] {
+			return
+		}
+		if n == 0 {
+			fmt.Fprintf(w, "\nFlags:\n")
+		}
+		n++
+		dash := "--"
+		if len(f.Name) == 1 {
+			dash = "-"
+		}
+		typ, usage := flag.UnquoteUsage(f)
+		line := "  " + dash + f.Name
+		if typ != "" {
+			line += " " + typ
+		}
+		if !slices.Contains([]string{"", "false", "0", "0s", "map[]"}, f.DefValue) {
+			usage += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(w, "%s\n    \t%s\n", line, strings.ReplaceAll(usage, "\n", "\n    \t"))
+	})
+}
+
+func capitalise(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
