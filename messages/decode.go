@@ -70,10 +70,19 @@ func exactKeys(body []byte, v any) error {
 	known := jsonNames(t.Elem())
 	for k := range m {
 		if !known[k] {
-			return fieldErr(k, "unknown field")
+			return unknownField(k)
 		}
 	}
 	return nil
+}
+
+// unknownField names a key the contract does not have; a key with no name
+// is reported against the body, since an empty field says nothing.
+func unknownField(name string) error {
+	if name == "" {
+		return fieldErr("body", `unknown field ""`)
+	}
+	return fieldErr(name, "unknown field")
 }
 
 var namesCache sync.Map // reflect.Type -> map[string]bool
@@ -105,7 +114,7 @@ func jsonFieldErr(err error) error {
 	if name, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
 		// encoding/json has no typed error for this one; the field name is
 		// the quoted rest of its message.
-		return fieldErr(strings.Trim(name, `"`), "unknown field")
+		return unknownField(strings.Trim(name, `"`))
 	}
 	return fieldErr("body", "malformed JSON: %v", err)
 }
