@@ -8,6 +8,7 @@ import (
 	"io"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -111,10 +112,12 @@ func jsonFieldErr(err error) error {
 		return fieldErr(te.Field, "want %s, got JSON %s", te.Type, te.Value)
 	}
 	msg := err.Error()
-	if name, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
+	if q, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
 		// encoding/json has no typed error for this one; the field name is
-		// the quoted rest of its message.
-		return unknownField(strings.Trim(name, `"`))
+		// the rest of its message, quoted with %q.
+		if name, err := strconv.Unquote(q); err == nil {
+			return unknownField(name)
+		}
 	}
 	return fieldErr("body", "malformed JSON: %v", err)
 }

@@ -1,6 +1,7 @@
 package messages
 
 import (
+	"bytes"
 	"encoding/json"
 	"reflect"
 	"strings"
@@ -27,9 +28,7 @@ func FuzzDecodeCommand(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte, sid string) {
 		c, err := DecodeCreate(body, sid)
 		if err != nil {
-			if fe, ok := AsFieldError(err); !ok || fe.Field == "" {
-				t.Fatalf("error without a field: %v", err)
-			}
+			checkFieldError(t, body, err)
 		} else {
 			if !ValidID(sid) || c.ID != sid {
 				t.Fatalf("accepted %+v published with subject id %q", c, sid)
@@ -54,9 +53,7 @@ func FuzzDecodeCommand(f *testing.F) {
 		}
 		d, err := DecodeDelete(body, sid)
 		if err != nil {
-			if fe, ok := AsFieldError(err); !ok || fe.Field == "" {
-				t.Fatalf("delete error without a field: %v", err)
-			}
+			checkFieldError(t, body, err)
 			return
 		}
 		b, err := json.Marshal(d)
@@ -67,6 +64,26 @@ func FuzzDecodeCommand(f *testing.F) {
 			t.Fatalf("delete round trip %s: %+v, %v; want %+v", b, d2, err, d)
 		}
 	})
+}
+
+// checkFieldError: err names a field, and an unknown field is named as the
+// body spells it.
+func checkFieldError(t *testing.T, body []byte, err error) {
+	t.Helper()
+	fe, ok := AsFieldError(err)
+	if !ok || fe.Field == "" {
+		t.Fatalf("error without a field: %v", err)
+	}
+	if fe.Reason != "unknown field" {
+		return
+	}
+	var m map[string]json.RawMessage // the first value: trailing data is found later
+	if err := json.NewDecoder(bytes.NewReader(body)).Decode(&m); err != nil {
+		t.Fatalf("unknown field %q in a body that is no object: %v", fe.Field, err)
+	}
+	if _, ok := m[fe.Field]; !ok {
+		t.Fatalf("unknown field %q is not a key of %s", fe.Field, body)
+	}
 }
 
 // FuzzSubjects: what parses back from a built subject is what went in; a

@@ -33,6 +33,9 @@ func TestDecodeErrorsNameTheField(t *testing.T) {
 		{`{"v":1,"id":"p1","x":1}`, "p1", "x"},
 		{`{"v":1,"ID":"p1"}`, "p1", "ID"},
 		{`{"":0}`, "p1", "body"}, // an unknown key with no name (found by FuzzDecodeCommand)
+		// Unknown keys are named as sent, not as Go quotes them (found by FuzzDecodeCommand).
+		{`{"v":1,"id":"p1","\u007f":1}`, "p1", "\x7f"},
+		{`{"v":1,"id":"p1","a\"b":1}`, "p1", `a"b`},
 		{`{"v":1}`, "p1", "id"},
 		{`{"v":1,"id":"P1"}`, "P1", "id"},
 		{`{"v":1,"id":"-p"}`, "-p", "id"},
