@@ -8,6 +8,14 @@ STATICCHECK_VERSION := v0.8.2
 # Tests that need the test host run against it; everything else runs anywhere.
 TEST_PKGS ?= ./...
 TEST_TIMEOUT ?= 40m
+# `make fuzz`: package:target pairs, each fuzzed for FUZZTIME with FUZZPARALLEL
+# workers (these machines have 2 cores). New inputs are minimized only briefly:
+# the default 60s of minimizing would eat the whole FUZZTIME. The committed
+# corpus is testdata/fuzz/<target>/ beside each package; `go test` runs it.
+FUZZ_TARGETS := messages:FuzzDecodeCommand messages:FuzzSubjects kvm:FuzzDomainXML kvm:FuzzSeed
+FUZZTIME ?= 20s
+FUZZPARALLEL ?= 1
+FUZZMINIMIZETIME ?= 100x
 
 .PHONY: help build run run-sim test test-unit lint bench clean fuzz
 help: ## list the targets
@@ -37,8 +45,12 @@ lint: ## go vet, gofmt and staticcheck
 bench: ## measure commands/s through intake and execution beside raw JetStream publish; writes BENCHMARKS.md
 	$(GO) run ./internal/tools/bench -out BENCHMARKS.md
 
-fuzz: ## fuzz the command decoder for 30s
-	$(GO) test -run XXX -fuzz FuzzDecodeCommand -fuzztime 30s ./messages/
+fuzz: ## fuzz each target for FUZZTIME (20s) from its committed corpus; a crash fails it
+	@set -eo pipefail; for t in $(FUZZ_TARGETS); do \
+		pkg=./$${t%%:*}/ name=$${t#*:}; echo "== $$name ($$pkg, $(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) \
+			-parallel $(FUZZPARALLEL) $$pkg; \
+	done; echo "fuzz: $(words $(FUZZ_TARGETS)) targets, $(FUZZTIME) each, no crash"
 
 clean: ## remove build output and the make-run state
 	rm -rf bin $(RUN_DIR) .run-sim
