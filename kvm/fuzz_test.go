@@ -267,3 +267,56 @@ func yaml11NotString(s string) bool {
 	}
 	return false
 }
+
+// FuzzParseMark: whatever libvirt (or someone else) hands back, parseMark
+// never panics, and a mark it accepts is ours and writes back out to a mark
+// that parses to the same value.
+func FuzzParseMark(f *testing.F) {
+	f.Add(libvirtDumpXML)
+	f.Add(libvirtGetMetadata)
+	for _, h := range hostile {
+		m := testMark("p1")
+		m.CommandID, m.Labels = h, map[string]string{"k": h}
+		if s, err := m.xml(); err == nil {
+			f.Add(s)
+		}
+	}
+	f.Add(`<domain><name>pf-p1</name><metadata><m:mark xmlns:m="https://proxyfleet.dev/xmlns/mark/1"><m:owner>proxyfleet</m:owner><m:id>p1</m:id><m:createdAt>2026-01-02T03:04:05Z</m:createdAt><m:label key="a">x</m:label><m:label key="a">y</m:label></m:mark></metadata></domain>`)
+	f.Add(`<mark><owner>proxyfleet</owner><id>p1</id><createdAt>2026-01-02T03:04:05Z</createdAt><commandId enc="base64"> YQ== </commandId></mark>`)
+	f.Add(`<mark><owner>proxyfleet</owner><id>p1</id><createdAt>2026-01-02T03:04:05.5+01:00</createdAt><host> h </host></mark>`)
+	f.Fuzz(func(t *testing.T, doc string) {
+		m, ok, err := parseMark(doc)
+		if err != nil || !ok {
+			return
+		}
+		if m.Owner != markOwner || !messages.ValidID(m.ID) {
+			t.Fatalf("accepted a mark that is not ours: %#v", m)
+		}
+		s, err := m.xml()
+		if err != nil {
+			// Only a mark whose naming fields are not plain text cannot be
+			// written back; parseMark reads what it is given.
+			for _, v := range append([]string{m.SpecHash, m.Host, m.Image}, labelKeys(m)...) {
+				if !plainText(v) {
+					return
+				}
+			}
+			t.Fatalf("accepted mark %#v does not write back: %v", m, err)
+		}
+		m2, ok, err := parseMark(s)
+		if ok && m2.CreatedAt.Equal(m.CreatedAt) {
+			m2.CreatedAt = m.CreatedAt // one instant; a mark is written in UTC
+		}
+		if err != nil || !ok || !reflect.DeepEqual(m2, m) {
+			t.Fatalf("mark %#v rewritten reads back as %#v, %v, %v\n%s", m, m2, ok, err, s)
+		}
+	})
+}
+
+func labelKeys(m mark) []string {
+	var ks []string
+	for k := range m.Labels {
+		ks = append(ks, k)
+	}
+	return ks
+}
