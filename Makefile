@@ -46,11 +46,7 @@ bench: ## measure commands/s through intake and execution beside raw JetStream p
 	$(GO) run ./internal/tools/bench -out BENCHMARKS.md
 
 fuzz: ## fuzz each target for FUZZTIME (20s) from its committed corpus; a crash fails it
-	@set -eo pipefail; for t in $(FUZZ_TARGETS); do \
-		pkg=./$${t%%:*}/ name=$${t#*:}; echo "== $$name ($$pkg, $(FUZZTIME))"; \
-		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) \
-			-parallel $(FUZZPARALLEL) $$pkg; \
-	done; echo "fuzz: $(words $(FUZZ_TARGETS)) targets, $(FUZZTIME) each, no crash"
+	@FUZZTIME=$(FUZZTIME) FUZZPARALLEL=$(FUZZPARALLEL) FUZZMINIMIZETIME=$(FUZZMINIMIZETIME) bash deploy/fuzz.sh $(FUZZ_TARGETS)
 
 clean: ## remove build output and the make-run state
 	rm -rf bin $(RUN_DIR) .run-sim
