@@ -1,6 +1,8 @@
 package kvm
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"reflect"
 	"strings"
@@ -43,6 +45,10 @@ func FuzzDomainXML(f *testing.F) {
 		f.Add("p1", h, "/k", h, "/pool/"+h, "default", h, "", h, "beelink", "debian-12", "3f2a9c", "team", h, int64(i)*1e15+123456789, i%2 == 0)
 		f.Add("p-"+string(rune('a'+i)), "pfnet", "", "", "/d", h, "", h, "cmd-42", h, h, h, h, "v", int64(-i)*1e15, i%2 == 1)
 	}
+	for _, n := range []string{"pf-base-h1-0123456789abcdef.qcow2", "pf-kernel-h-2-0123456789abcdef", "pf-initrd-h1-0123456789ABCDEF",
+		"pf-base-x-0123456789abcdef-disk.qcow2", "pf-p1-seed.iso", "pf-base-h1-0123456789abcdef.raw.qcow2", "pf-pf-p1"} {
+		f.Add("base-h1-0123456789abcdef", n, "", "", n, "default", "", "", "c", "h1", n, "", "k", "", int64(0), false)
+	}
 	f.Fuzz(func(t *testing.T, id, network, kernel, cmdline, diskPath, pool, consoleLog, cpuMode,
 		commandID, host, image, specHash, labelKey, labelValue string, nanos int64, kvm bool) {
 		p := domainParams{
@@ -80,6 +86,8 @@ func FuzzDomainXML(f *testing.F) {
 			checkDomainReadsBack(t, p, s)
 		}
 
+		checkNames(t, id, host, sha256hex(image), diskPath, network, image)
+
 		v, err := overlayVolumeXML(id, 1<<30, diskPath, "qcow2")
 		if want := !messages.ValidID(id) || diskPath == "" || !xmlTextForTest(diskPath); want != (err != nil) {
 			t.Fatalf("overlayVolumeXML: error %v, want refused %v", err, want)
@@ -94,6 +102,92 @@ func FuzzDomainXML(f *testing.F) {
 			}
 		}
 	})
+}
+
+// checkNames: the names of a proxy's domain and volumes and of a host
+// entry's cached volumes parse back to what built them exactly when the id
+// and host entry are valid; any other string that parses as one of our
+// names is rebuilt from its parts byte for byte (one name, one meaning); a
+// volume name ours reads back from its definition.
+func checkNames(t *testing.T, id, host, sha string, others ...string) {
+	t.Helper()
+	if got, ok := parseDomainName(domainName(id)); ok != messages.ValidID(id) || (ok && got != id) {
+		t.Fatalf("domain name of %q parses as %q, %v", id, got, ok)
+	}
+	for _, c := range []struct {
+		name string
+		kind volumeKind
+	}{{overlayVolumeName(id), kindOverlay}, {seedVolumeName(id), kindSeed}} {
+		v, ok := parseVolumeName(c.name)
+		if ok != messages.ValidID(id) || (ok && v != (volumeName{Kind: c.kind, ID: id})) {
+			t.Fatalf("%s volume name %q of %q parses as %+v, %v", c.kind, c.name, id, v, ok)
+		}
+	}
+	names := others
+	for _, build := range []func() (string, error){
+		func() (string, error) { return baseVolumeName(host, sha, "qcow2") },
+		func() (string, error) { return baseVolumeName(host, sha, "raw") },
+		func() (string, error) { return kernelVolumeName(host, sha) },
+		func() (string, error) { return initrdVolumeName(host, sha) },
+	} {
+		name, err := build()
+		if (err == nil) != messages.ValidID(host) {
+			t.Fatalf("cached volume name for host %q: %q, %v", host, name, err)
+		}
+		if err == nil {
+			v, ok := parseVolumeName(name)
+			if !ok || v.Host != host || v.Digest != sha[:digestLen] {
+				t.Fatalf("cached volume name %q parses as %+v, %v", name, v, ok)
+			}
+			names = append(names, name)
+		}
+	}
+	for _, name := range append(names, domainName(id), overlayVolumeName(id), seedVolumeName(id)) {
+		if got, ok := parseDomainName(name); ok && domainName(got) != name {
+			t.Fatalf("domain name %q parses as %q", name, got)
+		}
+		v, ok := parseVolumeName(name)
+		if !ok {
+			continue
+		}
+		var again string
+		var err error
+		switch v.Kind {
+		case kindOverlay:
+			again = overlayVolumeName(v.ID)
+		case kindSeed:
+			again = seedVolumeName(v.ID)
+		case kindBase:
+			again, err = baseVolumeName(v.Host, v.Digest+strings.Repeat("0", 64-digestLen), v.Format)
+		case kindKernel:
+			again, err = kernelVolumeName(v.Host, v.Digest+strings.Repeat("0", 64-digestLen))
+		case kindInitrd:
+			again, err = initrdVolumeName(v.Host, v.Digest+strings.Repeat("0", 64-digestLen))
+		}
+		if err != nil || again != name {
+			t.Fatalf("volume name %q parses as %+v, which names %q (%v)", name, v, again, err)
+		}
+		if v.Kind == kindOverlay {
+			continue // defined by overlayVolumeXML
+		}
+		format := v.Format
+		if format == "" {
+			format = "raw"
+		}
+		def, err := plainVolumeXML(name, 1, format)
+		if err != nil {
+			t.Fatalf("plainVolumeXML(%q): %v", name, err)
+		}
+		var vol libvirtxml.StorageVolume
+		if err := vol.Unmarshal(def); err != nil || vol.Name != name {
+			t.Fatalf("volume %q reads back as %q, %v", name, vol.Name, err)
+		}
+	}
+}
+
+func sha256hex(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:])
 }
 
 // checkDomainReadsBack: every value of p is in the definition s as it went
