@@ -43,8 +43,9 @@ const (
 const defaultUserData = "#cloud-config\nhostname: \"{{.Hostname}}\"\n"
 
 var (
-	// instanceIDRE bounds what goes into meta-data unquoted: a plain YAML
-	// scalar that cannot open a new key, a comment or a document.
+	// instanceIDRE bounds what goes into meta-data between double quotes:
+	// nothing that needs escaping there, and nothing that could open a new
+	// key, a comment or a document.
 	instanceIDRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?$`)
 	// hostnameRE is an RFC 1123 host name of lowercase labels.
 	hostnameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$`)
