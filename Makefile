@@ -14,6 +14,14 @@ CONTAINER_ENGINE ?= $(shell command -v docker || command -v podman)
 # Tests that need the test host run against it; everything else runs anywhere.
 TEST_PKGS ?= ./...
 TEST_TIMEOUT ?= 40m
+# `make fuzz`: package:target pairs, each fuzzed for FUZZTIME with FUZZPARALLEL
+# workers (these machines have 2 cores). New inputs are minimized only briefly:
+# the default 60s of minimizing would eat the whole FUZZTIME. The committed
+# corpus is testdata/fuzz/<target>/ beside each package; `go test` runs it.
+FUZZ_TARGETS := messages:FuzzDecodeCommand messages:FuzzSubjects kvm:FuzzDomainXML kvm:FuzzParseMark kvm:FuzzSeed
+FUZZTIME ?= 20s
+FUZZPARALLEL ?= 1
+FUZZMINIMIZETIME ?= 100x
 
 .PHONY: help build image run run-sim test test-unit lint bench clean fuzz
 help: ## list the targets
@@ -52,8 +60,8 @@ lint: ## go vet, gofmt and staticcheck
 bench: ## measure commands/s through intake and execution beside raw JetStream publish; writes BENCHMARKS.md
 	$(GO) run ./internal/tools/bench -out BENCHMARKS.md
 
-fuzz: ## fuzz the command decoder for 30s
-	$(GO) test -run XXX -fuzz FuzzDecodeCommand -fuzztime 30s ./messages/
+fuzz: ## fuzz each target for FUZZTIME (20s) from its committed corpus; a crash fails it
+	@FUZZTIME=$(FUZZTIME) FUZZPARALLEL=$(FUZZPARALLEL) FUZZMINIMIZETIME=$(FUZZMINIMIZETIME) bash deploy/fuzz.sh $(FUZZ_TARGETS)
 
 clean: ## remove build output and the make-run state
 	rm -rf bin $(RUN_DIR) .run-sim

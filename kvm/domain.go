@@ -3,6 +3,7 @@ package kvm
 import (
 	"errors"
 	"fmt"
+	"unicode/utf8"
 
 	"libvirt.org/go/libvirtxml"
 )
@@ -92,6 +93,16 @@ func domainXML(p domainParams) (string, error) {
 	}
 	if p.Kernel == "" && (p.Initrd != "" || p.Cmdline != "") {
 		return "", errors.New("domain xml: initrd or cmdline without a kernel")
+	}
+	for _, f := range []struct{ name, v string }{
+		{"network", p.Network}, {"disk path", p.Disk.Path}, {"disk pool", p.Disk.Pool}, {"disk volume", p.Disk.Volume},
+		{"seed path", p.Seed.Path}, {"seed pool", p.Seed.Pool}, {"seed volume", p.Seed.Volume},
+		{"kernel", p.Kernel}, {"initrd", p.Initrd}, {"cmdline", p.Cmdline},
+		{"console log", p.ConsoleLog}, {"cpu mode", p.CPUMode},
+	} {
+		if !xmlText(f.v) {
+			return "", fmt.Errorf("domain xml: %s %q has characters XML cannot carry", f.name, f.v)
+		}
 	}
 	if p.Mark.ID != p.ID {
 		return "", fmt.Errorf("domain xml: mark for %q on proxy %q", p.Mark.ID, p.ID)
@@ -186,6 +197,25 @@ func domainXML(p domainParams) (string, error) {
 	return s, nil
 }
 
+// xmlText reports whether XML 1.0 can carry s: valid UTF-8 of the
+// characters XML allows. encoding/xml escapes tab, CR and LF, so those read
+// back unchanged; anything else outside XML's range it would silently drop
+// or replace with U+FFFD, and the definition would name another network,
+// file or pool than the one configured. Such values are refused.
+func xmlText(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		switch {
+		case r == '\t', r == '\n', r == '\r':
+		case r < 0x20, r >= 0xD800 && r <= 0xDFFF, r == 0xFFFE, r == 0xFFFF:
+			return false
+		}
+	}
+	return true
+}
+
 // cpuFor picks the guest CPU. host-passthrough gives a kvm guest the host's
 // CPU as is, the fastest choice for a proxy that never migrates; under TCG
 // there is no host CPU to pass through, and on the test host asking for it
@@ -219,6 +249,9 @@ func overlayVolumeXML(id string, capacityBytes uint64, basePath, baseFormat stri
 	}
 	if basePath == "" {
 		return "", errors.New("overlay volume xml: no base path")
+	}
+	if !xmlText(basePath) {
+		return "", fmt.Errorf("overlay volume xml: base path %q has characters XML cannot carry", basePath)
 	}
 	if baseFormat != "qcow2" && baseFormat != "raw" {
 		return "", fmt.Errorf("overlay volume xml: base format %q is not qcow2 or raw", baseFormat)

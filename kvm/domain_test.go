@@ -310,3 +310,39 @@ func TestDomain_libvirtSchema(t *testing.T) {
 }
 
 func second[T any](_ T, err error) error { return err }
+
+// Values XML 1.0 cannot carry (control characters, invalid UTF-8, U+FFFE)
+// are refused: encoding/xml would write U+FFFD in their place, and the
+// definition would name another network, file or pool than configured
+// (found by FuzzDomainXML).
+func TestDomain_refusesWhatXMLCannotCarry(t *testing.T) {
+	for name, f := range map[string]func(*domainParams){
+		"network":     func(p *domainParams) { p.Network = "pf\x01net" },
+		"cmdline":     func(p *domainParams) { p.Cmdline = "console=ttyS0\x00" },
+		"disk path":   func(p *domainParams) { p.Disk.Path = "/pool/\xff.qcow2" },
+		"seed pool":   func(p *domainParams) { p.Seed = diskRef{Pool: "pool\ufffe", Volume: "pf-p1-seed.iso"} },
+		"kernel":      func(p *domainParams) { p.Kernel = "/k\x1b" },
+		"initrd":      func(p *domainParams) { p.Initrd = "/i\x7f\x00" },
+		"console log": func(p *domainParams) { p.ConsoleLog = "/log\x02" },
+		"cpu mode":    func(p *domainParams) { p.CPUMode = "host-model\x00" },
+	} {
+		p := testDomainParams()
+		f(&p)
+		if s, err := domainXML(p); err == nil {
+			t.Errorf("%s: accepted, defined as\n%s", name, s)
+		}
+	}
+	if s, err := overlayVolumeXML("p1", 1, "/pool/base\x01.qcow2", "qcow2"); err == nil {
+		t.Errorf("overlay with a control character in its base path: accepted, defined as\n%s", s)
+	}
+	// Tabs, newlines and all other XML characters are escaped and read back.
+	p := testDomainParams()
+	p.Cmdline = "console=ttyS0\tquiet\r\n" + strings.Repeat("é𝄞", 100)
+	s, err := domainXML(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := parseDomain(t, s); d.OS.Cmdline != p.Cmdline {
+		t.Fatalf("cmdline reads back as %q, want %q", d.OS.Cmdline, p.Cmdline)
+	}
+}

@@ -203,14 +203,16 @@ func parseVolumeName(name string) (v volumeName, ok bool) {
 	}
 	// Per-proxy kinds first: their suffixes cannot end a cached name (see
 	// the comment on the name constants), so the order is only for clarity.
+	// The prefix is cut again from what is left without the suffix: in
+	// "pf-seed.iso" the two overlap, and no id is left.
 	if rest, ok := strings.CutSuffix(name, overlaySufx); ok {
-		if id := rest[len(namePrefix):]; messages.ValidID(id) {
+		if id, ok := strings.CutPrefix(rest, namePrefix); ok && messages.ValidID(id) {
 			return volumeName{Kind: kindOverlay, ID: id}, true
 		}
 		return volumeName{}, false
 	}
 	if rest, ok := strings.CutSuffix(name, seedSufx); ok {
-		if id := rest[len(namePrefix):]; messages.ValidID(id) {
+		if id, ok := strings.CutPrefix(rest, namePrefix); ok && messages.ValidID(id) {
 			return volumeName{Kind: kindSeed, ID: id}, true
 		}
 		return volumeName{}, false

@@ -115,6 +115,9 @@ func TestName_notOurs(t *testing.T) {
 		"pf-base-h1-0123456789abcdef.vmdk", "pf-base-h1-0123456789abcde.qcow2", "pf-base-h1-0123456789abcdeg.qcow2",
 		"pf-base-0123456789abcdef.qcow2", "pf-kernel-h1", "pf-kernel--0123456789abcdef",
 		"pf-initrd-h1_0123456789abcdef", "pf-../etc-disk.qcow2", "pf-a/b-seed.iso",
+		// Shorter than the prefix and suffix together: a sweep listing
+		// someone else's volume must not panic (found by FuzzDomainXML).
+		"pf-seed.iso", "pf-disk.qcow2",
 	} {
 		if v, ok := parseVolumeName(n); ok {
 			t.Errorf("volume %q parsed as ours: %+v", n, v)

@@ -37,12 +37,15 @@ const (
 	userDataFile = "user-data"
 )
 
-// defaultUserData is used when Options.UserData is empty.
-const defaultUserData = "#cloud-config\nhostname: {{.Hostname}}\n"
+// defaultUserData is used when Options.UserData is empty. The hostname is
+// quoted: a valid one may look like a YAML bool, null or number ("true",
+// "null", "123", "1.5"), which cloud-init would read as such.
+const defaultUserData = "#cloud-config\nhostname: \"{{.Hostname}}\"\n"
 
 var (
-	// instanceIDRE bounds what goes into meta-data unquoted: a plain YAML
-	// scalar that cannot open a new key, a comment or a document.
+	// instanceIDRE bounds what goes into meta-data between double quotes:
+	// nothing that needs escaping there, and nothing that could open a new
+	// key, a comment or a document.
 	instanceIDRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?$`)
 	// hostnameRE is an RFC 1123 host name of lowercase labels.
 	hostnameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$`)
@@ -53,8 +56,10 @@ var (
 // instanceID should change whenever the proxy is recreated (the proxy id
 // with the spec hash or command id, say): cloud-init runs its per-instance
 // modules again only for a new instance-id. instanceID and hostname are
-// checked, not quoted, so that meta-data stays the simple "key: value" file
-// every NoCloud reader understands.
+// checked, then written double-quoted: the checks leave no character that
+// needs escaping, so meta-data stays the simple "key: value" file every
+// NoCloud reader understands, and the quotes keep a value like "true",
+// "null" or "1.5" a string.
 func seedISO(instanceID, hostname, userData string) ([]byte, error) {
 	if !instanceIDRE.MatchString(instanceID) {
 		return nil, fmt.Errorf("seed: instance id %q: want letters, digits, '.', '_' or '-'", instanceID)
@@ -62,7 +67,7 @@ func seedISO(instanceID, hostname, userData string) ([]byte, error) {
 	if len(hostname) > 253 || !hostnameRE.MatchString(hostname) {
 		return nil, fmt.Errorf("seed: hostname %q is not a lowercase RFC 1123 host name", hostname)
 	}
-	metaData := "instance-id: " + instanceID + "\nlocal-hostname: " + hostname + "\n"
+	metaData := "instance-id: \"" + instanceID + "\"\nlocal-hostname: \"" + hostname + "\"\n"
 
 	// The writer stages files in a temporary directory of its own, which
 	// Cleanup removes.
@@ -97,7 +102,9 @@ type userDataVars struct {
 // defaultUserData. A template that names another field, or does not parse,
 // is an error rather than a seed with "<no value>" in it. The values are
 // not escaped: the id and hostname are restricted to characters that need
-// no quoting in YAML, and the rest of the template is the operator's.
+// no escaping in YAML, and the rest of the template is the operator's. A
+// template should quote them ("{{.ID}}"), as the default one does: bare, a
+// valid id or hostname may read as a bool, null or number.
 func userData(tmpl, id, hostname string) (string, error) {
 	if tmpl == "" {
 		tmpl = defaultUserData

@@ -22,7 +22,7 @@ func TestSeed_readsBack(t *testing.T) {
 		t.Fatalf("image of %d bytes is not whole sectors", len(img))
 	}
 	files := readISO(t, img)
-	if got := files["meta-data"]; got != "instance-id: p1-3f2a9c\nlocal-hostname: pf-p1\n" {
+	if got := files["meta-data"]; got != "instance-id: \"p1-3f2a9c\"\nlocal-hostname: \"pf-p1\"\n" {
 		t.Fatalf("meta-data %q", got)
 	}
 	if got := files["user-data"]; got != ud {
@@ -76,7 +76,7 @@ func TestSeed_rejectsValuesThatWouldBreakMetaData(t *testing.T) {
 
 func TestUserData(t *testing.T) {
 	got, err := userData("", "p1", "pf-p1")
-	if err != nil || got != "#cloud-config\nhostname: pf-p1\n" {
+	if err != nil || got != "#cloud-config\nhostname: \"pf-p1\"\n" {
 		t.Fatalf("default: %q, %v", got, err)
 	}
 	got, err = userData("#cloud-config\nfqdn: {{.Hostname}}.example\nwrite_files:\n  - path: /etc/proxy-id\n    content: {{.ID}}\n", "p1", "pf-p1")
@@ -127,4 +127,28 @@ func readISO(t *testing.T, img []byte) map[string]string {
 		out[k.Name()] = string(b)
 	}
 	return out
+}
+
+// A valid proxy id or host name can look like a YAML bool, null or number
+// ("true", "null", "123", "1.5", "yes", "012"); meta-data and the default
+// user-data must still give cloud-init the string, not true or 123, or the
+// guest gets no hostname or another one (found by FuzzSeed).
+func TestSeed_valuesReadBackAsStrings(t *testing.T) {
+	for _, v := range []string{"true", "null", "123", "1.5", "yes", "off", "012", "0x1f", "1e5"} {
+		img, err := seedISO(v, v, "")
+		if err != nil {
+			t.Fatalf("%q: %v", v, err)
+		}
+		md := readISO(t, img)["meta-data"]
+		if got := yamlStrings(t, md); got["instance-id"] != v || got["local-hostname"] != v {
+			t.Errorf("%q: meta-data reads as %q:\n%s", v, got, md)
+		}
+		ud, err := userData("", "p1", v)
+		if err != nil {
+			t.Fatalf("%q: %v", v, err)
+		}
+		if got := yamlStrings(t, ud); got["hostname"] != v {
+			t.Errorf("%q: default user-data reads as %q:\n%s", v, got, ud)
+		}
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -70,10 +71,19 @@ func exactKeys(body []byte, v any) error {
 	known := jsonNames(t.Elem())
 	for k := range m {
 		if !known[k] {
-			return fieldErr(k, "unknown field")
+			return unknownField(k)
 		}
 	}
 	return nil
+}
+
+// unknownField names a key the contract does not have; a key with no name
+// is reported against the body, since an empty field says nothing.
+func unknownField(name string) error {
+	if name == "" {
+		return fieldErr("body", `unknown field ""`)
+	}
+	return fieldErr(name, "unknown field")
 }
 
 var namesCache sync.Map // reflect.Type -> map[string]bool
@@ -102,10 +112,12 @@ func jsonFieldErr(err error) error {
 		return fieldErr(te.Field, "want %s, got JSON %s", te.Type, te.Value)
 	}
 	msg := err.Error()
-	if name, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
+	if q, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
 		// encoding/json has no typed error for this one; the field name is
-		// the quoted rest of its message.
-		return fieldErr(strings.Trim(name, `"`), "unknown field")
+		// the rest of its message, quoted with %q.
+		if name, err := strconv.Unquote(q); err == nil {
+			return unknownField(name)
+		}
 	}
 	return fieldErr("body", "malformed JSON: %v", err)
 }
