@@ -50,12 +50,16 @@ func TestClusterLosesANodeAndAWorker(t *testing.T) {
 	bin := buildBinary(t)
 	cl := natstest.StartCluster(t, 3)
 	dir := t.TempDir()
-	// A failed run says what each process warned of.
+	// A failed run says what each process warned of (and leaves its
+	// logs and sim hosts in $PROXYFLEET_KEEP_FAILED when that is set).
 	t.Cleanup(func() {
 		if !t.Failed() {
 			return
 		}
 		logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+		if keep := os.Getenv("PROXYFLEET_KEEP_FAILED"); keep != "" {
+			_ = os.CopyFS(keep, os.DirFS(dir))
+		}
 		for _, l := range logs {
 			if sum := logSummary(l); sum != "" {
 				t.Logf("%s: %s", filepath.Base(l), sum)

@@ -613,7 +613,7 @@ func fullPool(t *testing.T, pool, size string) string {
 		}
 		return nil
 	}
-	removeStalePool(t, pool, inLibvirtd)
+	removeStalePool(t, pool, "/var/lib/proxyfleet-testhost/fault-pool-", inLibvirtd)
 	if err := os.MkdirAll("/var/lib/proxyfleet-testhost", 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -643,13 +643,14 @@ func fullPool(t *testing.T, pool, size string) string {
 	return dir
 }
 
-// removeStalePool takes away a pool of this test's own name that a run
+// removeStalePool takes away a pool of a test's own name that a run
 // stopped mid-test left behind (a killed `go test` runs no clean-up, and
-// libvirtd keeps a transient pool while it runs): the pool, the tmpfs
-// under it and its directory. Without this the next run fails at once
-// with "pool 'pftest-full' already exists". The name is the test's own, so
-// nothing else is touched.
-func removeStalePool(t *testing.T, pool string, inLibvirtd func(args ...string) error) {
+// libvirtd keeps a transient pool while it runs, across its own restarts):
+// the pool, then a tmpfs under it (inLibvirtd unmounts, when not nil) and
+// its directory when that is under dirPrefix. Without this the next run
+// fails at once with "pool 'pftest-full' already exists". The names are
+// the tests' own, so nothing else is touched.
+func removeStalePool(t *testing.T, pool, dirPrefix string, inLibvirtd func(args ...string) error) {
 	t.Helper()
 	out, err := exec.Command("virsh", "-c", "qemu:///system", "pool-dumpxml", pool).Output()
 	if err != nil {
@@ -665,9 +666,11 @@ func removeStalePool(t *testing.T, pool string, inLibvirtd func(args ...string) 
 	}
 	t.Logf("pool %s left by an earlier run at %s: removing it first", pool, def.Target.Path)
 	virsh(t, "pool-destroy", pool)
-	if dir := def.Target.Path; strings.HasPrefix(dir, "/var/lib/proxyfleet-testhost/fault-pool-") {
-		_ = inLibvirtd("umount", dir) // gone already if libvirtd restarted since
-		if err := os.Remove(dir); err != nil && !os.IsNotExist(err) {
+	if dir := def.Target.Path; strings.HasPrefix(dir, dirPrefix) {
+		if inLibvirtd != nil {
+			_ = inLibvirtd("umount", dir) // gone already if libvirtd restarted since
+		}
+		if err := os.RemoveAll(dir); err != nil {
 			t.Logf("remove the leftover pool's directory %s: %v", dir, err)
 		}
 	}

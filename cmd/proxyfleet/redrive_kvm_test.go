@@ -136,6 +136,7 @@ func TestRedriveAndSweepsOnTheTestHost(t *testing.T) {
 // its proxies' clean-up, which the test registers later).
 func privatePool(t *testing.T, name string) (pool, dir string) {
 	t.Helper()
+	removeStalePool(t, name, "/var/lib/proxyfleet-testhost/redrive-pool-", nil)
 	if err := os.MkdirAll("/var/lib/proxyfleet-testhost", 0o755); err != nil {
 		t.Fatal(err)
 	}
