@@ -44,7 +44,7 @@ func newMetrics() *metrics {
 		}, []string{"class"}),
 		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "proxyfleet_work_in_flight",
-			Help: "Work items of a host delivered to this worker and not yet ended (waiting for a slot, a lock or a quarantine, or running).",
+			Help: "Work items of a host delivered to this worker and not yet ended (waiting for a slot, a lock or a quarantine, or running); observation ticks not included.",
 		}, []string{"host"}),
 		sweeps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_sweeps_total",

@@ -125,6 +125,10 @@ func (w *Worker) start(ctx context.Context) error {
 			jetstream.PullPriorityGroup(PriorityGroup))
 		c.host = h
 		c.pool.inFlight = w.metrics.inFlight.WithLabelValues(h)
+		c.pool.isTick = func(m jetstream.Msg) bool {
+			_, id, err := w.subj.ParseWork(m.Subject())
+			return err == nil && id == observeToken
+		}
 		hostRuns[h] = c
 		w.runs = append(w.runs, c)
 	}
