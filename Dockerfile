@@ -20,7 +20,7 @@ ARG COMMIT=unknown
 # Static (no cgo), reproducible paths, no test-only code (no build tags:
 # the kill points of the crash tests are not in it).
 RUN CGO_ENABLED=0 GOOS=linux go build -trimpath -buildvcs=false \
-      -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" \
+      -ldflags "-s -w -X main.buildVersion=${VERSION} -X main.buildCommit=${COMMIT}" \
       -o /out/proxyfleet ./cmd/proxyfleet
 
 # distroless static: CA certificates, tzdata, /etc/passwd with nonroot

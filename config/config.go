@@ -176,6 +176,10 @@ type Worker struct {
 	// proxy's with no domain, a cached image's no configured image names)
 	// before the host's observation pass removes it.
 	SweepGrace time.Duration `yaml:"sweep_grace"`
+	// HTTP is where `proxyfleet worker` serves /metrics, /healthz and
+	// /readyz (host:port; overridden by --http). Empty: no listener.
+	// `serve` serves them on health.http instead.
+	HTTP string `yaml:"http"`
 }
 
 // Health tunes the health consumer.

@@ -173,6 +173,11 @@ func (c *Config) Validate() error {
 	if _, _, err := net.SplitHostPort(c.Health.HTTP); err != nil {
 		return bad("health.http", "%v", err)
 	}
+	if c.Worker.HTTP != "" {
+		if _, _, err := net.SplitHostPort(c.Worker.HTTP); err != nil {
+			return bad("worker.http", "%v", err)
+		}
+	}
 	if c.Health.Concurrency < 1 || c.Health.Concurrency > 4096 {
 		return bad("health.concurrency", "%d is out of range [1, 4096]", c.Health.Concurrency)
 	}

@@ -187,7 +187,7 @@ func TestDockerfile(t *testing.T) {
 		t.Fatal("build stage has no name for COPY --from")
 	}
 	run, out := buildRun(t, build)
-	for _, want := range []string{"CGO_ENABLED=0", "-trimpath", "-X main.version=${VERSION}", "-X main.commit=${COMMIT}", "./cmd/proxyfleet"} {
+	for _, want := range []string{"CGO_ENABLED=0", "-trimpath", "-X main.buildVersion=${VERSION}", "-X main.buildCommit=${COMMIT}", "./cmd/proxyfleet"} {
 		if !strings.Contains(run, want) {
 			t.Errorf("build RUN lacks %q: %s", want, run)
 		}

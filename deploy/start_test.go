@@ -1,10 +1,5 @@
-//go:build deploystart
-
 // The tests of this file start the roles as the shipped systemd units and
-// Kubernetes manifests do. They need worker --http (i9-metrics) and the
-// NATS_USER/NATS_PASSWORD environment (i9-cli9): once both are merged,
-// delete the build line above so that `make test` runs them (about 30s,
-// most of it building the binary once).
+// Kubernetes manifests do (about 30s, most of it building the binary once).
 
 package deploy_test
 

@@ -125,11 +125,12 @@
 // publish is retried after reading the bucket again. It serves
 // GET /rotation (503 until caught up; this process's fold, whose version
 // is the last one it knows was published; header X-Proxyfleet-Lease says
-// holder or standby), /healthz (503 until caught up, while a stream or
-// bucket it needs is gone, or while publishing or reading the lease
-// fails), /metrics (rotation size, churn, probe outcomes by result, a
-// probe latency histogram, the lease holder flag, consumer repairs) and
-// /probe.
+// holder or standby), /healthz (liveness: 200 while it serves), /readyz
+// (503 until caught up, while a stream or bucket it needs is gone, or
+// while publishing or reading the lease fails), /metrics (client_golang's
+// exposition of Config.Registry: rotation size, churn, probe outcomes by
+// result, a probe latency histogram, the lease holder flag, consumer
+// repairs) and /probe. No metric is registered globally.
 //
 // Events are decoded leniently about unknown fields (a newer worker may add
 // some) and strictly about the version and the id against the subject's.
@@ -140,7 +141,7 @@
 // (proxyfleet setup, which serve runs on its embedded server) does. Run
 // binds PROXY_EVENTS, PROXY_ROTATION and PROXY_LEASES if they are there;
 // each one missing is logged at error level (and again every minute while
-// it stays missing), named by /healthz and counted in
+// it stays missing), named by /readyz and counted in
 // proxyfleet_health_topology_missing, and a keeper goroutine binds them
 // once they are back. Only a setting that disagrees with what exists (a
 // lease longer than the leases bucket's TTL) keeps Run from starting.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"proxyfleet/messages"
 )
@@ -30,7 +31,8 @@ const NoHTTP = "-"
 // WithDefaults).
 type Config struct {
 	Subjects messages.Subjects
-	// HTTPAddr is the listen address of /rotation, /healthz and /metrics;
+	// HTTPAddr is the listen address of /rotation, /healthz, /readyz and
+	// /metrics;
 	// a port of 0 picks a free one (see Health.Addr). Empty: DefaultHTTPAddr;
 	// NoHTTP: none.
 	HTTPAddr string
@@ -95,6 +97,15 @@ type Config struct {
 	LeaseTTL time.Duration
 	// Instance names this process in the lease (default host-pid-random).
 	Instance string
+
+	// Registry is where the process registers its metrics and what
+	// /metrics serves (the process's registry: cmd/proxyfleet adds the Go,
+	// process and build collectors and the worker's metrics); nil: a
+	// registry of this process's own. Nothing is registered globally.
+	Registry *prometheus.Registry
+	// ReadyCheck, if set, must also return nil for /readyz to answer 200
+	// (serve adds its worker's readiness).
+	ReadyCheck func() error
 }
 
 // DefaultLeaseTTL is Config.LeaseTTL's default.
@@ -208,6 +219,10 @@ type Health struct {
 	pubGen     uint64 // generation of the fold last published
 	gen        uint64 // generation of the fold: grows on every change once caught up
 	probeStats probeStats
+	// probeLatency is the histogram of probe durations; registry what
+	// /metrics serves.
+	probeLatency prometheus.Histogram
+	registry     *prometheus.Registry
 }
 
 // New returns a health process on js. Call Run to run it.
@@ -249,6 +264,9 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 		check:      make(chan struct{}, 1),
 		missing:    make(map[string]*missingSince),
 		probeStats: newProbeStats(),
+
+		probeLatency: newProbeLatency(),
+		registry:     cfg.Registry,
 	}
 	h.prober = cfg.Prober
 	if h.prober == nil && cfg.Target != "" {
@@ -267,6 +285,12 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 	}
 	if h.probing() {
 		h.fold.Rise, h.fold.Fall = cfg.Rise, cfg.Fall
+	}
+	if h.registry == nil {
+		h.registry = prometheus.NewRegistry()
+	}
+	if err := h.registry.Register(collector{h}); err != nil {
+		return nil, fmt.Errorf("health: register metrics: %w", err)
 	}
 	return h, nil
 }

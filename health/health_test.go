@@ -287,8 +287,8 @@ func TestRotationFollowsEvents(t *testing.T) {
 	if first.V != 1 || first.Version == 0 || first.Version > 10 || first.Proxies == nil {
 		t.Fatalf("first snapshot = %+v, want v1, a version from the lease, proxies []", first)
 	}
-	if code, body := get(t, "http://"+h.Addr()+"/healthz"); code != 200 || body != "ok\n" {
-		t.Fatalf("GET /healthz = %d %q", code, body)
+	if code, body := get(t, "http://"+h.Addr()+"/readyz"); code != 200 || body != "ok\n" {
+		t.Fatalf("GET /readyz = %d %q", code, body)
 	}
 
 	// One event at a time, each folded before the next is published: the
@@ -391,8 +391,8 @@ func TestLateStartRebuildsTheSameRotation(t *testing.T) {
 	if !reflect.DeepEqual(rot1.Proxies, rot2.Proxies) {
 		t.Fatalf("late process rotation differs:\n%+v\n%+v", rot1.Proxies, rot2.Proxies)
 	}
-	if code, _ := get(t, "http://"+h2.Addr()+"/healthz"); code != 200 {
-		t.Fatalf("late process /healthz = %d", code)
+	if code, _ := get(t, "http://"+h2.Addr()+"/readyz"); code != 200 {
+		t.Fatalf("late process /readyz = %d", code)
 	}
 	// Both keep following.
 	r.publish(event("p00", 3, messages.StateDeleted, ""))
@@ -523,10 +523,14 @@ func TestNotReadyBeforeCatchUp(t *testing.T) {
 	}
 	ts := httptest.NewServer(h.Handler())
 	defer ts.Close()
-	for _, path := range []string{"/healthz", "/rotation"} {
+	for _, path := range []string{"/readyz", "/rotation"} {
 		if code, _ := get(t, ts.URL+path); code != http.StatusServiceUnavailable {
 			t.Errorf("GET %s before Start = %d, want 503", path, code)
 		}
+	}
+	// Alive all the same: a liveness probe must not restart it.
+	if code, body := get(t, ts.URL+"/healthz"); code != 200 || body != "ok\n" {
+		t.Errorf("GET /healthz before Start = %d %q, want 200 ok", code, body)
 	}
 	code, body := get(t, ts.URL+"/metrics")
 	if code != 200 || !strings.Contains(body, "proxyfleet_health_caught_up 0\n") {
@@ -566,13 +570,13 @@ func TestPublishFailureShowsAndRecovers(t *testing.T) {
 	r.publish(event("p1", 1, messages.StateRunning, "198.18.100.1"))
 	r.waitBucket(map[string]string{"p1": "198.18.100.1:3128"})
 
-	// The bucket vanishes: publishing fails, /healthz says so.
+	// The bucket vanishes: publishing fails, /readyz says so.
 	if err := r.js.DeleteKeyValue(ctx, messages.BucketRotation); err != nil {
 		t.Fatal(err)
 	}
 	r.publish(event("p2", 1, messages.StateRunning, "198.18.100.2"))
-	waitFor(t, "/healthz to fail", func() bool {
-		code, body := get(t, "http://"+h.Addr()+"/healthz")
+	waitFor(t, "/readyz to fail", func() bool {
+		code, body := get(t, "http://"+h.Addr()+"/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(body, messages.BucketRotation)
 	})
 	if h.Metrics().PublishErrors == 0 {
@@ -586,8 +590,8 @@ func TestPublishFailureShowsAndRecovers(t *testing.T) {
 	want := map[string]string{"p1": "198.18.100.1:3128", "p2": "198.18.100.2:3128"}
 	r.waitBucket(want)
 	r.waitSnapshot(want)
-	waitFor(t, "/healthz to recover", func() bool {
-		code, _ := get(t, "http://"+h.Addr()+"/healthz")
+	waitFor(t, "/readyz to recover", func() bool {
+		code, _ := get(t, "http://"+h.Addr()+"/readyz")
 		return code == http.StatusOK
 	})
 	checkVersionsIncrease(t, r.snapshots())

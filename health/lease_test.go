@@ -262,8 +262,8 @@ func TestTakeover(t *testing.T) {
 			if h2.Holder() || h2.Metrics().Published != 0 || h2.Metrics().Takeovers != 0 {
 				t.Fatalf("the standby published: %+v", h2.Metrics())
 			}
-			if code, _ := get(t, "http://"+h2.Addr()+"/healthz"); code != 200 {
-				t.Fatalf("standby /healthz = %d", code)
+			if code, _ := get(t, "http://"+h2.Addr()+"/readyz"); code != 200 {
+				t.Fatalf("standby /readyz = %d", code)
 			}
 			if p.count("198.18.100.1:3128") == 0 {
 				t.Fatal("nobody probes")

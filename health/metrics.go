@@ -1,6 +1,10 @@
 package health
 
-import "time"
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics are the health process's counters.
 type Metrics struct {
@@ -26,26 +30,19 @@ type Metrics struct {
 	Targets         int               // proxies being probed
 	Probes          map[string]uint64 // probe outcomes by result (ResultOK, ...)
 	ProbesIgnored   uint64            // results that came too late to count
-	// ProbeLatency is a histogram of probe durations: cumulative counts
-	// for each bound of ProbeBuckets, then +Inf.
-	ProbeLatency      []uint64
-	ProbeLatencySum   time.Duration
-	ProbeLatencyCount uint64
 }
 
-// ProbeBuckets are the upper bounds of the probe latency histogram.
+// ProbeBuckets are the upper bounds of the probe latency histogram
+// (proxyfleet_probe_duration_seconds).
 var ProbeBuckets = []time.Duration{
 	5 * time.Millisecond, 10 * time.Millisecond, 25 * time.Millisecond, 50 * time.Millisecond,
 	100 * time.Millisecond, 250 * time.Millisecond, 500 * time.Millisecond,
 	time.Second, 2500 * time.Millisecond, 5 * time.Second, 10 * time.Second,
 }
 
-// probeStats counts probe outcomes and latencies.
+// probeStats counts probe outcomes by result.
 type probeStats struct {
 	results map[string]uint64
-	buckets []uint64 // not cumulative; len(ProbeBuckets)+1
-	sum     time.Duration
-	count   uint64
 }
 
 func newProbeStats() probeStats {
@@ -53,18 +50,20 @@ func newProbeStats() probeStats {
 	for _, k := range probeResults {
 		r[k] = 0
 	}
-	return probeStats{results: r, buckets: make([]uint64, len(ProbeBuckets)+1)}
+	return probeStats{results: r}
 }
 
-func (s *probeStats) add(result string, d time.Duration) {
-	s.results[result]++
-	i := 0
-	for i < len(ProbeBuckets) && d > ProbeBuckets[i] {
-		i++
+func (s *probeStats) add(result string) { s.results[result]++ }
+
+// newProbeLatency is the histogram of probe durations.
+func newProbeLatency() prometheus.Histogram {
+	b := make([]float64, len(ProbeBuckets))
+	for i, d := range ProbeBuckets {
+		b[i] = d.Seconds()
 	}
-	s.buckets[i]++
-	s.sum += d
-	s.count++
+	return prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "proxyfleet_probe_duration_seconds", Help: "Probe durations.", Buckets: b,
+	})
 }
 
 // Metrics returns the counters.
@@ -73,36 +72,109 @@ func (h *Health) Metrics() Metrics {
 	defer h.mu.Unlock()
 	st := h.fold.Stats()
 	m := Metrics{
-		RotationSize:      h.fold.Len(),
-		InGrace:           h.fold.GraceLen(),
-		RotationVersion:   h.version,
-		Changes:           st.Changes,
-		Entries:           st.Entries,
-		Exits:             st.Exits,
-		Events:            st.Events + h.undecodable,
-		Ignored:           st.Ignored + h.undecodable,
-		Published:         h.publishCount,
-		PublishErrors:     h.publishErrors,
-		CaughtUp:          h.caughtUp,
-		Holder:            h.holder,
-		Takeovers:         h.takeovers,
-		ConsumerRepairs:   h.repairs,
-		Missing:           len(h.missing),
-		Probing:           h.prober != nil,
-		Targets:           len(h.fold.Targets()),
-		Probes:            make(map[string]uint64, len(h.probeStats.results)),
-		ProbesIgnored:     st.ProbesIgnored,
-		ProbeLatency:      make([]uint64, len(h.probeStats.buckets)),
-		ProbeLatencySum:   h.probeStats.sum,
-		ProbeLatencyCount: h.probeStats.count,
+		RotationSize:    h.fold.Len(),
+		InGrace:         h.fold.GraceLen(),
+		RotationVersion: h.version,
+		Changes:         st.Changes,
+		Entries:         st.Entries,
+		Exits:           st.Exits,
+		Events:          st.Events + h.undecodable,
+		Ignored:         st.Ignored + h.undecodable,
+		Published:       h.publishCount,
+		PublishErrors:   h.publishErrors,
+		CaughtUp:        h.caughtUp,
+		Holder:          h.holder,
+		Takeovers:       h.takeovers,
+		ConsumerRepairs: h.repairs,
+		Missing:         len(h.missing),
+		Probing:         h.prober != nil,
+		Targets:         len(h.fold.Targets()),
+		Probes:          make(map[string]uint64, len(h.probeStats.results)),
+		ProbesIgnored:   st.ProbesIgnored,
 	}
 	for k, v := range h.probeStats.results {
 		m.Probes[k] = v
 	}
-	var cum uint64
-	for i, n := range h.probeStats.buckets {
-		cum += n
-		m.ProbeLatency[i] = cum
-	}
 	return m
+}
+
+// collector exports Metrics when scraped, and the probe histogram. One
+// Health registers one on its registry (Config.Registry).
+type collector struct{ h *Health }
+
+type metricDesc struct {
+	desc  *prometheus.Desc
+	typ   prometheus.ValueType
+	value func(Metrics) float64
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+var (
+	healthDescs = []metricDesc{
+		{prometheus.NewDesc("proxyfleet_rotation_size", "Proxies in the rotation.", nil, nil), prometheus.GaugeValue,
+			func(m Metrics) float64 { return float64(m.RotationSize) }},
+		{prometheus.NewDesc("proxyfleet_rotation_in_grace", "Proxies in the rotation kept on grace after reporting provisioning.", nil, nil), prometheus.GaugeValue,
+			func(m Metrics) float64 { return float64(m.InGrace) }},
+		{prometheus.NewDesc("proxyfleet_rotation_version", "Version of the last rotation snapshot known to be published.", nil, nil), prometheus.GaugeValue,
+			func(m Metrics) float64 { return float64(m.RotationVersion) }},
+		{prometheus.NewDesc("proxyfleet_rotation_changes_total", "Changes of the rotation folded from events, probes and grace expiries.", nil, nil), prometheus.CounterValue,
+			func(m Metrics) float64 { return float64(m.Changes) }},
+		{prometheus.NewDesc("proxyfleet_rotation_entries_total", "Proxies that entered the rotation (those loaded at start included).", nil, nil), prometheus.CounterValue,
+			func(m Metrics) float64 { return float64(m.Entries) }},
+		{prometheus.NewDesc("proxyfleet_rotation_exits_total", "Proxies that left the rotation.", nil, nil), prometheus.CounterValue,
+			func(m Metrics) float64 { return float64(m.Exits) }},
+		{prometheus.NewDesc("proxyfleet_events_total", "State events received.", nil, nil), prometheus.CounterValue,
+			func(m Metrics) float64 { return float64(m.Events) }},
+		{prometheus.NewDesc("proxyfleet_events_ignored_total", "State events ignored: stale, duplicate or not understood.", nil, nil), prometheus.CounterValue,
+			func(m Metrics) float64 { return float64(m.Ignored) }},
+		{prometheus.NewDesc("proxyfleet_rotation_published_total", "Snapshots this process published.", nil, nil), prometheus.CounterValue,
+			func(m Metrics) float64 { return float64(m.Published) }},
+		{prometheus.NewDesc("proxyfleet_rotation_publish_errors_total", "Failed attempts to publish the rotation.", nil, nil), prometheus.CounterValue,
+			func(m Metrics) float64 { return float64(m.PublishErrors) }},
+		{prometheus.NewDesc("proxyfleet_health_caught_up", "1 once the initial events are folded.", nil, nil), prometheus.GaugeValue,
+			func(m Metrics) float64 { return b2f(m.CaughtUp) }},
+		{prometheus.NewDesc("proxyfleet_health_lease_holder", "1 while this process holds the lease and publishes.", nil, nil), prometheus.GaugeValue,
+			func(m Metrics) float64 { return b2f(m.Holder) }},
+		{prometheus.NewDesc("proxyfleet_health_lease_takeovers_total", "Times this process took the lease.", nil, nil), prometheus.CounterValue,
+			func(m Metrics) float64 { return float64(m.Takeovers) }},
+		{prometheus.NewDesc("proxyfleet_health_consumer_repairs_total", "Consumers of PROXY_EVENTS made anew: the last one was deleted, lost events, or its stream was created anew.", nil, nil), prometheus.CounterValue,
+			func(m Metrics) float64 { return float64(m.ConsumerRepairs) }},
+		{prometheus.NewDesc("proxyfleet_health_topology_missing", "Streams and buckets this process needs that were gone at its last look.", nil, nil), prometheus.GaugeValue,
+			func(m Metrics) float64 { return float64(m.Missing) }},
+		{prometheus.NewDesc("proxyfleet_health_probing", "1 if proxies are probed, 0 if the rotation follows events only.", nil, nil), prometheus.GaugeValue,
+			func(m Metrics) float64 { return b2f(m.Probing) }},
+		{prometheus.NewDesc("proxyfleet_probe_targets", "Proxies being probed.", nil, nil), prometheus.GaugeValue,
+			func(m Metrics) float64 { return float64(m.Targets) }},
+		{prometheus.NewDesc("proxyfleet_probe_results_ignored_total", "Probe results that came too late to count (address changed, proxy deleted).", nil, nil), prometheus.CounterValue,
+			func(m Metrics) float64 { return float64(m.ProbesIgnored) }},
+	}
+	descProbes = prometheus.NewDesc("proxyfleet_probes_total", "Probes by result.", []string{"result"}, nil)
+	descReady  = prometheus.NewDesc("proxyfleet_health_ready", "1 while the health process is ready (as /readyz): caught up, publishing or standing by, its streams and buckets there.", nil, nil)
+)
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range healthDescs {
+		ch <- d.desc
+	}
+	ch <- descProbes
+	ch <- descReady
+	c.h.probeLatency.Describe(ch)
+}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	m := c.h.Metrics()
+	for _, d := range healthDescs {
+		ch <- prometheus.MustNewConstMetric(d.desc, d.typ, d.value(m))
+	}
+	for r, n := range m.Probes {
+		ch <- prometheus.MustNewConstMetric(descProbes, prometheus.CounterValue, float64(n), r)
+	}
+	ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, b2f(c.h.Ready() == nil))
+	c.h.probeLatency.Collect(ch)
 }

@@ -1,27 +1,49 @@
 package health
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
-func TestWriteMetricsFormat(t *testing.T) {
-	s := newProbeStats()
-	s.add(ResultOK, 3*time.Millisecond)
-	s.add(ResultTimeout, 2*time.Second)
-	m := Metrics{RotationSize: 2, Holder: true, Probing: true, Probes: s.results, ProbeLatency: make([]uint64, len(s.buckets)), ProbeLatencySum: s.sum, ProbeLatencyCount: s.count}
-	var cum uint64
-	for i, n := range s.buckets {
-		cum += n
-		m.ProbeLatency[i] = cum
+// The collector exports the counters and the probe histogram in the text
+// format Prometheus parses.
+func TestMetricsFormat(t *testing.T) {
+	h := &Health{fold: NewFold(0, time.Now), probeStats: newProbeStats(), probeLatency: newProbeLatency(), holder: true}
+	h.cfg.Prober = ProberFunc(nil)
+	h.prober = h.cfg.Prober
+	for _, p := range []struct {
+		r string
+		d time.Duration
+	}{{ResultOK, 3 * time.Millisecond}, {ResultTimeout, 2 * time.Second}} {
+		h.probeStats.add(p.r)
+		h.probeLatency.Observe(p.d.Seconds())
 	}
-	var b strings.Builder
-	writeMetrics(&b, m)
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(collector{h}); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	enc := expfmt.NewEncoder(&b, expfmt.NewFormat(expfmt.TypeTextPlain))
+	for _, mf := range mfs {
+		if err := enc.Encode(mf); err != nil {
+			t.Fatal(err)
+		}
+	}
 	out := b.String()
 	for _, line := range []string{
-		"proxyfleet_rotation_size 2",
+		"proxyfleet_rotation_size 0",
 		"proxyfleet_health_lease_holder 1",
+		"proxyfleet_health_probing 1",
 		`proxyfleet_probes_total{result="ok"} 1`,
 		`proxyfleet_probes_total{result="timeout"} 1`,
 		`proxyfleet_probes_total{result="panic"} 0`,
@@ -35,5 +57,9 @@ func TestWriteMetricsFormat(t *testing.T) {
 		if !strings.Contains(out, line+"\n") {
 			t.Errorf("metrics lack %q:\n%s", line, out)
 		}
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	if _, err := p.TextToMetricFamilies(strings.NewReader(out)); err != nil {
+		t.Fatalf("parse: %v", err)
 	}
 }

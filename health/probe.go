@@ -261,7 +261,8 @@ func (h *Health) probeLoop(ctx context.Context) {
 		}
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		h.probeStats.add(o.Result, o.Latency)
+		h.probeStats.add(o.Result)
+		h.probeLatency.Observe(o.Latency.Seconds())
 		if h.fold.ApplyProbe(o.ProbeResult) {
 			h.changedLocked()
 			in := h.fold.InRotation(o.ID)

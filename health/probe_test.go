@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 )
 
 func targets(n int) []Target {
@@ -116,10 +118,22 @@ func TestProbeRoundStops(t *testing.T) {
 
 func TestProbeStatsHistogram(t *testing.T) {
 	s := newProbeStats()
-	s.add(ResultOK, 3*time.Millisecond)
-	s.add(ResultOK, 7*time.Millisecond)
-	s.add(ResultTimeout, time.Minute)
-	if s.buckets[0] != 1 || s.buckets[1] != 1 || s.buckets[len(ProbeBuckets)] != 1 || s.count != 3 || s.results[ResultOK] != 2 || s.results[ResultTimeout] != 1 {
-		t.Fatalf("stats %+v", s)
+	lat := newProbeLatency()
+	for _, p := range []struct {
+		r string
+		d time.Duration
+	}{{ResultOK, 3 * time.Millisecond}, {ResultOK, 7 * time.Millisecond}, {ResultTimeout, time.Minute}} {
+		s.add(p.r)
+		lat.Observe(p.d.Seconds())
+	}
+	var m dto.Metric
+	if err := lat.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	b := m.GetHistogram().GetBucket()
+	if len(b) != len(ProbeBuckets) || b[0].GetCumulativeCount() != 1 || b[1].GetCumulativeCount() != 2 ||
+		b[len(b)-1].GetCumulativeCount() != 2 || m.GetHistogram().GetSampleCount() != 3 ||
+		s.results[ResultOK] != 2 || s.results[ResultTimeout] != 1 {
+		t.Fatalf("stats %+v, histogram %v", s, m.GetHistogram())
 	}
 }

@@ -245,8 +245,8 @@ func TestRecreatedStreamIsFollowed(t *testing.T) {
 	poll.Until(t, "an error-level log that the stream is gone", repairBound, func() bool {
 		return errs.has(messages.StreamEvents, "gone")
 	})
-	waitFor(t, "/healthz to name the missing stream", func() bool {
-		code, body := get(t, "http://"+h.Addr()+"/healthz")
+	waitFor(t, "/readyz to name the missing stream", func() bool {
+		code, body := get(t, "http://"+h.Addr()+"/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(body, messages.StreamEvents)
 	})
 	if rot, _ := h.Rotation(); !maps.Equal(addrs(rot.Proxies), want) {
@@ -270,8 +270,8 @@ func TestRecreatedStreamIsFollowed(t *testing.T) {
 	if metric(t, h, repairsMetric) < 1 {
 		t.Errorf("no consumer repair counted")
 	}
-	waitFor(t, "/healthz to recover", func() bool {
-		code, _ := get(t, "http://"+h.Addr()+"/healthz")
+	waitFor(t, "/readyz to recover", func() bool {
+		code, _ := get(t, "http://"+h.Addr()+"/readyz")
 		return code == http.StatusOK
 	})
 }
@@ -321,9 +321,9 @@ func TestStartWaitsForTheTopology(t *testing.T) {
 	for _, name := range []string{messages.StreamEvents, messages.BucketRotation, messages.BucketLeases} {
 		poll.Until(t, "an error-level log naming "+name, repairBound, func() bool { return errs.has(name) })
 	}
-	code, body := get(t, "http://"+h.Addr()+"/healthz")
+	code, body := get(t, "http://"+h.Addr()+"/readyz")
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, messages.StreamEvents) {
-		t.Fatalf("GET /healthz while waiting = %d %q, want 503 naming %s", code, body, messages.StreamEvents)
+		t.Fatalf("GET /readyz while waiting = %d %q, want 503 naming %s", code, body, messages.StreamEvents)
 	}
 
 	r := &rig{t: t, srv: srv, nc: nc, js: js}
@@ -340,8 +340,8 @@ func TestStartWaitsForTheTopology(t *testing.T) {
 	}
 	r.publish(event("p1", 1, messages.StateRunning, "198.18.100.1"))
 	r.waitBucket(map[string]string{"p1": "198.18.100.1:3128"})
-	waitFor(t, "/healthz ok", func() bool {
-		code, _ := get(t, "http://"+h.Addr()+"/healthz")
+	waitFor(t, "/readyz ok", func() bool {
+		code, _ := get(t, "http://"+h.Addr()+"/readyz")
 		return code == http.StatusOK
 	})
 }

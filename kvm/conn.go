@@ -28,13 +28,18 @@ type conn struct {
 	mu     sync.Mutex
 	reason error
 	kill   func() // closes the transport; run once, outside any lock
+
+	obs     Observer    // hears the conn's death
+	live    atomic.Bool // it opened: its death is heard, not a failed dial's
+	closing atomic.Bool // closed politely: the end it causes is no death
 }
 
-func newConn(host string, t net.Conn) *conn {
+func newConn(host string, t net.Conn, obs Observer) *conn {
 	return &conn{
 		host: host,
 		dead: make(chan struct{}),
 		kill: func() { _ = t.Close() },
+		obs:  obs,
 	}
 }
 
@@ -64,6 +69,9 @@ func (c *conn) markDead(reason error) bool {
 	kill := c.kill
 	c.mu.Unlock()
 	kill()
+	if c.live.Load() && !c.closing.Load() && !errors.Is(reason, ErrLinkClosed) {
+		c.obs.Death(reason)
+	}
 	return true
 }
 
@@ -131,6 +139,7 @@ func (k *Link) connect(parent context.Context) (*conn, error) {
 	defer cancel()
 	t, err := k.dial(ctx)
 	if err != nil {
+		k.cfg.Observer.Dial(err)
 		return nil, Classify(fmt.Errorf("connect %s: %w", k.name, err))
 	}
 	var transportDone <-chan struct{}
@@ -141,9 +150,9 @@ func (k *Link) connect(parent context.Context) (*conn, error) {
 	}); ok {
 		transportDone, transportErr = sc.Done(), sc.Err
 	}
-	c := newConn(k.name, t)
+	c := newConn(k.name, t, k.cfg.Observer)
 	gate := make(chan struct{})
-	c.l = libvirt.NewWithDialer(&onceDialer{t: &gatedConn{Conn: t, gate: gate}})
+	c.l = libvirt.NewWithDialer(&onceDialer{t: &gatedConn{Conn: timeRPCs(t, k.cfg.Observer), gate: gate}})
 	opened := make(chan error, 1)
 	k.wg.Add(1) // we are counted, so this Add cannot race a Wait at zero
 	go func() {
@@ -162,8 +171,11 @@ func (k *Link) connect(parent context.Context) (*conn, error) {
 		// Killing the transport also ends a ConnectToURI still
 		// waiting; it is counted and need not be waited for here.
 		c.markDead(err)
+		k.cfg.Observer.Dial(err)
 		return nil, Classify(fmt.Errorf("connect %s: open %s: %w", k.name, k.cfg.URI, err))
 	}
+	c.live.Store(true)
+	k.cfg.Observer.Dial(nil)
 	// Read go-libvirt's channel here, after ConnectToURI has set it.
 	disconnected := c.l.Disconnected()
 	k.wg.Add(1)
@@ -186,6 +198,7 @@ func (k *Link) closeConn(c *conn, budget time.Duration) error {
 	if c.isDead() {
 		return nil
 	}
+	c.closing.Store(true) // the watcher may see the end before we mark it
 	done := make(chan error, 1)
 	k.wg.Add(1) // callers are counted or hold the only reference after closed
 	go func() {

@@ -22,7 +22,14 @@
 // (the volumes nothing uses); mark.go, names.go,
 // domain.go, seed.go (what it writes on the host); image.go (the cache and
 // its single flight), imagemark.go, imageupload.go, imagesource.go (the
-// base image cache); classify.go (the errors).
+// base image cache); classify.go (the errors); observe.go (the Observer).
+//
+// Options.Observer (or LinkConfig.Observer) hears, for metrics, every
+// remote procedure call by name and duration (read from the transport's
+// packet headers, matched by serial; the bytes are never changed), each
+// dial, the death of an open link (a polite close is none), each budget
+// overrun and the bytes of images uploaded. The package imports no metrics
+// library: cmd/proxyfleet implements the Observer with Prometheus.
 //
 // # Links
 //

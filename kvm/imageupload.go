@@ -77,7 +77,7 @@ func (c *imageCache) upload(ctx context.Context, a artifact, log *slog.Logger) e
 
 	cr := &countingReader{
 		r: io.LimitReader(src, src.size), closer: src, h: sha256.New(),
-		report: c.reporter(a, src.size, start, log),
+		report: c.reporter(a, src.size, start, log), obs: c.link.cfg.Observer,
 	}
 	cr.report(0, false)
 	var uploadErr atomic.Pointer[error] // libvirt's answer, when the source failed too
@@ -264,11 +264,13 @@ type countingReader struct {
 	h      hash.Hash
 	n      atomic.Int64
 	report func(done int64, final bool)
+	obs    Observer // hears the bytes read
 }
 
 func (r *countingReader) Read(p []byte) (int, error) {
 	n, err := r.r.Read(p)
 	if n > 0 {
+		r.obs.ImageBytes(int64(n))
 		r.h.Write(p[:n])
 		r.report(r.n.Add(int64(n)), false)
 	}

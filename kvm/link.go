@@ -37,6 +37,9 @@ type LinkConfig struct {
 	// Dial opens the transport to the host's libvirt socket; nil means
 	// DialSSH with SSH. It must return once ctx is done.
 	Dial func(ctx context.Context) (net.Conn, error)
+	// Observer hears the link's calls, dials, deaths and overruns; nil:
+	// nothing hears them.
+	Observer Observer
 }
 
 // maxRedialWait is the wait used when the policy says backoff.Stop.
@@ -110,6 +113,9 @@ func NewLink(cfg LinkConfig) (*Link, error) {
 	cfg.SSH = cfg.SSH.withDefaults()
 	if cfg.URI == "" {
 		cfg.URI = DefaultURI
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = nopObserver{}
 	}
 	if cfg.Dial == nil {
 		var missing []string
@@ -219,6 +225,7 @@ func (k *Link) call(ctx context.Context, budget time.Duration, fn func(l *libvir
 		timer.Stop()
 		return k.deadResult(c, done)
 	case <-timer.C:
+		k.cfg.Observer.Overrun()
 		c.markDead(overrun(budget))
 		return c.deadErr()
 	case <-ctx.Done():
@@ -242,6 +249,7 @@ func (k *Link) watchAbandoned(c *conn, done <-chan error, timer *time.Timer, bud
 		_ = k.result(c, err)
 	case <-c.dead:
 	case <-timer.C:
+		k.cfg.Observer.Overrun()
 		c.markDead(overrun(budget))
 	}
 }

@@ -179,6 +179,10 @@ type Options struct {
 	Link *LinkConfig
 	// Hooks run at named points of a create (tests stage crashes there).
 	Hooks Hooks
+	// Observer hears the links' calls, dials, deaths and overruns and
+	// the image bytes uploaded, for metrics; nil: nothing hears them.
+	// It is given to Link too when Link has none.
+	Observer Observer
 }
 
 // Hooks are called at named points of Create. A hook that returns an error
@@ -204,6 +208,9 @@ func (o Options) WithDefaults() Options {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.Observer == nil {
+		o.Observer = nopObserver{}
 	}
 	return o
 }

@@ -70,6 +70,9 @@ func New(opts Options) (*Provider, error) {
 	if opts.Link != nil {
 		lc = *opts.Link
 	}
+	if lc.Observer == nil {
+		lc.Observer = opts.Observer
+	}
 	link, err := NewLink(lc)
 	if err != nil {
 		return nil, fmt.Errorf("kvm provider %s: %w", opts.Host.Name, err)

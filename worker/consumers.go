@@ -316,6 +316,7 @@ func (c *consumerRun) check(ctx context.Context) {
 		return
 	}
 	w.stats.repairs.Add(1)
+	w.metrics.repairs.Inc()
 	attrs := []any{"repairs", w.stats.repairs.Load()}
 	if !c.missing.IsZero() {
 		attrs = append(attrs, "stream_missing_for", w.now().Sub(c.missing).Round(time.Millisecond))

@@ -316,6 +316,7 @@ func (e *executor) retryOrFail(ctx context.Context, msg jetstream.Msg, meta *jet
 			w.cfg.OnRetry(RetryInfo{Host: e.host, ID: id, Attempt: attempt, Delay: delay, Err: cause})
 		}
 		w.stats.retries.Add(1)
+		w.metrics.retries.WithLabelValues(string(class), "work").Inc()
 		_ = msg.NakWithDelay(delay)
 		return
 	}

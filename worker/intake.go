@@ -304,6 +304,7 @@ func (in *intake) retry(ctx context.Context, msg jetstream.Msg, meta *jetstream.
 	}
 	d := w.cfg.Backoff.Delay(attempt)
 	w.log.Warn("intake: retrying", "subject", msg.Subject(), "attempt", attempt, "delay", d, "err", cause)
+	w.metrics.retries.WithLabelValues(string(classOf(cause)), "intake").Inc()
 	_ = msg.NakWithDelay(d)
 }
 
@@ -335,6 +336,7 @@ func (w *Worker) publishResult(ctx context.Context, r messages.Result) error {
 	if err != nil {
 		return fmt.Errorf("publish result of %s: %w", r.ID, err)
 	}
+	w.metrics.commands.WithLabelValues(opLabel(r.Op), r.Outcome).Inc()
 	return nil
 }
 
@@ -354,6 +356,7 @@ func (w *Worker) deadLetter(ctx context.Context, id, cmdID, op string, seq uint6
 		w.log.Error("publish dead letter", "id", id, "err", err)
 	}
 	w.stats.dead.Add(1)
+	w.metrics.dead.WithLabelValues(string(classOf(cause))).Inc()
 	if err := w.publishResult(ctx, messages.Result{ID: id, CommandID: cmdID, Op: op, Outcome: messages.OutcomeFailed,
 		Reason: fmt.Sprintf("gave up after %d attempts: %v", attempts, cause), Class: string(classOf(cause))}); err != nil {
 		w.log.Error("publish failed result", "id", id, "err", err)

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -39,6 +40,8 @@ type membership struct {
 	shared  []string             // the ids they were shared over
 	idle    map[string]idleOwner // by host not its own: since when its owner has not pulled it
 	twin    time.Time            // when a record of this id from another process was last logged
+
+	viewedOnce atomic.Bool // viewed, for readers outside the run loop (Ready)
 }
 
 // idleOwner is a host's assigned worker, seen not pulling it since since.
@@ -149,6 +152,7 @@ func (m *membership) refresh(ctx, watchCtx context.Context) {
 		return
 	}
 	m.recs, m.viewed = recs, true
+	m.viewedOnce.Store(true)
 }
 
 // readAll reads every record directly: the subjects of the bucket's

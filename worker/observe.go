@@ -100,6 +100,7 @@ func (e *executor) observe(ctx context.Context) error {
 	}
 	swept := 0
 	if listErr == nil {
+		w.metrics.sweeps.WithLabelValues("domains").Inc()
 		swept = e.sweep(ctx, insts)
 		swept += e.sweepVolumes(ctx)
 		e.reconcileRoom(ctx, insts)
@@ -170,6 +171,7 @@ func (e *executor) sweepOne(ctx context.Context, id string) (bool, error) {
 		return false, err
 	}
 	w.stats.swept.Add(1)
+	w.metrics.swept.WithLabelValues("domain").Inc()
 	w.log.Info("swept an orphan", "host", e.host, "id", id, "desired", d.Op, "desired_host", d.Host)
 	return true, nil
 }

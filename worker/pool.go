@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // pool runs handle for every message of a consumer, at most n at once,
@@ -19,6 +20,10 @@ type pool struct {
 	log   *slog.Logger
 	tick  time.Duration
 	fence *fence // abandons in-flight work when cut off from NATS; nil: none
+	// inFlight, if set, counts the messages submitted and not yet ended,
+	// but for those isTick says are observation ticks.
+	inFlight prometheus.Gauge
+	isTick   func(jetstream.Msg) bool
 }
 
 // newPool ticks InProgress every quarter of ackWait (see fence for why a
@@ -36,10 +41,17 @@ func newPool(n int, ackWait time.Duration, log *slog.Logger, f *fence) *pool {
 // counts as in flight.
 func (p *pool) submit(ctx context.Context, msg jetstream.Msg, handle func(context.Context, jetstream.Msg)) {
 	ctx, release := p.fence.bind(ctx)
+	counted := p.inFlight != nil && (p.isTick == nil || !p.isTick(msg))
+	if counted {
+		p.inFlight.Inc()
+	}
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
 		defer release()
+		if counted {
+			defer p.inFlight.Dec()
+		}
 		stop := keepInProgress(msg, p.tick)
 		defer stop()
 		select {

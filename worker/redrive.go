@@ -73,6 +73,7 @@ func (e *executor) redrive(ctx context.Context, d *messages.Desired) (bool, erro
 		return false, fmt.Errorf("re-drive %s: dispatch: %w", d.ID, err)
 	}
 	w.stats.redriven.Add(1)
+	w.metrics.redrives.Inc()
 	w.log.Warn("domain gone behind our back: re-creating it", "host", e.host, "id", d.ID, "command_id", d.CommandID)
 	ev := messages.StateEvent{ID: d.ID, Host: e.host, CommandID: d.CommandID, State: messages.StateProvisioning, Reason: reasonRedrive}
 	if _, err := w.events.Publish(ctx, ev); err != nil {
@@ -106,6 +107,7 @@ func (e *executor) sweepVolumes(ctx context.Context) int {
 	if !e.volumesSweptAt.CompareAndSwap(last, now) {
 		return 0 // another pass of this host is at it
 	}
+	w.metrics.sweeps.WithLabelValues("volumes").Inc()
 	removed, err := s.SweepVolumes(ctx, w.cfg.SweepGrace, e.claimVolumes)
 	for _, name := range removed {
 		w.log.Info("swept an unused volume", "host", e.host, "volume", name)
@@ -114,6 +116,7 @@ func (e *executor) sweepVolumes(ctx context.Context) int {
 		w.log.Warn("volume sweep", "host", e.host, "err", err)
 	}
 	w.stats.volumesSwept.Add(int64(len(removed)))
+	w.metrics.swept.WithLabelValues("volume").Add(float64(len(removed)))
 	return len(removed)
 }
 

@@ -124,6 +124,11 @@ func (w *Worker) start(ctx context.Context) error {
 		c := w.newRun(runCtx, messages.StreamWork, w.cfg.Topology.workConsumer(h), w.cfg.Concurrency, ex.handle,
 			jetstream.PullPriorityGroup(PriorityGroup))
 		c.host = h
+		c.pool.inFlight = w.metrics.inFlight.WithLabelValues(h)
+		c.pool.isTick = func(m jetstream.Msg) bool {
+			_, id, err := w.subj.ParseWork(m.Subject())
+			return err == nil && id == observeToken
+		}
 		hostRuns[h] = c
 		w.runs = append(w.runs, c)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"proxyfleet/messages"
 )
@@ -80,6 +82,9 @@ type Config struct {
 	Logger  *slog.Logger
 	// OnRetry, if set, is told of every transient failure handed back.
 	OnRetry func(RetryInfo)
+	// Registerer, if set, is where the worker registers its metrics (see
+	// metrics.go); nil: they are kept but exported nowhere.
+	Registerer prometheus.Registerer
 }
 
 // Worker runs intake and execution (see Run).
@@ -97,6 +102,7 @@ type Worker struct {
 	events  *eventPublisher
 	locks   *keyedLocks
 	stats   Stats
+	metrics *metrics
 
 	// draining is closed when the worker starts to drain: work waiting
 	// on a quarantined host is handed back at once.
@@ -163,10 +169,18 @@ func New(js jetstream.JetStream, cfg Config) (*Worker, error) {
 	if cfg.Liveness <= cfg.Heartbeat {
 		return nil, fmt.Errorf("worker: liveness %s must be longer than the heartbeat %s", cfg.Liveness, cfg.Heartbeat)
 	}
-	return &Worker{
+	w := &Worker{
 		cfg: cfg, js: js, subj: cfg.Subjects, catalog: cfg.Catalog,
 		log: cfg.Logger.With("worker", cfg.ID), now: cfg.Now, locks: newKeyedLocks(), started: make(chan struct{}),
-	}, nil
+		metrics: newMetrics(),
+	}
+	w.metrics.init(slices.Sorted(maps.Keys(cfg.Providers)))
+	if cfg.Registerer != nil {
+		if err := w.register(cfg.Registerer); err != nil {
+			return nil, fmt.Errorf("worker: register metrics: %w", err)
+		}
+	}
+	return w, nil
 }
 
 // ID is the worker's id.

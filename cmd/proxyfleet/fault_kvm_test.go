@@ -69,7 +69,7 @@ func (f *kvmFault) startWorker() {
 		t.Fatal(err)
 	}
 	log := newLogger(lf, slog.LevelDebug)
-	provs, err := providers(f.cfg, log)
+	provs, err := providers(f.cfg, log, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,8 @@ var helps = map[string]helpText{
 	"worker": {
 		args:     "--config F",
 		summary:  "run the worker role: intake of commands and execution on the configured hosts (--config is required)",
-		examples: []string{"proxyfleet worker --config proxyfleet.yaml --id wk-1", "NATS_CONTEXT=worker proxyfleet worker --config proxyfleet.yaml"},
+		more:     "--http serves /metrics, /healthz (liveness) and /readyz (ready: consuming and owning or ready to own hosts).",
+		examples: []string{"proxyfleet worker --config proxyfleet.yaml --id wk-1 --http 127.0.0.1:9090", "NATS_CONTEXT=worker proxyfleet worker --config proxyfleet.yaml"},
 	},
 	"health": {
 		summary:  "run the health role: fold state events and probes into the rotation, and serve it over HTTP",

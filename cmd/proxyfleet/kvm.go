@@ -13,8 +13,9 @@ var _ worker.Sweeper = (*kvm.Provider)(nil)
 
 // newKVMProvider builds the libvirt provider of a kvm host. It dials on
 // first use: a worker that is never pinned to the host opens no link.
-func newKVMProvider(c *config.Config, h config.Host, log *slog.Logger) (worker.Provider, error) {
+func newKVMProvider(c *config.Config, h config.Host, log *slog.Logger, obs kvm.Observer) (worker.Provider, error) {
 	opts := kvmOptions(c, h, log)
+	opts.Observer = obs
 	opts.OnProgress = func(p kvm.Progress) {
 		log.Info("image transfer", "host", h.Name, "image", p.Image, "volume", p.Volume,
 			"done", p.Done, "total", p.Total, "rate_mib_s", p.Rate/(1<<20))

@@ -15,8 +15,10 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"proxyfleet/config"
+	"proxyfleet/kvm"
 	"proxyfleet/messages"
 	"proxyfleet/sim"
 	"proxyfleet/worker"
@@ -34,8 +36,9 @@ func loadConfig(path string) (*config.Config, error) {
 // The sim driver sweeps the volumes nothing uses, as kvm does (kvm.go).
 var _ worker.Sweeper = (*sim.Driver)(nil)
 
-// providers builds one Provider per configured host.
-func providers(c *config.Config, log *slog.Logger) (map[string]worker.Provider, error) {
+// providers builds one Provider per configured host; km, if set, hears
+// the kvm hosts' links.
+func providers(c *config.Config, log *slog.Logger, km *kvmMetrics) (map[string]worker.Provider, error) {
 	out := map[string]worker.Provider{}
 	for _, h := range c.Hosts {
 		var (
@@ -46,7 +49,11 @@ func providers(c *config.Config, log *slog.Logger) (map[string]worker.Provider, 
 		case "sim":
 			p, err = sim.New(sim.Config{Host: h.Name, Dir: h.Sim.Dir, Delay: h.Sim.Delay, BootDelay: h.Sim.BootDelay})
 		case "kvm":
-			p, err = newKVMProvider(c, h, log)
+			var obs kvm.Observer
+			if km != nil {
+				obs = km.observer(h.Name)
+			}
+			p, err = newKVMProvider(c, h, log, obs)
 		default:
 			err = fmt.Errorf("unknown driver %q", h.Driver)
 		}
@@ -113,24 +120,26 @@ func maxProxies(c *config.Config) map[string]int {
 }
 
 // workerComponent is a worker on nc, executing the config's hosts, named
-// id (empty: hostname-pid).
-func workerComponent(nc *nats.Conn, c *config.Config, id string, log *slog.Logger) (component, error) {
+// id (empty: hostname-pid), its metrics registered on reg. ready says
+// whether it is ready (worker.Worker.Ready).
+func workerComponent(nc *nats.Conn, c *config.Config, id string, log *slog.Logger, reg *prometheus.Registry) (comp component, ready func() error, err error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return component{}, err
+		return component{}, nil, err
 	}
-	provs, err := providers(c, log)
+	provs, err := providers(c, log, newKVMMetrics(reg))
 	if err != nil {
-		return component{}, err
+		return component{}, nil, err
 	}
 	wc := workerConfig(c, provs, log)
 	wc.ID = id
+	wc.Registerer = reg
 	w, err := worker.New(js, wc)
 	if err != nil {
 		for _, p := range provs {
 			p.Close()
 		}
-		return component{}, err
+		return component{}, nil, err
 	}
 	// Run waits for set-up to have created the streams and buckets, as
 	// long as it takes (until ctx ends), and drains when ctx ends.
@@ -143,7 +152,7 @@ func workerComponent(nc *nats.Conn, c *config.Config, id string, log *slog.Logge
 		err := w.Run(ctx)
 		log.Info("worker stopped", "stats", w.Stats().Snapshot())
 		return err
-	}}, nil
+	}}, w.Ready, nil
 }
 
 func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -156,6 +165,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	lf.register(fs)
 	cfgPath := fs.String("config", "", "config file (YAML); required")
 	id := fs.String("id", "", "this worker's id, stable and readable (default hostname-pid)")
+	httpAddr := fs.String("http", "", "address of /metrics, /healthz and /readyz (default from config worker.http; none if empty)")
 	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
 	}
@@ -171,6 +181,9 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	if *httpAddr != "" {
+		c.Worker.HTTP = *httpAddr
+	}
 	if err := nf.resolve(c); err != nil {
 		return err
 	}
@@ -180,11 +193,20 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer nc.Close()
-	w, err := workerComponent(nc, c, *id, log)
+	reg := newRegistry("worker")
+	w, ready, err := workerComponent(nc, c, *id, log, reg)
 	if err != nil {
 		return err
 	}
-	return runAll(ctx, log, w)
+	comps := []component{w}
+	if c.Worker.HTTP != "" {
+		ln, err := net.Listen("tcp", c.Worker.HTTP)
+		if err != nil {
+			return fmt.Errorf("--http: %w", err)
+		}
+		comps = append(comps, opsComponent(ln, opsHandler(reg, ready), log))
+	}
+	return runAll(ctx, log, comps...)
 }
 
 // checkID refuses an --id that cannot name a worker.

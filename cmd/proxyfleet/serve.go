@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"proxyfleet/config"
 	"proxyfleet/health"
@@ -73,6 +74,9 @@ func serveWith(ctx context.Context, args []string, stdout, stderr io.Writer, hoo
 	if *httpAddr != "" {
 		c.Health.HTTP = *httpAddr
 	}
+	// One registry; health's listener serves it, and its /readyz asks
+	// the worker too.
+	reg := newRegistry("serve")
 	var comps []component
 	if nf.url == "" {
 		s, err := embedded(*listen, *dataDir, log)
@@ -100,19 +104,25 @@ func serveWith(ctx context.Context, args []string, stdout, stderr io.Writer, hoo
 			return err
 		}
 		defer nc.Close()
-		rep, err := setupRepairer(ctx, nc, c, alog)
+		rep, err := setupRepairer(ctx, nc, c, alog, reg)
 		if err != nil {
 			return err
 		}
 		comps = append(comps, rep)
 	}
+	var workerReady func() error // set below, before anything runs
 	hlog := log.With("role", "health")
 	hnc, err := nf.connect("proxyfleet-serve-health", inboxHealth, hlog)
 	if err != nil {
 		return err
 	}
 	defer hnc.Close()
-	h, err := healthComponent(hnc, c, hlog)
+	h, err := healthComponent(hnc, c, hlog, reg, func() error {
+		if err := workerReady(); err != nil {
+			return fmt.Errorf("worker: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
 		return err
 	}
@@ -122,7 +132,7 @@ func serveWith(ctx context.Context, args []string, stdout, stderr io.Writer, hoo
 		return err
 	}
 	defer wnc.Close()
-	w, err := workerComponent(wnc, c, *id, wlog)
+	w, workerReady, err := workerComponent(wnc, c, *id, wlog, reg)
 	if err != nil {
 		return err
 	}
@@ -133,13 +143,16 @@ func serveWith(ctx context.Context, args []string, stdout, stderr io.Writer, hoo
 
 // healthComponent is a health process on nc: it waits for the stream and
 // buckets it binds (set-up's to create: `proxyfleet setup`, or serve),
-// then runs.
-func healthComponent(nc *nats.Conn, c *config.Config, log *slog.Logger) (component, error) {
+// then runs. Its listener serves reg on /metrics; readyCheck, if set, must
+// pass too for /readyz.
+func healthComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg *prometheus.Registry, readyCheck func() error) (component, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return component{}, err
 	}
-	h, err := health.New(js, healthConfig(c, log))
+	hc := healthConfig(c, log)
+	hc.Registry, hc.ReadyCheck = reg, readyCheck
+	h, err := health.New(js, hc)
 	if err != nil {
 		return component{}, err
 	}
@@ -214,7 +227,7 @@ func runHealth(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer nc.Close()
-	h, err := healthComponent(nc, c, log)
+	h, err := healthComponent(nc, c, log, newRegistry("health"), nil)
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"proxyfleet/config"
 	"proxyfleet/worker"
@@ -106,8 +107,8 @@ func setup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 // setupRepairer runs set-up on nc, logging what it changed, and returns
 // the repairer that keeps it in place: what `serve` does when it has admin
-// rights.
-func setupRepairer(ctx context.Context, nc *nats.Conn, c *config.Config, log *slog.Logger) (component, error) {
+// rights. Its repairs are counted on reg.
+func setupRepairer(ctx context.Context, nc *nats.Conn, c *config.Config, log *slog.Logger, reg prometheus.Registerer) (component, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return component{}, err
@@ -121,6 +122,12 @@ func setupRepairer(ctx context.Context, nc *nats.Conn, c *config.Config, log *sl
 	}
 	if err != nil {
 		return component{}, fmt.Errorf("set-up: %w", err)
+	}
+	if err := reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "proxyfleet_topology_repairs_total",
+		Help: "Streams and buckets the repairer found deleted and recreated.",
+	}, func() float64 { return float64(rep.Repairs()) })); err != nil {
+		return component{}, err
 	}
 	return repairerComponent(rep, log), nil
 }
