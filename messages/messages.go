@@ -89,18 +89,22 @@ type Result struct {
 // Seq grows by one per event of a proxy and never goes back, also across
 // workers and crashes.
 type StateEvent struct {
-	V         int       `json:"v"`
-	ID        string    `json:"id"`
-	State     string    `json:"state"`
-	Host      string    `json:"host"`
-	IP        string    `json:"ip"`
-	Port      int       `json:"port"`
-	Source    string    `json:"source"`
-	Reason    string    `json:"reason"`
-	Class     string    `json:"class"`
-	CommandID string    `json:"command_id"`
-	Seq       uint64    `json:"seq"`
-	At        time.Time `json:"at"`
+	V         int    `json:"v"`
+	ID        string `json:"id"`
+	State     string `json:"state"`
+	Host      string `json:"host"`
+	IP        string `json:"ip"`
+	Port      int    `json:"port"`
+	Source    string `json:"source"`
+	Reason    string `json:"reason"`
+	Class     string `json:"class"`
+	CommandID string `json:"command_id"`
+	// CommandSeq is the PROXY_CMDS sequence of that command (0 from
+	// publishers older than it): no event of an older command is stored
+	// after one of a newer command.
+	CommandSeq uint64    `json:"command_seq,omitempty"`
+	Seq        uint64    `json:"seq"`
+	At         time.Time `json:"at"`
 }
 
 // RotationEntry is one proxy clients may use.

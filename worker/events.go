@@ -68,7 +68,18 @@ func (p *eventPublisher) last(ctx context.Context, id string) (messages.StateEve
 	return ev, raw.Sequence, nil
 }
 
-// Publish sets ev's V, At and Seq and publishes it.
+// errEventSuperseded: the proxy's last event is of a newer command than
+// the one being published, which is then not stored.
+var errEventSuperseded = errors.New("an event of a newer command is on record")
+
+// Publish sets ev's V, At and Seq and publishes it. An event of an older
+// command than the last event's (by CommandSeq) is not published:
+// errEventSuperseded. Commands for one proxy may run on two hosts, whose
+// owners may be two workers (a create that moves it while its delete
+// still runs on the old host), and the old command's last event must not
+// land after the new one's: the proxy would look deleted while it runs,
+// and nothing would correct it. The compare-and-set makes the check and
+// the publish one step.
 func (p *eventPublisher) Publish(ctx context.Context, ev messages.StateEvent) (messages.StateEvent, error) {
 	ev.V = messages.Version
 	ev.At = p.now().UTC()
@@ -76,6 +87,10 @@ func (p *eventPublisher) Publish(ctx context.Context, ev messages.StateEvent) (m
 		prev, lastStreamSeq, err := p.last(ctx, ev.ID)
 		if err != nil {
 			return ev, err
+		}
+		if lastStreamSeq != 0 && ev.CommandSeq != 0 && prev.CommandSeq > ev.CommandSeq {
+			return ev, fmt.Errorf("publish %s event of %s for command %s (sequence %d): %s (sequence %d) has reported: %w",
+				ev.State, ev.ID, ev.CommandID, ev.CommandSeq, prev.CommandID, prev.CommandSeq, errEventSuperseded)
 		}
 		if lastStreamSeq == 0 {
 			// No event on record (never published, or "deleted" aged

@@ -286,12 +286,20 @@ func (e *executor) done(ctx context.Context, d *messages.Desired) error {
 
 func (e *executor) publish(ctx context.Context, d *messages.Desired, state string, obs fleet.Instance, reason string) error {
 	ev := messages.StateEvent{
-		ID: d.ID, State: state, Host: e.host, CommandID: d.CommandID, Reason: reason,
+		ID: d.ID, State: state, Host: e.host, CommandID: d.CommandID, CommandSeq: d.Seq, Reason: reason,
 	}
 	if state == messages.StateRunning {
 		ev.IP, ev.Source, ev.Port = obs.IP, obs.Source, e.w.cfg.ProxyPort
 	}
-	if _, err := e.w.events.Publish(ctx, ev); err != nil {
+	_, err := e.w.events.Publish(ctx, ev)
+	if errors.Is(err, errEventSuperseded) {
+		// A newer command has reported on this proxy: what this one
+		// would say is old news. Its work goes on; the newer
+		// command's work converges after it.
+		e.w.log.Info("event not published: a newer command has reported", "host", e.host, "id", d.ID, "state", state, "err", err)
+		return nil
+	}
+	if err != nil {
 		return fleet.Transient(err)
 	}
 	return nil
@@ -349,8 +357,8 @@ func (e *executor) fail(ctx context.Context, d *messages.Desired, attempt int, c
 	}
 	if publishState {
 		ev := messages.StateEvent{ID: id, State: messages.StateFailed, Host: e.host, CommandID: d.CommandID,
-			Reason: cause.Error(), Class: string(class)}
-		if _, err := w.events.Publish(ctx, ev); err != nil {
+			CommandSeq: d.Seq, Reason: cause.Error(), Class: string(class)}
+		if _, err := w.events.Publish(ctx, ev); err != nil && !errors.Is(err, errEventSuperseded) {
 			w.log.Error("publish failed state", "id", id, "err", err)
 		}
 	}

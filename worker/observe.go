@@ -239,11 +239,14 @@ func (e *executor) observeOne(ctx context.Context, id string) (bool, error) {
 	if ev.State == last.State && ev.IP == last.IP {
 		return false, nil
 	}
-	ev.ID, ev.Host, ev.CommandID = id, e.host, d.CommandID
+	ev.ID, ev.Host, ev.CommandID, ev.CommandSeq = id, e.host, d.CommandID, d.Seq
 	if ev.State == messages.StateProvisioning && ev.Reason == "" {
 		ev.Reason = "no address"
 	}
 	pub, err := w.events.Publish(ctx, ev)
+	if errors.Is(err, errEventSuperseded) {
+		return false, nil // d was read before a newer command: its work reports
+	}
 	if err != nil {
 		return false, err
 	}
