@@ -61,6 +61,8 @@ func (e *executor) observe(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	w.stats.observePasses.Add(1)
+	w.stats.observeEventsRead.Add(int64(len(events)))
 	insts, listErr := e.prov.List(ctx)
 	if listErr != nil {
 		// The proxies with events are still looked at; nothing is swept.

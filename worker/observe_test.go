@@ -2,6 +2,8 @@ package worker_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -129,4 +131,47 @@ func TestObservationReportsProxiesWhoseEventsWereLost(t *testing.T) {
 		ev, ok := r.lastEvent("p1")
 		return ok && ev.State == messages.StateRunning && ev.IP == before.IP && ev.CommandID == "c1"
 	})
+}
+
+// TestObservationPassReadsOnlyItsHostsEvents: a host's observation pass
+// reads the last events of its own proxies only, however many proxies
+// other hosts run: its cost does not grow with the whole event stream.
+func TestObservationPassReadsOnlyItsHostsEvents(t *testing.T) {
+	r := newRig(t, "h1")
+	w := r.startWorker(func(c *worker.Config) { c.ObserveInterval = 50 * time.Millisecond })
+	r.create("p1", "c1", "")
+	r.create("p2", "c2", "")
+	r.waitOutcome("c1", messages.OutcomeDone)
+	r.waitOutcome("c2", messages.OutcomeDone)
+	// Many proxies elsewhere: running on a host this worker does not run.
+	const others = 300
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range others {
+		id := fmt.Sprintf("o%d", i)
+		b, err := json.Marshal(messages.StateEvent{V: messages.Version, ID: id, Host: "h2", State: messages.StateRunning,
+			CommandID: "c-" + id, Seq: 1, IP: "198.18.100.9", Port: 3128, At: time.Now().UTC()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.js.Publish(ctx, subj.State(id), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Passes that start from now on see every event published above.
+	start := w.Stats().Snapshot()
+	r.waitFor("passes", 20*time.Second, func() bool { return w.Stats().Snapshot()["observe_passes"] >= start["observe_passes"]+6 })
+	// The first passes counted may have begun before the last publish.
+	mid := w.Stats().Snapshot()
+	r.waitFor("more passes", 20*time.Second, func() bool { return w.Stats().Snapshot()["observe_passes"] >= mid["observe_passes"]+5 })
+	end := w.Stats().Snapshot()
+	passes := end["observe_passes"] - mid["observe_passes"]
+	read := end["observe_events_read"] - mid["observe_events_read"]
+	if read > 2*passes {
+		t.Errorf("%d passes read %d events (%d per pass); want at most 2 per pass, the events of h1's own proxies, with %d proxies on other hosts",
+			passes, read, read/passes, others)
+	}
+	if read < 2*passes {
+		t.Errorf("%d passes read %d events; want each pass to read h1's own 2", passes, read)
+	}
 }

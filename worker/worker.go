@@ -137,6 +137,9 @@ type Stats struct {
 	// repairs counts consumers recreated, or consumed again, after they
 	// were deleted or their consume stopped.
 	repairs atomic.Int64
+	// observePasses counts observation passes; observeEventsRead the
+	// state events they read to choose the proxies to look at.
+	observePasses, observeEventsRead atomic.Int64
 }
 
 // Snapshot returns the counters.
@@ -146,6 +149,7 @@ func (s *Stats) Snapshot() map[string]int64 {
 		"creates": s.creates.Load(), "retries": s.retries.Load(), "failed": s.failed.Load(), "dead": s.dead.Load(),
 		"swept": s.swept.Load(), "repairs": s.repairs.Load(),
 		"redriven": s.redriven.Load(), "volumes_swept": s.volumesSwept.Load(),
+		"observe_passes": s.observePasses.Load(), "observe_events_read": s.observeEventsRead.Load(),
 	}
 }
 
