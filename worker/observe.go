@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -57,10 +56,18 @@ func (e *executor) observe(ctx context.Context) error {
 	w := e.w
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.ObserveInterval)
 	defer cancel()
-	events, err := w.latestEvents(ctx)
-	if err != nil {
-		return err
+	if w.view == nil {
+		return errors.New("observation pass: observation is off in this worker")
 	}
+	// A worker just started waits for its view to catch up, within the
+	// pass's budget; a pass on a view that is behind would miss proxies
+	// (until the next pass), so it is skipped instead.
+	if err := w.view.await(ctx); err != nil {
+		return fmt.Errorf("observation pass on %s: %w", e.host, err)
+	}
+	// The last events of this host's proxies only: an event on another
+	// host never puts a proxy among the ones looked at here.
+	events := w.view.onHost(e.host)
 	w.stats.observePasses.Add(1)
 	w.stats.observeEventsRead.Add(int64(len(events)))
 	insts, listErr := e.prov.List(ctx)
@@ -72,17 +79,20 @@ func (e *executor) observe(ctx context.Context) error {
 	// running (or starting), those that ran and were last reported failed
 	// by an observation (their domain may go: re-drive), and the domains
 	// here with no event at all (PROXY_EVENTS was lost and made anew:
-	// nothing else would ever report them again).
-	e.ran.prune(events)
+	// nothing else would ever report them again). The view holds no
+	// "deleted" events (see eventView), so a domain here whose proxy was
+	// last reported deleted is looked at too; observeOne, reading that
+	// event again, leaves it (the sweep's to remove).
+	e.ran.prune(events) // it remembers only proxies of this host
 	var ids []string
 	for id, ev := range events {
-		if ev.Host == e.host && (ev.State == messages.StateRunning || ev.State == messages.StateProvisioning ||
-			ev.State == messages.StateFailed && e.ran.valid(id, ev.Seq)) {
+		if ev.State == messages.StateRunning || ev.State == messages.StateProvisioning ||
+			ev.State == messages.StateFailed && e.ran.valid(id, ev.Seq) {
 			ids = append(ids, id)
 		}
 	}
 	for _, in := range insts {
-		if _, ok := events[in.ID]; !ok {
+		if _, ok := events[in.ID]; !ok && !w.view.has(in.ID) {
 			ids = append(ids, in.ID)
 		}
 	}
@@ -257,45 +267,4 @@ func (e *executor) observeOne(ctx context.Context, id string) (bool, error) {
 	}
 	w.log.Info("observed a change", "host", e.host, "id", id, "was", last.State, "now", ev.State, "ip", ev.IP, "reason", ev.Reason)
 	return true, nil
-}
-
-// latestEvents reads the last event of every proxy.
-func (w *Worker) latestEvents(ctx context.Context) (map[string]messages.StateEvent, error) {
-	out := map[string]messages.StateEvent{}
-	cons, err := w.js.OrderedConsumer(ctx, messages.StreamEvents, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{w.subj.StateAll()},
-		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read events: %w", err)
-	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("read events: %w", err)
-	}
-	pending := info.NumPending
-	for pending > 0 {
-		batch, err := cons.Fetch(int(min(pending, 256)), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			return nil, fmt.Errorf("read events: %w", err)
-		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			var ev messages.StateEvent
-			if json.Unmarshal(m.Data(), &ev) == nil && ev.ID != "" {
-				out[ev.ID] = ev
-			}
-			if meta, err := m.Metadata(); err == nil {
-				pending = meta.NumPending
-			}
-		}
-		if err := batch.Error(); err != nil {
-			return nil, fmt.Errorf("read events: %w", err)
-		}
-		if n == 0 {
-			break
-		}
-	}
-	return out, nil
 }

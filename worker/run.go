@@ -104,6 +104,16 @@ func (w *Worker) start(ctx context.Context) error {
 	w.cancel = cancel
 	w.draining = make(chan struct{})
 	w.startWriters()
+	if w.cfg.ObserveInterval > 0 {
+		// Before anything consumes: a tick another worker published may
+		// come at once.
+		w.view = newEventView(w.js, w.subj, w.cfg.CheckInterval, w.log)
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			w.view.run(runCtx)
+		}()
+	}
 	w.recordHosts(ctx, hosts)
 	w.fence = newFence(w.js.Conn(), w.cfg.AckWait/4, w.log)
 	w.wg.Add(1)

@@ -100,6 +100,7 @@ type Worker struct {
 	cmdIDs  jetstream.KeyValue
 	hosts   jetstream.KeyValue // PROXY_HOSTS: room and quarantine (room.go, quarantine.go)
 	events  *eventPublisher
+	view    *eventView // the last event of every proxy, by host, for observation passes
 	locks   *keyedLocks
 	stats   Stats
 	metrics *metrics

@@ -1,0 +1,198 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/messages"
+)
+
+// eventView is the worker process's view of the last state event of every
+// proxy, by host, for the observation passes to choose the proxies they
+// look at: a pass reads only its own host's entries, so its cost does not
+// grow with the whole event stream.
+//
+// One long-lived ordered consumer on the state subjects of PROXY_EVENTS
+// feeds it: first the last event of every subject, then every event as it
+// is stored. It may lag behind the stream: a pass only chooses ids from it,
+// and observeOne reads each one's last event again under its lock.
+//
+// A "deleted" event removes the proxy from the view: the stream drops it
+// after DeletedTTL without telling consumers, and to a pass a deleted
+// proxy and one with no event are looked at alike (see observe).
+//
+// Any error the consumer reports (its consumer deleted, as when the stream
+// is deleted and made anew; heartbeats missed; a reset that failed) makes
+// the view anew from a fresh consumer: the ordered consumer's own reset
+// would resume after the last stream sequence it saw, which is wrong for a
+// stream made anew.
+type eventView struct {
+	js    jetstream.JetStream
+	subj  messages.Subjects
+	log   *slog.Logger
+	retry time.Duration
+
+	mu     sync.Mutex
+	host   map[string]string                         // id → host of its last event
+	byHost map[string]map[string]messages.StateEvent // host → id → last event
+	ready  chan struct{}                             // closed once caught up; made anew with the view
+}
+
+func newEventView(js jetstream.JetStream, subj messages.Subjects, retry time.Duration, log *slog.Logger) *eventView {
+	return &eventView{js: js, subj: subj, log: log, retry: retry,
+		host: map[string]string{}, byHost: map[string]map[string]messages.StateEvent{}, ready: make(chan struct{})}
+}
+
+// run keeps the view until ctx is done.
+func (v *eventView) run(ctx context.Context) {
+	for {
+		err := v.follow(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		v.log.Warn("event view: made anew", "err", err)
+		t := time.NewTimer(v.retry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// reset empties the view and marks it not caught up.
+func (v *eventView) reset() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	select {
+	case <-v.ready:
+		v.ready = make(chan struct{})
+	default:
+	}
+	clear(v.host)
+	clear(v.byHost)
+}
+
+func (v *eventView) caughtUp() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	select {
+	case <-v.ready:
+	default:
+		close(v.ready)
+	}
+}
+
+// follow makes the view anew and keeps it until ctx is done or the
+// consumer reports an error.
+func (v *eventView) follow(ctx context.Context) error {
+	v.reset()
+	cctx, cancel := context.WithTimeout(ctx, v.js.Options().DefaultTimeout)
+	defer cancel()
+	cons, err := v.js.OrderedConsumer(cctx, messages.StreamEvents, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{v.subj.StateAll()},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("follow events: %w", err)
+	}
+	info, err := cons.Info(cctx)
+	if err != nil {
+		return fmt.Errorf("follow events: %w", err)
+	}
+	if info.NumPending == 0 {
+		v.caughtUp()
+	}
+	failed := make(chan error, 1)
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		v.apply(m.Data())
+		if meta, err := m.Metadata(); err == nil && meta.NumPending == 0 {
+			v.caughtUp()
+		}
+	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		select {
+		case failed <- err:
+		default:
+		}
+	}))
+	if err != nil {
+		return fmt.Errorf("follow events: %w", err)
+	}
+	defer func() {
+		cc.Stop()
+		<-cc.Closed()
+	}()
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-failed:
+		return fmt.Errorf("follow events: %w", err)
+	}
+}
+
+// apply records one event.
+func (v *eventView) apply(data []byte) {
+	var ev messages.StateEvent
+	if json.Unmarshal(data, &ev) != nil || ev.ID == "" {
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if h, ok := v.host[ev.ID]; ok {
+		delete(v.byHost[h], ev.ID)
+		if len(v.byHost[h]) == 0 {
+			delete(v.byHost, h)
+		}
+		delete(v.host, ev.ID)
+	}
+	if ev.State == messages.StateDeleted {
+		return
+	}
+	m := v.byHost[ev.Host]
+	if m == nil {
+		m = map[string]messages.StateEvent{}
+		v.byHost[ev.Host] = m
+	}
+	m[ev.ID] = ev
+	v.host[ev.ID] = ev.Host
+}
+
+// errViewBehind: the view has not caught up with the stream yet.
+var errViewBehind = errors.New("the event view has not caught up yet")
+
+// await waits until the view has caught up or ctx is done.
+func (v *eventView) await(ctx context.Context) error {
+	v.mu.Lock()
+	ready := v.ready
+	v.mu.Unlock()
+	select {
+	case <-ready:
+		return nil
+	case <-ctx.Done():
+		return errViewBehind
+	}
+}
+
+// onHost returns a copy of the last events of host's proxies.
+func (v *eventView) onHost(host string) map[string]messages.StateEvent {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return maps.Clone(v.byHost[host])
+}
+
+// has reports whether id has a last event in the view (not "deleted").
+func (v *eventView) has(id string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	_, ok := v.host[id]
+	return ok
+}
