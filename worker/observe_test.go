@@ -175,3 +175,43 @@ func TestObservationPassReadsOnlyItsHostsEvents(t *testing.T) {
 		t.Errorf("%d passes read %d events; want each pass to read h1's own 2", passes, read)
 	}
 }
+
+// TestObservationViewIsMadeAnewWithTheStream: the worker's view of the
+// last events must follow PROXY_EVENTS deleted and made anew. p1 runs on
+// h1, but its last event (a stray one) says h2, so h1's passes leave it;
+// once the stream is made anew it has no event at all, and h1's pass must
+// report it from its domain. A view still holding the old stream's events
+// would keep leaving it.
+func TestObservationViewIsMadeAnewWithTheStream(t *testing.T) {
+	r := newRig(t, "h1")
+	w := r.startWorker(func(c *worker.Config) {
+		c.ObserveInterval = 100 * time.Millisecond
+		c.CheckInterval = 100 * time.Millisecond
+	})
+	r.create("p1", "c1", "")
+	r.waitOutcome("c1", messages.OutcomeDone)
+	before, _ := r.lastEvent("p1")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stray := before
+	stray.Host, stray.Seq = "h2", before.Seq+1
+	b, err := json.Marshal(stray)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.js.Publish(ctx, subj.State("p1"), b); err != nil {
+		t.Fatal(err)
+	}
+	n := w.Stats().Snapshot()["observe_passes"]
+	r.waitFor("passes that see the stray event", 10*time.Second, func() bool { return w.Stats().Snapshot()["observe_passes"] >= n+3 })
+	if err := r.js.DeleteStream(ctx, messages.StreamEvents); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (worker.Topology{Subjects: subj}).Setup(ctx, r.js); err != nil {
+		t.Fatal(err)
+	}
+	r.waitFor("p1 reported again on h1", 15*time.Second, func() bool {
+		ev, ok := r.lastEvent("p1")
+		return ok && ev.Host == "h1" && ev.State == messages.StateRunning && ev.IP == before.IP && ev.CommandID == "c1"
+	})
+}
