@@ -182,11 +182,17 @@ func (v *eventView) await(ctx context.Context) error {
 	}
 }
 
-// onHost returns a copy of the last events of host's proxies.
-func (v *eventView) onHost(host string) map[string]messages.StateEvent {
+// onHost returns a copy of the last events of host's proxies, or false if
+// the view is not caught up (it was made anew since await).
+func (v *eventView) onHost(host string) (map[string]messages.StateEvent, bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return maps.Clone(v.byHost[host])
+	select {
+	case <-v.ready:
+		return maps.Clone(v.byHost[host]), true
+	default:
+		return nil, false
+	}
 }
 
 // has reports whether id has a last event in the view (not "deleted").

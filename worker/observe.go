@@ -67,7 +67,10 @@ func (e *executor) observe(ctx context.Context) error {
 	}
 	// The last events of this host's proxies only: an event on another
 	// host never puts a proxy among the ones looked at here.
-	events := w.view.onHost(e.host)
+	events, ok := w.view.onHost(e.host)
+	if !ok {
+		return fmt.Errorf("observation pass on %s: %w", e.host, errViewBehind)
+	}
 	w.stats.observePasses.Add(1)
 	w.stats.observeEventsRead.Add(int64(len(events)))
 	insts, listErr := e.prov.List(ctx)
