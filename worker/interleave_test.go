@@ -86,8 +86,24 @@ func TestInterleavedCommandsOnThreeWorkers(t *testing.T) {
 		}
 	}
 
+	// The last commands wait behind the whole backlog (about 8 s here
+	// alone, several times that with other test packages on the 2 cores,
+	// where a 30 s bound per command timed out): one generous bound for all.
+	pending := map[string]bool{}
+	for _, s := range last {
+		pending[s.cmdID] = true
+	}
+	r.waitFor("every proxy's last command done", 3*time.Minute, func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, res := range r.results {
+			if res.Outcome == messages.OutcomeDone {
+				delete(pending, res.CommandID)
+			}
+		}
+		return len(pending) == 0
+	})
 	for id, s := range last {
-		r.waitOutcome(s.cmdID, messages.OutcomeDone)
 		ev, ok := r.lastEvent(id)
 		if !ok {
 			t.Errorf("%s: no event", id)
@@ -106,7 +122,7 @@ func TestInterleavedCommandsOnThreeWorkers(t *testing.T) {
 	}
 	// A proxy moved away from a host is removed there by a work item of
 	// its own; wait for those, bounded.
-	r.waitFor("moved proxies to be cleaned up", 30*time.Second, func() bool {
+	r.waitFor("moved proxies to be cleaned up", time.Minute, func() bool {
 		for id, s := range last {
 			n := 0
 			for _, h := range hosts {
