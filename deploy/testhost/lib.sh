@@ -53,6 +53,14 @@ pid_in_ns() {
 	[ -n "$want" ] && [ "$(ns_inode "/proc/$1/ns/net")" = "$want" ]
 }
 
+# logs_here PID NAME: the daemon logs into this checkout's state directory.
+# One started by another checkout logs into a directory that may be gone,
+# and libvirtd then fails every child process it starts (qemu-img exits
+# 125: "failed to open …/libvirtd.log: No such file or directory").
+logs_here() {
+	tr '\0' '\n' 2>/dev/null </proc/"$1"/environ | grep -qxF "LIBVIRT_LOG_OUTPUTS=3:file:$STATE/logs/$2.log"
+}
+
 # kill_pidfile FILE NAME: stop the process named NAME whose pid is in FILE
 # (TERM, then KILL after 5 s) and remove the file.
 kill_pidfile() {

@@ -67,7 +67,7 @@ ensure_daemon() {
 	local name=$1 pidfile=$2; shift 2
 	local pid
 	pid=$(tr -dc 0-9 2>/dev/null <"$pidfile" || true)
-	if pid_alive "$pid" "$name" && pid_in_ns "$pid"; then
+	if pid_alive "$pid" "$name" && pid_in_ns "$pid" && logs_here "$pid" "$name"; then
 		return 0
 	fi
 	kill_pidfile "$pidfile" "$name"
@@ -77,7 +77,7 @@ ensure_daemon() {
 ensure_daemon virtlogd /run/virtlogd.pid env LIBVIRT_LOG_OUTPUTS="3:file:$STATE/logs/virtlogd.log" virtlogd -d
 wait_until 10 test -S /run/libvirt/virtlogd-sock || die "virtlogd did not start"
 pid=$(tr -dc 0-9 2>/dev/null </run/libvirtd.pid || true)
-if pid_alive "$pid" libvirtd && pid_in_ns "$pid" && libvirt_up; then
+if pid_alive "$pid" libvirtd && pid_in_ns "$pid" && logs_here "$pid" libvirtd && libvirt_up; then
 	:
 else
 	kill_pidfile /run/libvirtd.pid libvirtd
