@@ -110,15 +110,5 @@ func (c *Cluster) WaitReady(t testing.TB) {
 // when one stops) and its JetStream context, closed when the test ends.
 func (c *Cluster) Connect(t testing.TB, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	opts = append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, opts...)
-	nc, err := nats.Connect(c.URLs(), opts...)
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatalf("jetstream: %v", err)
-	}
-	return nc, js
+	return connect(t, c.URLs(), opts...)
 }

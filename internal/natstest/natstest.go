@@ -103,8 +103,15 @@ func (s *Server) Stop() {
 // test ends.
 func (s *Server) Connect(t testing.TB, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
+	return connect(t, s.ClientURL(), opts...)
+}
+
+// connect dials url, reconnecting forever, and closes the connection when
+// the test ends.
+func connect(t testing.TB, url string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
 	opts = append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, opts...)
-	nc, err := nats.Connect(s.ClientURL(), opts...)
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
