@@ -96,3 +96,16 @@ func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 	}
 	return l
 }
+
+// roleFlags is the flag set of a process role (serve, setup, worker,
+// health) with the flags they all take: how to reach NATS and how to log.
+func roleFlags(name string, stderr io.Writer) (*flag.FlagSet, *natsFlags, *logFlags) {
+	fs := newFlags(name, stderr)
+	var (
+		nf natsFlags
+		lf logFlags
+	)
+	nf.register(fs)
+	lf.register(fs)
+	return fs, &nf, &lf
+}

@@ -156,13 +156,7 @@ func workerComponent(nc *nats.Conn, c *config.Config, id string, log *slog.Logge
 }
 
 func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("worker", stderr)
-	var (
-		nf natsFlags
-		lf logFlags
-	)
-	nf.register(fs)
-	lf.register(fs)
+	fs, nf, lf := roleFlags("worker", stderr)
 	cfgPath := fs.String("config", "", "config file (YAML); required")
 	id := fs.String("id", "", "this worker's id, stable and readable (default hostname-pid)")
 	httpAddr := fs.String("http", "", "address of /metrics, /healthz and /readyz (default from config worker.http; none if empty)")

@@ -38,13 +38,7 @@ type serveHooks struct {
 }
 
 func serveWith(ctx context.Context, args []string, stdout, stderr io.Writer, hooks serveHooks) error {
-	fs := newFlags("serve", stderr)
-	var (
-		nf natsFlags
-		lf logFlags
-	)
-	nf.register(fs)
-	lf.register(fs)
+	fs, nf, lf := roleFlags("serve", stderr)
 	cfgPath := fs.String("config", "", "config file (YAML); required")
 	dataDir := fs.String("data-dir", "./data", "JetStream store of the embedded server")
 	listen := fs.String("listen", "127.0.0.1:4222", "client address of the embedded server")
@@ -190,13 +184,7 @@ func healthConfig(c *config.Config, log *slog.Logger) health.Config {
 
 // runHealth runs the health role alone.
 func runHealth(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("health", stderr)
-	var (
-		nf natsFlags
-		lf logFlags
-	)
-	nf.register(fs)
-	lf.register(fs)
+	fs, nf, lf := roleFlags("health", stderr)
 	cfgPath := fs.String("config", "", "config file (YAML); optional")
 	httpAddr := fs.String("http", "", "HTTP address (default from config, 127.0.0.1:8080)")
 	if err := parseFlags(fs, args, stdout); err != nil {

@@ -35,13 +35,7 @@ func topology(c *config.Config) worker.Topology {
 // what it changed; with --repair it then keeps recreating what is deleted
 // until stopped. It needs an admin credential.
 func setup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("setup", stderr)
-	var (
-		nf natsFlags
-		lf logFlags
-	)
-	nf.register(fs)
-	lf.register(fs)
+	fs, nf, lf := roleFlags("setup", stderr)
 	cfgPath := fs.String("config", "", "config file (YAML), for the prefix, replicas, max ages and windows; optional")
 	repair := fs.Bool("repair", false, "after set-up, keep checking every --interval and recreate any stream or bucket that was deleted, until stopped")
 	interval := fs.Duration("interval", 0, "with --repair, time between checks (default: the config's nats.repair_interval, 5s)")
