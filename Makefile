@@ -23,7 +23,7 @@ FUZZTIME ?= 20s
 FUZZPARALLEL ?= 1
 FUZZMINIMIZETIME ?= 100x
 
-.PHONY: help build image run run-sim test test-unit lint bench clean fuzz
+.PHONY: help build image run run-sim test test-unit lint bench bench-sim clean fuzz
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
@@ -57,8 +57,11 @@ lint: ## go vet, gofmt and staticcheck
 	@test -x bin/staticcheck || GOBIN=$(CURDIR)/bin $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	bin/staticcheck ./...
 
-bench: ## measure commands/s through intake and execution beside raw JetStream publish; writes BENCHMARKS.md
-	$(GO) run ./internal/tools/bench -out BENCHMARKS.md
+bench: testhost ## measure every figure beside its peer (sim and test-host sections); writes BENCHMARKS.md and bench/results.json
+	bash -c 'source .testhost/env && $(GO) run ./internal/tools/bench -out BENCHMARKS.md -json bench/results.json'
+
+bench-sim: ## measure only the figures that need no test host; prints markdown, writes bench/results-sim.json
+	$(GO) run ./internal/tools/bench -sim -json bench/results-sim.json
 
 fuzz: ## fuzz each target for FUZZTIME (20s) from its committed corpus; a crash fails it
 	@FUZZTIME=$(FUZZTIME) FUZZPARALLEL=$(FUZZPARALLEL) FUZZMINIMIZETIME=$(FUZZMINIMIZETIME) bash deploy/fuzz.sh $(FUZZ_TARGETS)

@@ -1,222 +1,126 @@
-// Command bench measures, on one embedded nats-server in one run, the raw
-// JetStream synchronous publish rate and the rate of commands through
-// intake and execution on sim hosts, and prints both with their ratio. With
-// -out it rewrites that file (BENCHMARKS.md) with the figures and the
-// machine they came from.
+// Command bench measures proxyfleet beside its peers in one run and writes
+// the figures, each with the peer figure of the same run, to BENCHMARKS.md
+// and bench/results.json.
+//
+// Every figure is a ratio against a peer or a limit measured in the same
+// run, since absolute times on small shared machines are noisy. Sections
+// that need the test host (VM lifecycle, uploads) read its TESTHOST_*
+// variables (source .testhost/env); -sim runs only the sections that need
+// none. Each section lives in its own file and returns figures.
 package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"log"
-	"log/slog"
 	"os"
-	"runtime"
+	"os/signal"
+	"slices"
 	"strings"
-	"sync"
+	"syscall"
 	"time"
-
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
-	"proxyfleet/messages"
-	"proxyfleet/sim"
-	"proxyfleet/worker"
 )
 
+// section is one group of figures measured together.
+type section struct {
+	name string
+	// host: the section needs the test host (TESTHOST_* variables).
+	host bool
+	run  func(ctx context.Context, b *bench) (sectionResult, error)
+}
+
+// sectionResult is what a section measured: its figures and, optionally, a
+// markdown paragraph for BENCHMARKS.md (how it was set up, what bounds it).
+type sectionResult struct {
+	figures []figure
+	notes   string
+}
+
+// sections in the order they run. The sim sections go first: they need no
+// guests, and a failure there is cheap.
+var sections = []section{
+	{name: "control-plane", run: runControlPlane},
+}
+
+// bench carries what every section shares.
+type bench struct {
+	runs int    // repetitions of each noisy figure; the median is reported
+	n    int    // commands per control-plane measurement
+	dir  string // scratch directory, removed at the end
+	log  *log.Logger
+}
+
 func main() {
-	n := flag.Int("n", 2000, "commands (and raw publishes) per measurement")
-	out := flag.String("out", "", "write the figures to this markdown file")
-	syncAlways := flag.Bool("sync-always", true, "fsync every write, as `serve` and nats.conf do")
+	out := flag.String("out", "", "write the figures as markdown to this file (BENCHMARKS.md)")
+	jsonOut := flag.String("json", "", "write the figures as JSON to this file (bench/results.json)")
+	simOnly := flag.Bool("sim", false, "run only the sections that need no test host")
+	only := flag.String("only", "", "comma-separated section names to run (default all)")
+	runs := flag.Int("runs", 3, "repetitions of each figure; the median is reported")
+	n := flag.Int("n", 2000, "commands (and raw publishes) per control-plane measurement")
 	flag.Parse()
+	log.SetFlags(log.Ltime)
+	log.SetPrefix("bench: ")
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	dir, err := os.MkdirTemp("", "proxyfleet-bench")
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir + "/js", NoLog: true, NoSigs: true, SyncAlways: *syncAlways})
-	if err != nil {
-		log.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		log.Fatal("nats-server not ready")
-	}
-	defer s.Shutdown()
-	ctx := context.Background()
+	b := &bench{runs: max(*runs, 1), n: *n, dir: dir, log: log.Default()}
 
-	raw := rawPublish(ctx, s.ClientURL(), *n)
-	create, del := commands(ctx, s.ClientURL(), dir, *n)
-
-	var b strings.Builder
-	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` (internal/tools/bench) on %s.\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
-	fmt.Fprintf(&b, "Machine: %s, %d cores, %s, %s/%s. One embedded nats-server (file store in a temp dir, sync_always %v), one worker with intake and execution of two sim hosts (no call delay), all in one process.\n\n", cpuModel(), runtime.NumCPU(), runtime.Version(), runtime.GOOS, runtime.GOARCH, *syncAlways)
-	fmt.Fprintf(&b, "| measurement | count | seconds | per second | vs raw publish |\n|---|---|---|---|---|\n")
-	row := func(name string, count int, d time.Duration) {
-		rate := float64(count) / d.Seconds()
-		fmt.Fprintf(&b, "| %s | %d | %.2f | %.0f | %.3f |\n", name, count, d.Seconds(), rate, rate/(float64(*n)/raw.Seconds()))
+	var want []string
+	if *only != "" {
+		want = strings.Split(*only, ",")
 	}
-	row("raw JetStream synchronous publish (peer figure)", *n, raw)
-	row("create commands, published to `done` result", *n, create)
-	row("delete commands, published to `done` result", *n, del)
-	var ms runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&ms)
-	fmt.Fprintf(&b, "\nMemory of the whole process (server, worker, %d proxies created and deleted): peak RSS %s, Go heap in use after a GC %.1f MiB, Go runtime total %.1f MiB.\n",
-		*n, peakRSS(), float64(ms.HeapAlloc)/(1<<20), float64(ms.Sys)/(1<<20))
-	fmt.Fprintf(&b, "\nA command costs intake (a KV read of the command id, a KV read and a compare-and-set of the desired state, a KV put of the command id, a work publish, a result publish, an ack) and execution (a KV read, provider calls, two or three state events each after a last-message read, a result publish, an ack): about ten JetStream writes and reads, of which six are stored writes. Commands run concurrently (intake 64 at a time, execution 32 per host), so their writes overlap and the ratio is better than one in ten.\n")
-	fmt.Print(b.String())
-	if *out != "" {
-		if err := os.WriteFile(*out, []byte(b.String()), 0o644); err != nil {
-			log.Fatal(err)
+	rep := report{Written: time.Now().UTC(), Machine: machineInfo(), Runs: b.runs, SimOnly: *simOnly}
+	failed := false
+	for _, s := range sections {
+		if (*simOnly && s.host) || (want != nil && !slices.Contains(want, s.name)) {
+			continue
 		}
-	}
-}
-
-// peakRSS is the process's high-water resident set (VmHWM).
-func peakRSS() string {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return "unknown"
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "unknown"
-}
-
-func cpuModel() string {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return "unknown CPU"
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "unknown CPU"
-}
-
-func connect(url string) (*nats.Conn, jetstream.JetStream) {
-	nc, err := nats.Connect(url)
-	if err != nil {
-		log.Fatal(err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		log.Fatal(err)
-	}
-	return nc, js
-}
-
-func rawPublish(ctx context.Context, url string, n int) time.Duration {
-	nc, js := connect(url)
-	defer nc.Close()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "BENCH", Subjects: []string{"bench.>"}, Storage: jetstream.FileStorage}); err != nil {
-		log.Fatal(err)
-	}
-	body := []byte(`{"v":1,"id":"p00001"}`)
-	start := time.Now()
-	for i := range n {
-		if _, err := js.Publish(ctx, fmt.Sprintf("bench.%d", i%100), body); err != nil {
-			log.Fatal(err)
-		}
-	}
-	return time.Since(start)
-}
-
-func commands(ctx context.Context, url, dir string, n int) (create, del time.Duration) {
-	subj := messages.NewSubjects("")
-	hosts := []string{"h1", "h2"}
-	provs := map[string]worker.Provider{}
-	for _, h := range hosts {
-		d, err := sim.New(sim.Config{Host: h, Dir: dir + "/" + h})
-		if err != nil {
-			log.Fatal(err)
-		}
-		provs[h] = d
-	}
-	wnc, wjs := connect(url)
-	defer wnc.Close()
-	// As `proxyfleet setup` does: workers create no streams.
-	if _, err := (worker.Topology{Subjects: subj}).Setup(ctx, wjs); err != nil {
-		log.Fatal(err)
-	}
-	w, err := worker.New(wjs, worker.Config{
-		Subjects: subj,
-		Catalog: worker.Catalog{Hosts: hosts, Images: []string{"img"}, DefaultImage: "img", DefaultCPUs: 1, DefaultMemoryMiB: 128,
-			MaxProxies: map[string]int{"h1": n, "h2": n}}, // room for every proxy on either host
-		Providers: provs, Concurrency: 32, PollInterval: time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		log.Fatal(err)
-	}
-	wctx, stopWorker := context.WithCancel(ctx)
-	ran := make(chan error, 1)
-	go func() { ran <- w.Run(wctx) }()
-	defer func() {
-		stopWorker()
-		if err := <-ran; err != nil {
-			log.Print(err)
-		}
-	}()
-	select {
-	case <-w.Started():
-	case err := <-ran:
-		log.Fatal(err)
-	}
-
-	nc, js := connect(url)
-	defer nc.Close()
-	run := func(op string) time.Duration {
-		var mu sync.Mutex
-		pending := map[string]bool{}
-		done := make(chan struct{})
-		sub, err := nc.Subscribe(subj.ResultAll(), func(m *nats.Msg) {
-			var r messages.Result
-			if json.Unmarshal(m.Data, &r) != nil || r.Outcome != messages.OutcomeDone || r.Op != op {
-				return
-			}
-			mu.Lock()
-			if pending[r.CommandID] {
-				delete(pending, r.CommandID)
-				if len(pending) == 0 {
-					close(done)
-				}
-			}
-			mu.Unlock()
-		})
-		if err != nil {
-			log.Fatal(err)
-		}
-		defer sub.Unsubscribe()
-		for i := range n {
-			pending[fmt.Sprintf("%s-%d", op, i)] = true
+		if s.host && os.Getenv("TESTHOST_SSH_ADDR") == "" {
+			log.Fatalf("section %s needs the test host: run `make testhost` and `source .testhost/env`, or pass -sim", s.name)
 		}
 		start := time.Now()
-		for i := range n {
-			id := fmt.Sprintf("p%05d", i)
-			m := nats.NewMsg(subj.Command(op, id))
-			m.Data = []byte(`{"v":1,"id":"` + id + `"}`)
-			m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s-%d", op, i))
-			if _, err := js.PublishMsgAsync(m); err != nil {
-				log.Fatal(err)
-			}
+		log.Printf("section %s: start", s.name)
+		res, err := s.run(ctx, b)
+		if err != nil {
+			// One broken section must not hide the others' figures; it
+			// is written as an error and fails the run at the end.
+			log.Printf("section %s: %v", s.name, err)
+			rep.Errors = append(rep.Errors, fmt.Sprintf("%s: %v", s.name, err))
+			failed = true
 		}
-		select {
-		case <-done:
-		case <-time.After(10 * time.Minute):
-			log.Fatalf("%s: %d commands not done after 10 minutes", op, len(pending))
+		for _, f := range res.figures {
+			f.Section = s.name
+			f.check()
+			log.Printf("section %s: %s = %.3g (target %s, met %v)", s.name, f.Key, f.Value, f.Target, f.Met)
+			rep.Figures = append(rep.Figures, f)
 		}
-		return time.Since(start)
+		if res.notes != "" {
+			rep.notes = append(rep.notes, sectionNote{name: s.name, text: res.notes})
+		}
+		log.Printf("section %s: done in %s", s.name, time.Since(start).Round(time.Second))
+		if ctx.Err() != nil {
+			break
+		}
 	}
-	return run(messages.OpCreate), run(messages.OpDelete)
+	md := rep.markdown()
+	fmt.Print(md)
+	if *out != "" {
+		if err := os.WriteFile(*out, []byte(md), 0o644); err != nil {
+			log.Fatal(err)
+		}
+	}
+	if *jsonOut != "" {
+		if err := rep.writeJSON(*jsonOut); err != nil {
+			log.Fatal(err)
+		}
+	}
+	if failed || ctx.Err() != nil {
+		os.Exit(1)
+	}
 }
