@@ -161,3 +161,17 @@ func isCode(err error, code libvirt.ErrorNumber) bool {
 	var le libvirt.Error
 	return errors.As(err, &le) && le.Code == uint32(code)
 }
+
+// EnsureImage makes sure the named image is in the host's cache, uploaded,
+// verified and marked, as the first create from it does: it warms a host
+// ahead of its first proxy. An image not configured is a permanent error.
+func (p *Provider) EnsureImage(ctx context.Context, name string) error {
+	img, ok := p.byName[name]
+	if !ok {
+		return fleet.Permanent(fmt.Errorf("ensure image: unknown image %q", name))
+	}
+	if _, err := p.images.ensure(ctx, img); err != nil {
+		return fmt.Errorf("ensure image %s: %w", name, err)
+	}
+	return nil
+}
