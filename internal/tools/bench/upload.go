@@ -229,11 +229,16 @@ func (e *uploadEnv) cleanup(ctx context.Context, b *bench) error {
 	if _, err := e.virsh(ctx, "pool-refresh", e.pool); err != nil {
 		return err
 	}
-	out, err := e.virsh(ctx, "vol-list", e.pool, "--name")
+	out, err := e.virsh(ctx, "vol-list", e.pool) // "name path" lines (-q: no header)
 	if err != nil {
 		return err
 	}
-	for _, name := range strings.Fields(out) {
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		name := f[0]
 		if name == uploadVirshVol || strings.HasPrefix(name, "pf-base-"+uploadHost+"-") {
 			if _, err := e.virsh(ctx, "vol-delete", "--pool", e.pool, name); err != nil {
 				return err
