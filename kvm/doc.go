@@ -21,8 +21,8 @@
 // the address), delete.go, list.go (the provider), sweep.go and sweepuse.go
 // (the volumes nothing uses); mark.go, names.go,
 // domain.go, seed.go (what it writes on the host); image.go (the cache and
-// its single flight), imagemark.go, imageupload.go, imagesource.go (the
-// base image cache); classify.go (the errors); observe.go (the Observer).
+// its single flight), imagemark.go, imageupload.go, directupload.go,
+// imagesource.go (the base image cache); classify.go (the errors); observe.go (the Observer).
 //
 // Options.Observer (or LinkConfig.Observer) hears, for metrics, every
 // remote procedure call by name and duration (read from the transport's
@@ -73,6 +73,13 @@
 // with a no-progress watchdog on the source: if no bytes move for the
 // transfer-stall budget, the dedicated link is killed and the transfer fails
 // transient. A slow or stalled upload never costs the host's shared link.
+// Into a pool of type dir, the bytes go instead over a dedicated SSH client
+// (Link.sshTransfer, the same watchdog) into a temporary file next to the
+// volume, renamed over it once length and sha256 matched (directupload.go):
+// libvirt's stream is what holds uploads near 100-300 MiB/s. Other pool
+// types, and a host whose shell cannot write the pool's directory, use the
+// stream. SSH prefers AES-GCM on a CPU with AES instructions
+// (SSHConfig.Ciphers).
 //
 // # The provider
 //

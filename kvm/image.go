@@ -115,9 +115,13 @@ type imageCache struct {
 	// discardWait is how long a discard retries a volume that libvirtd
 	// still holds; default 10s.
 	discardWait time.Duration
-	// trace, if set, hears of decisions (tests): "upload", "wait",
-	// "takeover", "discard", each with the volume's name.
+	// trace, if set, hears of decisions (tests): "upload", "direct",
+	// "stream", "wait", "takeover", "discard", each with the volume's
+	// name.
 	trace func(event, volume string)
+	// streamOnly: upload through the libvirt stream even into a
+	// directory pool (tests of the stream; directupload.go).
+	streamOnly bool
 
 	mu      sync.Mutex
 	flights map[string]*flight

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash"
 	"io"
@@ -79,7 +80,53 @@ func (c *imageCache) upload(ctx context.Context, a artifact, log *slog.Logger) e
 		r: io.LimitReader(src, src.size), closer: src, h: sha256.New(),
 		report: c.reporter(a, src.size, start, log), obs: c.link.cfg.Observer,
 	}
+	// verify checks length and digest once every byte is through. The
+	// direct path calls it in the transfer's goroutine, which a cut
+	// transfer leaves running: its error is handed over atomically.
+	var verifyErr atomic.Pointer[error]
+	verify := func() error {
+		n, sum := cr.n.Load(), hex.EncodeToString(cr.h.Sum(nil))
+		var err error
+		if n != src.size {
+			err = fleet.Transient(fmt.Errorf("image %s: %s gave %d bytes, want %d", a.image, a.url, n, src.size))
+		} else if sum != a.sha {
+			err = fleet.Permanent(fmt.Errorf("image %s: %s has sha256 %s, the config says %s", a.image, a.url, sum, a.sha))
+		}
+		if err != nil {
+			verifyErr.Store(&err)
+		}
+		return err
+	}
 	cr.report(0, false)
+
+	target, why, err := c.directTarget(ctx, a)
+	if err != nil {
+		return fail(err)
+	}
+	if target != nil {
+		d := &direct{t: *target, tmp: tempName(*target), size: src.size, verify: verify,
+			every: max(c.staleAfter()/4, time.Millisecond)}
+		c.note("direct", a.name)
+		err = c.link.sshTransfer(tctx, cr, d.run)
+		if d.mayBeLeft() {
+			if rmErr := c.removeLeft(ctx, d); rmErr != nil {
+				log.Warn("could not remove a failed direct upload's temporary file", "dir", d.t.dir, "file", d.tmp, "err", rmErr)
+			}
+		}
+		switch {
+		case errors.Is(err, errNoDirect) && cr.n.Load() == 0:
+			log.Info("direct upload refused by the host; using the libvirt stream", "err", err)
+		case verifyErr.Load() != nil:
+			return fail(*verifyErr.Load())
+		case err != nil:
+			return fail(c.transferError(a, err))
+		default:
+			return c.finish(ctx, a, src.size, start, cr, log, fail)
+		}
+	} else {
+		log.Debug("uploading through the libvirt stream", "why", why)
+	}
+	c.note("stream", a.name)
 	var uploadErr atomic.Pointer[error] // libvirt's answer, when the source failed too
 	err = c.link.transfer(tctx, cr, func(l *libvirt.Libvirt, r io.Reader) error {
 		pool, err := l.StoragePoolLookupByName(c.pool)
@@ -111,13 +158,14 @@ func (c *imageCache) upload(ctx context.Context, a artifact, log *slog.Logger) e
 		}
 		return fail(c.transferError(a, err))
 	}
-	n, sum := cr.n.Load(), hex.EncodeToString(cr.h.Sum(nil))
-	if n != src.size {
-		return fail(fleet.Transient(fmt.Errorf("image %s: %s gave %d bytes, want %d", a.image, a.url, n, src.size)))
+	if err := verify(); err != nil {
+		return fail(err)
 	}
-	if sum != a.sha {
-		return fail(fleet.Permanent(fmt.Errorf("image %s: %s has sha256 %s, the config says %s", a.image, a.url, sum, a.sha)))
-	}
+	return c.finish(ctx, a, src.size, start, cr, log, fail)
+}
+
+// finish marks a's verified volume of n bytes.
+func (c *imageCache) finish(ctx context.Context, a artifact, n int64, start time.Time, cr *countingReader, log *slog.Logger, fail func(error) error) error {
 	cr.report(n, true)
 	if err := c.mark(ctx, a, n); err != nil {
 		return fail(err)

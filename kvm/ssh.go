@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
+	"golang.org/x/sys/cpu"
 
 	"proxyfleet/fleet"
 )
@@ -43,6 +44,28 @@ type SSHConfig struct {
 	// KeepaliveTimeout is how long a keepalive may wait for its reply
 	// before the client is killed; 0 means DefaultKeepaliveTimeout.
 	KeepaliveTimeout time.Duration
+	// Ciphers are the SSH ciphers offered, in order of preference; nil:
+	// AES-GCM first on a CPU with AES instructions (about a third faster
+	// than the library's order for image uploads), else the library's
+	// default order.
+	Ciphers []string
+}
+
+// aesGCMFirst is the cipher preference on a CPU with AES instructions.
+var aesGCMFirst = []string{
+	"aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com",
+	"aes128-ctr", "aes192-ctr", "aes256-ctr",
+}
+
+// ciphers is the cipher preference of the connection (see Ciphers).
+func (c SSHConfig) ciphers() []string {
+	if c.Ciphers != nil {
+		return c.Ciphers
+	}
+	if cpu.X86.HasAES || cpu.ARM64.HasAES {
+		return aesGCMFirst
+	}
+	return nil
 }
 
 func (c SSHConfig) withDefaults() SSHConfig {
@@ -165,15 +188,57 @@ func DialSSH(ctx context.Context, cfg SSHConfig) (*SSHConn, error) {
 }
 
 func dialSSH(ctx context.Context, cfg SSHConfig) (*SSHConn, error) {
-	signer, err := readKey(cfg.KeyFile)
+	client, conn, stop, err := dialClient(ctx, cfg)
 	if err != nil {
 		return nil, err
+	}
+	ch, err := client.Dial("unix", cfg.Socket)
+	if err != nil {
+		stop()
+		client.Close()
+		return nil, fmt.Errorf("forward to %s: %w", cfg.Socket, err)
+	}
+	if err := finishDial(ctx, client, conn, stop); err != nil {
+		return nil, err
+	}
+	c := &SSHConn{Conn: ch, client: client, done: make(chan struct{})}
+	go c.watch()
+	if cfg.KeepaliveInterval > 0 {
+		go c.keepalive(cfg.KeepaliveInterval, cfg.KeepaliveTimeout)
+	}
+	return c, nil
+}
+
+// dialSSHClient connects and logs in as DialSSH does, under the same
+// deadline, and returns the SSH client itself, for sessions (a direct
+// upload, directupload.go); it forwards nothing and sends no keepalives.
+// The caller closes the client.
+func dialSSHClient(ctx context.Context, cfg SSHConfig) (*ssh.Client, error) {
+	cfg = cfg.withDefaults()
+	client, conn, stop, err := dialClient(ctx, cfg)
+	if err == nil {
+		err = finishDial(ctx, client, conn, stop)
+	}
+	if err != nil {
+		return nil, Classify(fmt.Errorf("ssh %s: %w", cfg.name(), err))
+	}
+	return client, nil
+}
+
+// dialClient connects to cfg.Address, verifies the host key and logs in,
+// under one deadline (cfg.ConnectTimeout, or ctx's if sooner) that stays set
+// on conn, and a cancelled ctx moves into the past, until finishDial.
+func dialClient(ctx context.Context, cfg SSHConfig) (client *ssh.Client, conn net.Conn, stop func() bool, err error) {
+	signer, err := readKey(cfg.KeyFile)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	hostKeys, algos, err := hostKeyCheck(cfg)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	clientCfg := &ssh.ClientConfig{
+		Config:            ssh.Config{Ciphers: cfg.ciphers()},
 		User:              cfg.User,
 		Auth:              []ssh.AuthMethod{ssh.PublicKeys(signer)},
 		AuthCallback:      refusedLogin(cfg, signer),
@@ -188,48 +253,41 @@ func dialSSH(ctx context.Context, cfg SSHConfig) (*SSHConn, error) {
 		deadline = d
 	}
 	d := net.Dialer{Deadline: deadline}
-	conn, err := d.DialContext(ctx, "tcp", cfg.Address)
+	conn, err = d.DialContext(ctx, "tcp", cfg.Address)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	// One deadline for handshake and forward; a cancelled ctx moves it
 	// to the past, which fails whatever is blocked on the socket.
 	if err := conn.SetDeadline(deadline); err != nil {
 		conn.Close()
-		return nil, err
+		return nil, nil, nil, err
 	}
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	stop = context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 
 	sc, chans, reqs, err := ssh.NewClientConn(conn, cfg.Address, clientCfg)
 	if err != nil {
 		stop()
 		conn.Close() // NewClientConn closes it too; closing twice is harmless
-		return nil, err
+		return nil, nil, nil, err
 	}
-	client := ssh.NewClient(sc, chans, reqs)
-	ch, err := client.Dial("unix", cfg.Socket)
-	if err != nil {
-		stop()
-		client.Close()
-		return nil, fmt.Errorf("forward to %s: %w", cfg.Socket, err)
-	}
+	return ssh.NewClient(sc, chans, reqs), conn, stop, nil
+}
+
+// finishDial clears the dial's deadline, or closes the client if ctx
+// ended meanwhile.
+func finishDial(ctx context.Context, client *ssh.Client, conn net.Conn, stop func() bool) error {
 	if !stop() {
 		// ctx ended while we were finishing: the deadline may be in
 		// the past already.
 		client.Close()
-		return nil, context.Cause(ctx)
+		return context.Cause(ctx)
 	}
 	if err := conn.SetDeadline(time.Time{}); err != nil {
 		client.Close()
-		return nil, err
+		return err
 	}
-
-	c := &SSHConn{Conn: ch, client: client, done: make(chan struct{})}
-	go c.watch()
-	if cfg.KeepaliveInterval > 0 {
-		go c.keepalive(cfg.KeepaliveInterval, cfg.KeepaliveTimeout)
-	}
-	return c, nil
+	return nil
 }
 
 // watch records the end of a connection that the peer or the network ended.

@@ -63,12 +63,38 @@ func (k *Link) transfer(ctx context.Context, src io.Reader, fn func(l *libvirt.L
 		k.mu.Unlock()
 	}()
 
+	return k.watch(ctx, c, src, func(r io.Reader) error { return fn(c.l, r) },
+		func(err error) error {
+			first := c.markDead(err) // the stream's state is unknown: never reuse it
+			if isTransport(err) {
+				if first {
+					return fmt.Errorf("transfer: %w", c.deadErr())
+				}
+				return fleet.Transient(fmt.Errorf("transfer: %w (%w)", c.deadErr(), err))
+			}
+			return Classify(fmt.Errorf("transfer: %w", err))
+		},
+		func() {
+			// The upload is complete (libvirtd acknowledged the
+			// stream's end); a failing polite close of the dedicated
+			// link cannot undo that, and closeConn kills it anyway.
+			_ = k.closeConn(c, k.cfg.Budgets.Close)
+		})
+}
+
+// watch runs fn on src, wrapped in the no-progress watchdog, in a goroutine
+// counted by the link, and waits for it, for ctx and for c's death: a
+// stall, a done ctx or c's death kill c and close src. fn's error goes
+// through failed (which must mark c dead); success runs ok (which must end
+// c).
+func (k *Link) watch(ctx context.Context, c *conn, src io.Reader, fn func(r io.Reader) error,
+	failed func(error) error, ok func()) error {
 	w := &watchReader{r: src}
 	done := make(chan error, 1)
 	k.wg.Add(1)
 	go func() {
 		defer k.wg.Done()
-		done <- fn(c.l, w)
+		done <- fn(w)
 	}()
 
 	stall := k.cfg.Budgets.TransferStall
@@ -79,19 +105,9 @@ func (k *Link) transfer(ctx context.Context, src io.Reader, fn func(l *libvirt.L
 		select {
 		case err := <-done:
 			if err != nil {
-				first := c.markDead(err) // the stream's state is unknown: never reuse it
-				if isTransport(err) {
-					if first {
-						return fmt.Errorf("transfer: %w", c.deadErr())
-					}
-					return fleet.Transient(fmt.Errorf("transfer: %w (%w)", c.deadErr(), err))
-				}
-				return Classify(fmt.Errorf("transfer: %w", err))
+				return failed(err)
 			}
-			// The upload is complete (libvirtd acknowledged the
-			// stream's end); a failing polite close of the dedicated
-			// link cannot undo that, and closeConn kills it anyway.
-			_ = k.closeConn(c, k.cfg.Budgets.Close)
+			ok()
 			return nil
 		case <-c.dead:
 			w.stop(src)
