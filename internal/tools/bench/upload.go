@@ -90,15 +90,15 @@ func runUpload(ctx context.Context, b *bench) (sectionResult, error) {
 		uploadSize>>20, b.runs, env.pool, env.poolDir, env.addr, uploadHost, uploadImage)
 	fs := []figure{{
 		Key: "upload_vs_virsh", Value: median(vsVirsh), Unit: "ratio", Target: atLeast(1.0), Runs: vsVirsh,
-		Ours: fmt.Sprintf("%.1f MiB/s (median of %v)", median(ours), rounded(ours)),
-		Peer: fmt.Sprintf("virsh vol-upload %.1f MiB/s (median of %v)", median(virsh), rounded(virsh)),
-		How:  how + "virsh: `virsh -c qemu+ssh://... vol-upload` into a volume of the same size made before (vol-create-as, not timed), OpenSSH's ssh with the same key and known_hosts (StrictHostKeyChecking yes) as its transport; ratio = proxyfleet MiB/s / virsh MiB/s, per run.",
+		Ours:  fmt.Sprintf("%.1f MiB/s (median of %v)", median(ours), rounded(ours)),
+		Peer:  fmt.Sprintf("virsh vol-upload %.1f MiB/s (median of %v)", median(virsh), rounded(virsh)),
+		How:   how + "virsh: `virsh -c qemu+ssh://... vol-upload` into a volume of the same size made before (vol-create-as, not timed), OpenSSH's ssh with the same key and known_hosts (StrictHostKeyChecking yes) as its transport; ratio = proxyfleet MiB/s / virsh MiB/s, per run.",
 		Bound: bound,
 	}, {
 		Key: "upload_vs_scp", Value: median(vsScp), Unit: "ratio", Target: atLeast(0.85), Runs: vsScp,
-		Ours: fmt.Sprintf("%.1f MiB/s (median of %v)", median(ours), rounded(ours)),
-		Peer: fmt.Sprintf("scp %.1f MiB/s (median of %v)", median(scp), rounded(scp)),
-		How:  how + "scp: OpenSSH scp (its default cipher order) of the same file into the pool directory, same key and known_hosts (StrictHostKeyChecking yes); ratio = proxyfleet MiB/s / scp MiB/s, per run.",
+		Ours:  fmt.Sprintf("%.1f MiB/s (median of %v)", median(ours), rounded(ours)),
+		Peer:  fmt.Sprintf("scp %.1f MiB/s (median of %v)", median(scp), rounded(scp)),
+		How:   how + "scp: OpenSSH scp (its default cipher order) of the same file into the pool directory, same key and known_hosts (StrictHostKeyChecking yes); ratio = proxyfleet MiB/s / scp MiB/s, per run.",
 		Bound: bound,
 	}}
 	for i := range fs {
