@@ -14,6 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/sys/cpu"
+
 	"proxyfleet/fleet"
 )
 
@@ -245,8 +248,17 @@ func TestSSHConfig_ciphers(t *testing.T) {
 	if got := (SSHConfig{Ciphers: set}).ciphers(); !slices.Equal(got, set) {
 		t.Fatalf("ciphers = %v, want the configured %v", got, set)
 	}
-	got := SSHConfig{}.ciphers()
-	if got != nil && got[0] != "aes128-gcm@openssh.com" {
-		t.Fatalf("default ciphers = %v, want nil or AES-GCM first", got)
+	want := "chacha20-poly1305@openssh.com"
+	if cpu.X86.HasAES || cpu.ARM64.HasAES {
+		want = "aes128-gcm@openssh.com"
+	}
+	if got := (SSHConfig{}).ciphers(); len(got) == 0 || got[0] != want {
+		t.Fatalf("default ciphers = %v, want %s first", got, want)
+	}
+	supported := ssh.SupportedAlgorithms().Ciphers
+	for _, c := range append(slices.Clone(aesGCMFirst), chachaFirst...) {
+		if !slices.Contains(supported, c) {
+			t.Errorf("cipher %s is not supported by x/crypto/ssh", c)
+		}
 	}
 }

@@ -78,8 +78,8 @@
 // volume, renamed over it once length and sha256 matched (directupload.go):
 // libvirt's stream is what holds uploads near 100-300 MiB/s. Other pool
 // types, and a host whose shell cannot write the pool's directory, use the
-// stream. SSH prefers AES-GCM on a CPU with AES instructions
-// (SSHConfig.Ciphers).
+// stream. SSH prefers AES-GCM on a CPU with AES instructions and
+// ChaCha20-Poly1305 on one without (SSHConfig.Ciphers).
 //
 // # The provider
 //
