@@ -50,6 +50,11 @@ import (
 // dead one (image.go, single flight). So the volume's mtime is touched
 // every quarter of the stale window while the send lasts.
 //
+// The renamed file is the SSH user's, mode 0600 (umask 077), where
+// libvirtd's own volume was root's: with the root login the tests and the
+// test host use, the same; with another user, libvirt's DAC driver labels
+// the image for qemu when a domain starts, as it does any volume.
+//
 // A host whose shell cannot create the temporary file (no write permission
 // in the pool's directory for the SSH user, no POSIX shell) refuses before
 // any byte is read: the upload then goes through the libvirt stream, into

@@ -30,6 +30,10 @@ import (
 // through a killed connection. A failed upload's volume is discarded after
 // Link.transfer has returned, that is after its dedicated connection is
 // closed, and the delete is retried while libvirtd still holds the volume.
+//
+// Into a pool of type dir the same reader feeds a direct transfer over SSH
+// instead (directupload.go), under the same deadlines and watchdog; the
+// volume is claimed, verified, marked and discarded the same way.
 
 // upload tries to become a's uploader: it opens the source, creates the
 // volume (errLostRace if another process did first), streams the source
