@@ -62,7 +62,7 @@ func runControlPlane(ctx context.Context, b *bench) (sectionResult, error) {
 		Peer: fmt.Sprintf("raw JetStream sync publish %.0f/s", median(raws)),
 		How: fmt.Sprintf("one embedded nats-server (file store, sync_always true, as `serve` runs it). Peer: %d synchronous JetStream publishes "+
 			"(one at a time, each waiting for its ack) of a 21-byte body to a file stream on that server, one stored write each. "+
-			"Ours, just after on the same server: one worker with intake and execution of two sim hosts (no call delay), in one process; "+
+			"Ours, just after on the same server: one worker with intake (64 commands at once) and execution of two sim hosts (no call delay, 32 work items at once each), in one process; "+
 			"%d create commands published at once (async, with Nats-Msg-Id) until each has its `done` result; each command is validated, "+
 			"placed (room reserved), recorded as desired state, dispatched, accepted, converged (provisioning and running events) and answered done. "+
 			"Ratio: creates/s over raw publishes/s.", b.n, b.n),
