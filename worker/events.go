@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -16,20 +17,39 @@ import (
 // any number of workers: each publish names the stream sequence of the
 // subject's last message it read, and the server refuses it if another
 // publish came in between; then it reads again.
+//
+// What it stored last of each proxy it remembers (see known), so the next
+// event of the proxy, most often its own command's next, needs no read:
+// the server checks the remembered sequence as it would a read one, and a
+// refusal (another publisher came in between) drops it and reads again.
 type eventPublisher struct {
 	js         jetstream.JetStream
 	stream     jetstream.Stream
 	subjects   messages.Subjects
 	deletedTTL time.Duration
 	now        func() time.Time
+
+	mu    sync.Mutex
+	known map[string]storedEvent // id → its last event this publisher stored
 }
+
+// storedEvent is what the next publish of a proxy needs of its last event.
+type storedEvent struct {
+	streamSeq  uint64 // where it was stored
+	seq        uint64 // its seq
+	commandSeq uint64
+}
+
+// maxKnown bounds the events remembered: past it they are forgotten (and
+// read again when needed). A proxy's entry goes with its "deleted" event.
+const maxKnown = 1 << 16
 
 func newEventPublisher(ctx context.Context, js jetstream.JetStream, subj messages.Subjects, deletedTTL time.Duration, now func() time.Time) (*eventPublisher, error) {
 	st, err := js.Stream(ctx, messages.StreamEvents)
 	if err != nil {
 		return nil, fmt.Errorf("bind stream %s: %w", messages.StreamEvents, err)
 	}
-	return &eventPublisher{js: js, stream: st, subjects: subj, deletedTTL: deletedTTL, now: now}, nil
+	return &eventPublisher{js: js, stream: st, subjects: subj, deletedTTL: deletedTTL, now: now, known: map[string]storedEvent{}}, nil
 }
 
 // isWrongLastSeq reports a lost compare-and-set on a subject's last sequence.
@@ -84,15 +104,21 @@ func (p *eventPublisher) Publish(ctx context.Context, ev messages.StateEvent) (m
 	ev.V = messages.Version
 	ev.At = p.now().UTC()
 	for attempt := 0; attempt < 16; attempt++ {
-		prev, lastStreamSeq, err := p.last(ctx, ev.ID)
-		if err != nil {
-			return ev, err
+		prev, ok := p.remembered(ev.ID)
+		if !ok || (ev.CommandSeq != 0 && prev.commandSeq > ev.CommandSeq) {
+			// Nothing remembered, or a refusal to decide: read what is
+			// on record.
+			last, lastStreamSeq, err := p.last(ctx, ev.ID)
+			if err != nil {
+				return ev, err
+			}
+			prev = storedEvent{streamSeq: lastStreamSeq, seq: last.Seq, commandSeq: last.CommandSeq}
+			if lastStreamSeq != 0 && ev.CommandSeq != 0 && prev.commandSeq > ev.CommandSeq {
+				return ev, fmt.Errorf("publish %s event of %s for command %s (sequence %d): %s (sequence %d) has reported: %w",
+					ev.State, ev.ID, ev.CommandID, ev.CommandSeq, last.CommandID, last.CommandSeq, errEventSuperseded)
+			}
 		}
-		if lastStreamSeq != 0 && ev.CommandSeq != 0 && prev.CommandSeq > ev.CommandSeq {
-			return ev, fmt.Errorf("publish %s event of %s for command %s (sequence %d): %s (sequence %d) has reported: %w",
-				ev.State, ev.ID, ev.CommandID, ev.CommandSeq, prev.CommandID, prev.CommandSeq, errEventSuperseded)
-		}
-		if lastStreamSeq == 0 {
+		if prev.streamSeq == 0 {
 			// No event on record (never published, or "deleted" aged
 			// out): start above every seq this proxy ever had. Every
 			// seq is at most the stream sequence it was stored at, and
@@ -105,25 +131,55 @@ func (p *eventPublisher) Publish(ctx context.Context, ev messages.StateEvent) (m
 			}
 			ev.Seq = info.State.LastSeq + 1
 		} else {
-			ev.Seq = prev.Seq + 1
+			ev.Seq = prev.seq + 1
 		}
 		b, err := json.Marshal(ev)
 		if err != nil {
 			return ev, err
 		}
-		opts := []jetstream.PublishOpt{jetstream.WithExpectLastSequencePerSubject(lastStreamSeq)}
+		opts := []jetstream.PublishOpt{jetstream.WithExpectLastSequencePerSubject(prev.streamSeq)}
 		if ev.State == messages.StateDeleted && p.deletedTTL > 0 {
 			opts = append(opts, jetstream.WithMsgTTL(p.deletedTTL))
 		}
 		rctx, cancel := request(ctx, p.js)
-		_, err = p.js.Publish(rctx, p.subjects.State(ev.ID), b, opts...)
+		ack, err := p.js.Publish(rctx, p.subjects.State(ev.ID), b, opts...)
 		cancel()
 		if err == nil {
+			p.remember(ev, ack.Sequence)
 			return ev, nil
 		}
+		p.forget(ev.ID) // refused, or not known to be stored
 		if !isWrongLastSeq(err) {
 			return ev, fmt.Errorf("publish %s event of %s: %w", ev.State, ev.ID, err)
 		}
 	}
 	return ev, fmt.Errorf("publish %s event of %s: lost the race 16 times", ev.State, ev.ID)
+}
+
+func (p *eventPublisher) remembered(id string) (storedEvent, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s, ok := p.known[id]
+	return s, ok
+}
+
+// remember notes ev, stored at streamSeq, as id's last event; a "deleted"
+// one is forgotten instead (it ages out of the stream).
+func (p *eventPublisher) remember(ev messages.StateEvent, streamSeq uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ev.State == messages.StateDeleted {
+		delete(p.known, ev.ID)
+		return
+	}
+	if len(p.known) >= maxKnown {
+		clear(p.known)
+	}
+	p.known[ev.ID] = storedEvent{streamSeq: streamSeq, seq: ev.Seq, commandSeq: ev.CommandSeq}
+}
+
+func (p *eventPublisher) forget(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.known, id)
 }

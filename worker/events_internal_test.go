@@ -3,8 +3,11 @@ package worker
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"proxyfleet/internal/natstest"
 	"proxyfleet/messages"
@@ -56,5 +59,97 @@ func TestEventOfAnOlderCommandIsNotStoredAfterANewerOne(t *testing.T) {
 	}
 	if err := publish(messages.StateFailed, "legacy", 0); err != nil {
 		t.Errorf("an event without a command sequence: %v", err)
+	}
+}
+
+// A proxy's next event from the publisher that stored its last one needs no
+// read of the last message: the publisher remembers where that one was
+// stored, and the server checks it. Another publisher's event in between
+// (another worker's) makes the server refuse the remembered sequence, and
+// the publisher reads again: seqs still grow by one, and an older
+// command's event is still not stored after a newer one's.
+func TestEventsOfOneProxyNeedNoReadUnlessAnotherPublished(t *testing.T) {
+	srv := natstest.Start(t)
+	nc, js := srv.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	subj := messages.NewSubjects("")
+	if _, err := (Topology{Subjects: subj}).Setup(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	var reads atomic.Int64
+	sub, err := nc.Subscribe("$JS.API.DIRECT.GET."+messages.StreamEvents+".>", func(*nats.Msg) { reads.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	_, js2 := srv.Connect(t)
+	p, err := newEventPublisher(ctx, js, subj, time.Hour, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := newEventPublisher(ctx, js2, subj, time.Hour, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish := func(p *eventPublisher, state, cmd string, cmdSeq uint64) (messages.StateEvent, error) {
+		return p.Publish(ctx, messages.StateEvent{ID: "p1", State: state, Host: "h1", CommandID: cmd, CommandSeq: cmdSeq})
+	}
+	readsOf := func(what string, f func()) int64 {
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		before := reads.Load()
+		f()
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		n := reads.Load() - before
+		t.Logf("%s: %d reads of the last message", what, n)
+		return n
+	}
+	var first, second messages.StateEvent
+	readsOf("first event", func() {
+		if first, err = publish(p, messages.StateProvisioning, "c1", 3); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if n := readsOf("next event, same publisher", func() {
+		if second, err = publish(p, messages.StateRunning, "c1", 3); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("the next event of the same publisher read the last message %d times, want 0", n)
+	}
+	if second.Seq != first.Seq+1 {
+		t.Errorf("seq %d after %d, want %d", second.Seq, first.Seq, first.Seq+1)
+	}
+	// Another worker reports a newer command in between.
+	third, err := publish(other, messages.StateProvisioning, "c2", 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if third.Seq != second.Seq+1 {
+		t.Errorf("the other publisher's seq %d after %d, want %d", third.Seq, second.Seq, second.Seq+1)
+	}
+	if _, err := publish(p, messages.StateFailed, "c1", 3); !errors.Is(err, errEventSuperseded) {
+		t.Errorf("the older command's event after the other's newer one: %v, want errEventSuperseded", err)
+	}
+	fourth, err := publish(p, messages.StateRunning, "c2", 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fourth.Seq != third.Seq+1 {
+		t.Errorf("seq %d after the other publisher's %d, want %d", fourth.Seq, third.Seq, third.Seq+1)
+	}
+	last, _, err := p.last(ctx, "p1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last.Seq != fourth.Seq || last.State != messages.StateRunning || last.CommandID != "c2" {
+		t.Errorf("last event: seq %d %s of %s, want seq %d running of c2", last.Seq, last.State, last.CommandID, fourth.Seq)
 	}
 }

@@ -158,16 +158,33 @@ func (e *executor) converge(ctx context.Context, d *messages.Desired, why string
 			reason = "replacing: " + nonEmpty(obs.Reason, "domain is not running")
 		}
 	}
-	if err := e.publish(ctx, d, messages.StateProvisioning, fleet.Instance{}, reason); err != nil {
-		return err
-	}
 	if present {
+		// The old domain goes only once "provisioning" is stored: until
+		// then readers may take it for running.
+		if err := e.publish(ctx, d, messages.StateProvisioning, fleet.Instance{}, reason); err != nil {
+			return err
+		}
 		if err := e.prov.Delete(ctx, d.ID); err != nil {
 			return fmt.Errorf("delete %s for replacement: %w", d.ID, err)
 		}
+		e.w.stats.creates.Add(1)
+		if err := e.create(ctx, d); err != nil {
+			return err // the provider's error names the create and the id
+		}
+		return e.awaitRunning(ctx, d)
 	}
+	// Nothing is there: "provisioning" is published while the create
+	// runs, and stored before "running" is (that one waits for it). A
+	// failed publish fails the attempt after the create, as a failed
+	// create does; the next attempt finds the domain and waits for it.
+	published := make(chan error, 1)
+	go func() { published <- e.publish(ctx, d, messages.StateProvisioning, fleet.Instance{}, reason) }()
 	e.w.stats.creates.Add(1)
-	if err := e.create(ctx, d); err != nil {
+	err = e.create(ctx, d)
+	if perr := <-published; err == nil {
+		err = perr
+	}
+	if err != nil {
 		return err // the provider's error names the create and the id
 	}
 	return e.awaitRunning(ctx, d)

@@ -1,11 +1,14 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -44,6 +47,14 @@ type hostWriter struct {
 	w    *Worker
 	host string
 	reqs chan hostEdit
+
+	// The last record read, as stored and decoded: a read that finds the
+	// same bytes skips decoding them again (with a thousand proxies they
+	// are tens of KiB of JSON, and intake reads every host's record for
+	// each create it places).
+	readMu  sync.Mutex
+	readRaw []byte
+	readRec messages.HostRecord
 }
 
 // startWriters starts a writer for every host of the catalog; stopWriters
@@ -142,6 +153,8 @@ func (hw *hostWriter) apply(ctx context.Context, batch []hostEdit) []error {
 		if err != nil {
 			return all(err)
 		}
+		// readHost's record is shared: the edits change a copy.
+		rec.Proxies = maps.Clone(rec.Proxies)
 		if rec.Proxies == nil {
 			rec.Proxies = map[string]uint64{}
 		}
@@ -169,6 +182,9 @@ func (hw *hostWriter) apply(ctx context.Context, batch []hostEdit) []error {
 			_, err = w.hosts.Update(ctx, hw.host, b, rev)
 		}
 		if err == nil {
+			hw.readMu.Lock()
+			hw.readRec, hw.readRaw = rec, b // what the next read finds, unless another worker writes
+			hw.readMu.Unlock()
 			return errs
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) && !isWrongLastSeq(err) {
@@ -188,7 +204,9 @@ func (hw *hostWriter) apply(ctx context.Context, batch []hostEdit) []error {
 }
 
 // readHost reads host's record from the server; a host with none has an
-// empty one (revision 0).
+// empty one (revision 0). Every read asks the server; a record of the
+// bytes read last is not decoded again. The record's Proxies map is
+// shared with other readers: never change it.
 func (w *Worker) readHost(ctx context.Context, host string) (messages.HostRecord, uint64, error) {
 	rec := messages.HostRecord{V: messages.Version, Host: host, MaxProxies: w.catalog.maxProxies(host), State: messages.HostOK}
 	e, err := w.hosts.Get(ctx, host)
@@ -198,11 +216,25 @@ func (w *Worker) readHost(ctx context.Context, host string) (messages.HostRecord
 	if err != nil {
 		return rec, 0, fmt.Errorf("read host record of %s: %w", host, err)
 	}
+	hw := w.writers[host]
+	if hw != nil {
+		hw.readMu.Lock()
+		cached, ok := hw.readRec, hw.readRaw != nil && bytes.Equal(hw.readRaw, e.Value())
+		hw.readMu.Unlock()
+		if ok {
+			return cached, e.Revision(), nil
+		}
+	}
 	if err := json.Unmarshal(e.Value(), &rec); err != nil {
 		return rec, 0, fmt.Errorf("decode host record of %s: %w", host, err)
 	}
 	if rec.State == "" {
 		rec.State = messages.HostOK
+	}
+	if hw != nil {
+		hw.readMu.Lock()
+		hw.readRec, hw.readRaw = rec, e.Value()
+		hw.readMu.Unlock()
 	}
 	return rec, e.Revision(), nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -97,19 +98,13 @@ func (in *intake) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	rec.Seq = seq
-	outcome, field, reason, err := in.apply(ctx, rec)
+	outcome, field, reason, err := in.apply(ctx, rec, &res)
 	if err != nil {
 		in.retry(ctx, msg, meta, err)
 		return
 	}
-	res.Outcome, res.Reason = outcome, reason
 	if outcome == messages.OutcomeRejected { // no room
-		res.Field, res.Class = field, "permanent"
-		w.log.Info("command rejected", "id", sid, "op", op, "command_id", cmdID, "field", res.Field, "reason", reason)
-	}
-	if err := w.publishResult(ctx, res); err != nil {
-		in.retry(ctx, msg, meta, err)
-		return
+		w.log.Info("command rejected", "id", sid, "op", op, "command_id", cmdID, "field", field, "reason", reason)
 	}
 	if err := msg.Ack(); err != nil {
 		w.log.Warn("intake: ack", "id", sid, "err", err)
@@ -173,23 +168,35 @@ func asFieldError(err error) *messages.FieldError {
 }
 
 // apply records rec as the desired state unless a newer command is recorded,
-// then dispatches work. It is idempotent for one command: a redelivery finds
-// its own sequence recorded and only dispatches again.
+// then dispatches work, and answers the command with res (its outcome,
+// field and reason filled in). It is idempotent for one command: a
+// redelivery finds its own sequence recorded and only dispatches and
+// answers again.
 //
 // A create with no room is rejected (outcome rejected, with the field and
 // reason): it records nothing.
-func (in *intake) apply(ctx context.Context, rec *messages.Desired) (outcome, field, reason string, err error) {
+//
+// The stored writes that follow one another go out together: the command
+// id and desired state are read at once, and once the desired state is
+// written, the work item, the answer and the command id record are
+// published at once and their acks awaited together. None of those three
+// needs another first: a redelivery after any of them failed finds the
+// desired state of its own sequence and publishes all three again (the
+// answer is deduplicated by its message id, the work item collapses into
+// one per subject, the command id record says the same again).
+func (in *intake) apply(ctx context.Context, rec *messages.Desired, res *messages.Result) (outcome, field, reason string, err error) {
 	w := in.w
 	key := commandKey(rec.CommandID)
-	if e, err := w.cmdIDs.Get(ctx, key); err == nil {
-		var prev commandRecord
-		if json.Unmarshal(e.Value(), &prev) == nil && prev.Seq != rec.Seq {
-			return messages.OutcomeSuperseded, "", fmt.Sprintf("duplicate of command %s (sequence %d): no effect", rec.CommandID, prev.Seq), nil
-		}
-	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return "", "", "", fmt.Errorf("read command id: %w", err)
+	type entry struct {
+		e   jetstream.KeyValueEntry
+		err error
 	}
-
+	seen := make(chan entry, 1)
+	go func() {
+		e, err := w.cmdIDs.Get(ctx, key)
+		seen <- entry{e, err}
+	}()
+	first := true
 	var cur *messages.Desired
 	named := rec.Host // what the command says; placement fills the rest
 	for attempt := 0; ; attempt++ {
@@ -199,6 +206,19 @@ func (in *intake) apply(ctx context.Context, rec *messages.Desired) (outcome, fi
 		var rev uint64
 		cur = nil
 		e, err := w.desired.Get(ctx, rec.ID)
+		if first {
+			// The command id is checked before anything is decided.
+			first = false
+			s := <-seen
+			if s.err == nil {
+				var prev commandRecord
+				if json.Unmarshal(s.e.Value(), &prev) == nil && prev.Seq != rec.Seq {
+					return in.answer(ctx, res, messages.OutcomeSuperseded, "", fmt.Sprintf("duplicate of command %s (sequence %d): no effect", rec.CommandID, prev.Seq))
+				}
+			} else if !errors.Is(s.err, jetstream.ErrKeyNotFound) {
+				return "", "", "", fmt.Errorf("read command id: %w", s.err)
+			}
+		}
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
 		case err != nil:
@@ -211,7 +231,7 @@ func (in *intake) apply(ctx context.Context, rec *messages.Desired) (outcome, fi
 			}
 		}
 		if cur != nil && cur.Seq > rec.Seq {
-			return messages.OutcomeSuperseded, "", fmt.Sprintf("command %s (sequence %d) is newer", cur.CommandID, cur.Seq), nil
+			return in.answer(ctx, res, messages.OutcomeSuperseded, "", fmt.Sprintf("command %s (sequence %d) is newer", cur.CommandID, cur.Seq))
 		}
 		if cur != nil && cur.Seq == rec.Seq {
 			rec = cur // a redelivery of a command already recorded
@@ -223,7 +243,7 @@ func (in *intake) apply(ctx context.Context, rec *messages.Desired) (outcome, fi
 			return "", "", "", fmt.Errorf("place %s: %w", rec.ID, err)
 		}
 		if ferr != nil {
-			return messages.OutcomeRejected, ferr.Field, ferr.Reason, nil
+			return in.answer(ctx, res, messages.OutcomeRejected, ferr.Field, ferr.Reason)
 		}
 		b, _ := json.Marshal(rec)
 		if rev == 0 {
@@ -238,16 +258,38 @@ func (in *intake) apply(ctx context.Context, rec *messages.Desired) (outcome, fi
 			return "", "", "", fmt.Errorf("write desired state of %s: %w", rec.ID, err)
 		}
 	}
-	b, _ := json.Marshal(commandRecord{ID: rec.ID, Seq: rec.Seq})
-	if _, err := w.cmdIDs.Put(ctx, key, b); err != nil {
-		return "", "", "", fmt.Errorf("record command id: %w", err)
+	hosts := workHosts(rec)
+	errs := make([]error, len(hosts)+2)
+	var wg sync.WaitGroup
+	for i, h := range hosts {
+		wg.Go(func() { errs[i] = w.dispatch(ctx, h, rec.ID, rec.Seq) })
 	}
-	for _, h := range workHosts(rec) {
-		if err := w.dispatch(ctx, h, rec.ID, rec.Seq); err != nil {
-			return "", "", "", err
+	wg.Go(func() {
+		b, _ := json.Marshal(commandRecord{ID: rec.ID, Seq: rec.Seq})
+		if _, err := w.cmdIDs.Put(ctx, key, b); err != nil {
+			errs[len(hosts)] = fmt.Errorf("record command id: %w", err)
 		}
+	})
+	res.Outcome = messages.OutcomeAccepted
+	errs[len(hosts)+1] = w.publishResult(ctx, *res)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return "", "", "", err
 	}
 	return messages.OutcomeAccepted, "", "", nil
+}
+
+// answer publishes res with outcome (and, for a rejection, the field and
+// reason) and returns them.
+func (in *intake) answer(ctx context.Context, res *messages.Result, outcome, field, reason string) (string, string, string, error) {
+	res.Outcome, res.Reason = outcome, reason
+	if outcome == messages.OutcomeRejected {
+		res.Field, res.Class = field, "permanent"
+	}
+	if err := in.w.publishResult(ctx, *res); err != nil {
+		return "", "", "", err
+	}
+	return outcome, field, reason, nil
 }
 
 // place decides the host of rec given the current record: a create goes

@@ -100,3 +100,47 @@ func badCommands(id string) []badCase {
 		{"not an object", subj.Delete(id), `[1,2]`, "body"},
 	}
 }
+
+// Intake publishes a command's work item, its answer and its command id
+// record at once and waits for all three: one that was not stored (here
+// the work item, its stream gone) hands the command back, however the
+// others fared, and a later delivery dispatches it. Acking it with its
+// answer stored but not its work would leave the proxy accepted and never
+// made.
+func TestCommandIsRetriedUntilItsWorkItemIsStored(t *testing.T) {
+	r := newRig(t, "h1")
+	r.startWorker(func(c *worker.Config) {
+		c.MaxAttempts = 200 // each at most 200 ms apart: the test's stream is back long before
+		c.CheckInterval = 100 * time.Millisecond
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := r.js.DeleteStream(ctx, messages.StreamWork); err != nil {
+		t.Fatal(err)
+	}
+	r.create("p1", "c1", "")
+	desired, err := r.js.KeyValue(ctx, messages.BucketDesired)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.waitFor("intake to record p1 and fail to dispatch it", 10*time.Second, func() bool {
+		_, err := desired.Get(ctx, "p1")
+		return err == nil
+	})
+	// The redrive of a recorded proxy with no work would make it in the
+	// end anyway: what shows the command was handed back is that intake
+	// has it again, unacked.
+	r.waitFor("the command to be delivered again", 10*time.Second, func() bool {
+		c, err := r.js.Consumer(ctx, messages.StreamCommands, worker.IntakeConsumer)
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(ctx)
+		return err == nil && info.NumRedelivered > 0
+	})
+	r.setup(ctx, worker.Config{Subjects: subj})
+	r.waitOutcome("c1", messages.OutcomeDone)
+	if !r.domainExists("h1", "p1") {
+		t.Error("p1 is done but has no domain on h1")
+	}
+}

@@ -182,6 +182,11 @@ func (e *executor) sweepOne(ctx context.Context, id string) (bool, error) {
 		w.log.Info("sweep: a replica's read was behind; the leader wants it here", "host", e.host, "id", id)
 		return false, nil
 	}
+	// The pass listed the domains before it took the lock: a delete's
+	// work may have removed this one since. Nothing is swept then.
+	if _, err := e.prov.Get(ctx, id); isNotFound(err) {
+		return false, nil
+	}
 	if err := e.prov.Delete(ctx, id); err != nil {
 		return false, err
 	}
