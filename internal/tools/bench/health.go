@@ -1,0 +1,485 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/health"
+	"proxyfleet/messages"
+	"proxyfleet/worker"
+)
+
+// Sizes of the health section.
+const (
+	rotationProxies = 500  // proxies whose way into the rotation is timed
+	rotationWriters = 4    // goroutines publishing their running events
+	rotationPace    = 8    // ms between two events of one writer: 500 events/s in all
+	probeProxies    = 5000 // listeners probed for probe_ratio
+	probeRounds     = 2    // rounds of probes (and of connects) counted per run
+)
+
+// runHealth measures the health process: how long a running event takes to
+// reach a published rotation snapshot (probes passing), and how fast it
+// probes 5,000 loopback proxies against plain TCP connects to them.
+func runHealth(ctx context.Context, b *bench) (sectionResult, error) {
+	nofile := raiseNofile()
+	pl, err := startProbeListeners(probeProxies)
+	if err != nil {
+		return sectionResult{}, err
+	}
+	defer pl.close()
+
+	var p99s, p50s, maxes, ratios, ours, peers []float64
+	var okShare []float64
+	for i := range b.runs {
+		lat, err := rotationRun(ctx, b, i, pl.addrs[:rotationProxies])
+		if err != nil {
+			return sectionResult{}, fmt.Errorf("rotation run %d: %w", i+1, err)
+		}
+		p99s = append(p99s, ms(percentile(lat, 0.99)))
+		p50s = append(p50s, ms(percentile(lat, 0.5)))
+		maxes = append(maxes, ms(slices.Max(lat)))
+		b.log.Printf("health run %d: rotation p50 %.1f ms, p99 %.1f ms, max %.1f ms over %d proxies", i+1, p50s[i], p99s[i], maxes[i], len(lat))
+
+		peer1, err := tcpConnectRate(ctx, pl.addrs, 64, probeRounds*len(pl.addrs))
+		if err != nil {
+			return sectionResult{}, err
+		}
+		rate, ok, err := probeRun(ctx, b, i, pl.addrs)
+		if err != nil {
+			return sectionResult{}, fmt.Errorf("probe run %d: %w", i+1, err)
+		}
+		peer2, err := tcpConnectRate(ctx, pl.addrs, 64, probeRounds*len(pl.addrs))
+		if err != nil {
+			return sectionResult{}, err
+		}
+		peer := (peer1 + peer2) / 2
+		ours = append(ours, rate)
+		peers = append(peers, peer)
+		ratios = append(ratios, rate/peer)
+		okShare = append(okShare, ok)
+		b.log.Printf("health run %d: %.0f probes/s (%.1f%% passing), TCP connects %.0f/s before, %.0f/s after: ratio %.2f", i+1, rate, 100*ok, peer1, peer2, rate/peer)
+	}
+	rot := figure{
+		Key: "rotation_p99_ms", Value: median(p99s), Unit: "ms", Target: atMost(50), Runs: p99s,
+		Ours: fmt.Sprintf("p99 %.1f ms, p50 %.1f ms, max %.1f ms (medians over runs)", median(p99s), median(p50s), median(maxes)),
+		Peer: "—",
+		How: fmt.Sprintf("one embedded nats-server (file store, sync_always, as `serve` runs it) set up as `proxyfleet setup` does; one health process (health.Run with the defaults of `serve`: interval 2s, rise 2, fall 3, concurrency 64; probe target its own /probe on 127.0.0.1); "+
+			"%d loopback proxy listeners that pass the probe (each reads the forward-proxy request for the /probe target and answers 200 with its nonce, as a proxy forwarding to /probe would); "+
+			"%d writers publish a `running` state event (messages.StateEvent on <prefix>.state.<id>, JetStream publish, with the listener's address) every %d ms each; "+
+			"for each proxy, the time from just before its event's publish to the first snapshot on <prefix>.rotation that holds it. p99 over the %d proxies, median over runs.",
+			rotationProxies, rotationWriters, rotationPace, rotationProxies),
+	}
+	pr := figure{
+		Key: "probe_ratio", Value: median(ratios), Unit: "ratio", Target: atLeast(0.5), Runs: ratios,
+		Ours: fmt.Sprintf("%.0f probes/s (median; %.1f%% passing)", median(ours), 100*median(okShare)),
+		Peer: fmt.Sprintf("plain TCP connect+close %.0f/s", median(peers)),
+		How: fmt.Sprintf("%d loopback listeners (as above; RLIMIT_NOFILE %s). Ours: a health process as above with %d proxies running at those listeners, interval 500ms so rounds follow one another (a round of %d takes longer; the default concurrency of 64), "+
+			"probes per second counted from its probe counters over %d rounds once every proxy has risen. Peer: 64 goroutines doing net.Dial to the same listeners and closing, %d connects in all, once before and once after ours (the mean). "+
+			"The listeners' side is the same code for both: accept, read the request head (EOF for the peer), answer.",
+			probeProxies, nofile, probeProxies, probeProxies, probeRounds, probeRounds*probeProxies),
+	}
+	return sectionResult{figures: []figure{rot, pr}}, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// percentile p (0..1) of ds, nearest rank.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(float64(len(s))*p+0.999999) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+// raiseNofile raises the soft RLIMIT_NOFILE to the hard limit and says what
+// it is.
+func raiseNofile() string {
+	var l syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+		return "unknown"
+	}
+	l.Cur = l.Max
+	_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
+	_ = syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l)
+	return strconv.FormatUint(l.Cur, 10)
+}
+
+// healthServer is an embedded server set up as `proxyfleet setup` does,
+// with a health process running on it.
+type healthServer struct {
+	s    *server.Server
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	h    *health.Health
+	stop func()
+}
+
+func startHealth(ctx context.Context, dir string, cfg health.Config) (*healthServer, error) {
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true, SyncAlways: true})
+	if err != nil {
+		return nil, err
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		return nil, errors.New("nats-server not ready")
+	}
+	nc, js := connect(s.ClientURL())
+	if _, err := (worker.Topology{Subjects: cfg.Subjects}).Setup(ctx, js); err != nil {
+		nc.Close()
+		s.Shutdown()
+		return nil, err
+	}
+	hnc, hjs := connect(s.ClientURL())
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.ProbeListen = "127.0.0.1:0"
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	h, err := health.New(hjs, cfg)
+	if err != nil {
+		hnc.Close()
+		nc.Close()
+		s.Shutdown()
+		return nil, err
+	}
+	hctx, cancel := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- h.Run(hctx) }()
+	hs := &healthServer{s: s, nc: nc, js: js, h: h}
+	hs.stop = func() {
+		cancel()
+		<-ran
+		hnc.Close()
+		nc.Close()
+		s.Shutdown()
+	}
+	select {
+	case <-h.CaughtUp():
+	case err := <-ran:
+		cancel()
+		hnc.Close()
+		nc.Close()
+		s.Shutdown()
+		return nil, fmt.Errorf("health stopped: %v", err)
+	}
+	// Wait for the lease: only its holder publishes.
+	deadline := time.Now().Add(30 * time.Second)
+	for !h.Holder() {
+		if time.Now().After(deadline) {
+			hs.stop()
+			return nil, errors.New("health never took the lease")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return hs, nil
+}
+
+func runningEvent(id, addr string) (messages.StateEvent, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return messages.StateEvent{}, err
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return messages.StateEvent{}, err
+	}
+	return messages.StateEvent{V: messages.Version, ID: id, State: messages.StateRunning, Host: "h1", IP: host, Port: p,
+		Source: "bench", CommandID: "create-" + id, Seq: 1, At: time.Now().UTC()}, nil
+}
+
+// rotationRun times, for each proxy, its running event's publish to the
+// first rotation snapshot that holds it.
+func rotationRun(ctx context.Context, b *bench, run int, addrs []string) ([]time.Duration, error) {
+	subj := messages.NewSubjects("")
+	hs, err := startHealth(ctx, filepath.Join(b.dir, fmt.Sprintf("rot%d", run)), health.Config{Subjects: subj})
+	if err != nil {
+		return nil, err
+	}
+	defer hs.stop()
+
+	n := len(addrs)
+	sent := make([]time.Time, n)
+	seen := make([]time.Time, n)
+	var mu sync.Mutex
+	left := n
+	done := make(chan struct{})
+	idx := func(id string) int {
+		i, err := strconv.Atoi(strings.TrimPrefix(id, "r"))
+		if err != nil || i < 0 || i >= n {
+			return -1
+		}
+		return i
+	}
+	sub, err := hs.nc.Subscribe(subj.Rotation(), func(m *nats.Msg) {
+		at := time.Now()
+		var rot messages.Rotation
+		if json.Unmarshal(m.Data, &rot) != nil {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, e := range rot.Proxies {
+			if i := idx(e.ID); i >= 0 && seen[i].IsZero() {
+				seen[i] = at
+				if left--; left == 0 {
+					close(done)
+				}
+			}
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Unsubscribe()
+	if err := hs.nc.Flush(); err != nil {
+		return nil, err
+	}
+
+	errc := make(chan error, rotationWriters)
+	for w := range rotationWriters {
+		go func() {
+			t := time.NewTicker(rotationPace * time.Millisecond)
+			defer t.Stop()
+			for i := w; i < n; i += rotationWriters {
+				id := fmt.Sprintf("r%04d", i)
+				ev, err := runningEvent(id, addrs[i])
+				if err != nil {
+					errc <- err
+					return
+				}
+				body, _ := json.Marshal(ev)
+				mu.Lock()
+				sent[i] = time.Now()
+				mu.Unlock()
+				if _, err := hs.js.Publish(ctx, subj.State(id), body); err != nil {
+					errc <- err
+					return
+				}
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					errc <- ctx.Err()
+					return
+				}
+			}
+			errc <- nil
+		}()
+	}
+	for range rotationWriters {
+		if err := <-errc; err != nil {
+			return nil, err
+		}
+	}
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute):
+		mu.Lock()
+		defer mu.Unlock()
+		return nil, fmt.Errorf("%d of %d proxies not in a published rotation after 2 minutes", left, n)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	lat := make([]time.Duration, n)
+	for i := range n {
+		lat[i] = seen[i].Sub(sent[i])
+	}
+	return lat, nil
+}
+
+// probeRun puts a proxy at every address in the rotation of a health
+// process probing in back-to-back rounds, and returns its probes per second
+// once all have risen, and the share of them that passed.
+func probeRun(ctx context.Context, b *bench, run int, addrs []string) (rate, ok float64, err error) {
+	subj := messages.NewSubjects("")
+	hs, err := startHealth(ctx, filepath.Join(b.dir, fmt.Sprintf("probe%d", run)), health.Config{Subjects: subj, Interval: 500 * time.Millisecond})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer hs.stop()
+	for i, a := range addrs {
+		id := fmt.Sprintf("q%05d", i)
+		ev, err := runningEvent(id, a)
+		if err != nil {
+			return 0, 0, err
+		}
+		body, _ := json.Marshal(ev)
+		if _, err := hs.js.PublishAsync(subj.State(id), body); err != nil {
+			return 0, 0, err
+		}
+		if (i+1)%1000 == 0 || i == len(addrs)-1 {
+			select {
+			case <-hs.js.PublishAsyncComplete():
+			case <-time.After(time.Minute):
+				return 0, 0, errors.New("events not acknowledged after a minute")
+			}
+		}
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for hs.h.Metrics().RotationSize < len(addrs) {
+		if time.Now().After(deadline) {
+			return 0, 0, fmt.Errorf("%d of %d proxies in the rotation after 3 minutes", hs.h.Metrics().RotationSize, len(addrs))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	count := func() (all, passed uint64) {
+		for r, n := range hs.h.Metrics().Probes {
+			all += n
+			if r == health.ResultOK {
+				passed += n
+			}
+		}
+		return all, passed
+	}
+	c0, p0 := count()
+	t0 := time.Now()
+	want := uint64(probeRounds * len(addrs))
+	for {
+		c, p := count()
+		if c-c0 >= want {
+			d := time.Since(t0)
+			return float64(c-c0) / d.Seconds(), float64(p-p0) / float64(c-c0), nil
+		}
+		if time.Since(t0) > 3*time.Minute {
+			return 0, 0, fmt.Errorf("%d probes in 3 minutes", c-c0)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// tcpConnectRate is the peer of probe_ratio: conc goroutines each connect
+// to the next address and close, total times; it returns connects per
+// second.
+func tcpConnectRate(ctx context.Context, addrs []string, conc, total int) (float64, error) {
+	var next atomic.Int64
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	d := net.Dialer{Timeout: 5 * time.Second, KeepAlive: -1}
+	start := time.Now()
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= total || ctx.Err() != nil {
+					return
+				}
+				c, err := d.DialContext(ctx, "tcp", addrs[i%len(addrs)])
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				c.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	if f := failed.Load(); f > 0 {
+		return 0, fmt.Errorf("tcp connect loop: %d of %d connects failed", f, total)
+	}
+	return float64(total) / el.Seconds(), ctx.Err()
+}
+
+// probeListeners are loopback listeners that pass a health probe: each
+// reads a forward-proxy request (GET with an absolute URI to the /probe
+// target) and answers 200 with its nonce, as a proxy forwarding it to the
+// target would. A connection that sends nothing (the TCP peer) is closed
+// at EOF.
+type probeListeners struct {
+	lns   []net.Listener
+	addrs []string
+	wg    sync.WaitGroup
+}
+
+func startProbeListeners(n int) (*probeListeners, error) {
+	pl := &probeListeners{}
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			pl.close()
+			return nil, fmt.Errorf("listener %d of %d: %w", len(pl.lns)+1, n, err)
+		}
+		pl.lns = append(pl.lns, ln)
+		pl.addrs = append(pl.addrs, ln.Addr().String())
+		pl.wg.Add(1)
+		go func() {
+			defer pl.wg.Done()
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					if errors.Is(err, net.ErrClosed) {
+						return
+					}
+					continue
+				}
+				pl.wg.Add(1)
+				go func() {
+					defer pl.wg.Done()
+					serveProbe(c)
+				}()
+			}
+		}()
+	}
+	return pl, nil
+}
+
+func (pl *probeListeners) close() {
+	for _, ln := range pl.lns {
+		ln.Close()
+	}
+	pl.wg.Wait()
+}
+
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 1024) }}
+
+func serveProbe(c net.Conn) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	r := readers.Get().(*bufio.Reader)
+	r.Reset(c)
+	defer func() { r.Reset(nil); readers.Put(r) }()
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return // the TCP peer: connected and closed
+	}
+	for {
+		h, err := r.ReadSlice('\n')
+		if err != nil {
+			return
+		}
+		if len(h) <= 2 {
+			break
+		}
+	}
+	status, body := "400 Bad Request", "want GET http://host/probe?nonce=N\n"
+	if f := strings.Fields(line); len(f) == 3 && f[0] == "GET" {
+		if u, err := url.Parse(f[1]); err == nil && u.IsAbs() && u.Path == health.ProbePath {
+			if nonce := u.Query().Get(health.NonceParam); nonce != "" {
+				status, body = "200 OK", nonce+"\n"
+			}
+		}
+	}
+	fmt.Fprintf(c, "HTTP/1.1 %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", status, len(body), body)
+}
