@@ -71,6 +71,7 @@ type Fold struct {
 	proxies map[string]*proxyState
 	epochs  uint64
 	stats   FoldStats
+	inRot   int // proxies in the rotation
 }
 
 // FoldStats counts what the fold did.
@@ -271,6 +272,7 @@ func (f *Fold) forget(p *proxyState) {
 
 func (f *Fold) enter(p *proxyState, at time.Time) {
 	p.inRotation, p.since, p.graceUntil = true, at, time.Time{}
+	f.inRot++
 	f.stats.Entries++
 }
 
@@ -280,6 +282,7 @@ func (f *Fold) leave(p *proxyState) bool {
 		return false
 	}
 	p.inRotation, p.since, p.graceUntil = false, time.Time{}, time.Time{}
+	f.inRot--
 	f.stats.Exits++
 	return true
 }
@@ -303,6 +306,22 @@ func (f *Fold) Targets() []Target {
 	}
 	slices.SortFunc(out, func(a, b Target) int { return strings.Compare(a.ID, b.ID) })
 	return out
+}
+
+// Rising returns id's target if it is a candidate on its way into the
+// rotation that has not failed since its last pass: running at an address,
+// not in the rotation, fewer than Rise passes in a row and no failure
+// since. Such a proxy is probed again at once rather than at the next
+// round, so that a new proxy enters the rotation as soon as it passes
+// Rise probes in a row; one that fails waits for the rounds (a dead proxy
+// is never probed in a loop).
+func (f *Fold) Rising(id string) (Target, bool) {
+	p := f.proxies[id]
+	if p == nil || f.Rise <= 0 || p.addr == "" || p.inRotation || p.state != messages.StateRunning ||
+		!p.graceUntil.IsZero() || p.fails > 0 || p.passes >= f.Rise {
+		return Target{}, false
+	}
+	return Target{ID: id, Addr: p.addr, Epoch: p.epoch}, true
 }
 
 // ProbeResult is the outcome of one probe of a Target.
@@ -461,20 +480,12 @@ func (f *Fold) GraceLen() int {
 }
 
 // Len is the size of the rotation.
-func (f *Fold) Len() int {
-	n := 0
-	for _, p := range f.proxies {
-		if p.inRotation {
-			n++
-		}
-	}
-	return n
-}
+func (f *Fold) Len() int { return f.inRot }
 
 // Snapshot returns the rotation sorted by id. It never returns nil, so it
 // encodes as [] and not null.
 func (f *Fold) Snapshot() []messages.RotationEntry {
-	out := make([]messages.RotationEntry, 0, len(f.proxies))
+	out := make([]messages.RotationEntry, 0, f.inRot)
 	for id, p := range f.proxies {
 		if p.inRotation {
 			out = append(out, messages.RotationEntry{ID: id, Addr: p.addr, Host: p.host, Since: p.since})

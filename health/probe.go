@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -199,33 +198,27 @@ type probeOutcome struct {
 // probeRound probes every target once, at most concurrency at a time, each
 // within timeout, and calls report (from the probing goroutines, one call
 // per target) as each one ends. A probe that panics is a failure. It
-// returns when every probe has ended, or at once if ctx is done before a
-// probe starts (the probes not started are not reported).
+// returns when every probe has ended, or, once ctx is done, when the
+// probes in flight have (the probes not started are not reported).
 func probeRound(ctx context.Context, p Prober, targets []Target, concurrency int, timeout time.Duration, now func() time.Time, report func(probeOutcome)) {
 	if len(targets) == 0 {
 		return
 	}
-	concurrency = max(1, min(concurrency, len(targets)))
-	jobs := make(chan Target)
-	var wg sync.WaitGroup
-	for range concurrency {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for t := range jobs {
-				report(probeOne(ctx, p, t, timeout, now))
-			}
-		}()
+	s := newProbeSched(p, min(concurrency, len(targets)), timeout, now, func(_ context.Context, o probeOutcome) { report(o) })
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := s.startRound(targets)
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		s.run(rctx)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
 	}
-	defer wg.Wait()
-	defer close(jobs)
-	for _, t := range targets {
-		select {
-		case jobs <- t:
-		case <-ctx.Done():
-			return
-		}
-	}
+	cancel()
+	<-ran
 }
 
 func probeOne(ctx context.Context, p Prober, t Target, timeout time.Duration, now func() time.Time) (out probeOutcome) {
@@ -249,40 +242,65 @@ func probeOne(ctx context.Context, p Prober, t Target, timeout time.Duration, no
 	return out
 }
 
-// probeLoop probes every target once per Interval (a round that takes
-// longer delays the next one: rounds never overlap, so a proxy has at most
-// one probe in flight) and folds each result in as it comes.
+// probeLoop runs the probe workers and starts a round of every target once
+// per Interval (a round that takes longer delays the next one); new and
+// rising candidates are probed at once in between (see Fold.Rising). A
+// proxy has at most one probe in flight.
 func (h *Health) probeLoop(ctx context.Context) {
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		h.sched.run(ctx)
+	}()
+	defer func() { <-ran }()
 	t := time.NewTicker(h.cfg.Interval)
 	defer t.Stop()
-	report := func(o probeOutcome) {
-		if ctx.Err() != nil {
-			return // stopping: a cancelled probe says nothing of the proxy
-		}
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		h.probeStats.add(o.Result)
-		h.probeLatency.Observe(o.Latency.Seconds())
-		if h.fold.ApplyProbe(o.ProbeResult) {
-			h.changedLocked()
-			in := h.fold.InRotation(o.ID)
-			if h.caughtUp {
-				h.log.Info("rotation changed by a probe", "id", o.ID, "result", o.Result, "entered", in, "err", o.Err, "size", h.fold.Len())
-			}
-			h.signal()
-		} else if !o.OK {
-			h.log.Debug("probe failed", "id", o.ID, "result", o.Result, "err", o.Err)
-		}
-	}
 	for {
 		h.mu.Lock()
 		targets := h.fold.Targets()
 		h.mu.Unlock()
-		probeRound(ctx, h.prober, targets, h.cfg.Concurrency, h.cfg.Timeout, h.now, report)
+		select {
+		case <-h.sched.startRound(targets):
+		case <-ctx.Done():
+			return
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// reportProbe folds a probe's outcome in, and asks for the proxy to be
+// probed again at once while it is rising.
+func (h *Health) reportProbe(ctx context.Context, o probeOutcome) {
+	if ctx.Err() != nil {
+		return // stopping: a cancelled probe says nothing of the proxy
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.probeStats.add(o.Result)
+	h.probeLatency.Observe(o.Latency.Seconds())
+	if h.fold.ApplyProbe(o.ProbeResult) {
+		h.changedLocked()
+		in := h.fold.InRotation(o.ID)
+		if h.caughtUp {
+			h.log.Info("rotation changed by a probe", "id", o.ID, "result", o.Result, "entered", in, "err", o.Err, "size", h.fold.Len())
+		}
+		h.signal()
+	} else if !o.OK {
+		h.log.Debug("probe failed", "id", o.ID, "result", o.Result, "err", o.Err)
+	}
+	h.probeIfRisingLocked(o.ID)
+}
+
+// probeIfRisingLocked asks for id to be probed at once if it is rising.
+func (h *Health) probeIfRisingLocked(id string) {
+	if h.sched == nil {
+		return
+	}
+	if t, ok := h.fold.Rising(id); ok {
+		h.sched.probeSoon(t)
 	}
 }

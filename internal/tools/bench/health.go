@@ -10,7 +10,9 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -42,6 +44,18 @@ const (
 // probes 5,000 loopback proxies against plain TCP connects to them.
 func runHealth(ctx context.Context, b *bench) (sectionResult, error) {
 	nofile := raiseNofile()
+	if path := os.Getenv("BENCH_HEALTH_CPUPROFILE"); path != "" {
+		// For finding causes: a CPU profile of the whole section.
+		f, err := os.Create(path)
+		if err != nil {
+			return sectionResult{}, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return sectionResult{}, err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	pl, err := startProbeListeners(probeProxies)
 	if err != nil {
 		return sectionResult{}, err
