@@ -324,6 +324,17 @@ func (f *Fold) Rising(id string) (Target, bool) {
 	return Target{ID: id, Addr: p.addr, Epoch: p.epoch}, true
 }
 
+// TargetsLen is len(Targets()), without making them.
+func (f *Fold) TargetsLen() int {
+	n := 0
+	for _, p := range f.proxies {
+		if p.addr != "" {
+			n++
+		}
+	}
+	return n
+}
+
 // ProbeResult is the outcome of one probe of a Target.
 type ProbeResult struct {
 	ID    string

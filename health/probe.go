@@ -1,6 +1,7 @@
 package health
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -11,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -86,7 +88,11 @@ type HTTPProber struct {
 	Target *url.URL
 	Expect string
 
-	transport *http.Transport
+	transport *http.Transport // for https targets: CONNECT, then TLS
+	dialer    *net.Dialer
+	// For http targets, the request without its nonce: head is up to the
+	// query's nonce value, tail is what follows it.
+	head, tail string
 }
 
 type proxyKey struct{}
@@ -102,9 +108,28 @@ func NewHTTPProber(target, expect string) (*HTTPProber, error) {
 		return nil, fmt.Errorf("probe target %q: want http(s)://host[:port]/path", target)
 	}
 	d := &net.Dialer{KeepAlive: -1}
+	// An http target is probed with a request written by hand: the same
+	// bytes net/http would send for a proxy request with keep-alives off,
+	// without its per-connection goroutines and buffers.
+	q := u.Query()
+	q.Del(NonceParam)
+	query := q.Encode()
+	if query != "" {
+		query += "&"
+	}
+	uri := *u
+	uri.User, uri.RawQuery, uri.ForceQuery, uri.Fragment, uri.RawFragment = nil, "", false, "", ""
+	if uri.Path == "" && uri.RawPath == "" {
+		uri.Path = "/"
+	}
+	head := "GET " + uri.String() + "?" + query + NonceParam + "="
+	tail := " HTTP/1.1\r\nHost: " + u.Host + "\r\nUser-Agent: proxyfleet-health\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n"
 	return &HTTPProber{
 		Target: u,
 		Expect: expect,
+		dialer: d,
+		head:   head,
+		tail:   tail,
 		transport: &http.Transport{
 			Proxy: func(r *http.Request) (*url.URL, error) {
 				addr, _ := r.Context().Value(proxyKey{}).(string)
@@ -127,6 +152,9 @@ func (p *HTTPProber) Probe(ctx context.Context, addr string) error {
 	if err != nil {
 		return err
 	}
+	if p.Target.Scheme == "http" {
+		return p.probeHTTP(ctx, addr, nonce)
+	}
 	u := *p.Target
 	q := u.Query()
 	q.Set(NonceParam, nonce)
@@ -142,6 +170,64 @@ func (p *HTTPProber) Probe(ctx context.Context, addr string) error {
 		return err
 	}
 	defer resp.Body.Close()
+	return p.check(resp, addr, nonce)
+}
+
+// probeBufs are the buffers of probes of http targets.
+var probeBufs = sync.Pool{New: func() any { return &probeBuf{r: bufio.NewReaderSize(nil, 4096)} }}
+
+type probeBuf struct {
+	w []byte
+	r *bufio.Reader
+}
+
+// probeHTTP sends the request through the proxy at addr on a connection of
+// its own, closed after the answer, and checks the answer.
+func (p *HTTPProber) probeHTTP(ctx context.Context, addr, nonce string) error {
+	conn, err := p.dialer.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if d, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(d)
+	}
+	// A cancelled probe must return at once: wake a blocked read or write.
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	b := probeBufs.Get().(*probeBuf)
+	defer func() {
+		b.r.Reset(nil)
+		probeBufs.Put(b)
+	}()
+	b.w = append(append(append(b.w[:0], p.head...), nonce...), p.tail...)
+	if _, err := conn.Write(b.w); err != nil {
+		return p.ctxErr(ctx, err)
+	}
+	b.r.Reset(conn)
+	resp, err := http.ReadResponse(b.r, nil)
+	if err != nil {
+		return p.ctxErr(ctx, err)
+	}
+	// The body is not closed: closing would read what is left of it,
+	// and the connection is closed anyway.
+	return p.ctxErr(ctx, p.check(resp, addr, nonce))
+}
+
+// ctxErr returns ctx's error for an error caused by its end (the deadline
+// set on the connection), so that a probe out of time reads as one.
+func (p *HTTPProber) ctxErr(ctx context.Context, err error) error {
+	if err != nil && ctx.Err() != nil {
+		var pe *ProbeError
+		if !errors.As(err, &pe) {
+			return fmt.Errorf("%w: %w", ctx.Err(), err)
+		}
+	}
+	return err
+}
+
+// check passes a 200 answer whose body holds the expected value.
+func (p *HTTPProber) check(resp *http.Response, addr, nonce string) error {
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxProbeBody))
 	if err != nil {
 		return err

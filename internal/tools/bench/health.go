@@ -354,7 +354,7 @@ func probeRun(ctx context.Context, b *bench, run int, addrs []string) (rate, ok 
 		if time.Now().After(deadline) {
 			return 0, 0, fmt.Errorf("%d of %d proxies in the rotation after 3 minutes", hs.h.Metrics().RotationSize, len(addrs))
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 	}
 	count := func() (all, passed uint64) {
 		for r, n := range hs.h.Metrics().Probes {
@@ -377,7 +377,7 @@ func probeRun(ctx context.Context, b *bench, run int, addrs []string) (rate, ok 
 		if time.Since(t0) > 3*time.Minute {
 			return 0, 0, fmt.Errorf("%d probes in 3 minutes", c-c0)
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
