@@ -66,6 +66,7 @@ func runHealth(ctx context.Context, b *bench) (sectionResult, error) {
 	var p99s, p50s, maxes, ratios, ours, peers []float64
 	var okShare, ack50s, ack99s, nosync50s, nosync99s, late99s []float64
 	var loads []string
+	var alls []float64
 	for i := range b.runs {
 		loads = append(loads, loadavg())
 		lat, ack, late, err := rotationRun(ctx, b, i, pl.addrs[:rotationProxies], true)
@@ -90,7 +91,7 @@ func runHealth(ctx context.Context, b *bench) (sectionResult, error) {
 		if err != nil {
 			return sectionResult{}, err
 		}
-		rate, ok, err := probeRun(ctx, b, i, pl.addrs)
+		rate, ok, all, err := probeRun(ctx, b, i, pl.addrs)
 		if err != nil {
 			return sectionResult{}, fmt.Errorf("probe run %d: %w", i+1, err)
 		}
@@ -103,7 +104,8 @@ func runHealth(ctx context.Context, b *bench) (sectionResult, error) {
 		peers = append(peers, peer)
 		ratios = append(ratios, rate/peer)
 		okShare = append(okShare, ok)
-		b.log.Printf("health run %d: %.0f probes/s (%.1f%% passing), TCP connects %.0f/s before, %.0f/s after: ratio %.2f", i+1, rate, 100*ok, peer1, peer2, rate/peer)
+		alls = append(alls, all.Seconds())
+		b.log.Printf("health run %d: %.0f probes/s (%.1f%% passing), TCP connects %.0f/s before, %.0f/s after: ratio %.2f; %d proxies all in the bucket after %.1f s", i+1, rate, 100*ok, peer1, peer2, rate/peer, len(pl.addrs), all.Seconds())
 	}
 	rot := figure{
 		Key: "rotation_p99_ms", Value: median(p99s), Unit: "ms", Target: atMost(50), Runs: p99s,
@@ -128,7 +130,17 @@ func runHealth(ctx context.Context, b *bench) (sectionResult, error) {
 			"The listeners' side is the same code for both: accept, read the request head (EOF for the peer), answer.",
 			probeProxies, nofile, probeProxies, probeProxies, probeRounds, probeRounds*probeProxies),
 	}
-	return sectionResult{figures: []figure{rot, pr}}, nil
+	notes := fmt.Sprintf("%d running events published at once (async JetStream publishes, acknowledged in batches of 1,000) to the health process of `probe_ratio` took %s s (per run) from the first publish until all %d were in %s: folded, probed twice each through their listeners, and written to the bucket.\n",
+		probeProxies, joinFloats(alls, "%.1f"), probeProxies, messages.BucketRotation)
+	return sectionResult{figures: []figure{rot, pr}, notes: notes}, nil
+}
+
+func joinFloats(vs []float64, format string) string {
+	out := make([]string, len(vs))
+	for i, v := range vs {
+		out[i] = fmt.Sprintf(format, v)
+	}
+	return strings.Join(out, ", ")
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -400,38 +412,54 @@ func loadavg() string {
 // probeRun puts a proxy at every address in the rotation of a health
 // process probing in back-to-back rounds, and returns its probes per second
 // once all have risen, and the share of them that passed.
-func probeRun(ctx context.Context, b *bench, run int, addrs []string) (rate, ok float64, err error) {
+//
+// It also returns how long the proxies took, from the first event's
+// publish, to be all in PROXY_ROTATION.
+func probeRun(ctx context.Context, b *bench, run int, addrs []string) (rate, ok float64, all time.Duration, err error) {
 	subj := messages.NewSubjects("")
 	hs, err := startHealth(ctx, filepath.Join(b.dir, fmt.Sprintf("probe%d", run)), true, health.Config{Subjects: subj, Interval: 500 * time.Millisecond})
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	defer hs.stop()
+	start := time.Now()
 	for i, a := range addrs {
 		id := fmt.Sprintf("q%05d", i)
 		ev, err := runningEvent(id, a)
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		body, _ := json.Marshal(ev)
 		if _, err := hs.js.PublishAsync(subj.State(id), body); err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		if (i+1)%1000 == 0 || i == len(addrs)-1 {
 			select {
 			case <-hs.js.PublishAsyncComplete():
 			case <-time.After(time.Minute):
-				return 0, 0, errors.New("events not acknowledged after a minute")
+				return 0, 0, 0, errors.New("events not acknowledged after a minute")
 			}
 		}
 	}
-	deadline := time.Now().Add(3 * time.Minute)
-	for hs.h.Metrics().RotationSize < len(addrs) {
-		if time.Now().After(deadline) {
-			return 0, 0, fmt.Errorf("%d of %d proxies in the rotation after 3 minutes", hs.h.Metrics().RotationSize, len(addrs))
-		}
-		time.Sleep(50 * time.Millisecond)
+	bucket, err := hs.js.Stream(ctx, "KV_"+messages.BucketRotation)
+	if err != nil {
+		return 0, 0, 0, err
 	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		info, err := bucket.Info(ctx)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		if info.State.Msgs >= uint64(len(addrs)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			return 0, 0, 0, fmt.Errorf("%d of %d proxies in %s after 3 minutes", info.State.Msgs, len(addrs), messages.BucketRotation)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	all = time.Since(start)
 	count := func() (all, passed uint64) {
 		for r, n := range hs.h.Metrics().Probes {
 			all += n
@@ -448,10 +476,10 @@ func probeRun(ctx context.Context, b *bench, run int, addrs []string) (rate, ok 
 		c, p := count()
 		if c-c0 >= want {
 			d := time.Since(t0)
-			return float64(c-c0) / d.Seconds(), float64(p-p0) / float64(c-c0), nil
+			return float64(c-c0) / d.Seconds(), float64(p-p0) / float64(c-c0), all, nil
 		}
 		if time.Since(t0) > 3*time.Minute {
-			return 0, 0, fmt.Errorf("%d probes in 3 minutes", c-c0)
+			return 0, 0, 0, fmt.Errorf("%d probes in 3 minutes", c-c0)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
