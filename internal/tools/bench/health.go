@@ -66,7 +66,7 @@ func runHealth(ctx context.Context, b *bench) (sectionResult, error) {
 	var p99s, p50s, maxes, ratios, ours, peers []float64
 	var okShare, ack50s, ack99s, nosync50s, nosync99s, late99s []float64
 	var loads []string
-	var alls []float64
+	var alls, cpuRatios, ourCPUs, peerCPUs []float64
 	for i := range b.runs {
 		loads = append(loads, loadavg())
 		lat, ack, late, err := rotationRun(ctx, b, i, pl.addrs[:rotationProxies], true)
@@ -87,15 +87,15 @@ func runHealth(ctx context.Context, b *bench) (sectionResult, error) {
 		maxes = append(maxes, ms(slices.Max(lat)))
 		b.log.Printf("health run %d: rotation p50 %.1f ms, p99 %.1f ms, max %.1f ms over %d proxies", i+1, p50s[i], p99s[i], maxes[i], len(lat))
 
-		peer1, err := tcpConnectRate(ctx, pl.addrs, 64, probeRounds*len(pl.addrs))
+		peer1, peerCPU1, err := tcpConnectRate(ctx, pl.addrs, 64, probeRounds*len(pl.addrs))
 		if err != nil {
 			return sectionResult{}, err
 		}
-		rate, ok, all, err := probeRun(ctx, b, i, pl.addrs)
+		rate, ok, all, ourCPU, err := probeRun(ctx, b, i, pl.addrs)
 		if err != nil {
 			return sectionResult{}, fmt.Errorf("probe run %d: %w", i+1, err)
 		}
-		peer2, err := tcpConnectRate(ctx, pl.addrs, 64, probeRounds*len(pl.addrs))
+		peer2, peerCPU2, err := tcpConnectRate(ctx, pl.addrs, 64, probeRounds*len(pl.addrs))
 		if err != nil {
 			return sectionResult{}, err
 		}
@@ -105,7 +105,11 @@ func runHealth(ctx context.Context, b *bench) (sectionResult, error) {
 		ratios = append(ratios, rate/peer)
 		okShare = append(okShare, ok)
 		alls = append(alls, all.Seconds())
-		b.log.Printf("health run %d: %.0f probes/s (%.1f%% passing), TCP connects %.0f/s before, %.0f/s after: ratio %.2f; %d proxies all in the bucket after %.1f s", i+1, rate, 100*ok, peer1, peer2, rate/peer, len(pl.addrs), all.Seconds())
+		cpuRatios = append(cpuRatios, (peerCPU1+peerCPU2)/2/ourCPU)
+		ourCPUs = append(ourCPUs, ourCPU)
+		peerCPUs = append(peerCPUs, (peerCPU1+peerCPU2)/2)
+		b.log.Printf("health run %d: %.0f probes/s (%.1f%% passing), TCP connects %.0f/s before, %.0f/s after: ratio %.2f; CPU per probe %.0f µs, per connect %.0f, %.0f µs: ratio %.2f; %d proxies all in the bucket after %.1f s",
+			i+1, rate, 100*ok, peer1, peer2, rate/peer, ourCPU, peerCPU1, peerCPU2, cpuRatios[len(cpuRatios)-1], len(pl.addrs), all.Seconds())
 	}
 	rot := figure{
 		Key: "rotation_p99_ms", Value: median(p99s), Unit: "ms", Target: atMost(50), Runs: p99s,
@@ -123,11 +127,12 @@ func runHealth(ctx context.Context, b *bench) (sectionResult, error) {
 	}
 	pr := figure{
 		Key: "probe_ratio", Value: median(ratios), Unit: "ratio", Target: atLeast(0.5), Runs: ratios,
-		Ours: fmt.Sprintf("%.0f probes/s (median; %.1f%% passing)", median(ours), 100*median(okShare)),
+		Ours: fmt.Sprintf("%.0f probes/s (median; %.1f%% passing); %.0f µs of CPU per probe against %.0f per connect (ratio %.2f)", median(ours), 100*median(okShare), median(ourCPUs), median(peerCPUs), median(cpuRatios)),
 		Peer: fmt.Sprintf("plain TCP connect+close %.0f/s", median(peers)),
 		How: fmt.Sprintf("%d loopback listeners (as above; RLIMIT_NOFILE %s). Ours: a health process as above with %d proxies running at those listeners, interval 500ms so rounds follow one another (a round of %d takes longer; the default concurrency of 64), "+
 			"probes per second counted from its probe counters over %d rounds once every proxy has risen. Peer: 64 goroutines doing net.Dial to the same listeners and closing, %d connects in all, once before and once after ours (the mean). "+
-			"The listeners' side is the same code for both: accept, read the request head (EOF for the peer), answer.",
+			"The listeners' side is the same code for both: accept, read the request head (EOF for the peer), answer. "+
+			"Since other work shares the machine, the bench process's CPU time (getrusage) per probe and per connect over the same windows is given too: its ratio does not move with the load.",
 			probeProxies, nofile, probeProxies, probeProxies, probeRounds, probeRounds*probeProxies),
 	}
 	notes := fmt.Sprintf("%d running events published at once (async JetStream publishes, acknowledged in batches of 1,000) to the health process of `probe_ratio` took %s s (per run) from the first publish until all %d were in %s: folded, probed twice each through their listeners, and written to the bucket. "+
@@ -416,11 +421,11 @@ func loadavg() string {
 //
 // It also returns how long the proxies took, from the first event's
 // publish, to be all in PROXY_ROTATION.
-func probeRun(ctx context.Context, b *bench, run int, addrs []string) (rate, ok float64, all time.Duration, err error) {
+func probeRun(ctx context.Context, b *bench, run int, addrs []string) (rate, ok float64, all time.Duration, cpuPerOp float64, err error) {
 	subj := messages.NewSubjects("")
 	hs, err := startHealth(ctx, filepath.Join(b.dir, fmt.Sprintf("probe%d", run)), true, health.Config{Subjects: subj, Interval: 500 * time.Millisecond})
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	defer hs.stop()
 	start := time.Now()
@@ -428,35 +433,35 @@ func probeRun(ctx context.Context, b *bench, run int, addrs []string) (rate, ok 
 		id := fmt.Sprintf("q%05d", i)
 		ev, err := runningEvent(id, a)
 		if err != nil {
-			return 0, 0, 0, err
+			return 0, 0, 0, 0, err
 		}
 		body, _ := json.Marshal(ev)
 		if _, err := hs.js.PublishAsync(subj.State(id), body); err != nil {
-			return 0, 0, 0, err
+			return 0, 0, 0, 0, err
 		}
 		if (i+1)%1000 == 0 || i == len(addrs)-1 {
 			select {
 			case <-hs.js.PublishAsyncComplete():
 			case <-time.After(time.Minute):
-				return 0, 0, 0, errors.New("events not acknowledged after a minute")
+				return 0, 0, 0, 0, errors.New("events not acknowledged after a minute")
 			}
 		}
 	}
 	bucket, err := hs.js.Stream(ctx, "KV_"+messages.BucketRotation)
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		info, err := bucket.Info(ctx)
 		if err != nil {
-			return 0, 0, 0, err
+			return 0, 0, 0, 0, err
 		}
 		if info.State.Msgs >= uint64(len(addrs)) {
 			break
 		}
 		if time.Now().After(deadline) {
-			return 0, 0, 0, fmt.Errorf("%d of %d proxies in %s after 3 minutes", info.State.Msgs, len(addrs), messages.BucketRotation)
+			return 0, 0, 0, 0, fmt.Errorf("%d of %d proxies in %s after 3 minutes", info.State.Msgs, len(addrs), messages.BucketRotation)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -471,16 +476,17 @@ func probeRun(ctx context.Context, b *bench, run int, addrs []string) (rate, ok 
 		return all, passed
 	}
 	c0, p0 := count()
-	t0 := time.Now()
+	t0, cpu0 := time.Now(), cpuTime()
 	want := uint64(probeRounds * len(addrs))
 	for {
 		c, p := count()
 		if c-c0 >= want {
 			d := time.Since(t0)
-			return float64(c-c0) / d.Seconds(), float64(p-p0) / float64(c-c0), all, nil
+			cpu := float64((cpuTime() - cpu0).Microseconds()) / float64(c-c0)
+			return float64(c-c0) / d.Seconds(), float64(p-p0) / float64(c-c0), all, cpu, nil
 		}
 		if time.Since(t0) > 3*time.Minute {
-			return 0, 0, 0, fmt.Errorf("%d probes in 3 minutes", c-c0)
+			return 0, 0, 0, 0, fmt.Errorf("%d probes in 3 minutes", c-c0)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -488,13 +494,13 @@ func probeRun(ctx context.Context, b *bench, run int, addrs []string) (rate, ok 
 
 // tcpConnectRate is the peer of probe_ratio: conc goroutines each connect
 // to the next address and close, total times; it returns connects per
-// second.
-func tcpConnectRate(ctx context.Context, addrs []string, conc, total int) (float64, error) {
+// second and the bench process's CPU time per connect (µs).
+func tcpConnectRate(ctx context.Context, addrs []string, conc, total int) (rate, cpuPerOp float64, err error) {
 	var next atomic.Int64
 	var failed atomic.Int64
 	var wg sync.WaitGroup
 	d := net.Dialer{Timeout: 5 * time.Second, KeepAlive: -1}
-	start := time.Now()
+	start, cpu0 := time.Now(), cpuTime()
 	for range conc {
 		wg.Add(1)
 		go func() {
@@ -514,11 +520,20 @@ func tcpConnectRate(ctx context.Context, addrs []string, conc, total int) (float
 		}()
 	}
 	wg.Wait()
-	el := time.Since(start)
+	el, cpu := time.Since(start), cpuTime()-cpu0
 	if f := failed.Load(); f > 0 {
-		return 0, fmt.Errorf("tcp connect loop: %d of %d connects failed", f, total)
+		return 0, 0, fmt.Errorf("tcp connect loop: %d of %d connects failed", f, total)
 	}
-	return float64(total) / el.Seconds(), ctx.Err()
+	return float64(total) / el.Seconds(), float64(cpu.Microseconds()) / float64(total), ctx.Err()
+}
+
+// cpuTime is the CPU time (user and system) the bench process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // probeListeners are loopback listeners that pass a health probe: each
