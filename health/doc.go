@@ -54,8 +54,24 @@
 // Concurrency probes at a time (so thousands of proxies never mean
 // thousands of sockets; connections are not kept alive), each bounded by
 // Timeout, a panic recovered and counted as a failure. Rounds never
-// overlap, so a proxy has at most one probe in flight; a round longer than
-// the interval delays the next one rather than failing anyone.
+// overlap; a round longer than the interval delays the next one rather
+// than failing anyone. A rising candidate (Fold.Rising: running, not yet
+// in the rotation, no failure since its last pass) is not left to the
+// rounds: it is probed as soon as its event is folded and again as soon
+// as each probe passes, ahead of the round's probes and within the same
+// Concurrency, so a new proxy enters the rotation as soon as it passes
+// Rise probes in a row (milliseconds, not Rise intervals). One that fails
+// waits for the rounds, so a proxy that is down is never probed in a loop.
+// A proxy has at most one probe in flight: one asked for while another is
+// in flight is taken once that one ends. An http target is probed with a
+// request written by hand on a connection of its own (the bytes net/http
+// would send), without a transport's goroutines and buffers per probe; an
+// https one goes through net/http (CONNECT, then TLS).
+//
+// The snapshot is built from the fold when it is read (published or
+// served), not on every change, and the puts and deletes that bring
+// PROXY_ROTATION to it go out up to 32 at a time; the snapshot is
+// published on the subject once all of them are stored.
 //
 // # One publisher at a time
 //

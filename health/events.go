@@ -46,11 +46,12 @@ func (h *Health) handle(gen uint64, msg jetstream.Msg) {
 		if h.fold.Apply(ev) {
 			h.changedLocked()
 			if h.caughtUp {
-				h.log.Info("rotation changed", "id", ev.ID, "state", ev.State, "ip", ev.IP, "host", ev.Host, "command_id", ev.CommandID, "seq", ev.Seq, "size", len(h.snap.Proxies), "version", h.version)
+				h.log.Info("rotation changed", "id", ev.ID, "state", ev.State, "ip", ev.IP, "host", ev.Host, "command_id", ev.CommandID, "seq", ev.Seq, "size", h.fold.Len(), "version", h.version)
 			}
 		} else if h.fold.InGrace(ev.ID) && ev.State != messages.StateRunning {
 			h.log.Info("keeping a proxy in the rotation during its grace", "id", ev.ID, "state", ev.State, "seq", ev.Seq, "grace", h.cfg.Grace)
 		}
+		h.probeIfRisingLocked(ev.ID)
 	}
 	if mdErr == nil {
 		h.handledSeq = max(h.handledSeq, md.Sequence.Stream)

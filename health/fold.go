@@ -71,6 +71,7 @@ type Fold struct {
 	proxies map[string]*proxyState
 	epochs  uint64
 	stats   FoldStats
+	inRot   int // proxies in the rotation
 }
 
 // FoldStats counts what the fold did.
@@ -271,6 +272,7 @@ func (f *Fold) forget(p *proxyState) {
 
 func (f *Fold) enter(p *proxyState, at time.Time) {
 	p.inRotation, p.since, p.graceUntil = true, at, time.Time{}
+	f.inRot++
 	f.stats.Entries++
 }
 
@@ -280,29 +282,9 @@ func (f *Fold) leave(p *proxyState) bool {
 		return false
 	}
 	p.inRotation, p.since, p.graceUntil = false, time.Time{}, time.Time{}
+	f.inRot--
 	f.stats.Exits++
 	return true
-}
-
-// Target is a proxy to probe: its candidate address and the epoch to give
-// back with the result.
-type Target struct {
-	ID    string
-	Addr  string
-	Epoch uint64
-}
-
-// Targets returns the proxies to probe, sorted by id: every candidate
-// (running with an address, or in the rotation, on grace included).
-func (f *Fold) Targets() []Target {
-	out := make([]Target, 0, len(f.proxies))
-	for id, p := range f.proxies {
-		if p.addr != "" {
-			out = append(out, Target{ID: id, Addr: p.addr, Epoch: p.epoch})
-		}
-	}
-	slices.SortFunc(out, func(a, b Target) int { return strings.Compare(a.ID, b.ID) })
-	return out
 }
 
 // ProbeResult is the outcome of one probe of a Target.
@@ -461,20 +443,12 @@ func (f *Fold) GraceLen() int {
 }
 
 // Len is the size of the rotation.
-func (f *Fold) Len() int {
-	n := 0
-	for _, p := range f.proxies {
-		if p.inRotation {
-			n++
-		}
-	}
-	return n
-}
+func (f *Fold) Len() int { return f.inRot }
 
 // Snapshot returns the rotation sorted by id. It never returns nil, so it
 // encodes as [] and not null.
 func (f *Fold) Snapshot() []messages.RotationEntry {
-	out := make([]messages.RotationEntry, 0, len(f.proxies))
+	out := make([]messages.RotationEntry, 0, f.inRot)
 	for id, p := range f.proxies {
 		if p.inRotation {
 			out = append(out, messages.RotationEntry{ID: id, Addr: p.addr, Host: p.host, Since: p.since})

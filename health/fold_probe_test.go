@@ -342,3 +342,35 @@ func TestNoProbingEntersOnRunning(t *testing.T) {
 		t.Fatal("a failure took a proxy out with Fall 0")
 	}
 }
+
+// Rising names the candidates to probe again at once: running, not yet in
+// the rotation, and no failure since the last pass. A failure leaves the
+// proxy to the rounds until it passes again; so does a grace, and Rise 0.
+func TestRising(t *testing.T) {
+	pf := newProbeFold(t, time.Minute)
+	rising := func(want bool) {
+		t.Helper()
+		tg, ok := pf.f.Rising("p1")
+		if ok != want || (ok && tg != pf.target("p1")) {
+			t.Fatalf("Rising = %+v, %v; want %v", tg, ok, want)
+		}
+	}
+	rising(false) // unknown
+	pf.apply(ev("p1", 1, prov, ""), false)
+	rising(false)
+	pf.apply(ev("p1", 2, running, "198.18.100.1"), false)
+	rising(true)
+	pf.probe("p1", false, true)
+	rising(true) // one pass of two
+	pf.probe("p1", false, false)
+	rising(false) // failed: the rounds decide
+	pf.probe("p1", false, true)
+	rising(true) // passing again
+	pf.probe("p1", true, true)
+	rising(false) // in the rotation
+	pf.apply(ev("p1", 3, prov, ""), false)
+	rising(false) // on grace
+	if _, ok := (&Fold{}).Rising("p1"); ok {
+		t.Fatal("rising without probing (Rise 0)")
+	}
+}

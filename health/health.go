@@ -174,7 +174,9 @@ type Health struct {
 	caughtUp           bool
 	caughtUpCh         chan struct{}
 	version            uint64
-	snap               messages.Rotation
+	snap               messages.Rotation // built from the fold when read (snapLocked)
+	snapDirty          bool              // the fold changed since snap was built
+	snapAt             time.Time         // when it changed
 	publishErrors      uint64
 	publishCount       uint64
 	publishErr         error  // of the last attempt to publish, nil if it worked
@@ -210,6 +212,7 @@ type Health struct {
 	check         chan struct{} // asks the keeper to look at once
 
 	prober     Prober
+	sched      *probeSched // set by Run's start when probing, before it binds
 	probeLn    net.Listener
 	probeSrv   *http.Server
 	lease      *lease // owned by the loop
@@ -340,7 +343,7 @@ func (h *Health) CaughtUp() <-chan struct{} { return h.caughtUpCh }
 func (h *Health) Rotation() (messages.Rotation, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.snap, h.caughtUp
+	return h.snapLocked(), h.caughtUp
 }
 
 // Ready reports whether the process has caught up and its last attempt to
@@ -375,7 +378,18 @@ func (h *Health) changedLocked() {
 		return
 	}
 	h.gen++
-	h.snap = messages.Rotation{V: messages.Version, Version: h.version, Proxies: h.fold.Snapshot(), At: h.now().UTC()}
+	// The snapshot is built when it is read (published or served): a
+	// burst of changes between two reads builds it once, not per change.
+	h.snapDirty, h.snapAt = true, h.now().UTC()
+}
+
+// snapLocked returns the snapshot of the current generation.
+func (h *Health) snapLocked() messages.Rotation {
+	if h.snapDirty {
+		h.snap = messages.Rotation{V: messages.Version, Version: h.version, Proxies: h.fold.Snapshot(), At: h.snapAt}
+		h.snapDirty = false
+	}
+	return h.snap
 }
 
 func (h *Health) caughtUpLocked(why string) {
@@ -388,6 +402,6 @@ func (h *Health) caughtUpLocked(why string) {
 		h.log.Info("dropped proxies of the published rotation that no event knows")
 	}
 	h.changedLocked()
-	h.log.Info("caught up", "why", why, "rotation", len(h.snap.Proxies), "events", h.fold.Stats().Events+h.undecodable)
+	h.log.Info("caught up", "why", why, "rotation", h.fold.Len(), "events", h.fold.Stats().Events+h.undecodable)
 	h.signal()
 }

@@ -88,7 +88,7 @@ func (h *Health) Metrics() Metrics {
 		ConsumerRepairs: h.repairs,
 		Missing:         len(h.missing),
 		Probing:         h.prober != nil,
-		Targets:         len(h.fold.Targets()),
+		Targets:         h.fold.TargetsLen(),
 		Probes:          make(map[string]uint64, len(h.probeStats.results)),
 		ProbesIgnored:   st.ProbesIgnored,
 	}

@@ -1,6 +1,7 @@
 package health
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -87,7 +88,11 @@ type HTTPProber struct {
 	Target *url.URL
 	Expect string
 
-	transport *http.Transport
+	transport *http.Transport // for https targets: CONNECT, then TLS
+	dialer    *net.Dialer
+	// For http targets, the request without its nonce: head is up to the
+	// query's nonce value, tail is what follows it.
+	head, tail string
 }
 
 type proxyKey struct{}
@@ -103,9 +108,28 @@ func NewHTTPProber(target, expect string) (*HTTPProber, error) {
 		return nil, fmt.Errorf("probe target %q: want http(s)://host[:port]/path", target)
 	}
 	d := &net.Dialer{KeepAlive: -1}
+	// An http target is probed with a request written by hand: the same
+	// bytes net/http would send for a proxy request with keep-alives off,
+	// without its per-connection goroutines and buffers.
+	q := u.Query()
+	q.Del(NonceParam)
+	query := q.Encode()
+	if query != "" {
+		query += "&"
+	}
+	uri := *u
+	uri.User, uri.RawQuery, uri.ForceQuery, uri.Fragment, uri.RawFragment = nil, "", false, "", ""
+	if uri.Path == "" && uri.RawPath == "" {
+		uri.Path = "/"
+	}
+	head := "GET " + uri.String() + "?" + query + NonceParam + "="
+	tail := " HTTP/1.1\r\nHost: " + u.Host + "\r\nUser-Agent: proxyfleet-health\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n"
 	return &HTTPProber{
 		Target: u,
 		Expect: expect,
+		dialer: d,
+		head:   head,
+		tail:   tail,
 		transport: &http.Transport{
 			Proxy: func(r *http.Request) (*url.URL, error) {
 				addr, _ := r.Context().Value(proxyKey{}).(string)
@@ -128,6 +152,9 @@ func (p *HTTPProber) Probe(ctx context.Context, addr string) error {
 	if err != nil {
 		return err
 	}
+	if p.Target.Scheme == "http" {
+		return p.probeHTTP(ctx, addr, nonce)
+	}
 	u := *p.Target
 	q := u.Query()
 	q.Set(NonceParam, nonce)
@@ -143,6 +170,64 @@ func (p *HTTPProber) Probe(ctx context.Context, addr string) error {
 		return err
 	}
 	defer resp.Body.Close()
+	return p.check(resp, addr, nonce)
+}
+
+// probeBufs are the buffers of probes of http targets.
+var probeBufs = sync.Pool{New: func() any { return &probeBuf{r: bufio.NewReaderSize(nil, 4096)} }}
+
+type probeBuf struct {
+	w []byte
+	r *bufio.Reader
+}
+
+// probeHTTP sends the request through the proxy at addr on a connection of
+// its own, closed after the answer, and checks the answer.
+func (p *HTTPProber) probeHTTP(ctx context.Context, addr, nonce string) error {
+	conn, err := p.dialer.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if d, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(d)
+	}
+	// A cancelled probe must return at once: wake a blocked read or write.
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	b := probeBufs.Get().(*probeBuf)
+	defer func() {
+		b.r.Reset(nil)
+		probeBufs.Put(b)
+	}()
+	b.w = append(append(append(b.w[:0], p.head...), nonce...), p.tail...)
+	if _, err := conn.Write(b.w); err != nil {
+		return p.ctxErr(ctx, err)
+	}
+	b.r.Reset(conn)
+	resp, err := http.ReadResponse(b.r, nil)
+	if err != nil {
+		return p.ctxErr(ctx, err)
+	}
+	// The body is not closed: closing would read what is left of it,
+	// and the connection is closed anyway.
+	return p.ctxErr(ctx, p.check(resp, addr, nonce))
+}
+
+// ctxErr returns ctx's error for an error caused by its end (the deadline
+// set on the connection), so that a probe out of time reads as one.
+func (p *HTTPProber) ctxErr(ctx context.Context, err error) error {
+	if err != nil && ctx.Err() != nil {
+		var pe *ProbeError
+		if !errors.As(err, &pe) {
+			return fmt.Errorf("%w: %w", ctx.Err(), err)
+		}
+	}
+	return err
+}
+
+// check passes a 200 answer whose body holds the expected value.
+func (p *HTTPProber) check(resp *http.Response, addr, nonce string) error {
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxProbeBody))
 	if err != nil {
 		return err
@@ -199,33 +284,27 @@ type probeOutcome struct {
 // probeRound probes every target once, at most concurrency at a time, each
 // within timeout, and calls report (from the probing goroutines, one call
 // per target) as each one ends. A probe that panics is a failure. It
-// returns when every probe has ended, or at once if ctx is done before a
-// probe starts (the probes not started are not reported).
+// returns when every probe has ended, or, once ctx is done, when the
+// probes in flight have (the probes not started are not reported).
 func probeRound(ctx context.Context, p Prober, targets []Target, concurrency int, timeout time.Duration, now func() time.Time, report func(probeOutcome)) {
 	if len(targets) == 0 {
 		return
 	}
-	concurrency = max(1, min(concurrency, len(targets)))
-	jobs := make(chan Target)
-	var wg sync.WaitGroup
-	for range concurrency {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for t := range jobs {
-				report(probeOne(ctx, p, t, timeout, now))
-			}
-		}()
+	s := newProbeSched(p, min(concurrency, len(targets)), timeout, now, func(_ context.Context, o probeOutcome) { report(o) })
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := s.startRound(targets)
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		s.run(rctx)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
 	}
-	defer wg.Wait()
-	defer close(jobs)
-	for _, t := range targets {
-		select {
-		case jobs <- t:
-		case <-ctx.Done():
-			return
-		}
-	}
+	cancel()
+	<-ran
 }
 
 func probeOne(ctx context.Context, p Prober, t Target, timeout time.Duration, now func() time.Time) (out probeOutcome) {
@@ -249,40 +328,65 @@ func probeOne(ctx context.Context, p Prober, t Target, timeout time.Duration, no
 	return out
 }
 
-// probeLoop probes every target once per Interval (a round that takes
-// longer delays the next one: rounds never overlap, so a proxy has at most
-// one probe in flight) and folds each result in as it comes.
+// probeLoop runs the probe workers and starts a round of every target once
+// per Interval (a round that takes longer delays the next one); new and
+// rising candidates are probed at once in between (see Fold.Rising). A
+// proxy has at most one probe in flight.
 func (h *Health) probeLoop(ctx context.Context) {
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		h.sched.run(ctx)
+	}()
+	defer func() { <-ran }()
 	t := time.NewTicker(h.cfg.Interval)
 	defer t.Stop()
-	report := func(o probeOutcome) {
-		if ctx.Err() != nil {
-			return // stopping: a cancelled probe says nothing of the proxy
-		}
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		h.probeStats.add(o.Result)
-		h.probeLatency.Observe(o.Latency.Seconds())
-		if h.fold.ApplyProbe(o.ProbeResult) {
-			h.changedLocked()
-			in := h.fold.InRotation(o.ID)
-			if h.caughtUp {
-				h.log.Info("rotation changed by a probe", "id", o.ID, "result", o.Result, "entered", in, "err", o.Err, "size", h.fold.Len())
-			}
-			h.signal()
-		} else if !o.OK {
-			h.log.Debug("probe failed", "id", o.ID, "result", o.Result, "err", o.Err)
-		}
-	}
 	for {
 		h.mu.Lock()
 		targets := h.fold.Targets()
 		h.mu.Unlock()
-		probeRound(ctx, h.prober, targets, h.cfg.Concurrency, h.cfg.Timeout, h.now, report)
+		select {
+		case <-h.sched.startRound(targets):
+		case <-ctx.Done():
+			return
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// reportProbe folds a probe's outcome in, and asks for the proxy to be
+// probed again at once while it is rising.
+func (h *Health) reportProbe(ctx context.Context, o probeOutcome) {
+	if ctx.Err() != nil {
+		return // stopping: a cancelled probe says nothing of the proxy
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.probeStats.add(o.Result)
+	h.probeLatency.Observe(o.Latency.Seconds())
+	if h.fold.ApplyProbe(o.ProbeResult) {
+		h.changedLocked()
+		in := h.fold.InRotation(o.ID)
+		if h.caughtUp {
+			h.log.Info("rotation changed by a probe", "id", o.ID, "result", o.Result, "entered", in, "err", o.Err, "size", h.fold.Len())
+		}
+		h.signal()
+	} else if !o.OK {
+		h.log.Debug("probe failed", "id", o.ID, "result", o.Result, "err", o.Err)
+	}
+	h.probeIfRisingLocked(o.ID)
+}
+
+// probeIfRisingLocked asks for id to be probed at once if it is rising.
+func (h *Health) probeIfRisingLocked(id string) {
+	if h.sched == nil {
+		return
+	}
+	if t, ok := h.fold.Rising(id); ok {
+		h.sched.probeSoon(t)
 	}
 }

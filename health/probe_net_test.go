@@ -109,3 +109,38 @@ func TestProbeHandler(t *testing.T) {
 		}
 	}
 }
+
+// The request a probe sends through the proxy is a forward-proxy GET of
+// the target with its own query kept, a fresh nonce in place of any the
+// target had, and the headers that keep caches out of it.
+func TestHTTPProberRequest(t *testing.T) {
+	got := make(chan *http.Request, 2)
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r
+		health.ProbeHandler().ServeHTTP(w, r)
+	}))
+	defer target.Close()
+	proxy := startProxy(t)
+	p, err := health.NewHTTPProber(target.URL+health.ProbePath+"?zone=a%20b&nonce=stale", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for range 2 {
+		if err := p.Probe(ctx, proxy.addr); err != nil {
+			t.Fatalf("probe: %v", err)
+		}
+	}
+	r1, r2 := <-got, <-got
+	for _, r := range []*http.Request{r1, r2} {
+		q := r.URL.Query()
+		if r.Method != http.MethodGet || r.URL.Path != health.ProbePath || q.Get("zone") != "a b" || len(q[health.NonceParam]) != 1 ||
+			len(q.Get(health.NonceParam)) != 32 || r.Header.Get("Cache-Control") != "no-cache" || r.Header.Get("User-Agent") != "proxyfleet-health" {
+			t.Fatalf("the target got %s %s %v", r.Method, r.URL, r.Header)
+		}
+	}
+	if r1.URL.Query().Get(health.NonceParam) == r2.URL.Query().Get(health.NonceParam) {
+		t.Fatal("two probes sent the same nonce")
+	}
+}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
 
 	"proxyfleet/messages"
 )
@@ -29,7 +31,7 @@ func (h *Health) loop(ctx context.Context) {
 		h.mu.Lock()
 		if h.fold.Tick(h.now()) {
 			h.changedLocked()
-			h.log.Info("grace over: proxies demoted", "size", len(h.snap.Proxies))
+			h.log.Info("grace over: proxies demoted", "size", h.fold.Len())
 		}
 		deadline, graceRunning := h.fold.NextDeadline()
 		h.mu.Unlock()
@@ -149,7 +151,11 @@ func (h *Health) releaseLease() {
 // versions published only grow, possibly by more than one.
 func (h *Health) publish(ctx context.Context) error {
 	h.mu.Lock()
-	snap, gen, ready, done := h.snap, h.gen, h.caughtUp, h.pubGen
+	gen, ready, done := h.gen, h.caughtUp, h.pubGen
+	var snap messages.Rotation
+	if ready && gen != done && h.lease.holding {
+		snap = h.snapLocked()
+	}
 	h.mu.Unlock()
 	if !ready || gen == done || !h.lease.holding {
 		return nil
@@ -184,33 +190,8 @@ func (h *Health) publish(ctx context.Context) error {
 		}
 		h.bucket = b
 	}
-	want := make(map[string]string, len(snap.Proxies))
-	for _, e := range snap.Proxies {
-		want[e.ID] = e.Addr
-	}
-	for _, e := range snap.Proxies {
-		if addr, ok := h.bucket[e.ID]; ok && addr == e.Addr {
-			continue
-		}
-		octx, cancel := opCtx()
-		_, err := h.kv.PutString(octx, e.ID, e.Addr)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("put %s in %s: %w", e.ID, messages.BucketRotation, err)
-		}
-		h.bucket[e.ID] = e.Addr
-	}
-	for key := range h.bucket {
-		if _, ok := want[key]; ok {
-			continue
-		}
-		octx, cancel := opCtx()
-		err := h.kv.Delete(octx, key)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("delete %s from %s: %w", key, messages.BucketRotation, err)
-		}
-		delete(h.bucket, key)
+	if err := h.writeBucket(snap, opCtx); err != nil {
+		return err
 	}
 	if _, ok := h.lease.valid(); !ok {
 		return fmt.Errorf("the lease ran out while publishing version %d", version)
@@ -235,6 +216,68 @@ func (h *Health) publish(ctx context.Context) error {
 	h.mu.Unlock()
 	h.log.Debug("rotation published", "version", version, "size", len(snap.Proxies))
 	return nil
+}
+
+// bucketWriters bounds the puts and deletes of PROXY_ROTATION in flight
+// while publishing: each is a request the server stores (and, with
+// sync_always, fsyncs) before it answers, so one at a time costs a round
+// trip and a disk write per changed proxy.
+const bucketWriters = 32
+
+// writeBucket puts the entries of snap that the bucket lacks or holds at
+// another address and deletes the keys of proxies not in snap, at most
+// bucketWriters at a time, and records in h.bucket what was written. Keys
+// are independent: no key is both put and deleted, so their order does not
+// matter; the snapshot is published on the subject only after all of them.
+func (h *Health) writeBucket(snap messages.Rotation, opCtx func() (context.Context, context.CancelFunc)) error {
+	want := make(map[string]string, len(snap.Proxies))
+	for _, e := range snap.Proxies {
+		want[e.ID] = e.Addr
+	}
+	var puts []messages.RotationEntry
+	var dels []string
+	for _, e := range snap.Proxies {
+		if addr, ok := h.bucket[e.ID]; !ok || addr != e.Addr {
+			puts = append(puts, e)
+		}
+	}
+	for key := range h.bucket {
+		if _, ok := want[key]; !ok {
+			dels = append(dels, key)
+		}
+	}
+	var mu sync.Mutex
+	var g errgroup.Group
+	g.SetLimit(bucketWriters)
+	for _, e := range puts {
+		g.Go(func() error {
+			octx, cancel := opCtx()
+			_, err := h.kv.PutString(octx, e.ID, e.Addr)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("put %s in %s: %w", e.ID, messages.BucketRotation, err)
+			}
+			mu.Lock()
+			h.bucket[e.ID] = e.Addr
+			mu.Unlock()
+			return nil
+		})
+	}
+	for _, key := range dels {
+		g.Go(func() error {
+			octx, cancel := opCtx()
+			err := h.kv.Delete(octx, key)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("delete %s from %s: %w", key, messages.BucketRotation, err)
+			}
+			mu.Lock()
+			delete(h.bucket, key)
+			mu.Unlock()
+			return nil
+		})
+	}
+	return g.Wait()
 }
 
 // readBucket returns every key and value of PROXY_ROTATION.

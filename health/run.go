@@ -109,6 +109,9 @@ func (h *Health) start(ctx context.Context) error {
 		}
 	}
 
+	if h.prober != nil {
+		h.sched = newProbeSched(h.prober, h.cfg.Concurrency, h.cfg.Timeout, h.now, h.reportProbe)
+	}
 	if err := h.bind(ctx); err != nil {
 		if errors.Is(err, errMismatch) || ctx.Err() != nil {
 			closeListeners()

@@ -1,0 +1,661 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"proxyfleet/health"
+	"proxyfleet/messages"
+	"proxyfleet/worker"
+)
+
+// Sizes of the health section.
+const (
+	rotationProxies = 500  // proxies whose way into the rotation is timed
+	rotationWriters = 4    // goroutines publishing their running events
+	rotationPace    = 8    // ms between two events of one writer: 500 events/s in all
+	probeProxies    = 5000 // listeners probed for probe_ratio
+	probeRounds     = 2    // rounds of probes (and of connects) counted per run
+)
+
+// runHealth measures the health process: how long a running event takes to
+// reach a published rotation snapshot (probes passing), and how fast it
+// probes 5,000 loopback proxies against plain TCP connects to them.
+func runHealth(ctx context.Context, b *bench) (sectionResult, error) {
+	nofile := raiseNofile()
+	if path := os.Getenv("BENCH_HEALTH_CPUPROFILE"); path != "" {
+		// For finding causes: a CPU profile of the whole section.
+		f, err := os.Create(path)
+		if err != nil {
+			return sectionResult{}, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return sectionResult{}, err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	pl, err := startProbeListeners(probeProxies)
+	if err != nil {
+		return sectionResult{}, err
+	}
+	defer pl.close()
+
+	var p99s, p50s, maxes, ratios, ours, peers []float64
+	var okShare, ack50s, ack99s, nosync50s, nosync99s, late99s []float64
+	var loads []string
+	var alls, cpuRatios, ourCPUs, peerCPUs, puts []float64
+	for i := range b.runs {
+		loads = append(loads, loadavg())
+		lat, ack, late, err := rotationRun(ctx, b, i, pl.addrs[:rotationProxies], true)
+		if err != nil {
+			return sectionResult{}, fmt.Errorf("rotation run %d: %w", i+1, err)
+		}
+		latNS, _, _, err := rotationRun(ctx, b, i, pl.addrs[:rotationProxies], false)
+		if err != nil {
+			return sectionResult{}, fmt.Errorf("rotation run %d without fsync: %w", i+1, err)
+		}
+		late99s = append(late99s, ms(percentile(late, 0.99)))
+		ack50s = append(ack50s, ms(percentile(ack, 0.5)))
+		ack99s = append(ack99s, ms(percentile(ack, 0.99)))
+		nosync99s = append(nosync99s, ms(percentile(latNS, 0.99)))
+		nosync50s = append(nosync50s, ms(percentile(latNS, 0.5)))
+		p99s = append(p99s, ms(percentile(lat, 0.99)))
+		p50s = append(p50s, ms(percentile(lat, 0.5)))
+		maxes = append(maxes, ms(slices.Max(lat)))
+		b.log.Printf("health run %d: rotation p50 %.1f ms, p99 %.1f ms, max %.1f ms over %d proxies", i+1, p50s[i], p99s[i], maxes[i], len(lat))
+
+		peer1, peerCPU1, err := tcpConnectRate(ctx, pl.addrs, 64, probeRounds*len(pl.addrs))
+		if err != nil {
+			return sectionResult{}, err
+		}
+		rate, ok, all, ourCPU, put, err := probeRun(ctx, b, i, pl.addrs)
+		if err != nil {
+			return sectionResult{}, fmt.Errorf("probe run %d: %w", i+1, err)
+		}
+		peer2, peerCPU2, err := tcpConnectRate(ctx, pl.addrs, 64, probeRounds*len(pl.addrs))
+		if err != nil {
+			return sectionResult{}, err
+		}
+		peer := (peer1 + peer2) / 2
+		ours = append(ours, rate)
+		peers = append(peers, peer)
+		ratios = append(ratios, rate/peer)
+		okShare = append(okShare, ok)
+		alls = append(alls, all.Seconds())
+		puts = append(puts, ms(put))
+		cpuRatios = append(cpuRatios, (peerCPU1+peerCPU2)/2/ourCPU)
+		ourCPUs = append(ourCPUs, ourCPU)
+		peerCPUs = append(peerCPUs, (peerCPU1+peerCPU2)/2)
+		b.log.Printf("health run %d: %.0f probes/s (%.1f%% passing), TCP connects %.0f/s before, %.0f/s after: ratio %.2f; CPU per probe %.0f µs, per connect %.0f, %.0f µs: ratio %.2f; %d proxies all in the bucket after %.1f s; a put %.2f ms",
+			i+1, rate, 100*ok, peer1, peer2, rate/peer, ourCPU, peerCPU1, peerCPU2, cpuRatios[len(cpuRatios)-1], len(pl.addrs), all.Seconds(), ms(put))
+	}
+	rot := figure{
+		Key: "rotation_p99_ms", Value: median(p99s), Unit: "ms", Target: atMost(50), Runs: p99s,
+		Ours: fmt.Sprintf("p99 %.1f ms, p50 %.1f ms, max %.1f ms (medians over runs)", median(p99s), median(p50s), median(maxes)),
+		Peer: "—",
+		How: fmt.Sprintf("one embedded nats-server (file store, sync_always, as `serve` runs it) set up as `proxyfleet setup` does; one health process (health.Run with the defaults of `serve`: interval 2s, rise 2, fall 3, concurrency 64; probe target its own /probe on 127.0.0.1); "+
+			"%d loopback proxy listeners that pass the probe (each reads the forward-proxy request for the /probe target and answers 200 with its nonce, as a proxy forwarding to /probe would); "+
+			"%d writers publish a `running` state event (messages.StateEvent on <prefix>.state.<id>, JetStream publish, with the listener's address) every %d ms each; "+
+			"for each proxy, the time from just before its event's publish to the first snapshot on <prefix>.rotation that holds it. p99 over the %d proxies, median over runs.",
+			rotationProxies, rotationWriters, rotationPace, rotationProxies),
+		Bound: fmt.Sprintf("stored writes and the wait for a CPU. On the way into the rotation a proxy waits for three stored writes one after another (its event; the publisher's lease renewal, whose revision is the snapshot's version and which proves it still holds the lease before it writes; its bucket put, up to 32 at a time, which the stream stores one after another), and, when it arrives during a publish, for the rest of that one first; every step also waits for a CPU. "+
+			"In the same runs one stored write (an event's publish, acknowledged) took p50 %.1f ms, p99 %.1f ms, and a 1 ms sleep woke up to %.1f ms late (p99), with a load average of %s on %d cores (medians over runs; other work shared the machine). "+
+			"The same measurement on a server that does not fsync each write (sync_always off): p50 %.1f ms, p99 %.1f ms.",
+			median(ack50s), median(ack99s), median(late99s), strings.Join(loads, ", "), runtime.NumCPU(), median(nosync50s), median(nosync99s)),
+	}
+	pr := figure{
+		Key: "probe_ratio", Value: median(ratios), Unit: "ratio", Target: atLeast(0.5), Runs: ratios,
+		Ours: fmt.Sprintf("%.0f probes/s (median; %.1f%% passing); %.0f µs of CPU per probe against %.0f per connect (ratio %.2f)", median(ours), 100*median(okShare), median(ourCPUs), median(peerCPUs), median(cpuRatios)),
+		Peer: fmt.Sprintf("plain TCP connect+close %.0f/s", median(peers)),
+		How: fmt.Sprintf("%d loopback listeners (as above; RLIMIT_NOFILE %s). Ours: a health process as above with %d proxies running at those listeners, interval 500ms so rounds follow one another (a round of %d takes longer; the default concurrency of 64), "+
+			"probes per second counted from its probe counters over %d rounds once every proxy has risen. Peer: 64 goroutines doing net.Dial to the same listeners and closing, %d connects in all, once before and once after ours (the mean). "+
+			"The listeners' side is the same code for both: accept, read the request head (EOF for the peer), answer. "+
+			"Since other work shares the machine, the bench process's CPU time (getrusage) per probe and per connect over the same windows is given too: its ratio does not move with the load.",
+			probeProxies, nofile, probeProxies, probeProxies, probeRounds, probeRounds*probeProxies),
+	}
+	notes := fmt.Sprintf("%d running events published at once (async JetStream publishes, acknowledged in batches of 1,000) to the health process of `probe_ratio` took %s s (per run) from the first publish until all %d were in %s: folded, probed twice each through their listeners, and written to the bucket. "+
+		"What bounds it is the bucket's stream, which stores (and, with sync_always, fsyncs) one put after another however many are in flight: on the same server, 1,000 puts into a scratch file bucket, 32 in flight as health writes them, took %s ms each (per run), so %d puts take at least %s s.\n",
+		probeProxies, joinFloats(alls, "%.1f"), probeProxies, messages.BucketRotation, joinFloats(puts, "%.2f"), probeProxies, joinFloats(scale(puts, probeProxies/1000.0), "%.1f"))
+	return sectionResult{figures: []figure{rot, pr}, notes: notes}, nil
+}
+
+func joinFloats(vs []float64, format string) string {
+	out := make([]string, len(vs))
+	for i, v := range vs {
+		out[i] = fmt.Sprintf(format, v)
+	}
+	return strings.Join(out, ", ")
+}
+
+func scale(vs []float64, k float64) []float64 {
+	out := make([]float64, len(vs))
+	for i, v := range vs {
+		out[i] = v * k
+	}
+	return out
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// percentile p (0..1) of ds, nearest rank.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(float64(len(s))*p+0.999999) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+// raiseNofile raises the soft RLIMIT_NOFILE to the hard limit and says what
+// it is.
+func raiseNofile() string {
+	var l syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+		return "unknown"
+	}
+	l.Cur = l.Max
+	_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
+	_ = syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l)
+	return strconv.FormatUint(l.Cur, 10)
+}
+
+// healthServer is an embedded server set up as `proxyfleet setup` does,
+// with a health process running on it.
+type healthServer struct {
+	s    *server.Server
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	h    *health.Health
+	stop func()
+}
+
+func startHealth(ctx context.Context, dir string, fsync bool, cfg health.Config) (*healthServer, error) {
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true, SyncAlways: fsync})
+	if err != nil {
+		return nil, err
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		return nil, errors.New("nats-server not ready")
+	}
+	nc, js := connect(s.ClientURL())
+	if _, err := (worker.Topology{Subjects: cfg.Subjects}).Setup(ctx, js); err != nil {
+		nc.Close()
+		s.Shutdown()
+		return nil, err
+	}
+	hnc, hjs := connect(s.ClientURL())
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.ProbeListen = "127.0.0.1:0"
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	h, err := health.New(hjs, cfg)
+	if err != nil {
+		hnc.Close()
+		nc.Close()
+		s.Shutdown()
+		return nil, err
+	}
+	hctx, cancel := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- h.Run(hctx) }()
+	hs := &healthServer{s: s, nc: nc, js: js, h: h}
+	hs.stop = func() {
+		cancel()
+		<-ran
+		hnc.Close()
+		nc.Close()
+		s.Shutdown()
+	}
+	select {
+	case <-h.CaughtUp():
+	case err := <-ran:
+		cancel()
+		hnc.Close()
+		nc.Close()
+		s.Shutdown()
+		return nil, fmt.Errorf("health stopped: %v", err)
+	}
+	// Wait for the lease: only its holder publishes.
+	deadline := time.Now().Add(30 * time.Second)
+	for !h.Holder() {
+		if time.Now().After(deadline) {
+			hs.stop()
+			return nil, errors.New("health never took the lease")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return hs, nil
+}
+
+func runningEvent(id, addr string) (messages.StateEvent, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return messages.StateEvent{}, err
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return messages.StateEvent{}, err
+	}
+	return messages.StateEvent{V: messages.Version, ID: id, State: messages.StateRunning, Host: "h1", IP: host, Port: p,
+		Source: "bench", CommandID: "create-" + id, Seq: 1, At: time.Now().UTC()}, nil
+}
+
+// rotationRun times, for each proxy, its running event's publish to the
+// first rotation snapshot that holds it.
+//
+// With fsync (as `serve` runs its server) every stored write is fsync'd
+// before it is acknowledged; without, the same run shows what the disk's
+// syncs cost. It also returns the latencies of the events' publishes (one
+// stored write each, acknowledged) and how late a 1 ms sleep woke meanwhile.
+func rotationRun(ctx context.Context, b *bench, run int, addrs []string, fsync bool) (lat, ack, lateness []time.Duration, err error) {
+	subj := messages.NewSubjects("")
+	hs, err := startHealth(ctx, filepath.Join(b.dir, fmt.Sprintf("rot%d-%v", run, fsync)), fsync, health.Config{Subjects: subj})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	defer hs.stop()
+
+	n := len(addrs)
+	sent := make([]time.Time, n)
+	acked := make([]time.Time, n)
+	seen := make([]time.Time, n)
+	var mu sync.Mutex
+	left := n
+	done := make(chan struct{})
+	idx := func(id string) int {
+		i, err := strconv.Atoi(strings.TrimPrefix(id, "r"))
+		if err != nil || i < 0 || i >= n {
+			return -1
+		}
+		return i
+	}
+	sub, err := hs.nc.Subscribe(subj.Rotation(), func(m *nats.Msg) {
+		at := time.Now()
+		var rot messages.Rotation
+		if json.Unmarshal(m.Data, &rot) != nil {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, e := range rot.Proxies {
+			if i := idx(e.ID); i >= 0 && seen[i].IsZero() {
+				seen[i] = at
+				if left--; left == 0 {
+					close(done)
+				}
+			}
+		}
+	})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	defer sub.Unsubscribe()
+	if err := hs.nc.Flush(); err != nil {
+		return nil, nil, nil, err
+	}
+
+	lateDone := make(chan []time.Duration, 1)
+	stopLate := make(chan struct{})
+	go func() { lateDone <- sleepLateness(stopLate) }()
+	errc := make(chan error, rotationWriters)
+	for w := range rotationWriters {
+		go func() {
+			t := time.NewTicker(rotationPace * time.Millisecond)
+			defer t.Stop()
+			for i := w; i < n; i += rotationWriters {
+				id := fmt.Sprintf("r%04d", i)
+				ev, err := runningEvent(id, addrs[i])
+				if err != nil {
+					errc <- err
+					return
+				}
+				body, _ := json.Marshal(ev)
+				mu.Lock()
+				sent[i] = time.Now()
+				mu.Unlock()
+				if _, err := hs.js.Publish(ctx, subj.State(id), body); err != nil {
+					errc <- err
+					return
+				}
+				mu.Lock()
+				acked[i] = time.Now()
+				mu.Unlock()
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					errc <- ctx.Err()
+					return
+				}
+			}
+			errc <- nil
+		}()
+	}
+	var writersErr error
+	for range rotationWriters {
+		if err := <-errc; err != nil && writersErr == nil {
+			writersErr = err
+		}
+	}
+	if writersErr != nil {
+		close(stopLate)
+		<-lateDone
+		return nil, nil, nil, writersErr
+	}
+	select {
+	case <-done:
+		close(stopLate)
+		late := <-lateDone
+		mu.Lock()
+		lateness = late
+		mu.Unlock()
+	case <-time.After(2 * time.Minute):
+		close(stopLate)
+		<-lateDone
+		mu.Lock()
+		defer mu.Unlock()
+		return nil, nil, nil, fmt.Errorf("%d of %d proxies not in a published rotation after 2 minutes", left, n)
+	case <-ctx.Done():
+		close(stopLate)
+		<-lateDone
+		return nil, nil, nil, ctx.Err()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	lat = make([]time.Duration, n)
+	ack = make([]time.Duration, n)
+	for i := range n {
+		lat[i] = seen[i].Sub(sent[i])
+		ack[i] = acked[i].Sub(sent[i])
+	}
+	b.log.Printf("health run %d (fsync %v): event publish acked p50 %.1f ms p99 %.1f ms; %d snapshots published; a 1 ms sleep woke late by p50 %.2f ms, p99 %.1f ms",
+		run+1, fsync, ms(percentile(ack, 0.5)), ms(percentile(ack, 0.99)), hs.h.Metrics().Published, ms(percentile(lateness, 0.5)), ms(percentile(lateness, 0.99)))
+	return lat, ack, lateness, nil
+}
+
+// sleepLateness samples, until stop is closed, how late a 1 ms sleep
+// wakes: the wait for a CPU that every step of the measured path pays.
+func sleepLateness(stop <-chan struct{}) []time.Duration {
+	var out []time.Duration
+	for {
+		select {
+		case <-stop:
+			return out
+		default:
+		}
+		t := time.Now()
+		time.Sleep(time.Millisecond)
+		out = append(out, max(0, time.Since(t)-time.Millisecond))
+	}
+}
+
+// loadavg is the first figure of /proc/loadavg.
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "unknown"
+	}
+	return f[0]
+}
+
+// probeRun puts a proxy at every address in the rotation of a health
+// process probing in back-to-back rounds, and returns its probes per second
+// once all have risen, and the share of them that passed.
+//
+// It also returns how long the proxies took, from the first event's
+// publish, to be all in PROXY_ROTATION.
+func probeRun(ctx context.Context, b *bench, run int, addrs []string) (rate, ok float64, all time.Duration, cpuPerOp float64, put time.Duration, err error) {
+	subj := messages.NewSubjects("")
+	hs, err := startHealth(ctx, filepath.Join(b.dir, fmt.Sprintf("probe%d", run)), true, health.Config{Subjects: subj, Interval: 500 * time.Millisecond})
+	if err != nil {
+		return 0, 0, 0, 0, 0, err
+	}
+	defer hs.stop()
+	start := time.Now()
+	for i, a := range addrs {
+		id := fmt.Sprintf("q%05d", i)
+		ev, err := runningEvent(id, a)
+		if err != nil {
+			return 0, 0, 0, 0, 0, err
+		}
+		body, _ := json.Marshal(ev)
+		if _, err := hs.js.PublishAsync(subj.State(id), body); err != nil {
+			return 0, 0, 0, 0, 0, err
+		}
+		if (i+1)%1000 == 0 || i == len(addrs)-1 {
+			select {
+			case <-hs.js.PublishAsyncComplete():
+			case <-time.After(time.Minute):
+				return 0, 0, 0, 0, 0, errors.New("events not acknowledged after a minute")
+			}
+		}
+	}
+	bucket, err := hs.js.Stream(ctx, "KV_"+messages.BucketRotation)
+	if err != nil {
+		return 0, 0, 0, 0, 0, err
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		info, err := bucket.Info(ctx)
+		if err != nil {
+			return 0, 0, 0, 0, 0, err
+		}
+		if info.State.Msgs >= uint64(len(addrs)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			return 0, 0, 0, 0, 0, fmt.Errorf("%d of %d proxies in %s after 3 minutes", info.State.Msgs, len(addrs), messages.BucketRotation)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	all = time.Since(start)
+	count := func() (all, passed uint64) {
+		for r, n := range hs.h.Metrics().Probes {
+			all += n
+			if r == health.ResultOK {
+				passed += n
+			}
+		}
+		return all, passed
+	}
+	c0, p0 := count()
+	t0, cpu0 := time.Now(), cpuTime()
+	want := uint64(probeRounds * len(addrs))
+	for {
+		c, p := count()
+		if c-c0 >= want {
+			d := time.Since(t0)
+			cpu := float64((cpuTime() - cpu0).Microseconds()) / float64(c-c0)
+			put, err := putCost(ctx, hs.js)
+			if err != nil {
+				return 0, 0, 0, 0, 0, err
+			}
+			return float64(c-c0) / d.Seconds(), float64(p-p0) / float64(c-c0), all, cpu, put, nil
+		}
+		if time.Since(t0) > 3*time.Minute {
+			return 0, 0, 0, 0, 0, fmt.Errorf("%d probes in 3 minutes", c-c0)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// putCost is the wall time per put of 1,000 puts, 32 in flight as health
+// writes the bucket, into a scratch file bucket on the same server.
+func putCost(ctx context.Context, js jetstream.JetStream) (time.Duration, error) {
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "BENCH_SCRATCH", Storage: jetstream.FileStorage})
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = js.DeleteKeyValue(ctx, "BENCH_SCRATCH") }()
+	const n = 1000
+	var next atomic.Int64
+	var g errgroup.Group
+	start := time.Now()
+	for range 32 {
+		g.Go(func() error {
+			for i := next.Add(1); i <= n; i = next.Add(1) {
+				if _, err := kv.PutString(ctx, fmt.Sprintf("p%05d", i), "127.0.0.1:3128"); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return 0, err
+	}
+	return time.Since(start) / n, nil
+}
+
+// tcpConnectRate is the peer of probe_ratio: conc goroutines each connect
+// to the next address and close, total times; it returns connects per
+// second and the bench process's CPU time per connect (µs).
+func tcpConnectRate(ctx context.Context, addrs []string, conc, total int) (rate, cpuPerOp float64, err error) {
+	var next atomic.Int64
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	d := net.Dialer{Timeout: 5 * time.Second, KeepAlive: -1}
+	start, cpu0 := time.Now(), cpuTime()
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= total || ctx.Err() != nil {
+					return
+				}
+				c, err := d.DialContext(ctx, "tcp", addrs[i%len(addrs)])
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				c.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	el, cpu := time.Since(start), cpuTime()-cpu0
+	if f := failed.Load(); f > 0 {
+		return 0, 0, fmt.Errorf("tcp connect loop: %d of %d connects failed", f, total)
+	}
+	return float64(total) / el.Seconds(), float64(cpu.Microseconds()) / float64(total), ctx.Err()
+}
+
+// cpuTime is the CPU time (user and system) the bench process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// probeListeners are loopback listeners that pass a health probe: each
+// reads a forward-proxy request (GET with an absolute URI to the /probe
+// target) and answers 200 with its nonce, as a proxy forwarding it to the
+// target would. A connection that sends nothing (the TCP peer) is closed
+// at EOF.
+type probeListeners struct {
+	lns   []net.Listener
+	addrs []string
+	wg    sync.WaitGroup
+}
+
+func startProbeListeners(n int) (*probeListeners, error) {
+	pl := &probeListeners{}
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			pl.close()
+			return nil, fmt.Errorf("listener %d of %d: %w", len(pl.lns)+1, n, err)
+		}
+		pl.lns = append(pl.lns, ln)
+		pl.addrs = append(pl.addrs, ln.Addr().String())
+		pl.wg.Add(1)
+		go func() {
+			defer pl.wg.Done()
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					if errors.Is(err, net.ErrClosed) {
+						return
+					}
+					continue
+				}
+				pl.wg.Add(1)
+				go func() {
+					defer pl.wg.Done()
+					serveProbe(c)
+				}()
+			}
+		}()
+	}
+	return pl, nil
+}
+
+func (pl *probeListeners) close() {
+	for _, ln := range pl.lns {
+		ln.Close()
+	}
+	pl.wg.Wait()
+}
+
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 1024) }}
+
+func serveProbe(c net.Conn) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	r := readers.Get().(*bufio.Reader)
+	r.Reset(c)
+	defer func() { r.Reset(nil); readers.Put(r) }()
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return // the TCP peer: connected and closed
+	}
+	for {
+		h, err := r.ReadSlice('\n')
+		if err != nil {
+			return
+		}
+		if len(h) <= 2 {
+			break
+		}
+	}
+	status, body := "400 Bad Request", "want GET http://host/probe?nonce=N\n"
+	if f := strings.Fields(line); len(f) == 3 && f[0] == "GET" {
+		if u, err := url.Parse(f[1]); err == nil && u.IsAbs() && u.Path == health.ProbePath {
+			if nonce := u.Query().Get(health.NonceParam); nonce != "" {
+				status, body = "200 OK", nonce+"\n"
+			}
+		}
+	}
+	fmt.Fprintf(c, "HTTP/1.1 %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", status, len(body), body)
+}
