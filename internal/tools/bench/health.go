@@ -569,15 +569,6 @@ func tcpConnectRate(ctx context.Context, addrs []string, conc, total int) (rate,
 	return float64(total) / el.Seconds(), float64(cpu.Microseconds()) / float64(total), ctx.Err()
 }
 
-// cpuTime is the CPU time (user and system) the bench process has used.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 // probeListeners are loopback listeners that pass a health probe: each
 // reads a forward-proxy request (GET with an absolute URI to the /probe
 // target) and answers 200 with its nonce, as a proxy forwarding it to the
