@@ -101,9 +101,11 @@ type Worker struct {
 	hosts   jetstream.KeyValue // PROXY_HOSTS: room and quarantine (room.go, quarantine.go)
 	events  *eventPublisher
 	view    *eventView // the last event of every proxy, by host, for observation passes
-	locks   *keyedLocks
-	stats   Stats
-	metrics *metrics
+	// hostView is every host's record, for placement to rank hosts (hostview.go).
+	hostView *hostView
+	locks    *keyedLocks
+	stats    Stats
+	metrics  *metrics
 
 	// draining is closed when the worker starts to drain: work waiting
 	// on a quarantined host is handed back at once.
