@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -39,7 +41,7 @@ func runFleet(ctx context.Context, b *bench) (sectionResult, error) {
 	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "proxyfleet/cmd/proxyfleet").CombinedOutput(); err != nil {
 		return sectionResult{}, fmt.Errorf("go build: %w: %s", err, out)
 	}
-	var secs, rss, healthRSS []float64
+	var secs, rss, healthRSS, intake, anon, file []float64
 	var last fleetResult
 	for i := range b.runs {
 		r, err := fleetRun(ctx, b, bin, i)
@@ -49,6 +51,8 @@ func runFleet(ctx context.Context, b *bench) (sectionResult, error) {
 		secs = append(secs, r.took.Seconds())
 		rss = append(rss, r.workerHWM)
 		healthRSS = append(healthRSS, r.healthHWM)
+		intake = append(intake, r.accepted.Seconds())
+		anon, file = append(anon, r.anonEnd), append(file, r.fileEnd)
 		last = r
 		b.log.Printf("fleet run %d: %d proxies in the rotation after %.1fs (%.0f/s); worker peak RSS %.1f MiB, health %.1f MiB",
 			i+1, fleetProxies, r.took.Seconds(), fleetProxies/r.took.Seconds(), r.workerHWM, r.healthHWM)
@@ -61,12 +65,20 @@ func runFleet(ctx context.Context, b *bench) (sectionResult, error) {
 		Peer: fmt.Sprintf("%d × (%s boot + 2 calls of %s) over %d hosts", fleetProxies, fleetBootDelay, fleetCallDelay, fleetHosts),
 		How:  how + " the time from the first publish until a watcher of PROXY_ROTATION (the bucket `proxyfleet rotation` reads) has seen all of them put.",
 	}
+	if !secF.met() {
+		secF.Bound = fmt.Sprintf("intake: all %d commands were accepted after %.1fs (median; %.0f commands/s), and the last proxy was in the rotation %.1fs after that. Each command costs intake about eight NATS round trips, five of them stored writes fsync'd one by one (sync_always), 64 commands at once; execution (%d hosts × 8 at once, each proxy holding its place for its calls and its boot) and the rotation keep up with it. The same path, without sim delays, is `control_plane_ratio`.",
+			fleetProxies, median(intake), fleetProxies/median(intake), median(secs)-median(intake), fleetHosts)
+	}
 	rssF := figure{
 		Key: "worker_peak_rss_mib", Value: median(rss), Unit: "MiB", Target: atMost(48), Runs: rss,
-		Ours: fmt.Sprintf("%.1f MiB (health process %.1f MiB)", median(rss), median(healthRSS)),
-		How:  how + " the worker process's VmHWM (/proc/PID/status) once all are in the rotation.",
+		Ours: fmt.Sprintf("%.1f MiB (at the end: %.1f MiB anonymous, %.1f MiB of the binary's pages; health process %.1f MiB)", median(rss), median(anon), median(file), median(healthRSS)),
+		How:  how + " the worker process's VmHWM (/proc/PID/status) once all are in the rotation, and its RssAnon and RssFile then.",
 	}
-	notes := fmt.Sprintf("Last fleet run, worker at the end: %s.\n", last.workerStats)
+	if !rssF.met() {
+		rssF.Bound = fmt.Sprintf("%.1f MiB of the peak are file-backed pages of the %.0f MiB binary (its text and read-only data, all mapped once the page cache holds the file; shared with every process running it, and the same whatever the load), leaving %.1f MiB for the worker's own memory, which was %.1f MiB at the end.",
+			median(file), binMiB(bin), 48-median(file), median(anon))
+	}
+	notes := fmt.Sprintf("When all %d proxies had reached each stage, in the last fleet run (seen on core subscriptions of results and states): %s. The worker at the end: %s.\n", fleetProxies, last.stages, last.workerStats)
 	return sectionResult{figures: []figure{secF, rssF}, notes: notes}, nil
 }
 
@@ -74,12 +86,42 @@ type fleetResult struct {
 	took                 time.Duration
 	workerHWM, healthHWM float64 // MiB
 	workerStats          string
+	stages               string        // when each stage was reached by all proxies
+	accepted             time.Duration // when intake had accepted all
+	anonEnd, fileEnd     float64       // the worker's RssAnon and RssFile at the end, MiB
+}
+
+// met reports whether f meets its target.
+func (f figure) met() bool {
+	f.check()
+	return f.Met
+}
+
+// binMiB is the size of the file at path in MiB.
+func binMiB(path string) float64 {
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return float64(st.Size()) / (1 << 20)
 }
 
 // fleetRun is one run on its own server, store and sim directories.
 func fleetRun(ctx context.Context, b *bench, bin string, run int) (res fleetResult, err error) {
 	dir := filepath.Join(b.dir, fmt.Sprintf("fleet%d", run))
-	defer os.RemoveAll(dir)
+	defer func() {
+		if err != nil {
+			// Keep the logs of a failed run; the sim hosts' files go.
+			keep, kerr := os.MkdirTemp("", "proxyfleet-bench-fleet")
+			if kerr == nil {
+				for _, f := range []string{"worker.log", "health.log", "config.yaml"} {
+					_ = os.Rename(filepath.Join(dir, f), filepath.Join(keep, f))
+				}
+				err = fmt.Errorf("%w (logs in %s)", err, keep)
+			}
+		}
+		os.RemoveAll(dir)
+	}()
 	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir + "/js", NoLog: true, NoSigs: true, SyncAlways: true})
 	if err != nil {
 		return res, err
@@ -122,30 +164,40 @@ hosts:
 		}
 	}
 
+	b.log.Printf("fleet run %d: worker ready, RSS %.1f MiB (anonymous %.1f, file %.1f)", run+1, rssMiB(worker.cmd.Process.Pid, "VmRSS:"),
+		rssMiB(worker.cmd.Process.Pid, "RssAnon:"), rssMiB(worker.cmd.Process.Pid, "RssFile:"))
 	nc, js := connect(s.ClientURL())
 	defer nc.Close()
 	kv, err := js.KeyValue(ctx, messages.BucketRotation)
 	if err != nil {
 		return res, err
 	}
-	watch, err := kv.WatchAll(ctx, jetstream.UpdatesOnly())
+	// All of the bucket (empty now), not UpdatesOnly: a watcher whose
+	// consumer is reset resumes after the last update it saw.
+	watch, err := kv.WatchAll(ctx)
 	if err != nil {
 		return res, err
 	}
 	defer watch.Stop()
+	rotStream, err := js.Stream(ctx, "KV_"+messages.BucketRotation)
+	if err != nil {
+		return res, err
+	}
+	backstop := time.NewTicker(time.Second)
+	defer backstop.Stop()
 	subj := messages.NewSubjects("")
-	start := time.Now()
-	for i := range fleetProxies {
-		id := fmt.Sprintf("f%05d", i)
-		m := nats.NewMsg(subj.Command(messages.OpCreate, id))
-		m.Data = []byte(`{"v":1,"id":"` + id + `"}`)
-		m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("fleet%d-%d", run, i))
-		if _, err := js.PublishMsgAsync(m); err != nil {
+	stages := newStages(fleetProxies)
+	for _, sub := range []string{subj.ResultAll(), subj.StateAll()} {
+		sb, err := nc.Subscribe(sub, stages.observe)
+		if err != nil {
 			return res, err
 		}
+		defer sb.Unsubscribe()
 	}
+	start := time.Now()
+	stages.start = start
 	in := map[string]bool{}
-	deadline := time.After(10 * time.Minute)
+	deadline := time.After(5 * time.Minute)
 	for len(in) < fleetProxies {
 		select {
 		case e := <-watch.Updates():
@@ -157,14 +209,28 @@ hosts:
 			} else {
 				delete(in, e.Key())
 			}
+		case <-backstop.C:
+			// The stream's count of keys, in case the watcher missed
+			// some (history 1, no deletes here: one message a key).
+			if info, err := rotStream.Info(ctx); err == nil && info.State.Msgs >= fleetProxies && len(in) < fleetProxies {
+				b.log.Printf("fleet run %d: the watcher saw %d of the %d keys in PROXY_ROTATION", run+1, len(in), info.State.Msgs)
+				for i := range fleetProxies {
+					in[fmt.Sprintf("f%05d", i)] = true
+				}
+			}
 		case <-deadline:
-			return res, fmt.Errorf("%d of %d proxies in the rotation after 10 minutes", len(in), fleetProxies)
+			return res, fmt.Errorf("%d of %d proxies in the rotation after 5 minutes", len(in), fleetProxies)
 		case <-ctx.Done():
 			return res, ctx.Err()
 		}
 	}
 	res.took = time.Since(start)
+	res.stages = stages.String()
+	res.accepted = stages.allOf(messages.OutcomeAccepted)
+	b.log.Printf("fleet run %d: %s", run+1, res.stages)
 	res.workerHWM, res.healthHWM = hwmMiB(worker.cmd.Process.Pid), hwmMiB(health.cmd.Process.Pid)
+	res.anonEnd, res.fileEnd = rssMiB(worker.cmd.Process.Pid, "RssAnon:"), rssMiB(worker.cmd.Process.Pid, "RssFile:")
+	b.log.Printf("fleet run %d: worker at the end: RSS %.1f MiB (anonymous %.1f, file %.1f)", run+1, rssMiB(worker.cmd.Process.Pid, "VmRSS:"), res.anonEnd, res.fileEnd)
 	res.workerStats = scrapeStats("http://" + wAddr + "/metrics")
 	return res, nil
 }
@@ -241,13 +307,16 @@ func awaitReady(ctx context.Context, url string, limit time.Duration) error {
 }
 
 // hwmMiB is a process's peak resident set (VmHWM) in MiB.
-func hwmMiB(pid int) float64 {
+func hwmMiB(pid int) float64 { return rssMiB(pid, "VmHWM:") }
+
+// rssMiB is a size in MiB from /proc/PID/status: VmRSS, VmHWM.
+func rssMiB(pid int, key string) float64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+		if v, ok := strings.CutPrefix(l, key); ok {
 			kb, _ := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
 			return float64(kb) / 1024
 		}
@@ -267,7 +336,7 @@ func scrapeStats(url string) string {
 	n, _ := readFull(resp.Body, buf)
 	var picked []string
 	for _, l := range strings.Split(string(buf[:n]), "\n") {
-		for _, k := range []string{"go_goroutines ", "go_memstats_heap_inuse_bytes ", "go_memstats_sys_bytes ", "process_resident_memory_bytes "} {
+		for _, k := range []string{"go_goroutines ", "go_memstats_heap_inuse_bytes ", "go_memstats_sys_bytes ", "process_resident_memory_bytes ", "go_memstats_stack_inuse_bytes ", "go_memstats_heap_alloc_bytes ", "go_memstats_next_gc_bytes ", "go_memstats_other_sys_bytes ", "go_memstats_gc_sys_bytes ", "go_memstats_mspan_inuse_bytes "} {
 			if strings.HasPrefix(l, k) {
 				picked = append(picked, l)
 			}
@@ -287,4 +356,63 @@ func readFull(r interface{ Read([]byte) (int, error) }, buf []byte) (int, error)
 		}
 	}
 	return n, nil
+}
+
+// stages times, from core subscriptions on results and states, when all
+// proxies were accepted, provisioning, running and done.
+type stages struct {
+	mu    sync.Mutex
+	n     int
+	start time.Time
+	seen  map[string]map[string]bool // stage -> ids
+	half  map[string]time.Duration
+	all   map[string]time.Duration
+}
+
+func newStages(n int) *stages {
+	return &stages{n: n, seen: map[string]map[string]bool{}, half: map[string]time.Duration{}, all: map[string]time.Duration{}}
+}
+
+func (s *stages) observe(m *nats.Msg) {
+	var v struct {
+		ID      string `json:"id"`
+		Outcome string `json:"outcome"`
+		State   string `json:"state"`
+	}
+	if json.Unmarshal(m.Data, &v) != nil {
+		return
+	}
+	stage := v.Outcome + v.State // a result has one, an event the other
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.seen[stage] == nil {
+		s.seen[stage] = map[string]bool{}
+	}
+	if s.seen[stage][v.ID] {
+		return
+	}
+	s.seen[stage][v.ID] = true
+	switch len(s.seen[stage]) {
+	case s.n / 2:
+		s.half[stage] = time.Since(s.start)
+	case s.n:
+		s.all[stage] = time.Since(s.start)
+	}
+}
+
+// allOf is when every proxy had reached stage.
+func (s *stages) allOf(stage string) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.all[stage]
+}
+
+func (s *stages) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, st := range []string{messages.OutcomeAccepted, messages.StateProvisioning, messages.StateRunning, messages.OutcomeDone} {
+		out = append(out, fmt.Sprintf("%s half %.1fs all %.1fs", st, s.half[st].Seconds(), s.all[st].Seconds()))
+	}
+	return strings.Join(out, "; ")
 }
