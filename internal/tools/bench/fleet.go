@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/messages"
+	"proxyfleet/worker"
 )
 
 // Shape of the fleet section: proxies over sim hosts, each call and boot
@@ -147,27 +149,25 @@ hosts:
 	if out, err := exec.CommandContext(ctx, bin, "setup", "--config", cfg).CombinedOutput(); err != nil {
 		return res, fmt.Errorf("proxyfleet setup: %w: %s", err, out)
 	}
-	wAddr, hAddr := freeAddr(), freeAddr()
-	worker, err := startRole(bin, filepath.Join(dir, "worker.log"), "worker", "--config", cfg, "--http", wAddr)
+	wrk, wAddr, err := startReady(ctx, bin, filepath.Join(dir, "worker.log"), "worker", "--config", cfg)
 	if err != nil {
 		return res, err
 	}
-	defer worker.stop(b)
-	health, err := startRole(bin, filepath.Join(dir, "health.log"), "health", "--config", cfg, "--http", hAddr)
+	defer wrk.stop(b)
+	health, _, err := startReady(ctx, bin, filepath.Join(dir, "health.log"), "health", "--config", cfg)
 	if err != nil {
 		return res, err
 	}
 	defer health.stop(b)
-	for _, a := range []string{wAddr, hAddr} {
-		if err := awaitReady(ctx, "http://"+a+"/readyz", time.Minute); err != nil {
-			return res, err
-		}
-	}
-
-	b.log.Printf("fleet run %d: worker ready, RSS %.1f MiB (anonymous %.1f, file %.1f)", run+1, rssMiB(worker.cmd.Process.Pid, "VmRSS:"),
-		rssMiB(worker.cmd.Process.Pid, "RssAnon:"), rssMiB(worker.cmd.Process.Pid, "RssFile:"))
-	nc, js := connect(s.ClientURL())
+	b.log.Printf("fleet run %d: worker ready, RSS %.1f MiB (anonymous %.1f, file %.1f)", run+1, rssMiB(wrk.cmd.Process.Pid, "VmRSS:"),
+		rssMiB(wrk.cmd.Process.Pid, "RssAnon:"), rssMiB(wrk.cmd.Process.Pid, "RssFile:"))
+	nc, _ := connect(s.ClientURL())
 	defer nc.Close()
+	var pubErrs atomic.Int64
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncErrHandler(func(jetstream.JetStream, *nats.Msg, error) { pubErrs.Add(1) }))
+	if err != nil {
+		return res, err
+	}
 	kv, err := js.KeyValue(ctx, messages.BucketRotation)
 	if err != nil {
 		return res, err
@@ -196,6 +196,24 @@ hosts:
 	}
 	start := time.Now()
 	stages.start = start
+	for i := range fleetProxies {
+		id := fmt.Sprintf("f%05d", i)
+		m := nats.NewMsg(subj.Command(messages.OpCreate, id))
+		m.Data = []byte(`{"v":1,"id":"` + id + `"}`)
+		m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("fleet%d-%d", run, i))
+		if _, err := js.PublishMsgAsync(m); err != nil {
+			return res, err
+		}
+	}
+	// Every command stored, or the run says why not.
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		return res, fmt.Errorf("%d of %d commands not acknowledged by the server after a minute", js.PublishAsyncPending(), fleetProxies)
+	}
+	if n := pubErrs.Load(); n > 0 {
+		return res, fmt.Errorf("%d of %d commands refused by the server", n, fleetProxies)
+	}
 	in := map[string]bool{}
 	deadline := time.After(5 * time.Minute)
 	for len(in) < fleetProxies {
@@ -218,7 +236,17 @@ hosts:
 					in[fmt.Sprintf("f%05d", i)] = true
 				}
 			}
+		case <-wrk.done:
+			return res, fmt.Errorf("the worker exited: %v", wrk.err)
+		case <-health.done:
+			return res, fmt.Errorf("the health process exited: %v", health.err)
 		case <-deadline:
+			if ci, err := js.Consumer(ctx, messages.StreamCommands, worker.IntakeConsumer); err == nil {
+				if info, err := ci.Info(ctx); err == nil {
+					b.log.Printf("fleet run %d: intake consumer: %d pending, %d unacked, %d pulls waiting", run+1, info.NumPending, info.NumAckPending, info.NumWaiting)
+				}
+			}
+			b.log.Printf("fleet run %d: %s", run+1, stages)
 			return res, fmt.Errorf("%d of %d proxies in the rotation after 5 minutes", len(in), fleetProxies)
 		case <-ctx.Done():
 			return res, ctx.Err()
@@ -228,9 +256,9 @@ hosts:
 	res.stages = stages.String()
 	res.accepted = stages.allOf(messages.OutcomeAccepted)
 	b.log.Printf("fleet run %d: %s", run+1, res.stages)
-	res.workerHWM, res.healthHWM = hwmMiB(worker.cmd.Process.Pid), hwmMiB(health.cmd.Process.Pid)
-	res.anonEnd, res.fileEnd = rssMiB(worker.cmd.Process.Pid, "RssAnon:"), rssMiB(worker.cmd.Process.Pid, "RssFile:")
-	b.log.Printf("fleet run %d: worker at the end: RSS %.1f MiB (anonymous %.1f, file %.1f)", run+1, rssMiB(worker.cmd.Process.Pid, "VmRSS:"), res.anonEnd, res.fileEnd)
+	res.workerHWM, res.healthHWM = hwmMiB(wrk.cmd.Process.Pid), hwmMiB(health.cmd.Process.Pid)
+	res.anonEnd, res.fileEnd = rssMiB(wrk.cmd.Process.Pid, "RssAnon:"), rssMiB(wrk.cmd.Process.Pid, "RssFile:")
+	b.log.Printf("fleet run %d: worker at the end: RSS %.1f MiB (anonymous %.1f, file %.1f)", run+1, rssMiB(wrk.cmd.Process.Pid, "VmRSS:"), res.anonEnd, res.fileEnd)
 	res.workerStats = scrapeStats("http://" + wAddr + "/metrics")
 	return res, nil
 }
@@ -240,6 +268,8 @@ type role struct {
 	name string
 	cmd  *exec.Cmd
 	log  *os.File
+	done chan struct{} // closed when it exited
+	err  error         // what Wait returned, once done
 }
 
 func startRole(bin, logPath string, args ...string) (*role, error) {
@@ -253,25 +283,58 @@ func startRole(bin, logPath string, args ...string) (*role, error) {
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", args[0], err)
 	}
-	return &role{name: args[0], cmd: cmd, log: f}, nil
+	r := &role{name: args[0], cmd: cmd, log: f, done: make(chan struct{})}
+	go func() {
+		r.err = cmd.Wait()
+		close(r.done)
+	}()
+	return r, nil
+}
+
+// startReady starts a role listening on a free loopback port (--http) and
+// waits until it is ready there. A port taken meanwhile by another
+// process (the role exits, saying so) is tried again with another.
+func startReady(ctx context.Context, bin, logPath string, args ...string) (*role, string, error) {
+	for attempt := 0; ; attempt++ {
+		addr := freeAddr()
+		r, err := startRole(bin, logPath, append(args, "--http", addr)...)
+		if err != nil {
+			return nil, "", err
+		}
+		err = awaitReady(ctx, "http://"+addr+"/readyz", r.done, time.Minute)
+		if err == nil {
+			return r, addr, nil
+		}
+		select {
+		case <-r.done:
+			out, _ := os.ReadFile(logPath)
+			if strings.Contains(string(out), "address already in use") && attempt < 3 {
+				continue
+			}
+			return nil, "", fmt.Errorf("%s exited: %v: %s", args[0], r.err, out)
+		default:
+			r.stop(nil)
+			return nil, "", err
+		}
+	}
 }
 
 // stop ends the process with SIGTERM (its graceful stop), and SIGKILL if
-// it is not gone within a minute.
+// it is not gone within a minute. b nil: nothing is logged.
 func (r *role) stop(b *bench) {
 	defer r.log.Close()
 	_ = r.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- r.cmd.Wait() }()
 	select {
-	case err := <-done:
-		if err != nil {
-			b.log.Printf("%s: %v (log %s)", r.name, err, r.log.Name())
+	case <-r.done:
+		if r.err != nil && b != nil {
+			b.log.Printf("%s: %v (log %s)", r.name, r.err, r.log.Name())
 		}
 	case <-time.After(time.Minute):
 		_ = r.cmd.Process.Kill()
-		<-done
-		b.log.Printf("%s: killed after a minute of SIGTERM", r.name)
+		<-r.done
+		if b != nil {
+			b.log.Printf("%s: killed after a minute of SIGTERM", r.name)
+		}
 	}
 }
 
@@ -285,9 +348,16 @@ func freeAddr() string {
 	return ln.Addr().String()
 }
 
-func awaitReady(ctx context.Context, url string, limit time.Duration) error {
+// awaitReady waits until url answers 200, the process exits (done), or
+// limit passes.
+func awaitReady(ctx context.Context, url string, done <-chan struct{}, limit time.Duration) error {
 	end := time.Now().Add(limit)
 	for {
+		select {
+		case <-done:
+			return fmt.Errorf("%s: the process exited", url)
+		default:
+		}
 		resp, err := http.Get(url)
 		if err == nil {
 			resp.Body.Close()
