@@ -43,7 +43,7 @@ func runFleet(ctx context.Context, b *bench) (sectionResult, error) {
 	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "proxyfleet/cmd/proxyfleet").CombinedOutput(); err != nil {
 		return sectionResult{}, fmt.Errorf("go build: %w: %s", err, out)
 	}
-	var secs, rss, healthRSS, intake, anon, file []float64
+	var secs, rss, healthRSS, intake, anon, file, fsyncMs []float64
 	var last fleetResult
 	for i := range b.runs {
 		r, err := fleetRun(ctx, b, bin, i)
@@ -55,6 +55,7 @@ func runFleet(ctx context.Context, b *bench) (sectionResult, error) {
 		healthRSS = append(healthRSS, r.healthHWM)
 		intake = append(intake, r.accepted.Seconds())
 		anon, file = append(anon, r.anonEnd), append(file, r.fileEnd)
+		fsyncMs = append(fsyncMs, float64(r.fsync.Microseconds())/1000)
 		last = r
 		b.log.Printf("fleet run %d: %d proxies in the rotation after %.1fs (%.0f/s); worker peak RSS %.1f MiB, health %.1f MiB",
 			i+1, fleetProxies, r.took.Seconds(), fleetProxies/r.took.Seconds(), r.workerHWM, r.healthHWM)
@@ -68,8 +69,9 @@ func runFleet(ctx context.Context, b *bench) (sectionResult, error) {
 		How:  how + " the time from the first publish until a watcher of PROXY_ROTATION (the bucket `proxyfleet rotation` reads) has seen all of them put.",
 	}
 	if !secF.met() {
-		secF.Bound = fmt.Sprintf("intake: all %d commands were accepted after %.1fs (median; %.0f commands/s), and the last proxy was in the rotation %.1fs after that. Each command costs intake about eight NATS round trips, five of them stored writes fsync'd one by one (sync_always), 64 commands at once; execution (%d hosts × 8 at once, each proxy holding its place for its calls and its boot) and the rotation keep up with it. The same path, without sim delays, is `control_plane_ratio`.",
-			fleetProxies, median(intake), fleetProxies/median(intake), median(secs)-median(intake), fleetHosts)
+		secF.Bound = fmt.Sprintf("intake: all %d commands were accepted after %.1fs (median; %.0f commands/s), and the last proxy was in the rotation %.1fs after that. Each command costs intake about eight NATS round trips, five of them stored writes fsync'd one by one (sync_always), 64 commands at once; execution (%d hosts × 8 at once, each proxy holding its place for its calls and its boot) and the rotation keep up with it. The same path, without sim delays, is `control_plane_ratio`. The store: a small write and its fsync took %.2f ms on this disk just after each run (median), and each stream's writes are fsync'd one after another: PROXY_RESULTS (accepted, done) and PROXY_EVENTS (provisioning, running) take %d each, at least %.1fs of serial store time apiece at that rate, beside the commands, desired records, command ids, work items and host records.",
+			fleetProxies, median(intake), fleetProxies/median(intake), median(secs)-median(intake), fleetHosts,
+			median(fsyncMs), 2*fleetProxies, 2*fleetProxies*median(fsyncMs)/1000)
 	}
 	rssF := figure{
 		Key: "worker_peak_rss_mib", Value: median(rss), Unit: "MiB", Target: atMost(48), Runs: rss,
@@ -91,6 +93,29 @@ type fleetResult struct {
 	stages               string        // when each stage was reached by all proxies
 	accepted             time.Duration // when intake had accepted all
 	anonEnd, fileEnd     float64       // the worker's RssAnon and RssFile at the end, MiB
+	fsync                time.Duration // one small write and fsync on the store's disk, just after
+}
+
+// fsyncTime is the mean time of n small appends, each fsync'd, to a file
+// at path (removed after), as the server's store does with sync_always.
+func fsyncTime(path string, n int) time.Duration {
+	f, err := os.Create(path)
+	if err != nil {
+		return 0
+	}
+	defer os.Remove(path)
+	defer f.Close()
+	rec := make([]byte, 256)
+	start := time.Now()
+	for range n {
+		if _, err := f.Write(rec); err != nil {
+			return 0
+		}
+		if err := f.Sync(); err != nil {
+			return 0
+		}
+	}
+	return time.Since(start) / time.Duration(n)
 }
 
 // met reports whether f meets its target.
@@ -253,6 +278,7 @@ hosts:
 		}
 	}
 	res.took = time.Since(start)
+	res.fsync = fsyncTime(filepath.Join(dir, "fsync"), 200)
 	res.stages = stages.String()
 	res.accepted = stages.allOf(messages.OutcomeAccepted)
 	b.log.Printf("fleet run %d: %s", run+1, res.stages)
