@@ -26,8 +26,11 @@ import (
 // a higher revision. It may lag behind the bucket for other workers'
 // writes: it only ranks. Every reservation is made on a fresh read of the
 // record (hostWriter.apply), which refuses a host that is full or
-// quarantined, and placement goes on to the next host. Until the watcher
-// has delivered every record, placement reads them as before.
+// quarantined, and placement goes on to the next host; a host the view
+// says is full or quarantined is read afresh before placement passes it
+// over (a view behind a bucket made anew must not turn a create away).
+// Until the watcher has delivered every record, placement reads them as
+// before.
 type hostView struct {
 	kv    jetstream.KeyValue
 	retry time.Duration

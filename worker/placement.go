@@ -51,17 +51,19 @@ func (w *Worker) placeByRoom(ctx context.Context, id string, seq uint64) (string
 	var notes []string
 	// The records as the host view has them (it only ranks: each
 	// reservation reads the record afresh), or as read now while it is
-	// not caught up.
+	// not caught up. A host the view says is full or quarantined is read
+	// afresh before it is passed over: a view behind the bucket (made
+	// anew, say) must not turn away a create.
 	viewed := true
 	for _, h := range w.catalog.Hosts {
+		room := w.catalog.maxProxies(h)
 		rec, err := w.hostView.record(h)
-		if err != nil || !viewed {
-			viewed = false
+		if err != nil || !viewed || rec.Quarantined() || (!hasKey(rec.Proxies, id) && len(rec.Proxies) >= room) {
+			viewed = viewed && err == nil
 			if rec, _, err = w.readHost(ctx, h); err != nil {
 				return "", nil, err
 			}
 		}
-		room := w.catalog.maxProxies(h)
 		_, held := rec.Proxies[id]
 		switch {
 		case rec.Quarantined():
@@ -116,4 +118,9 @@ func (w *Worker) reservePlaced(ctx context.Context, host, id string, seq uint64)
 		}
 		return reserveEdit(rec, host, id, seq, w.catalog.maxProxies(host), false)
 	})
+}
+
+func hasKey[V any](m map[string]V, k string) bool {
+	_, ok := m[k]
+	return ok
 }

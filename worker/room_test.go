@@ -334,3 +334,32 @@ func TestPlacementDoesNotReadEveryHostPerCreate(t *testing.T) {
 		}
 	}
 }
+
+// PROXY_HOSTS deleted and made anew while a worker runs: the worker's view
+// of the records may still say every host is full, but placement reads a
+// host afresh before it passes it over as full, so a new create is placed
+// (as it was when placement read every record), not rejected for no room.
+func TestPlacementAfterHostsBucketMadeAnew(t *testing.T) {
+	r := newRig(t, "h1", "h2")
+	r.startWorker(withRoom(r, 2))
+	for i := range 4 {
+		r.create(fmt.Sprintf("p%d", i), fmt.Sprintf("c%d", i), "")
+	}
+	for i := range 4 {
+		if res := r.waitFinal(fmt.Sprintf("c%d", i)); res.Outcome != messages.OutcomeDone {
+			t.Fatalf("c%d: %s (%s)", i, res.Outcome, res.Reason)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := r.js.DeleteKeyValue(ctx, messages.BucketHosts); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (worker.Topology{Subjects: subj}).Setup(ctx, r.js); err != nil {
+		t.Fatal(err)
+	}
+	r.create("p4", "c4", "")
+	if res := r.waitFinal("c4"); res.Outcome != messages.OutcomeDone {
+		t.Fatalf("create after PROXY_HOSTS was made anew: %s (field %q, %s); want done", res.Outcome, res.Field, res.Reason)
+	}
+}
