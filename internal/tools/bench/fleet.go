@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -420,38 +421,23 @@ func rssMiB(pid int, key string) float64 {
 	return 0
 }
 
-// scrapeStats picks a few of the worker's metrics: Go heap and goroutines.
+// scrapeStats picks a few of the worker's metrics: its Go memory and goroutines.
 func scrapeStats(url string) string {
 	resp, err := http.Get(url)
 	if err != nil {
 		return "metrics unreadable: " + err.Error()
 	}
 	defer resp.Body.Close()
-	var b strings.Builder
-	buf := make([]byte, 1<<20)
-	n, _ := readFull(resp.Body, buf)
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	var picked []string
-	for _, l := range strings.Split(string(buf[:n]), "\n") {
+	for _, l := range strings.Split(string(body), "\n") {
 		for _, k := range []string{"go_goroutines ", "go_memstats_heap_inuse_bytes ", "go_memstats_sys_bytes ", "process_resident_memory_bytes ", "go_memstats_stack_inuse_bytes ", "go_memstats_heap_alloc_bytes ", "go_memstats_next_gc_bytes ", "go_memstats_other_sys_bytes ", "go_memstats_gc_sys_bytes ", "go_memstats_mspan_inuse_bytes "} {
 			if strings.HasPrefix(l, k) {
 				picked = append(picked, l)
 			}
 		}
 	}
-	b.WriteString(strings.Join(picked, ", "))
-	return b.String()
-}
-
-func readFull(r interface{ Read([]byte) (int, error) }, buf []byte) (int, error) {
-	n := 0
-	for n < len(buf) {
-		m, err := r.Read(buf[n:])
-		n += m
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
+	return strings.Join(picked, ", ")
 }
 
 // stages times, from core subscriptions on results and states, when all
