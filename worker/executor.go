@@ -232,12 +232,15 @@ func (e *executor) spec(d *messages.Desired) fleet.Spec {
 }
 
 // awaitRunning polls Get under the ready budget until the proxy runs with an
-// address.
+// address: the first poll PollInterval/16 after the last, each pause twice
+// the one before, up to PollInterval, so a proxy that boots in a fraction
+// of PollInterval is not kept waiting for the whole of it.
 func (e *executor) awaitRunning(ctx context.Context, d *messages.Desired) error {
 	w := e.w
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.ReadyTimeout)
 	defer cancel()
-	t := time.NewTicker(w.cfg.PollInterval)
+	pause := w.cfg.PollInterval / 16
+	t := time.NewTimer(pause)
 	defer t.Stop()
 	for {
 		obs, err := e.prov.Get(ctx, d.ID)
@@ -261,6 +264,8 @@ func (e *executor) awaitRunning(ctx context.Context, d *messages.Desired) error 
 			return fleet.Transient(fmt.Errorf("proxy %s not running with an address within %s: %w", d.ID, w.cfg.ReadyTimeout, ctx.Err()))
 		case <-t.C:
 		}
+		pause = min(2*pause, w.cfg.PollInterval)
+		t.Reset(pause)
 	}
 }
 

@@ -176,15 +176,17 @@ func (hw *hostWriter) apply(ctx context.Context, batch []hostEdit) []error {
 			rec.Since = rec.At
 		}
 		b, _ := json.Marshal(rec)
+		var wrote uint64
 		if rev == 0 {
-			_, err = w.hosts.Create(ctx, hw.host, b)
+			wrote, err = w.hosts.Create(ctx, hw.host, b)
 		} else {
-			_, err = w.hosts.Update(ctx, hw.host, b, rev)
+			wrote, err = w.hosts.Update(ctx, hw.host, b, rev)
 		}
 		if err == nil {
 			hw.readMu.Lock()
 			hw.readRec, hw.readRaw = rec, b // what the next read finds, unless another worker writes
 			hw.readMu.Unlock()
+			w.hostView.put(hw.host, rec, wrote) // this worker's next placements see it at once
 			return errs
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) && !isWrongLastSeq(err) {

@@ -49,12 +49,21 @@ func (w *Worker) placeByRoom(ctx context.Context, id string, seq uint64) (string
 	}
 	var cands []cand
 	var notes []string
+	// The records as the host view has them (it only ranks: each
+	// reservation reads the record afresh), or as read now while it is
+	// not caught up. A host the view says is full or quarantined is read
+	// afresh before it is passed over: a view behind the bucket (made
+	// anew, say) must not turn away a create.
+	viewed := true
 	for _, h := range w.catalog.Hosts {
-		rec, _, err := w.readHost(ctx, h)
-		if err != nil {
-			return "", nil, err
-		}
 		room := w.catalog.maxProxies(h)
+		rec, err := w.hostView.record(h)
+		if err != nil || !viewed || rec.Quarantined() || (!hasKey(rec.Proxies, id) && len(rec.Proxies) >= room) {
+			viewed = viewed && err == nil
+			if rec, _, err = w.readHost(ctx, h); err != nil {
+				return "", nil, err
+			}
+		}
 		_, held := rec.Proxies[id]
 		switch {
 		case rec.Quarantined():
@@ -76,17 +85,42 @@ func (w *Worker) placeByRoom(ctx context.Context, id string, seq uint64) (string
 		return a.score > b.score
 	})
 	for _, c := range cands {
-		err := w.reserve(ctx, c.host, id, seq, false)
+		err := w.reservePlaced(ctx, c.host, id, seq)
 		if err == nil {
 			return c.host, nil, nil
 		}
 		var full *fullError
-		if !errors.As(err, &full) {
+		switch {
+		case errors.Is(err, errQuarantined):
+			// Quarantined since the view or the read said otherwise.
+			notes = append(notes, c.host+" quarantined")
+		case errors.As(err, &full):
+			// Taken by another intake since it was read.
+			notes = append(notes, fmt.Sprintf("%s full (%d of %d)", c.host, full.n, full.maxRoom))
+		default:
 			return "", nil, err
 		}
-		// Taken by another intake since it was read.
-		notes = append(notes, fmt.Sprintf("%s full (%d of %d)", c.host, full.n, full.maxRoom))
 	}
 	sort.Strings(notes)
 	return "", &messages.FieldError{Field: "host", Reason: "no room on any healthy host: " + strings.Join(notes, ", ")}, nil
+}
+
+// errQuarantined: placement found the host quarantined on its fresh read.
+var errQuarantined = errors.New("host quarantined")
+
+// reservePlaced is reserve for a host placement chose from what it read
+// before: judged on the record as it is now, a host quarantined meanwhile
+// is refused (errQuarantined) as a full one is.
+func (w *Worker) reservePlaced(ctx context.Context, host, id string, seq uint64) error {
+	return w.updateHost(ctx, host, func(rec *messages.HostRecord) error {
+		if rec.Quarantined() {
+			return errQuarantined
+		}
+		return reserveEdit(rec, host, id, seq, w.catalog.maxProxies(host), false)
+	})
+}
+
+func hasKey[V any](m map[string]V, k string) bool {
+	_, ok := m[k]
+	return ok
 }

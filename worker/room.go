@@ -53,19 +53,24 @@ func (e *fullError) Is(target error) bool { return target == errFull }
 // takes room whatever the count). No room is an error wrapping errFull.
 func (w *Worker) reserve(ctx context.Context, host, id string, seq uint64, force bool) error {
 	return w.updateHost(ctx, host, func(rec *messages.HostRecord) error {
-		if r, ok := rec.Proxies[id]; ok {
-			if r >= seq {
-				return errNoChange
-			}
-			rec.Proxies[id] = seq
-			return nil
-		}
-		if room := w.catalog.maxProxies(host); len(rec.Proxies) >= room && !force {
-			return &fullError{host: host, n: len(rec.Proxies), maxRoom: room}
+		return reserveEdit(rec, host, id, seq, w.catalog.maxProxies(host), force)
+	})
+}
+
+// reserveEdit is reserve's change of the record, room its max_proxies.
+func reserveEdit(rec *messages.HostRecord, host, id string, seq uint64, room int, force bool) error {
+	if r, ok := rec.Proxies[id]; ok {
+		if r >= seq {
+			return errNoChange
 		}
 		rec.Proxies[id] = seq
 		return nil
-	})
+	}
+	if len(rec.Proxies) >= room && !force {
+		return &fullError{host: host, n: len(rec.Proxies), maxRoom: room}
+	}
+	rec.Proxies[id] = seq
+	return nil
 }
 
 // release frees id's room on host for the command of seq, whose removal of

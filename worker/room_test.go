@@ -8,8 +8,11 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"proxyfleet/messages"
 	"proxyfleet/worker"
@@ -284,5 +287,79 @@ func TestLeakedRoomIsReconciled(t *testing.T) {
 	t.Logf("unrecorded reservation released %s after it was planted", time.Since(planted).Round(time.Millisecond))
 	if rec, _ := r.hostRecord("h1"); len(rec.Proxies) != 1 || !r.domainExists("h1", "p1") {
 		t.Errorf("reservations %v, want p1 alone", rec.Proxies)
+	}
+}
+
+// Placing creates ranks the hosts from the worker's view of PROXY_HOSTS:
+// sixty creates over ten hosts read the host records a few times per
+// create (the writer's batches, the executor's check before it creates),
+// not once per host per create (600 reads before the view), and still
+// spread evenly.
+func TestPlacementDoesNotReadEveryHostPerCreate(t *testing.T) {
+	hosts := make([]string, 10)
+	for i := range hosts {
+		hosts[i] = fmt.Sprintf("h%d", i)
+	}
+	r := newRig(t, hosts...)
+	var reads atomic.Int64
+	sub, err := r.nc.Subscribe("$JS.API.DIRECT.GET.KV_"+messages.BucketHosts+".>", func(*nats.Msg) { reads.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	r.startWorker(withRoom(r, 6))
+	if err := r.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	start := reads.Load()
+	const n = 60
+	for i := range n {
+		r.create(fmt.Sprintf("p%d", i), fmt.Sprintf("c%d", i), "")
+	}
+	for i := range n {
+		if res := r.waitFinal(fmt.Sprintf("c%d", i)); res.Outcome != messages.OutcomeDone {
+			t.Fatalf("c%d: %s (%s)", i, res.Outcome, res.Reason)
+		}
+	}
+	if got := reads.Load() - start; got >= n*int64(len(hosts))/2 {
+		t.Errorf("%d reads of host records for %d creates over %d hosts; want fewer than %d", got, n, len(hosts), n*len(hosts)/2)
+	} else {
+		t.Logf("%d reads of host records for %d creates over %d hosts", got, n, len(hosts))
+	}
+	// Room for six on each of ten hosts, sixty creates: all placed, six
+	// on each.
+	for _, h := range hosts {
+		if d := r.domains(h); d != 6 {
+			t.Errorf("%s: %d domains, want 6", h, d)
+		}
+	}
+}
+
+// PROXY_HOSTS deleted and made anew while a worker runs: the worker's view
+// of the records may still say every host is full, but placement reads a
+// host afresh before it passes it over as full, so a new create is placed
+// (as it was when placement read every record), not rejected for no room.
+func TestPlacementAfterHostsBucketMadeAnew(t *testing.T) {
+	r := newRig(t, "h1", "h2")
+	r.startWorker(withRoom(r, 2))
+	for i := range 4 {
+		r.create(fmt.Sprintf("p%d", i), fmt.Sprintf("c%d", i), "")
+	}
+	for i := range 4 {
+		if res := r.waitFinal(fmt.Sprintf("c%d", i)); res.Outcome != messages.OutcomeDone {
+			t.Fatalf("c%d: %s (%s)", i, res.Outcome, res.Reason)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := r.js.DeleteKeyValue(ctx, messages.BucketHosts); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (worker.Topology{Subjects: subj}).Setup(ctx, r.js); err != nil {
+		t.Fatal(err)
+	}
+	r.create("p4", "c4", "")
+	if res := r.waitFinal("c4"); res.Outcome != messages.OutcomeDone {
+		t.Fatalf("create after PROXY_HOSTS was made anew: %s (field %q, %s); want done", res.Outcome, res.Field, res.Reason)
 	}
 }

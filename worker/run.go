@@ -103,6 +103,12 @@ func (w *Worker) start(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
 	w.draining = make(chan struct{})
+	w.hostView = newHostView(w.hosts, w.cfg.CheckInterval, w.log)
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		w.hostView.run(runCtx)
+	}()
 	w.startWriters()
 	if w.cfg.ObserveInterval > 0 {
 		// Before anything consumes: a tick another worker published may

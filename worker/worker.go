@@ -38,7 +38,7 @@ type Config struct {
 	AckWait      time.Duration
 	MaxAttempts  int
 	ReadyTimeout time.Duration
-	PollInterval time.Duration
+	PollInterval time.Duration // the longest pause between Gets while a proxy boots (awaitRunning)
 	PinnedTTL    time.Duration
 	Concurrency  int // work items run at once per host
 	DrainTimeout time.Duration
@@ -101,9 +101,11 @@ type Worker struct {
 	hosts   jetstream.KeyValue // PROXY_HOSTS: room and quarantine (room.go, quarantine.go)
 	events  *eventPublisher
 	view    *eventView // the last event of every proxy, by host, for observation passes
-	locks   *keyedLocks
-	stats   Stats
-	metrics *metrics
+	// hostView is every host's record, for placement to rank hosts (hostview.go).
+	hostView *hostView
+	locks    *keyedLocks
+	stats    Stats
+	metrics  *metrics
 
 	// draining is closed when the worker starts to drain: work waiting
 	// on a quarantined host is handed back at once.

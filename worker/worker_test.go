@@ -2,10 +2,13 @@ package worker_test
 
 import (
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
 	"proxyfleet/messages"
+	"proxyfleet/sim"
+	"proxyfleet/worker"
 )
 
 func TestMain(m *testing.M) {
@@ -43,4 +46,30 @@ func TestCreateThenDelete(t *testing.T) {
 			t.Fatalf("event seqs %d then %d", evs[i-1].Seq, evs[i].Seq)
 		}
 	}
+}
+
+// A proxy that boots in a fraction of PollInterval is not kept waiting for
+// the whole of it: the wait for its address polls soon after the create
+// and then less and less often. With a 30s PollInterval and a 100ms boot,
+// the create is done long before the 30s the first poll used to wait.
+func TestBootWaitPollsSoonAfterCreate(t *testing.T) {
+	r := newRig(t, "h1")
+	r.startWorker(func(c *worker.Config) {
+		c.PollInterval = 30 * time.Second
+		c.AckWait = 2 * time.Minute // the wait is no redelivery
+		p, err := sim.New(sim.Config{Host: "h1", Dir: r.hostDir("h1"), Delay: time.Millisecond, BootDelay: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Providers["h1"] = p
+	})
+	r.create("p1", "c1", "")
+	r.waitFor("create done within a third of PollInterval", 10*time.Second, func() bool {
+		for _, res := range r.resultsFor("c1") {
+			if res.Outcome == messages.OutcomeDone {
+				return true
+			}
+		}
+		return false
+	})
 }

@@ -41,6 +41,7 @@ type sectionResult struct {
 // guests, and a failure there is cheap.
 var sections = []section{
 	{name: "control-plane", run: runControlPlane},
+	{name: "fleet", run: runFleet},
 	{name: "health", run: runHealth},
 	{name: "upload", host: true, run: runUpload},
 }

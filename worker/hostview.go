@@ -1,0 +1,142 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/messages"
+)
+
+// hostView is the worker's picture of every host's record in PROXY_HOSTS,
+// for placement to rank the hosts by free room without reading every
+// record for every create (with 20 hosts that was 20 reads and decodes of
+// up to max_proxies entries each per command, a third of a busy worker's
+// CPU).
+//
+// A KV watcher of the bucket feeds it, and this worker's own writes
+// (hostWriter) are put in as soon as the server stored them, so its own
+// placements see each other at once; a record is replaced only by one of
+// a higher revision. It may lag behind the bucket for other workers'
+// writes: it only ranks. Every reservation is made on a fresh read of the
+// record (hostWriter.apply), which refuses a host that is full or
+// quarantined, and placement goes on to the next host; a host the view
+// says is full or quarantined is read afresh before placement passes it
+// over (a view behind a bucket made anew must not turn a create away).
+// Until the watcher has delivered every record, placement reads them as
+// before.
+type hostView struct {
+	kv    jetstream.KeyValue
+	retry time.Duration
+	log   *slog.Logger
+
+	mu    sync.Mutex
+	ready bool // every record delivered since the watch began
+	recs  map[string]viewedHost
+}
+
+type viewedHost struct {
+	rev uint64
+	rec messages.HostRecord
+}
+
+func newHostView(kv jetstream.KeyValue, retry time.Duration, log *slog.Logger) *hostView {
+	return &hostView{kv: kv, retry: retry, log: log, recs: map[string]viewedHost{}}
+}
+
+// run keeps the view until ctx is done; a watch that ends is begun anew
+// after retry.
+func (v *hostView) run(ctx context.Context) {
+	for {
+		err := v.follow(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		v.log.Warn("host view: made anew", "err", err)
+		t := time.NewTimer(v.retry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (v *hostView) follow(ctx context.Context) error {
+	v.mu.Lock()
+	v.ready = false
+	clear(v.recs)
+	v.mu.Unlock()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	kw, err := v.kv.WatchAll(wctx)
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", messages.BucketHosts, err)
+	}
+	defer func() { _ = kw.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-kw.Updates():
+			if !ok {
+				return fmt.Errorf("watch %s: ended", messages.BucketHosts)
+			}
+			if e == nil { // every record delivered
+				v.mu.Lock()
+				v.ready = true
+				v.mu.Unlock()
+				continue
+			}
+			rec := messages.HostRecord{V: messages.Version, Host: e.Key(), State: messages.HostOK}
+			if e.Operation() == jetstream.KeyValuePut {
+				if err := json.Unmarshal(e.Value(), &rec); err != nil {
+					v.log.Warn("host view: undecodable record", "host", e.Key(), "err", err)
+					continue
+				}
+			}
+			v.put(e.Key(), rec, e.Revision())
+		}
+	}
+}
+
+// put records host's record as of revision rev, unless the view holds a
+// later one.
+func (v *hostView) put(host string, rec messages.HostRecord, rev uint64) {
+	if v == nil {
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if cur, ok := v.recs[host]; ok && cur.rev >= rev {
+		return
+	}
+	v.recs[host] = viewedHost{rev: rev, rec: rec}
+}
+
+// errViewNotReady: the watcher has not delivered every record yet.
+var errViewNotReady = errors.New("host view not caught up")
+
+// record returns host's record as the view has it. The record is shared:
+// read it, never change it.
+func (v *hostView) record(host string) (messages.HostRecord, error) {
+	if v == nil {
+		return messages.HostRecord{}, errViewNotReady
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.ready {
+		return messages.HostRecord{}, errViewNotReady
+	}
+	if r, ok := v.recs[host]; ok {
+		return r.rec, nil
+	}
+	return messages.HostRecord{V: messages.Version, Host: host, State: messages.HostOK}, nil
+}
