@@ -41,6 +41,7 @@ type sectionResult struct {
 // guests, and a failure there is cheap.
 var sections = []section{
 	{name: "control-plane", run: runControlPlane},
+	{name: "lifecycle", host: true, run: runLifecycle},
 }
 
 // bench carries what every section shares.
