@@ -38,7 +38,7 @@ type Config struct {
 	AckWait      time.Duration
 	MaxAttempts  int
 	ReadyTimeout time.Duration
-	PollInterval time.Duration
+	PollInterval time.Duration // the longest pause between reads of a booting proxy (they start at 50ms and double)
 	PinnedTTL    time.Duration
 	Concurrency  int // work items run at once per host
 	DrainTimeout time.Duration
