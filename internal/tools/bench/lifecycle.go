@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -82,6 +83,9 @@ func runLifecycle(ctx context.Context, b *bench) (sectionResult, error) {
 		b.log.Printf("lifecycle run %d: proxyfleet %.1fs (guests' CPU %.1fs), virsh serial %.1fs (%.1fs), virsh parallel %.1fs (%.1fs)", run+1, d.Seconds(), cpu, s.Seconds(), sCPU, p.Seconds(), pCPU)
 	}
 
+	if err := f.waitHolder(ctx); err != nil {
+		return sectionResult{}, err
+	}
 	var rot, rotTotal, rotBoot []float64
 	var rotSteps []string
 	for run := range b.runs {
@@ -151,6 +155,7 @@ type fleet struct {
 
 	peerXML, peerOverlay string // from the first run, for the virsh peer
 	peerSeed             string // path of the seed ISO proxyfleet made
+	healthAddr           string // the health process's /healthz
 }
 
 type timedEvent struct {
@@ -208,9 +213,10 @@ func startFleet(ctx context.Context, b *bench) (_ *fleet, err error) {
 	if err := f.nc.Flush(); err != nil {
 		return nil, err
 	}
+	f.healthAddr = freeAddr()
 	for _, args := range [][]string{
 		{"worker", "--config", f.path, "--debug"},
-		{"health", "--config", f.path, "--http", freeAddr()},
+		{"health", "--config", f.path, "--http", f.healthAddr},
 	} {
 		logf, err := os.Create(filepath.Join(dir, args[0]+".log"))
 		if err != nil {
@@ -388,6 +394,26 @@ func (f *fleet) steps(start, created time.Time, ids []string) string {
 		}
 	}
 	return fmt.Sprintf("- %s…: all created at %.1f s; first–last event: %s", ids[0], created.Sub(start).Seconds(), strings.Join(parts, ", "))
+}
+
+// waitHolder waits until the health process holds the lease (it publishes
+// the rotation).
+func (f *fleet) waitHolder(ctx context.Context) error {
+	c := &http.Client{Timeout: 2 * time.Second}
+	for range 120 {
+		if resp, err := c.Get("http://" + f.healthAddr + "/healthz"); err == nil {
+			resp.Body.Close()
+			if resp.Header.Get("X-Proxyfleet-Lease") == "holder" {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	return errors.New("the health process does not hold the lease after a minute")
 }
 
 func freeAddr() string {
