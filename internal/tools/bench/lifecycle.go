@@ -162,6 +162,7 @@ type fleet struct {
 	peerXML, peerOverlay string // from the first run, for the virsh peer
 	peerSeed             string // path of the seed ISO proxyfleet made
 	healthAddr           string // the health process's /healthz
+	workerAddr           string // the worker's /metrics
 }
 
 type timedEvent struct {
@@ -219,9 +220,9 @@ func startFleet(ctx context.Context, b *bench) (_ *fleet, err error) {
 	if err := f.nc.Flush(); err != nil {
 		return nil, err
 	}
-	f.healthAddr = freeAddr()
+	f.healthAddr, f.workerAddr = freeAddr(), freeAddr()
 	for _, args := range [][]string{
-		{"worker", "--config", f.path, "--debug"},
+		{"worker", "--config", f.path, "--debug", "--http", f.workerAddr},
 		{"health", "--config", f.path, "--http", f.healthAddr},
 	} {
 		logf, err := os.Create(filepath.Join(dir, args[0]+".log"))
@@ -330,6 +331,7 @@ func (f *fleet) waitDone(ctx context.Context, bound time.Duration, cmdIDs []stri
 // once and waits until all are deleted. keep: save the first guest's
 // domain XML, overlay XML and seed for the virsh peer before the deletes.
 func (f *fleet) lifecycle(ctx context.Context, ids []string, keep bool) (time.Duration, string, float64, error) {
+	calls0, _ := scrapeCalls(f.workerAddr)
 	cpu := sampleGuestCPU("pf-" + strings.TrimSuffix(ids[0], "00"))
 	defer func() {
 		if cpu != nil {
@@ -370,7 +372,11 @@ func (f *fleet) lifecycle(ctx context.Context, ids []string, keep bool) (time.Du
 	total := time.Since(start) - pause
 	secs := cpu.seconds()
 	cpu = nil
-	return total, f.steps(start, created, ids), secs, nil
+	st := f.steps(start, created, ids)
+	if calls, err := scrapeCalls(f.workerAddr); err == nil {
+		st += "; " + calls.since(calls0)
+	}
+	return total, st, secs, nil
 }
 
 // warmUp creates and deletes one proxy.
