@@ -84,7 +84,8 @@ func runLifecycle(ctx context.Context, b *bench) (sectionResult, error) {
 		}
 		ours, serial, parallel = append(ours, d.Seconds()), append(serial, s.Seconds()), append(parallel, p.Seconds())
 		vsSerial, vsParallel = append(vsSerial, d.Seconds()/s.Seconds()), append(vsParallel, d.Seconds()/p.Seconds())
-		cpus = append(cpus, fmt.Sprintf("run %d: proxyfleet %.0f s wall, guests' CPU %.0f s; virsh serial %.0f s wall, guests' CPU %.0f s; virsh parallel %.0f s wall, guests' CPU %.0f s", run+1, d.Seconds(), cpu, s.Seconds(), sCPU, p.Seconds(), pCPU))
+		cpus = append(cpus, fmt.Sprintf("run %d: proxyfleet %.0f s wall, guests' CPU %.0f s (%.2f cores on average); virsh serial %.0f s wall, guests' CPU %.0f s (%.2f cores); virsh parallel %.0f s wall, guests' CPU %.0f s (%.2f cores); load average at the end %s",
+			run+1, d.Seconds(), cpu, cpu/d.Seconds(), s.Seconds(), sCPU, sCPU/s.Seconds(), p.Seconds(), pCPU, pCPU/p.Seconds(), loadAvg()))
 		minWall = append(minWall, cpu/float64(machineInfo().Cores))
 		b.log.Printf("lifecycle run %d: proxyfleet %.1fs (guests' CPU %.1fs), virsh serial %.1fs (%.1fs), virsh parallel %.1fs (%.1fs)", run+1, d.Seconds(), cpu, s.Seconds(), sCPU, p.Seconds(), pCPU)
 	}
@@ -140,7 +141,7 @@ func runLifecycle(ctx context.Context, b *bench) (sectionResult, error) {
 // boots, whose CPU time (of their qemu processes, sampled from /proc) both
 // sides pay on the same cores.
 func lifecycleBound(minWall, serial, parallel float64, runs []string) string {
-	return fmt.Sprintf("the 10 TCG guests' own CPU time: the qemu processes of proxyfleet's guests used %.0f s of CPU per run divided by %d cores (median), a wall time no control plane can go below here; against virsh one by one (%.0f s) that floor alone is a ratio of %.2f, against virsh all at once (%.0f s) %.2f. Per run: %s.",
+	return fmt.Sprintf("the 10 TCG guests' own CPU time: the qemu processes of proxyfleet's guests used %.0f s of CPU per run divided by %d cores (median), a wall time no control plane can go below here even with every core for the guests (other work on the machine takes its share: see the cores the guests got on average per run); against virsh one by one (%.0f s) that floor alone is a ratio of %.2f, against virsh all at once (%.0f s) %.2f. Per run: %s.",
 		minWall*float64(machineInfo().Cores), machineInfo().Cores, serial, minWall/serial, parallel, minWall/parallel, strings.Join(runs, "; "))
 }
 
@@ -447,6 +448,20 @@ func (f *fleet) waitHolder(ctx context.Context) error {
 		}
 	}
 	return errors.New("the health process does not hold the lease after a minute")
+}
+
+// loadAvg is the machine's 1-minute load average: other work on the same
+// cores slows the guests' boots on both sides.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "unknown"
+	}
+	return f[0]
 }
 
 func freeAddr() string {
