@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"libvirt.org/go/libvirtxml"
@@ -199,6 +200,10 @@ func (p *virshPeer) run(ctx context.Context, run int, parallel bool) (time.Durat
 	defer cancel()
 	c := exec.CommandContext(rctx, "bash", append([]string{p.script, mode}, p.names...)...)
 	c.Env, c.Stdout, c.Stderr = p.env, logf, logf
+	// Its own process group: a timeout or a signal ends every guest's
+	// background process, not only the script.
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
 	cpu := sampleGuestCPU("vb-")
 	start := time.Now()
 	err = c.Run()
