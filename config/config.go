@@ -138,14 +138,16 @@ type Worker struct {
 	BackoffMax     time.Duration `yaml:"backoff_max"`
 	// ReadyTimeout bounds the wait for a created proxy to run with an IP.
 	ReadyTimeout time.Duration `yaml:"ready_timeout"`
-	// PollInterval is the longest pause between Get calls while waiting:
-	// the first comes PollInterval/16 after the create, each next pause
-	// doubles, up to PollInterval.
+	// PollInterval is the longest pause between Get calls while waiting
+	// (the pauses start at 50ms and double up to it).
 	PollInterval time.Duration `yaml:"poll_interval"`
 	// PinnedTTL is how long a host's work consumer stays pinned to a worker
 	// that stopped pulling, i.e. how fast a dead worker's hosts move.
 	PinnedTTL time.Duration `yaml:"pinned_ttl"`
 	// Concurrency is the number of work items a worker runs at once per host.
+	// A create holds its item until the proxy runs (its boot included), so
+	// the default, 20, is a KVM host's default room: a burst of creates
+	// that fills a host boots at once instead of in waves.
 	Concurrency int `yaml:"concurrency"`
 	// DrainTimeout bounds the graceful stop.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
@@ -286,7 +288,7 @@ func (c *Config) SetDefaults() {
 	setDur(&w.PollInterval, 2*time.Second)
 	setDur(&w.PinnedTTL, 15*time.Second)
 	if w.Concurrency == 0 {
-		w.Concurrency = 8
+		w.Concurrency = 20
 	}
 	setDur(&w.DrainTimeout, 30*time.Second)
 	setDur(&w.CheckInterval, 5*time.Second)

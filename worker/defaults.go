@@ -48,7 +48,7 @@ func (cfg Config) WithDefaults() Config {
 	cfg.ProgressEvery = cmp.Or(cfg.ProgressEvery, 2*time.Second)
 	cfg.Heartbeat = cmp.Or(cfg.Heartbeat, 2*time.Second)
 	cfg.Liveness = cmp.Or(cfg.Liveness, 3*cfg.Heartbeat)
-	cfg.Concurrency = cmp.Or(cfg.Concurrency, 8)
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, 20) // a KVM host's default room: a burst that fills it boots at once
 	cfg.ProxyPort = cmp.Or(cfg.ProxyPort, 3128)
 	cfg.QuarantineFailures = cmp.Or(cfg.QuarantineFailures, 5)
 	cfg.QuarantineWindow = cmp.Or(cfg.QuarantineWindow, time.Minute)

@@ -231,15 +231,21 @@ func (e *executor) spec(d *messages.Desired) fleet.Spec {
 	return fleet.Spec{ID: d.ID, Image: d.Image, CPUs: d.CPUs, MemoryMiB: d.MemoryMiB, Labels: d.Labels, CommandID: d.CommandID, SpecHash: d.SpecHash}
 }
 
+// firstPoll is the pause after the first read of a booting proxy; each
+// pause after it doubles, up to Config.PollInterval.
+const firstPoll = 50 * time.Millisecond
+
 // awaitRunning polls Get under the ready budget until the proxy runs with an
-// address: the first poll PollInterval/16 after the last, each pause twice
-// the one before, up to PollInterval, so a proxy that boots in a fraction
-// of PollInterval is not kept waiting for the whole of it.
+// address. The pauses between reads start at firstPoll and double up to
+// PollInterval: a proxy that has its address soon is seen soon (a sim host,
+// a fast boot), and a long boot costs no more reads than at PollInterval
+// alone, give or take a few. The address is seen at most one pause (and
+// at most twice the time waited so far) after it shows.
 func (e *executor) awaitRunning(ctx context.Context, d *messages.Desired) error {
 	w := e.w
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.ReadyTimeout)
 	defer cancel()
-	pause := w.cfg.PollInterval / 16
+	pause := min(firstPoll, w.cfg.PollInterval)
 	t := time.NewTimer(pause)
 	defer t.Stop()
 	for {
@@ -263,9 +269,9 @@ func (e *executor) awaitRunning(ctx context.Context, d *messages.Desired) error 
 		case <-ctx.Done():
 			return fleet.Transient(fmt.Errorf("proxy %s not running with an address within %s: %w", d.ID, w.cfg.ReadyTimeout, ctx.Err()))
 		case <-t.C:
+			pause = min(2*pause, w.cfg.PollInterval)
+			t.Reset(pause)
 		}
-		pause = min(2*pause, w.cfg.PollInterval)
-		t.Reset(pause)
 	}
 }
 

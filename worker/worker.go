@@ -38,9 +38,9 @@ type Config struct {
 	AckWait      time.Duration
 	MaxAttempts  int
 	ReadyTimeout time.Duration
-	PollInterval time.Duration // the longest pause between Gets while a proxy boots (awaitRunning)
+	PollInterval time.Duration // the longest pause between reads of a booting proxy (they start at 50ms and double)
 	PinnedTTL    time.Duration
-	Concurrency  int // work items run at once per host
+	Concurrency  int // work items run at once per host (default 20; a create holds one until its proxy runs)
 	DrainTimeout time.Duration
 	// CheckInterval is how often the worker checks that its consumers
 	// exist and are consumed (besides when a consume reports an error),

@@ -44,6 +44,7 @@ var sections = []section{
 	{name: "fleet", run: runFleet},
 	{name: "health", run: runHealth},
 	{name: "upload", host: true, run: runUpload},
+	{name: "lifecycle", host: true, run: runLifecycle},
 }
 
 // bench carries what every section shares.
