@@ -56,9 +56,11 @@ import (
 // the image for qemu when a domain starts, as it does any volume.
 //
 // A host whose shell cannot create the temporary file (no write permission
-// in the pool's directory for the SSH user, no POSIX shell) refuses before
-// any byte is read: the upload then goes through the libvirt stream, into
-// the same claimed volume.
+// in the pool's directory for the SSH user, no POSIX shell), or does not
+// see the volume libvirtd has just made (the pool is on a mount in
+// libvirtd's own mount namespace), refuses before any byte is read: the
+// upload then goes through the libvirt stream, into the same claimed
+// volume.
 
 // errNoDirect says the host refused a direct upload before any byte moved:
 // use the stream.
@@ -133,7 +135,8 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 // sendScript writes stdin into tmp, next to vol in dir, and keeps it only
 // if it got exactly size bytes. It says "ready" once tmp is made, before
 // it reads a byte; before that, it exits 3 for "cannot" (the caller uses
-// the stream instead) or 4 for "the volume's file is gone" (taken over).
+// the stream instead) or 4 for "no volume file here" (taken over, or a
+// filesystem libvirtd sees and the shell does not: the stream too).
 func sendScript(t directTarget, tmp string, size int64) string {
 	return fmt.Sprintf(`umask 077
 cd -- %[1]s || exit 3
@@ -225,9 +228,16 @@ func (d *direct) run(cl *ssh.Client, r io.Reader) error {
 	if line != "ready\n" {
 		werr := sess.Wait()
 		var exit *ssh.ExitError
-		if errors.As(werr, &exit) && exit.ExitStatus() != 4 {
+		if errors.As(werr, &exit) {
 			// The shell said no before it read a byte: nothing was
-			// made, and the stream can do it.
+			// made, and the stream can do it. That includes exit 4, a
+			// volume libvirtd has just made that the shell does not
+			// see: sshd and libvirtd need not share a view of the
+			// filesystem (a pool on a mount made in libvirtd's own
+			// mount namespace, as systemd's sandboxing or `ip netns
+			// exec` give it), and only the stream writes where
+			// libvirtd reads. (If another process took the volume
+			// over meanwhile, the stream's lookup fails as it should.)
 			return fmt.Errorf("%w: %w: %s", errNoDirect, werr, strings.TrimSpace(stderr.String()))
 		}
 		return fmt.Errorf("direct upload: waiting for the host's shell: %w", errors.Join(rerr, werr))
