@@ -53,20 +53,7 @@ func newEventView(js jetstream.JetStream, subj messages.Subjects, retry time.Dur
 
 // run keeps the view until ctx is done.
 func (v *eventView) run(ctx context.Context) {
-	for {
-		err := v.follow(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		v.log.Warn("event view: made anew", "err", err)
-		t := time.NewTimer(v.retry)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-	}
+	followAgain(ctx, "event view", v.retry, v.log, v.follow)
 }
 
 // reset empties the view and marks it not caught up.
@@ -201,4 +188,24 @@ func (v *eventView) has(id string) bool {
 	defer v.mu.Unlock()
 	_, ok := v.host[id]
 	return ok
+}
+
+// followAgain runs follow until ctx is done: a follow that ends (its watch
+// or consumer gone) is begun anew after retry. The views of PROXY_HOSTS and
+// PROXY_EVENTS keep themselves this way.
+func followAgain(ctx context.Context, what string, retry time.Duration, log *slog.Logger, follow func(context.Context) error) {
+	for {
+		err := follow(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn(what+": made anew", "err", err)
+		t := time.NewTimer(retry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
 }

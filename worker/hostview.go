@@ -53,20 +53,7 @@ func newHostView(kv jetstream.KeyValue, retry time.Duration, log *slog.Logger) *
 // run keeps the view until ctx is done; a watch that ends is begun anew
 // after retry.
 func (v *hostView) run(ctx context.Context) {
-	for {
-		err := v.follow(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		v.log.Warn("host view: made anew", "err", err)
-		t := time.NewTimer(v.retry)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-	}
+	followAgain(ctx, "host view", v.retry, v.log, v.follow)
 }
 
 func (v *hostView) follow(ctx context.Context) error {
