@@ -100,9 +100,12 @@ func TestWorkersKilledMidCommand(t *testing.T) {
 hosts:
 %simages:
   - {name: img, url: "file:///dev/null", sha256: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", format: raw}
-worker: {ack_wait: 2s, pinned_ttl: 2s, poll_interval: 50ms, backoff_initial: 50ms, backoff_max: 500ms, max_attempts: 30, drain_timeout: 2s}
+worker: {concurrency: 2, ack_wait: 2s, pinned_ttl: 2s, poll_interval: 50ms, backoff_initial: 50ms, backoff_max: 500ms, max_attempts: 30, drain_timeout: 2s}
 `, srv.ClientURL(), hostYAML.String()))
 
+	// concurrency 2 keeps work queued on each host's pool for the whole
+	// kill loop: with the default of 20 every command of a round finished
+	// between two kills, and no kill landed mid-command (CI, a107148).
 	setupTopology(t, bin, cfg)
 	workers := make([]*proc, 3)
 	start := func(i int) {
