@@ -261,25 +261,27 @@ func dialClient(ctx context.Context, cfg SSHConfig) (client *ssh.Client, conn ne
 		deadline = d
 	}
 	d := net.Dialer{Deadline: deadline}
-	conn, err = d.DialContext(ctx, "tcp", cfg.Address)
+	// nc, not the named result conn: the AfterFunc below may read it
+	// while a failed return writes conn (a data race, seen by -race).
+	nc, err := d.DialContext(ctx, "tcp", cfg.Address)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	// One deadline for handshake and forward; a cancelled ctx moves it
 	// to the past, which fails whatever is blocked on the socket.
-	if err := conn.SetDeadline(deadline); err != nil {
-		conn.Close()
+	if err := nc.SetDeadline(deadline); err != nil {
+		nc.Close()
 		return nil, nil, nil, err
 	}
-	stop = context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	stop = context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
 
-	sc, chans, reqs, err := ssh.NewClientConn(conn, cfg.Address, clientCfg)
+	sc, chans, reqs, err := ssh.NewClientConn(nc, cfg.Address, clientCfg)
 	if err != nil {
 		stop()
-		conn.Close() // NewClientConn closes it too; closing twice is harmless
+		nc.Close() // NewClientConn closes it too; closing twice is harmless
 		return nil, nil, nil, err
 	}
-	return ssh.NewClient(sc, chans, reqs), conn, stop, nil
+	return ssh.NewClient(sc, chans, reqs), nc, stop, nil
 }
 
 // finishDial clears the dial's deadline, or closes the client if ctx
