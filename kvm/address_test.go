@@ -1,6 +1,7 @@
 package kvm
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"proxyfleet/fleet"
+	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
 )
 
@@ -38,11 +40,16 @@ func TestGet_everyAddressSourceFailingIsTransient(t *testing.T) {
 	guest(t, "POST", in.IP, "/agent/stop")
 	t.Cleanup(func() { guest(t, "POST", in.IP, "/agent/start") })
 
+	// The guest may run (its agent answered) before libvirt's lease
+	// helper has written its lease to the status file: a copy taken
+	// before that, written back below, would lose the lease for good.
 	status := "/var/lib/libvirt/dnsmasq/pfbr0.status"
-	orig, err := os.ReadFile(status)
-	if err != nil {
-		t.Fatalf("lease status file: %v", err)
-	}
+	var orig []byte
+	poll.Until(t, "the guest's lease in "+status, time.Minute, func() bool {
+		b, err := os.ReadFile(status)
+		orig = b
+		return err == nil && bytes.Contains(b, []byte(`"`+in.IP+`"`))
+	})
 	t.Cleanup(func() { _ = os.WriteFile(status, orig, 0o644) })
 	if err := os.WriteFile(status, []byte("{not json"), 0o644); err != nil {
 		t.Fatal(err)
