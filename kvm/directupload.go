@@ -17,8 +17,6 @@ import (
 	"github.com/digitalocean/go-libvirt"
 	"golang.org/x/crypto/ssh"
 	"libvirt.org/go/libvirtxml"
-
-	"proxyfleet/fleet"
 )
 
 // The direct upload into a directory pool (issue 10).
@@ -366,18 +364,11 @@ func (c *imageCache) removeLeft(ctx context.Context, d *direct) error {
 // watchdog, which closes the client and src on a stall, a done ctx or the
 // link's Close. The client is closed before sshTransfer returns.
 func (k *Link) sshTransfer(ctx context.Context, src io.Reader, fn func(cl *ssh.Client, r io.Reader) error) error {
-	k.mu.Lock()
-	if k.closed {
-		k.mu.Unlock()
-		return k.closedErr()
+	leave, err := k.enterTransfer(ctx)
+	if err != nil {
+		return err
 	}
-	k.wg.Add(1)
-	k.mu.Unlock()
-	defer k.wg.Done()
-
-	if err := ctx.Err(); err != nil {
-		return fleet.Transient(fmt.Errorf("transfer on %s: %w", k.name, err))
-	}
+	defer leave()
 	dialCtx, cancel := context.WithTimeout(ctx, k.cfg.Budgets.Connect)
 	stop := context.AfterFunc(k.ctx, cancel)
 	cl, err := dialSSHClient(dialCtx, k.cfg.SSH)
@@ -387,15 +378,10 @@ func (k *Link) sshTransfer(ctx context.Context, src io.Reader, fn func(cl *ssh.C
 		return fmt.Errorf("transfer link: %w", err)
 	}
 	c := &conn{host: k.name, dead: make(chan struct{}), kill: func() { _ = cl.Close() }, obs: k.cfg.Observer}
-	k.mu.Lock()
-	if k.closed {
-		k.mu.Unlock()
-		c.markDead(ErrLinkClosed)
-		return k.closedErr()
+	drop, err := k.holdDedicated(c, 1) // and the waiter below
+	if err != nil {
+		return err
 	}
-	k.dedicated[c] = struct{}{}
-	k.wg.Add(1)
-	k.mu.Unlock()
 	go func() { // ends once the client is closed, which every path does
 		defer k.wg.Done()
 		if err := cl.Wait(); err != nil {
@@ -405,9 +391,7 @@ func (k *Link) sshTransfer(ctx context.Context, src io.Reader, fn func(cl *ssh.C
 	}()
 	defer func() {
 		c.markDead(ErrLinkClosed)
-		k.mu.Lock()
-		delete(k.dedicated, c)
-		k.mu.Unlock()
+		drop()
 	}()
 	return k.watch(ctx, c, src, func(r io.Reader) error { return fn(cl, r) },
 		func(err error) error {

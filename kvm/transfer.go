@@ -27,18 +27,11 @@ import (
 // unblocks its Read (an HTTP body is), or go-libvirt's stream sender stays
 // parked in Read until it returns.
 func (k *Link) transfer(ctx context.Context, src io.Reader, fn func(l *libvirt.Libvirt, r io.Reader) error) error {
-	k.mu.Lock()
-	if k.closed {
-		k.mu.Unlock()
-		return k.closedErr()
+	leave, err := k.enterTransfer(ctx)
+	if err != nil {
+		return err
 	}
-	k.wg.Add(1)
-	k.mu.Unlock()
-	defer k.wg.Done()
-
-	if err := ctx.Err(); err != nil {
-		return fleet.Transient(fmt.Errorf("transfer on %s: %w", k.name, err))
-	}
+	defer leave()
 	// The dedicated link's dial is this caller's alone: it ends with the
 	// caller's ctx as well as with the link.
 	dialCtx, cancel := context.WithCancel(ctx)
@@ -49,19 +42,11 @@ func (k *Link) transfer(ctx context.Context, src io.Reader, fn func(l *libvirt.L
 	if err != nil {
 		return fmt.Errorf("transfer link: %w", err)
 	}
-	k.mu.Lock()
-	if k.closed {
-		k.mu.Unlock()
-		c.markDead(ErrLinkClosed)
-		return k.closedErr()
+	drop, err := k.holdDedicated(c, 0)
+	if err != nil {
+		return err
 	}
-	k.dedicated[c] = struct{}{}
-	k.mu.Unlock()
-	defer func() {
-		k.mu.Lock()
-		delete(k.dedicated, c)
-		k.mu.Unlock()
-	}()
+	defer drop()
 
 	return k.watch(ctx, c, src, func(r io.Reader) error { return fn(c.l, r) },
 		func(err error) error {
@@ -80,6 +65,46 @@ func (k *Link) transfer(ctx context.Context, src io.Reader, fn func(l *libvirt.L
 			// link cannot undo that, and closeConn kills it anyway.
 			_ = k.closeConn(c, k.cfg.Budgets.Close)
 		})
+}
+
+// enterTransfer counts a transfer (the libvirt stream's or the direct
+// upload's) in the link's WaitGroup, so Close waits for it, and refuses one
+// on a closed link or a done ctx. The caller runs leave when it returns.
+func (k *Link) enterTransfer(ctx context.Context) (leave func(), err error) {
+	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
+		return nil, k.closedErr()
+	}
+	k.wg.Add(1)
+	k.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		k.wg.Done()
+		return nil, fleet.Transient(fmt.Errorf("transfer on %s: %w", k.name, err))
+	}
+	return k.wg.Done, nil
+}
+
+// holdDedicated puts a transfer's dedicated connection c among those Close
+// kills, and adds goroutines to the link's WaitGroup under the same lock
+// (one the caller starts for c), unless the link closed while c was
+// dialled: then c is killed and the link's closed error returned. drop
+// takes c off the list.
+func (k *Link) holdDedicated(c *conn, goroutines int) (drop func(), err error) {
+	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
+		c.markDead(ErrLinkClosed)
+		return nil, k.closedErr()
+	}
+	k.dedicated[c] = struct{}{}
+	k.wg.Add(goroutines)
+	k.mu.Unlock()
+	return func() {
+		k.mu.Lock()
+		delete(k.dedicated, c)
+		k.mu.Unlock()
+	}, nil
 }
 
 // watch runs fn on src, wrapped in the no-progress watchdog, in a goroutine
