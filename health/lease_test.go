@@ -356,6 +356,7 @@ func TestRestartLoadsTheRotation(t *testing.T) {
 	}
 	delete(want, "p1")
 	r.waitBucket(want)
+	r.waitSnapshot(want) // the snapshots below are all in, up to this one
 	snaps := r.snapshots()
 	var after []messages.Rotation
 	for _, s := range snaps {
