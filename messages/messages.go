@@ -113,6 +113,43 @@ type RotationEntry struct {
 	Addr  string    `json:"addr"`
 	Host  string    `json:"host"`
 	Since time.Time `json:"since"`
+	// Egress is the address the probe target saw the proxy's requests
+	// come from (its public address), when health's probe target reports
+	// it. Added to the contract: optional, absent when unknown.
+	Egress string `json:"egress,omitempty"`
+}
+
+// Verdicts of health's checks of a proxy (CheckRecord.Verdict).
+const (
+	// VerdictOK: the proxy passed its checks (refused a request without
+	// credentials where credentials are required; added no header that
+	// carries the client's address).
+	VerdictOK = "ok"
+	// VerdictOpen: the proxy answered a request that carried no
+	// credentials, though the fleet's proxies require them. Never in the
+	// rotation.
+	VerdictOpen = "open"
+	// VerdictLeaky: the proxy's requests reached the target carrying the
+	// client's address (or the fleet's credentials) in a header. Never
+	// in the rotation.
+	VerdictLeaky = "leaky"
+)
+
+// CheckRecord is what the publishing health process found of one proxy
+// candidate, in the bucket PROXY_CHECKS (key = proxy id): the address it
+// checked, the egress address its probe target saw, and whether the proxy
+// is refused and why. It is written when any of these change and deleted
+// when the proxy stops being a candidate. A proxy is in the rotation only
+// with verdict ok (or none yet: probes that check nothing, as for sim
+// hosts).
+type CheckRecord struct {
+	V       int       `json:"v"`
+	ID      string    `json:"id"`
+	Addr    string    `json:"addr"`
+	Egress  string    `json:"egress,omitempty"`
+	Verdict string    `json:"verdict"`
+	Reason  string    `json:"reason,omitempty"`
+	At      time.Time `json:"at"`
 }
 
 // Rotation is the snapshot published on <prefix>.rotation on every change.

@@ -14,4 +14,5 @@ const (
 	BucketLeases   = "PROXY_LEASES"   // leases (the publishing health process)
 	BucketWorkers  = "PROXY_WORKERS"  // key: worker id; value: WorkerRecord, a heartbeat that ages out (TTL)
 	BucketHosts    = "PROXY_HOSTS"    // per-host records: room reserved against max_proxies, quarantine
+	BucketChecks   = "PROXY_CHECKS"   // key: proxy id; value: CheckRecord, what health's probes found (egress, refusals)
 )
