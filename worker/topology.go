@@ -118,6 +118,7 @@ func (t Topology) Buckets() []jetstream.KeyValueConfig {
 		{Bucket: messages.BucketLeases, Description: "leases", History: 1, TTL: LeasesTTL, Storage: jetstream.FileStorage, Replicas: t.Replicas},
 		{Bucket: messages.BucketWorkers, Description: "worker heartbeats: the membership hosts are shared over", History: 1, TTL: WorkersTTL, Storage: jetstream.FileStorage, Replicas: t.Replicas},
 		{Bucket: messages.BucketHosts, Description: "per-host records: room reserved, quarantine", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas},
+		{Bucket: messages.BucketChecks, Description: "what health's probes found per proxy: egress, refusals", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas},
 	}
 }
 

@@ -57,8 +57,8 @@ func TestSetupCreatesThenUpdates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(changes) != 11 {
-		t.Fatalf("first setup made %d changes, want 11 creations: %v", len(changes), changes)
+	if len(changes) != 12 {
+		t.Fatalf("first setup made %d changes, want 12 creations: %v", len(changes), changes)
 	}
 	for _, c := range changes {
 		if !c.Created {
