@@ -117,13 +117,39 @@ type Artifact struct {
 	SHA256 string `yaml:"sha256"`
 }
 
-// Proxy holds the defaults of every proxy.
+// Proxy holds the defaults of every proxy, and who may use the proxies.
 type Proxy struct {
 	Port      int    `yaml:"port"`
 	CPUs      int    `yaml:"cpus"`
 	MemoryMiB int    `yaml:"memory_mib"`
 	UserData  string `yaml:"user_data"`
+	// Auth is the credential every proxy requires (HTTP Basic): the
+	// guests' proxy servers are configured with it, and health's probes
+	// (and the fleet's clients) send it.
+	Auth ProxyAuth `yaml:"auth"`
+	// Allow lists the source networks (CIDRs, or single addresses) that
+	// may use the proxies at all; empty: any source (with Auth, still
+	// only with the credential).
+	Allow []string `yaml:"allow"`
+	// Open must be true for kvm hosts whose proxies would otherwise be
+	// open to anyone who reaches them (no Auth and no Allow): an open
+	// proxy is never made by accident.
+	Open bool `yaml:"open"`
 }
+
+// ProxyAuth is the proxies' credential. The password comes from
+// PasswordFile, or else from the environment variable
+// PasswordEnv; it is read by LoadSecrets, never written back out
+// (Password has no YAML key) and never printed (Secret redacts itself).
+type ProxyAuth struct {
+	User         string `yaml:"user"`
+	PasswordFile string `yaml:"password_file"`
+	Password     Secret `yaml:"-" json:"-"`
+}
+
+// PasswordEnv is the environment variable the proxies' password is taken
+// from when proxy.auth.password_file is not set.
+const PasswordEnv = "PROXYFLEET_PROXY_PASSWORD"
 
 // Worker tunes intake and execution.
 type Worker struct {

@@ -1,10 +1,16 @@
 package config
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
+	"log/slog"
+	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 )
 
 const good = `
@@ -14,6 +20,8 @@ hosts:
     ssh: {address: "host.example:22", user: proxyfleet, key_file: /k, known_hosts: /kh}
 images:
   - {name: debian-12, url: "https://mirror.example/d.qcow2", sha256: "` + "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855" + `"}
+proxy:
+  auth: {user: fleet, password_file: /run/secrets/proxy-password}
 `
 
 func TestParseDefaults(t *testing.T) {
@@ -39,7 +47,12 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{"hosts:\n  - {name: a, domain_type: xen, ssh: {address: 'h:22', user: u, key_file: k, known_hosts: kh}}\n", "hosts[0].domain_type"},
 		{"hosts:\n  - {name: a, budgets: {connect: -1s}, ssh: {address: 'h:22', user: u, key_file: k, known_hosts: kh}}\n", "hosts[0].budgets.connect"},
 		{"hosts: []\n", "hosts"},
-		{good + "proxy: {port: 70000}\n", "proxy.port"},
+		{strings.Replace(good, "proxy:\n", "proxy:\n  port: 70000\n", 1), "proxy.port"},
+		{strings.Replace(good, "user: fleet", "user: 'fleet:x'", 1), "proxy.auth.user"},
+		{strings.Replace(good, "user: fleet, ", "", 1), "proxy.auth.user"},
+		{strings.Replace(good, "proxy:\n", "proxy:\n  allow: [198.18.0.0/15, nope]\n", 1), "proxy.allow[1]"},
+		{strings.Replace(good, "proxy:\n", "proxy:\n  allow: ['10.0.0.0/33']\n", 1), "proxy.allow[0]"},
+		{strings.Replace(good, "  auth: {user: fleet, password_file: /run/secrets/proxy-password}\n", "", 1), "proxy.auth"},
 		{good + "default_image: nope\n", "default_image"},
 		{good + "worker: {max_attempts: -1}\n", "worker.max_attempts"},
 		{good + "health: {interval: 1s, timeout: 2s}\n", "health.timeout"},
@@ -60,5 +73,118 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 	}
 	if _, err := Parse([]byte(good + "colour: red\n")); err == nil || !strings.Contains(err.Error(), "colour") {
 		t.Errorf("unknown key: %v", err)
+	}
+}
+
+// A kvm host's proxies must not be open by accident: with neither a
+// credential nor an allow-list, only proxy.open: true passes; sim hosts
+// (no real proxy) need nothing.
+func TestOpenProxiesOnlyWhenSaid(t *testing.T) {
+	open := strings.Replace(good, "  auth: {user: fleet, password_file: /run/secrets/proxy-password}\n", "", 1)
+	for _, tc := range []struct {
+		name, yaml string
+		ok         bool
+	}{
+		{"no auth, no allow", open, false},
+		{"open: true", strings.Replace(open, "proxy:\n", "proxy:\n  open: true\n", 1), true},
+		{"allow only", strings.Replace(open, "proxy:\n", "proxy:\n  allow: [198.18.0.0/15, 198.18.0.1]\n", 1), true},
+		{"auth", good, true},
+		{"sim hosts only", "hosts:\n  - {name: sim1, driver: sim, sim: {dir: /tmp/x}}\n", true},
+	} {
+		_, err := Parse([]byte(tc.yaml))
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: %v, want ok %v", tc.name, err, tc.ok)
+		}
+	}
+}
+
+func TestParseAllow(t *testing.T) {
+	for in, want := range map[string]string{
+		"198.18.0.0/15": "198.18.0.0/15", "10.1.2.3/8": "10.0.0.0/8", "198.18.0.1": "198.18.0.1/32", "::1": "::1/128",
+	} {
+		p, err := ParseAllow(in)
+		if err != nil || p.String() != want {
+			t.Errorf("ParseAllow(%q) = %v, %v; want %s", in, p, err, want)
+		}
+	}
+	for _, in := range []string{"", "nope", "1.2.3.4/40", "fe80::1%eth0", "1.2.3"} {
+		if _, err := ParseAllow(in); err == nil {
+			t.Errorf("ParseAllow(%q) passed", in)
+		}
+	}
+}
+
+// The password comes from its file (trailing newline dropped) or else the
+// environment; a missing, empty or unusable one is refused naming the
+// field, and the error never carries the password.
+func TestLoadSecrets(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := dir + "/" + name
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	load := func(file string, env map[string]string) (*Config, error) {
+		c, err := Parse([]byte(good))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Proxy.Auth.PasswordFile = file
+		return c, c.LoadSecrets(func(k string) string { return env[k] })
+	}
+	c, err := load(write("ok", "hunter2-long-enough\n"), map[string]string{PasswordEnv: "from-env"})
+	if err != nil || c.Proxy.Auth.Password.Reveal() != "hunter2-long-enough" {
+		t.Fatalf("file: %v, %q", err, c.Proxy.Auth.Password.Reveal())
+	}
+	c, err = load("", map[string]string{PasswordEnv: "from-env"})
+	if err != nil || c.Proxy.Auth.Password.Reveal() != "from-env" {
+		t.Fatalf("env: %v", err)
+	}
+	for name, tc := range map[string]struct {
+		file string
+		env  map[string]string
+	}{
+		"missing file": {dir + "/nope", nil},
+		"empty file":   {write("empty", "\n"), nil},
+		"newline":      {write("nl", "two\nlines-secret\n"), nil},
+		"too long":     {write("long", strings.Repeat("x", 73)), nil},
+		"neither":      {"", nil},
+		"bad env":      {"", map[string]string{PasswordEnv: "tab\tsecret"}},
+	} {
+		_, err := load(tc.file, tc.env)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != "proxy.auth.password_file" {
+			t.Errorf("%s: %v, want field proxy.auth.password_file", name, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "secret") {
+			t.Errorf("%s: the error shows the password: %v", name, err)
+		}
+	}
+	// No user, no password needed.
+	c, _ = Parse([]byte("hosts:\n  - {name: sim1, driver: sim, sim: {dir: /tmp/x}}\n"))
+	if err := c.LoadSecrets(func(string) string { return "" }); err != nil {
+		t.Errorf("no auth: %v", err)
+	}
+}
+
+// A Secret never shows itself through fmt, slog, JSON or YAML.
+func TestSecretRedacts(t *testing.T) {
+	s := Secret("hunter2")
+	var buf strings.Builder
+	slog.New(slog.NewTextHandler(&buf, nil)).Info("x", "pw", s, "auth", ProxyAuth{User: "u", Password: s})
+	j, _ := json.Marshal(ProxyAuth{User: "u", Password: s})
+	y, _ := yaml.Marshal(Config{Proxy: Proxy{Auth: ProxyAuth{User: "u", Password: s}}})
+	for name, out := range map[string]string{
+		"%v": fmt.Sprintf("%v", s), "%s": fmt.Sprintf("%s", s), "%#v": fmt.Sprintf("%#v", ProxyAuth{Password: s}),
+		"%+v": fmt.Sprintf("%+v", ProxyAuth{Password: s}), "slog": buf.String(), "json": string(j), "yaml": string(y),
+	} {
+		if strings.Contains(out, "hunter2") {
+			t.Errorf("%s shows the secret: %s", name, out)
+		}
+	}
+	if s.Reveal() != "hunter2" {
+		t.Errorf("Reveal = %q", s.Reveal())
 	}
 }

@@ -3,7 +3,9 @@ package config
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
+	"regexp"
 	"strings"
 	"time"
 
@@ -161,6 +163,9 @@ func (c *Config) Validate() error {
 	if c.Proxy.MemoryMiB < messages.MinMemoryMiB || c.Proxy.MemoryMiB > messages.MaxMemoryMiB {
 		return bad("proxy.memory_mib", "%d is out of range", c.Proxy.MemoryMiB)
 	}
+	if err := c.Proxy.validateAccess(c.Hosts); err != nil {
+		return err
+	}
 	if c.Health.Rise < 1 {
 		return bad("health.rise", "%d is less than 1", c.Health.Rise)
 	}
@@ -199,6 +204,57 @@ func (c *Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// proxyUserRE is a user name every proxy server and client carries
+// unchanged: no ':' (it ends the user in Basic credentials), no space.
+var proxyUserRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// validateAccess checks who may use the proxies: the credential's user,
+// the allow-list, and that kvm hosts' proxies are not open to anyone who
+// reaches them unless the operator says so. (The password is read and
+// checked by LoadSecrets.)
+func (p Proxy) validateAccess(hosts []Host) error {
+	a := p.Auth
+	if a.User != "" && !proxyUserRE.MatchString(a.User) {
+		return bad("proxy.auth.user", "%q: want 1 to 64 letters, digits, '.', '_' or '-'", a.User)
+	}
+	if a.User == "" && a.PasswordFile != "" {
+		return bad("proxy.auth.user", "required with proxy.auth.password_file")
+	}
+	for i, s := range p.Allow {
+		if _, err := ParseAllow(s); err != nil {
+			return bad(fmt.Sprintf("proxy.allow[%d]", i), "%v", err)
+		}
+	}
+	if a.User != "" || len(p.Allow) > 0 || p.Open {
+		return nil
+	}
+	for i, h := range hosts {
+		if h.Driver == "kvm" {
+			return bad("proxy.auth", "hosts[%d] (%s) is a kvm host whose proxies would be open to anyone who reaches them: "+
+				"set proxy.auth (user, password_file), or proxy.allow, or proxy.open: true to mean it", i, h.Name)
+		}
+	}
+	return nil
+}
+
+// ParseAllow reads one proxy.allow entry: a CIDR ("198.18.0.0/15") or a
+// single address ("198.18.0.1", meaning /32 or /128). The prefix returned
+// is masked ("10.1.2.3/8" is 10.0.0.0/8).
+func ParseAllow(s string) (netip.Prefix, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return netip.Prefix{}, fmt.Errorf("%q is not a CIDR", s)
+		}
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil || a.Zone() != "" {
+		return netip.Prefix{}, fmt.Errorf("%q is neither a CIDR nor an address", s)
+	}
+	return netip.PrefixFrom(a, a.BitLen()), nil
 }
 
 func (h Host) validateKVM(f string) error {

@@ -168,10 +168,15 @@ type Options struct {
 	// Images proxies may boot from, by name.
 	Images []ImageSource
 	// UserData is the text/template of every proxy's cloud-init
-	// user-data (see userData); empty: one that sets the hostname.
+	// user-data (see userData); empty: the default one, which sets the
+	// hostname and configures the guest's proxy server from Proxy.
 	UserData string
-	Logger   *slog.Logger     // nil: slog.Default()
-	Now      func() time.Time // stamps marks; nil: time.Now
+	// Proxy configures the guests' proxy servers: port, credential,
+	// allow-list. Validate refuses proxies open to anyone unless
+	// Proxy.Open says so.
+	Proxy  GuestProxy
+	Logger *slog.Logger     // nil: slog.Default()
+	Now    func() time.Time // stamps marks; nil: time.Now
 	// OnProgress, if set, hears of base image transfers. It must not
 	// block.
 	OnProgress func(Progress)
@@ -250,6 +255,16 @@ func (o Options) Validate() error {
 	}
 	if h.DomainType != DomainKVM && h.DomainType != DomainQEMU {
 		return badOption("Host.DomainType", "%q is not %s or %s", h.DomainType, DomainKVM, DomainQEMU)
+	}
+	if err := o.Proxy.validate(); err != nil {
+		return err
+	}
+	if o.UserData != "" {
+		// A template that does not parse, or names a field there is
+		// not, stops the provider now rather than failing every create.
+		if _, err := userData(o.UserData, o.Proxy, "p1", "p1"); err != nil {
+			return badOption("UserData", "%v", err)
+		}
 	}
 	seen := map[string]bool{}
 	for i, im := range o.Images {

@@ -74,6 +74,7 @@ func TestOptions_validateNamesTheField(t *testing.T) {
 			Host: HostOptions{Name: "h1", Address: "h:22", User: "u", KeyFile: "/k", KnownHosts: "/kh"},
 			Images: []ImageSource{{Name: "i", URL: "file:///i.raw", SHA256: testSHA256, Format: "raw",
 				Kernel: &ArtifactSource{URL: "https://m/k", SHA256: strings.ToUpper(testSHA256)}}},
+			Proxy: testGuestProxy,
 		}
 	}
 	if err := good().Validate(); err != nil {
@@ -88,6 +89,10 @@ func TestOptions_validateNamesTheField(t *testing.T) {
 		{"Host.User", func(o *Options) { o.Host.User = "" }},
 		{"Host.KnownHosts", func(o *Options) { o.Host.KnownHosts = "" }},
 		{"Host.DomainType", func(o *Options) { o.Host.DomainType = "xen" }},
+		{"Proxy", func(o *Options) { o.Proxy = GuestProxy{} }},
+		{"Proxy.Password", func(o *Options) { o.Proxy.Password = "" }},
+		{"UserData", func(o *Options) { o.UserData = "{{.Nope}}" }},
+		{"UserData", func(o *Options) { o.UserData = "{{.ID" }},
 		{"Images[0].Name", func(o *Options) { o.Images[0].Name = "" }},
 		{"Images[1].Name", func(o *Options) { o.Images = append(o.Images, o.Images[0]) }},
 		{"Images[0].URL", func(o *Options) { o.Images[0].URL = "ftp://m/i" }},

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"golang.org/x/crypto/bcrypt"
 
 	"proxyfleet/fleet"
 	"proxyfleet/internal/poll"
@@ -70,6 +72,7 @@ func newTestProvider(t *testing.T, env map[string]string, mod func(*Options)) *P
 	cfg := Options{
 		Host:   testhostEntry(env, "th1"),
 		Images: []ImageSource{testGuestImage(env)},
+		Proxy:  testGuestProxy,
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -332,3 +335,14 @@ func TestProvider_notOursIsRefused(t *testing.T) {
 		t.Error("List reports a foreign domain")
 	}
 }
+
+// testGuestProxy is the proxy configuration of the tests' proxies: a
+// credential and an allow-list, as the test host's config has.
+var testGuestProxy = GuestProxy{
+	User: "fleet", Password: "pw-for-tests",
+	Allow: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15"), netip.MustParsePrefix("198.18.0.1/32")},
+}
+
+// The fuzz targets render the default user-data, with its bcrypt hash, on
+// every input: at the lowest cost.
+func init() { bcryptCost = bcrypt.MinCost }

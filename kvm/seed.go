@@ -37,11 +37,6 @@ const (
 	userDataFile = "user-data"
 )
 
-// defaultUserData is used when Options.UserData is empty. The hostname is
-// quoted: a valid one may look like a YAML bool, null or number ("true",
-// "null", "123", "1.5"), which cloud-init would read as such.
-const defaultUserData = "#cloud-config\nhostname: \"{{.Hostname}}\"\n"
-
 var (
 	// instanceIDRE bounds what goes into meta-data between double quotes:
 	// nothing that needs escaping there, and nothing that could open a new
@@ -95,33 +90,65 @@ func seedISO(instanceID, hostname, userData string) ([]byte, error) {
 type userDataVars struct {
 	ID       string // proxy id
 	Hostname string
+	Port     int      // the proxy's port
+	User     string   // the credential's user; "" when none is required
+	Password string   // its password (the seed then holds it: see PasswordHash)
+	Allow    []string // the source networks that may use the proxy, as CIDRs; empty: any
+	gp       GuestProxy
+}
+
+// PasswordHash is the password's bcrypt hash (with a fresh salt), for a
+// template that writes a password file ({{.PasswordHash}}), so the seed
+// need not hold the password itself. It is computed only if used.
+func (v userDataVars) PasswordHash() (string, error) {
+	if v.gp.User == "" {
+		return "", nil
+	}
+	line, err := passwdLine(v.gp)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimPrefix(line, v.gp.User+":"), nil
 }
 
 // userData renders the Options.UserData template for one proxy
-// (text/template, fields .ID and .Hostname); an empty template means
-// defaultUserData. A template that names another field, or does not parse,
-// is an error rather than a seed with "<no value>" in it. The values are
-// not escaped: the id and hostname are restricted to characters that need
-// no escaping in YAML, and the rest of the template is the operator's. A
-// template should quote them ("{{.ID}}"), as the default one does: bare, a
-// valid id or hostname may read as a bool, null or number.
-func userData(tmpl, id, hostname string) (string, error) {
-	if tmpl == "" {
-		tmpl = defaultUserData
-	}
+// (text/template, fields .ID, .Hostname, .Port, .User, .Password, .Allow
+// and .PasswordHash); an empty template means the default one, which
+// configures squid (see guestproxy.go). A template that names another
+// field, or does not parse, is an error rather than a seed with "<no
+// value>" in it. The values are not escaped: the id and hostname are
+// restricted to characters that need no escaping in YAML, and the rest of
+// the template is the operator's. A template should quote them
+// ("{{.ID}}"), as the default one does: bare, a valid id or hostname may
+// read as a bool, null or number.
+func userData(tmpl string, gp GuestProxy, id, hostname string) (string, error) {
 	if err := checkID(id); err != nil {
 		return "", fmt.Errorf("user-data: %w", err)
 	}
 	if len(hostname) > 253 || !hostnameRE.MatchString(hostname) {
 		return "", fmt.Errorf("user-data: hostname %q is not a lowercase RFC 1123 host name", hostname)
 	}
-	t, err := template.New("user_data").Option("missingkey=error").Parse(tmpl)
+	if tmpl == "" {
+		return defaultUserData(id, hostname, gp)
+	}
+	t, err := parseUserData(tmpl)
 	if err != nil {
-		return "", fmt.Errorf("user-data template: %w", err)
+		return "", err
 	}
 	var b strings.Builder
-	if err := t.Execute(&b, userDataVars{ID: id, Hostname: hostname}); err != nil {
+	v := userDataVars{ID: id, Hostname: hostname, Port: gp.port(), User: gp.User, Password: gp.Password, Allow: gp.allowStrings(), gp: gp}
+	if err := t.Execute(&b, v); err != nil {
 		return "", fmt.Errorf("user-data template: %w", err)
 	}
 	return b.String(), nil
+}
+
+// parseUserData parses a user-data template; New calls it too, so a
+// template that cannot parse stops the provider at start.
+func parseUserData(tmpl string) (*template.Template, error) {
+	t, err := template.New("user_data").Option("missingkey=error").Parse(tmpl)
+	if err != nil {
+		return nil, fmt.Errorf("user-data template: %w", err)
+	}
+	return t, nil
 }

@@ -1,6 +1,11 @@
 package kvm
 
 import (
+	"errors"
+	"slices"
+
+	"golang.org/x/crypto/bcrypt"
+
 	"bytes"
 	"io"
 	"strings"
@@ -75,13 +80,18 @@ func TestSeed_rejectsValuesThatWouldBreakMetaData(t *testing.T) {
 }
 
 func TestUserData(t *testing.T) {
-	got, err := userData("", "p1", "pf-p1")
-	if err != nil || got != "#cloud-config\nhostname: \"pf-p1\"\n" {
-		t.Fatalf("default: %q, %v", got, err)
-	}
-	got, err = userData("#cloud-config\nfqdn: {{.Hostname}}.example\nwrite_files:\n  - path: /etc/proxy-id\n    content: {{.ID}}\n", "p1", "pf-p1")
+	got, err := userData("#cloud-config\nfqdn: {{.Hostname}}.example\nwrite_files:\n  - path: /etc/proxy-id\n    content: {{.ID}}\n", testGuestProxy, "p1", "pf-p1")
 	if err != nil || got != "#cloud-config\nfqdn: pf-p1.example\nwrite_files:\n  - path: /etc/proxy-id\n    content: p1\n" {
 		t.Fatalf("template: %q, %v", got, err)
+	}
+	// A template gets the proxy's settings too.
+	got, err = userData("{{.Port}} {{.User}} {{.Password}} {{range .Allow}}{{.}},{{end}}", testGuestProxy, "p1", "pf-p1")
+	if err != nil || got != "3128 fleet pw-for-tests 198.18.0.0/15,198.18.0.1/32," {
+		t.Fatalf("proxy fields: %q, %v", got, err)
+	}
+	got, err = userData("{{.PasswordHash}}", testGuestProxy, "p1", "pf-p1")
+	if err != nil || bcrypt.CompareHashAndPassword([]byte(got), []byte(testGuestProxy.Password)) != nil {
+		t.Fatalf("PasswordHash %q does not check: %v", got, err)
 	}
 	for name, c := range map[string]struct{ tmpl, id, host string }{
 		"unknown field": {"{{.Secret}}", "p1", "pf-p1"},
@@ -89,8 +99,111 @@ func TestUserData(t *testing.T) {
 		"bad id":        {"", "p1\nruncmd: [x]", "pf-p1"},
 		"bad hostname":  {"", "p1", "pf-p1\nruncmd: [x]"},
 	} {
-		if got, err := userData(c.tmpl, c.id, c.host); err == nil {
+		if got, err := userData(c.tmpl, testGuestProxy, c.id, c.host); err == nil {
 			t.Errorf("%s: rendered %q", name, got)
+		}
+	}
+}
+
+// The default user-data is a cloud-config that writes squid's whole
+// configuration and a password file holding a bcrypt hash (never the
+// password), then installs (if missing) and starts squid and the guest
+// agent. Each access setting shows in squid's lines.
+func TestDefaultUserData_configuresSquid(t *testing.T) {
+	type file struct {
+		Path, Owner, Permissions, Content string
+	}
+	var doc struct {
+		Hostname   string     `yaml:"hostname"`
+		WriteFiles []file     `yaml:"write_files"`
+		RunCmd     [][]string `yaml:"runcmd"`
+	}
+	render := func(gp GuestProxy) (string, map[string]file) {
+		t.Helper()
+		ud, err := userData("", gp, "p1", "pf-p1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(ud, "#cloud-config\n") {
+			t.Fatalf("no #cloud-config line:\n%s", ud)
+		}
+		doc.WriteFiles = nil
+		if err := yamlDecode(ud, &doc); err != nil {
+			t.Fatalf("not YAML: %v\n%s", err, ud)
+		}
+		files := map[string]file{}
+		for _, f := range doc.WriteFiles {
+			files[f.Path] = f
+		}
+		return ud, files
+	}
+	ud, files := render(testGuestProxy)
+	if doc.Hostname != "pf-p1" {
+		t.Errorf("hostname %q", doc.Hostname)
+	}
+	if strings.Contains(ud, testGuestProxy.Password) {
+		t.Errorf("the user-data holds the password:\n%s", ud)
+	}
+	conf := files[squidConfPath].Content
+	for _, want := range []string{
+		"http_port 3128\n", "auth_param basic program /usr/lib/squid/basic_ncsa_auth /etc/squid/proxyfleet.passwd\n",
+		"acl proxyfleet_users proxy_auth REQUIRED\n", "acl proxyfleet_allow src 198.18.0.0/15 198.18.0.1/32\n",
+		"http_access deny proxyfleet_guest\nhttp_access deny !proxyfleet_allow\nhttp_access allow proxyfleet_users\nhttp_access deny all\n",
+		"via off\n", "forwarded_for delete\n", "request_header_access X-Forwarded-For deny all\n",
+		"request_header_access Forwarded deny all\n", "access_log none\n",
+	} {
+		if !strings.Contains(conf, want) {
+			t.Errorf("squid.conf lacks %q:\n%s", want, conf)
+		}
+	}
+	pw := files[squidPasswdPath]
+	user, hash, _ := strings.Cut(strings.TrimSpace(pw.Content), ":")
+	if user != "fleet" || bcrypt.CompareHashAndPassword([]byte(hash), []byte(testGuestProxy.Password)) != nil {
+		t.Errorf("password file %q does not check", pw.Content)
+	}
+	if pw.Owner != "root:proxy" || pw.Permissions != "0640" {
+		t.Errorf("password file owner %q, mode %q", pw.Owner, pw.Permissions)
+	}
+	if len(doc.RunCmd) == 0 || !slices.Equal(doc.RunCmd[len(doc.RunCmd)-1], []string{"systemctl", "restart", "squid"}) {
+		t.Errorf("runcmd %q does not end starting squid", doc.RunCmd)
+	}
+	// Allow-list only: no credential, any allowed source.
+	_, files = render(GuestProxy{Port: 8080, Allow: testGuestProxy.Allow})
+	conf = files[squidConfPath].Content
+	if _, ok := files[squidPasswdPath]; ok || strings.Contains(conf, "auth_param") || !strings.Contains(conf, "http_port 8080\n") ||
+		!strings.Contains(conf, "http_access deny !proxyfleet_allow\nhttp_access allow all\n") {
+		t.Errorf("allow-list only:\n%s", conf)
+	}
+	// Credential only: no source acl.
+	_, files = render(GuestProxy{User: "fleet", Password: "x"})
+	if conf = files[squidConfPath].Content; strings.Contains(conf, "proxyfleet_allow") {
+		t.Errorf("credential only:\n%s", conf)
+	}
+}
+
+// Proxies open to anyone are refused unless said; bad values name the
+// field.
+func TestGuestProxyValidate(t *testing.T) {
+	for name, c := range map[string]struct {
+		gp    GuestProxy
+		field string
+	}{
+		"open":          {GuestProxy{}, "Proxy"},
+		"user no pw":    {GuestProxy{User: "u"}, "Proxy.Password"},
+		"pw no user":    {GuestProxy{Password: "p", Open: true}, "Proxy.User"},
+		"bad user":      {GuestProxy{User: "a:b", Password: "p"}, "Proxy.User"},
+		"long pw":       {GuestProxy{User: "u", Password: strings.Repeat("p", 73)}, "Proxy.Password"},
+		"newline in pw": {GuestProxy{User: "u", Password: "p\nq"}, "Proxy.Password"},
+		"bad port":      {GuestProxy{Port: 70000, Open: true}, "Proxy.Port"},
+	} {
+		var oe *OptionError
+		if err := c.gp.validate(); !errors.As(err, &oe) || oe.Field != c.field {
+			t.Errorf("%s: %v, want field %s", name, err, c.field)
+		}
+	}
+	for _, gp := range []GuestProxy{{Open: true}, testGuestProxy, {Allow: testGuestProxy.Allow}} {
+		if err := gp.validate(); err != nil {
+			t.Errorf("%+v: %v", gp, err)
 		}
 	}
 }
@@ -143,7 +256,7 @@ func TestSeed_valuesReadBackAsStrings(t *testing.T) {
 		if got := yamlStrings(t, md); got["instance-id"] != v || got["local-hostname"] != v {
 			t.Errorf("%q: meta-data reads as %q:\n%s", v, got, md)
 		}
-		ud, err := userData("", "p1", v)
+		ud, err := userData("", testGuestProxy, "p1", v)
 		if err != nil {
 			t.Fatalf("%q: %v", v, err)
 		}

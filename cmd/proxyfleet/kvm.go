@@ -48,8 +48,22 @@ func kvmOptions(c *config.Config, h config.Host, log *slog.Logger) kvm.Options {
 		},
 		Images:   images,
 		UserData: c.Proxy.UserData,
+		Proxy:    guestProxy(c.Proxy),
 		Logger:   log,
 	}
+}
+
+// guestProxy maps proxy: onto the guests' proxy configuration. The
+// password is the one LoadSecrets read (Validate refused an allow entry
+// that does not parse, so none is dropped here).
+func guestProxy(p config.Proxy) kvm.GuestProxy {
+	gp := kvm.GuestProxy{Port: p.Port, User: p.Auth.User, Password: p.Auth.Password.Reveal(), Open: p.Open}
+	for _, s := range p.Allow {
+		if a, err := config.ParseAllow(s); err == nil {
+			gp.Allow = append(gp.Allow, a)
+		}
+	}
+	return gp
 }
 
 func artifactSource(a *config.Artifact) *kvm.ArtifactSource {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"log/slog"
+	"net/netip"
 	"reflect"
 	"testing"
 	"time"
@@ -30,9 +31,12 @@ images:
      kernel: {url: "file:///k", sha256: "` + testSHA + `"}, initrd: {url: "file:///i", sha256: "` + testSHA + `"},
      cmdline: "console=ttyS0"}
   - {name: b, url: "file:///b.qcow2", sha256: "` + testSHA + `"}
-proxy: {user_data: "#cloud-config\n"}
+proxy: {port: 8080, user_data: "#cloud-config\n", auth: {user: fleet}, allow: [198.18.0.0/15, 198.18.0.1], open: true}
 `))
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.LoadSecrets(func(string) string { return "from-env" }); err != nil {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.DiscardHandler)
@@ -52,7 +56,9 @@ proxy: {user_data: "#cloud-config\n"}
 			{Name: "b", URL: "file:///b.qcow2", SHA256: testSHA},
 		},
 		UserData: "#cloud-config\n",
-		Logger:   log,
+		Proxy: kvm.GuestProxy{Port: 8080, User: "fleet", Password: "from-env", Open: true,
+			Allow: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15"), netip.MustParsePrefix("198.18.0.1/32")}},
+		Logger: log,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("options\n got %+v\nwant %+v", got, want)
@@ -71,6 +77,7 @@ hosts:
     ssh: {address: "host.example:22", user: pf, key_file: /k, known_hosts: /kh}
 images:
   - {name: debian-12, url: "https://m/d.qcow2", sha256: "` + testSHA + `"}
+proxy: {open: true}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -85,5 +92,8 @@ images:
 		Connect: 10 * time.Second, Keepalive: 10 * time.Second}
 	if h.Budgets != want {
 		t.Errorf("budgets %+v, want %+v", h.Budgets, want)
+	}
+	if o.Proxy.Port != 3128 {
+		t.Errorf("proxy port %d, want 3128", o.Proxy.Port)
 	}
 }

@@ -34,6 +34,20 @@ func loadConfig(path string) (*config.Config, error) {
 	return config.Load(path)
 }
 
+// loadRoleConfig reads the config of a role that makes proxies or probes
+// them (serve, worker, health), and the secrets it names: a missing or
+// empty password file stops the role at start, naming the field.
+func loadRoleConfig(path string) (*config.Config, error) {
+	c, err := loadConfig(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.LoadSecrets(nil); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
 // The sim driver sweeps the volumes nothing uses, as kvm does (kvm.go).
 var _ worker.Sweeper = (*sim.Driver)(nil)
 
@@ -173,7 +187,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	log = log.With("role", "worker", "pid", os.Getpid())
 	workerGC(log)
-	c, err := loadConfig(*cfgPath)
+	c, err := loadRoleConfig(*cfgPath)
 	if err != nil {
 		return err
 	}

@@ -58,7 +58,7 @@ func serveWith(ctx context.Context, args []string, stdout, stderr io.Writer, hoo
 		return err
 	}
 	log = log.With("pid", os.Getpid())
-	c, err := loadConfig(*cfgPath)
+	c, err := loadRoleConfig(*cfgPath)
 	if err != nil {
 		return err
 	}
@@ -197,7 +197,7 @@ func runHealth(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	log = log.With("role", "health", "pid", os.Getpid())
 	c := &config.Config{Hosts: []config.Host{{Name: "none", Driver: "sim", Sim: config.Sim{Dir: "/nonexistent"}}}}
 	if *cfgPath != "" {
-		if c, err = config.Load(*cfgPath); err != nil {
+		if c, err = loadRoleConfig(*cfgPath); err != nil {
 			return err
 		}
 	} else {

@@ -229,6 +229,12 @@ ssh_ok() {
 wait_until 20 ssh_ok || die "ssh root@$NS_IP does not answer (see $STATE/logs/sshd.log)"
 
 # --- config and environment for the tests -----------------------------------
+# The proxies' password (proxy.auth): made once per checkout, only root reads it.
+proxy_pw=$STATE/proxy_password
+if [ ! -s "$proxy_pw" ]; then
+	(umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$proxy_pw.new" && mv -f "$proxy_pw.new" "$proxy_pw")
+fi
+chmod 600 "$proxy_pw"
 g=$STATE/guest
 sum() { cat "$g/$1.sha256"; }
 cat >"$STATE/proxyfleet.yaml.new" <<EOF
@@ -254,7 +260,13 @@ images:
     initrd: {url: "file://$g/initrd.img", sha256: "$(sum initrd.img)"}
     cmdline: "console=ttyS0"
 default_image: testguest
-proxy: {port: 3128, cpus: 1, memory_mib: 128}
+proxy:
+  port: 3128
+  cpus: 1
+  memory_mib: 128
+  # Every proxy needs this credential, and only the test network may use one.
+  auth: {user: fleet, password_file: $proxy_pw}
+  allow: [198.18.0.0/15]
 EOF
 mv -f "$STATE/proxyfleet.yaml.new" "$STATE/proxyfleet.yaml"
 cat >"$STATE/env.new" <<EOF
@@ -277,6 +289,8 @@ export TESTHOST_GUEST_INITRD_SHA256=$(sum initrd.img)
 export TESTHOST_GUEST_DISK=$g/disk.raw
 export TESTHOST_GUEST_DISK_SHA256=$(sum disk.raw)
 export TESTHOST_GUEST_CMDLINE='console=ttyS0'
+export TESTHOST_PROXY_USER=fleet
+export TESTHOST_PROXY_PASSWORD_FILE=$proxy_pw
 export PROXYFLEET_CONFIG=$STATE/proxyfleet.yaml
 EOF
 mv -f "$STATE/env.new" "$STATE/env"

@@ -195,6 +195,8 @@ func (e *uploadEnv) oursOnce(ctx context.Context, file, sum string) (time.Durati
 			Socket: e.socket, Pool: e.pool, DomainType: kvm.DomainQEMU,
 		},
 		Images: []kvm.ImageSource{{Name: uploadImage, URL: "file://" + file, SHA256: sum, Format: "raw"}},
+		// Only an image is uploaded: no proxy is made.
+		Proxy:  kvm.GuestProxy{Open: true},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {

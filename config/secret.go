@@ -1,0 +1,90 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"strings"
+)
+
+// Secret is a value that must never be logged, printed or published. Every
+// way fmt, slog, JSON or YAML would show it says "[redacted]"; Reveal
+// returns the value for the one place that needs it.
+type Secret string
+
+const redacted = "[redacted]"
+
+// Reveal returns the secret itself.
+func (s Secret) Reveal() string { return string(s) }
+
+// String, GoString, LogValue, MarshalText and MarshalYAML redact it.
+func (s Secret) String() string               { return redacted }
+func (s Secret) GoString() string             { return redacted }
+func (s Secret) LogValue() slog.Value         { return slog.StringValue(redacted) }
+func (s Secret) MarshalText() ([]byte, error) { return []byte(redacted), nil }
+func (s Secret) MarshalYAML() (any, error)    { return redacted, nil }
+
+// maxPasswordLen is the longest password a guest's proxy server can check
+// in full: bcrypt, which the guests' password files use, reads 72 bytes.
+const maxPasswordLen = 72
+
+// LoadSecrets reads the secrets the config names: the proxies' password,
+// from proxy.auth.password_file or else from the environment variable
+// PasswordEnv (getenv; nil means os.Getenv). A role that needs them (serve,
+// worker, health) calls it at start, so a missing, unreadable or empty
+// secret stops it there, naming the field; the client verbs, which only
+// need the NATS settings, do not. Only the trailing newline of a file is
+// dropped.
+func (c *Config) LoadSecrets(getenv func(string) string) error {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	a := &c.Proxy.Auth
+	if a.User == "" {
+		return nil
+	}
+	var pw string
+	switch {
+	case a.PasswordFile != "":
+		b, err := os.ReadFile(a.PasswordFile)
+		if errors.Is(err, fs.ErrNotExist) {
+			return bad("proxy.auth.password_file", "%s does not exist", a.PasswordFile)
+		}
+		if err != nil {
+			return bad("proxy.auth.password_file", "%v", err)
+		}
+		pw = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+		if pw == "" {
+			return bad("proxy.auth.password_file", "%s is empty", a.PasswordFile)
+		}
+		if err := checkPassword(pw); err != nil {
+			return bad("proxy.auth.password_file", "%s: %v", a.PasswordFile, err)
+		}
+	case getenv(PasswordEnv) != "":
+		pw = getenv(PasswordEnv)
+		if err := checkPassword(pw); err != nil {
+			return bad("proxy.auth.password_file", "the password from $%s: %v", PasswordEnv, err)
+		}
+	default:
+		return bad("proxy.auth.password_file", "required with proxy.auth.user (or set $%s)", PasswordEnv)
+	}
+	a.Password = Secret(pw)
+	return nil
+}
+
+// checkPassword accepts what every proxy server and client of the fleet
+// carries unchanged: printable ASCII, at most maxPasswordLen bytes. The
+// error never quotes the password.
+func checkPassword(pw string) error {
+	if len(pw) > maxPasswordLen {
+		return fmt.Errorf("the password is %d bytes long; at most %d (bcrypt reads no more)", len(pw), maxPasswordLen)
+	}
+	for i := 0; i < len(pw); i++ {
+		if c := pw[i]; c < 0x20 || c > 0x7e {
+			return fmt.Errorf("the password has a byte outside printable ASCII at offset %d", i)
+		}
+	}
+	return nil
+}

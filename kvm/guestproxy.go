@@ -1,0 +1,237 @@
+package kvm
+
+import (
+	"fmt"
+	"net/netip"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"golang.org/x/crypto/bcrypt"
+)
+
+// The proxy server in the guest. When Options.UserData is empty, every
+// proxy's seed carries a cloud-config (defaultUserData) that configures
+// squid, from Debian's or Ubuntu's own packages, on a stock cloud image:
+// it installs squid and qemu-guest-agent if the image lacks them, writes
+// squid's whole configuration and a password file, and starts both. The
+// image `make guest-image` builds (deploy/guest) has them installed, with
+// squid disabled until that configuration is written, so it never serves
+// with Debian's packaged one.
+//
+// Why squid (docs/ARCHITECTURE.md, "The proxy in the guest"): it answers
+// 407 to missing and to wrong credentials alike (tinyproxy 1.11.1, Debian
+// 12's, answers 401 to a wrong password, which clients take for the
+// target's answer), checks a bcrypt password file (so the seed carries a
+// hash, not the password), and removes Via, X-Forwarded-For and Forwarded
+// by configuration.
+
+// GuestProxy is how the guests' proxy servers are configured: what the
+// default user-data writes, and what a user template is given.
+type GuestProxy struct {
+	// Port the proxy listens on; 0: DefaultProxyPort.
+	Port int
+	// User and Password are the credential (HTTP Basic) every request
+	// must carry; an empty User requires none.
+	User, Password string
+	// Allow lists the source networks that may use the proxy at all (CIDR
+	// prefixes, masked); empty: any source.
+	Allow []netip.Prefix
+	// Open says the operator means proxies open to anyone who reaches
+	// them: without it, Validate refuses a GuestProxy with neither a User
+	// nor an Allow-list.
+	Open bool
+}
+
+// DefaultProxyPort is GuestProxy.Port's default (squid's own).
+const DefaultProxyPort = 3128
+
+// proxyUserRE is the user names the default configuration can carry: no
+// ':' (it ends the user in Basic credentials, and the password file's
+// field), no space.
+var proxyUserRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// validate checks gp the way config does, so a provider made without
+// package config is held to the same rules; field names are Options'.
+func (gp GuestProxy) validate() error {
+	if gp.Port < 0 || gp.Port > 65535 {
+		return badOption("Proxy.Port", "%d is not a port", gp.Port)
+	}
+	if gp.User != "" && !proxyUserRE.MatchString(gp.User) {
+		return badOption("Proxy.User", "%q: want 1 to 64 letters, digits, '.', '_' or '-'", gp.User)
+	}
+	if gp.User != "" {
+		if gp.Password == "" {
+			return badOption("Proxy.Password", "required with a User")
+		}
+		if len(gp.Password) > 72 {
+			return badOption("Proxy.Password", "longer than 72 bytes (bcrypt reads no more)")
+		}
+		for i := 0; i < len(gp.Password); i++ {
+			if c := gp.Password[i]; c < 0x20 || c > 0x7e {
+				return badOption("Proxy.Password", "a byte outside printable ASCII at offset %d", i)
+			}
+		}
+	} else if gp.Password != "" {
+		return badOption("Proxy.User", "required with a Password")
+	}
+	for i, p := range gp.Allow {
+		if !p.IsValid() {
+			return badOption(fmt.Sprintf("Proxy.Allow[%d]", i), "not a prefix")
+		}
+	}
+	if gp.User == "" && len(gp.Allow) == 0 && !gp.Open {
+		return badOption("Proxy", "the proxies would be open to anyone who reaches them: set a User and Password, an Allow-list, or Open")
+	}
+	return nil
+}
+
+func (gp GuestProxy) port() int {
+	if gp.Port == 0 {
+		return DefaultProxyPort
+	}
+	return gp.Port
+}
+
+// allowStrings are the prefixes as text, for templates and squid.
+func (gp GuestProxy) allowStrings() []string {
+	out := make([]string, len(gp.Allow))
+	for i, p := range gp.Allow {
+		out[i] = p.Masked().String()
+	}
+	return out
+}
+
+// Paths in the guest of what the default user-data writes.
+const (
+	squidConfPath   = "/etc/squid/squid.conf"
+	squidPasswdPath = "/etc/squid/proxyfleet.passwd"
+)
+
+// squidConf is squid's whole configuration for one proxy. Every value in
+// it is checked (the port a number, the prefixes parsed, no user input
+// but those), so it needs no quoting.
+func squidConf(id string, gp GuestProxy) string {
+	var b strings.Builder
+	line := func(s ...string) {
+		b.WriteString(strings.Join(s, " "))
+		b.WriteByte('\n')
+	}
+	line("# Written by proxyfleet for proxy " + id + " at its first boot; the seed")
+	line("# volume it came from is removed with the proxy.")
+	line("http_port", strconv.Itoa(gp.port()))
+	if gp.User != "" {
+		line("auth_param basic program /usr/lib/squid/basic_ncsa_auth", squidPasswdPath)
+		// Two helpers suffice: squid caches a checked credential for
+		// its TTL, so a helper runs (one bcrypt) per client and hour.
+		line("auth_param basic children 2 startup=1 idle=1")
+		line("auth_param basic realm proxyfleet")
+		line("auth_param basic credentialsttl 1 hour")
+		line("acl proxyfleet_users proxy_auth REQUIRED")
+	}
+	if len(gp.Allow) > 0 {
+		line(append([]string{"acl proxyfleet_allow src"}, gp.allowStrings()...)...)
+	}
+	// Nothing on the guest itself, nor the link-local range (a cloud's
+	// metadata service, which holds the seed's secrets too), through the
+	// proxy.
+	line("acl proxyfleet_guest dst 127.0.0.0/8 ::1 169.254.0.0/16 fe80::/10")
+	line("http_access deny proxyfleet_guest")
+	if len(gp.Allow) > 0 {
+		line("http_access deny !proxyfleet_allow")
+	}
+	if gp.User != "" {
+		line("http_access allow proxyfleet_users")
+	} else {
+		line("http_access allow all")
+	}
+	line("http_access deny all")
+	// No header that reveals the client or that a proxy is in the way.
+	line("via off")
+	line("forwarded_for delete")
+	line("request_header_access X-Forwarded-For deny all")
+	line("request_header_access Forwarded deny all")
+	line("request_header_access Via deny all")
+	line("reply_header_access X-Cache deny all")
+	line("reply_header_access X-Cache-Lookup deny all")
+	line("reply_header_access Via deny all")
+	line("httpd_suppress_version_string on")
+	// A proxy of the fleet forwards; it caches and logs nothing.
+	line("cache deny all")
+	line("cache_mem 8 MB")
+	line("access_log none")
+	line("shutdown_lifetime 1 seconds")
+	line("coredump_dir /var/spool/squid")
+	return b.String()
+}
+
+// passwdLine is the password file's one line: the user and a bcrypt hash
+// of the password (squid's basic_ncsa_auth checks it with crypt(3), which
+// knows bcrypt in Debian 12 and Ubuntu). A fresh salt each time: two
+// proxies' seeds never carry the same hash.
+func passwdLine(gp GuestProxy) (string, error) {
+	h, err := bcrypt.GenerateFromPassword([]byte(gp.Password), bcryptCost)
+	if err != nil {
+		return "", fmt.Errorf("hash the proxy password: %w", err)
+	}
+	return gp.User + ":" + string(h), nil
+}
+
+// bcryptCost is the hash's cost: squid checks a credential once per client
+// and credentialsttl, so it is paid rarely, even under TCG. (A variable
+// only so that the package's fuzz targets run at bcrypt.MinCost.)
+var bcryptCost = bcrypt.DefaultCost
+
+// installAndStart is the runcmd of the default user-data: squid and the
+// guest agent are installed if the image lacks them (a stock cloud image;
+// --force-confold keeps the squid.conf written before), then started.
+// squid is enabled only now, with our configuration in place.
+var installAndStart = [][]string{
+	{"sh", "-c", "command -v squid >/dev/null 2>&1 || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y -o Dpkg::Options::=--force-confold squid qemu-guest-agent; }"},
+	{"systemctl", "start", "qemu-guest-agent"},
+	{"systemctl", "enable", "squid"},
+	{"systemctl", "restart", "squid"},
+}
+
+// defaultUserData renders the cloud-config of a proxy when no template is
+// configured. Scalars that carry values are JSON strings (valid YAML
+// double-quoted scalars, so "true" or "012" stay strings under YAML 1.1
+// and 1.2); the files are literal blocks of lines checked above.
+func defaultUserData(id, hostname string, gp GuestProxy) (string, error) {
+	var b strings.Builder
+	q := strconv.Quote
+	b.WriteString("#cloud-config\n")
+	b.WriteString("hostname: " + q(hostname) + "\n")
+	b.WriteString("write_files:\n")
+	block := func(path, owner, perm, content string) {
+		b.WriteString("- path: " + q(path) + "\n")
+		if owner != "" {
+			b.WriteString("  owner: " + q(owner) + "\n")
+		}
+		b.WriteString("  permissions: " + q(perm) + "\n")
+		b.WriteString("  content: |\n")
+		for _, l := range strings.SplitAfter(strings.TrimSuffix(content, "\n"), "\n") {
+			b.WriteString("    " + l)
+		}
+		b.WriteString("\n")
+	}
+	block(squidConfPath, "", "0644", squidConf(id, gp))
+	if gp.User != "" {
+		pw, err := passwdLine(gp)
+		if err != nil {
+			return "", err
+		}
+		// Squid runs as user proxy (in Debian's and Ubuntu's base
+		// passwd, so the group exists before squid is installed).
+		block(squidPasswdPath, "root:proxy", "0640", pw+"\n")
+	}
+	b.WriteString("runcmd:\n")
+	for _, c := range installAndStart {
+		parts := make([]string, len(c))
+		for i, s := range c {
+			parts[i] = q(s)
+		}
+		b.WriteString("- [" + strings.Join(parts, ", ") + "]\n")
+	}
+	return b.String(), nil
+}
