@@ -61,11 +61,12 @@ func Age(now, t time.Time) string {
 
 // StatusColumns are the columns of PrintStatusTable. DESIRED is left out
 // when no desired record was read (the user may not read PROXY_DESIRED).
-var StatusColumns = []string{"ID", "DESIRED", "STATE", "HOST", "ADDR", "SOURCE", "SEQ", "AGE", "REASON"}
+var StatusColumns = []string{"ID", "DESIRED", "STATE", "HOST", "ADDR", "SOURCE", "CHECK", "SEQ", "AGE", "REASON"}
 
 // PrintStatusTable writes one row per proxy: its desired op (when readable),
-// observed state, host, address, address source, event seq, the event's age
-// and reason.
+// observed state, host, address, address source, health's verdict (ok,
+// open, leaky; its reason takes the REASON column of a refused proxy), event
+// seq, the event's age and reason.
 func PrintStatusTable(w io.Writer, sts []Status) error {
 	return printStatusTable(w, sts, time.Now())
 }
@@ -95,7 +96,14 @@ func printStatusTable(w io.Writer, sts []Status, now time.Time) error {
 		} else if r := s.Result; r != nil && IsFailure(r.Outcome) {
 			reason = oneLine(r.Outcome + ": " + r.Reason)
 		}
-		row := []string{s.ID, dash(desired), s.State(), dash(host), dash(s.Addr()), dash(source), dash(seq), dash(age), dash(reason)}
+		check := ""
+		if c := s.currentCheck(); c != nil {
+			check = c.Verdict
+			if c.Verdict != messages.VerdictOK && c.Reason != "" {
+				reason = oneLine(c.Reason)
+			}
+		}
+		row := []string{s.ID, dash(desired), s.State(), dash(host), dash(s.Addr()), dash(source), dash(check), dash(seq), dash(age), dash(reason)}
 		if !withDesired {
 			row = append(row[:1], row[2:]...)
 		}
@@ -163,6 +171,14 @@ func PrintStatus(w io.Writer, s Status) error {
 	} else {
 		row("event", "- (none)")
 	}
+	if c := s.currentCheck(); c != nil {
+		line := c.Verdict
+		if c.Reason != "" {
+			line += ": " + oneLine(c.Reason)
+		}
+		row("health", fmt.Sprintf("%s (checked at %s, %s ago)", line, c.Addr, Age(time.Now(), c.At)))
+		row("egress", dash(c.Egress))
+	}
 	return tw.Flush()
 }
 
@@ -217,10 +233,10 @@ func PrintRotation(w io.Writer, rot messages.Rotation) error {
 		return err
 	}
 	tw := newTab(w)
-	fmt.Fprintln(tw, "ID\tADDR\tHOST\tSINCE")
+	fmt.Fprintln(tw, "ID\tADDR\tEGRESS\tHOST\tSINCE")
 	now := time.Now()
 	for _, p := range rot.Proxies {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.ID, p.Addr, dash(p.Host), Age(now, p.Since))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.ID, p.Addr, dash(p.Egress), dash(p.Host), Age(now, p.Since))
 	}
 	return tw.Flush()
 }

@@ -21,7 +21,8 @@ import (
 // the keys (it grows with every change, but it is not the health process's
 // own version counter); each entry's Since is when its key was last written;
 // Host, which the bucket does not hold, comes from the proxy's latest state
-// event when there is one. Proxies are sorted by id.
+// event when there is one, and Egress from health's record of the proxy in
+// PROXY_CHECKS. Proxies are sorted by id.
 func (c *Client) Rotation(ctx context.Context) (messages.Rotation, error) {
 	rot := messages.Rotation{V: messages.Version, Proxies: []messages.RotationEntry{}}
 	kv, err := c.bucket(ctx, messages.BucketRotation)
@@ -47,6 +48,13 @@ func (c *Client) Rotation(ctx context.Context) (messages.Rotation, error) {
 			for i, p := range rot.Proxies {
 				if ev := events[p.ID]; ev != nil {
 					rot.Proxies[i].Host = ev.Host
+				}
+			}
+		}
+		if checks, err := c.checks(ctx); err == nil {
+			for i, p := range rot.Proxies {
+				if chk := checks[p.ID]; chk != nil && chk.Addr == p.Addr {
+					rot.Proxies[i].Egress = chk.Egress
 				}
 			}
 		}

@@ -31,6 +31,11 @@ type Status struct {
 	// Result is the latest result on <prefix>.result.<id> kept in
 	// PROXY_RESULTS (for nats.results_max_age).
 	Result *messages.Result `json:"result,omitempty"`
+	// Check is what health's probes found of the proxy (PROXY_CHECKS):
+	// its egress address, and whether it is refused (an open or leaky
+	// proxy never enters the rotation). Nil when health has checked
+	// nothing of it (yet).
+	Check *messages.CheckRecord `json:"check,omitempty"`
 }
 
 // lastOp is the op of the last command that took effect, from the desired
@@ -73,6 +78,15 @@ func (s Status) Converged() bool {
 		return true
 	}
 	return false
+}
+
+// currentCheck is health's record if it is of the proxy's current address
+// (a record of an address the proxy no longer has says nothing of it).
+func (s Status) currentCheck() *messages.CheckRecord {
+	if s.Check == nil || s.Check.Addr != s.Addr() {
+		return nil
+	}
+	return s.Check
 }
 
 // Addr is ip:port of a proxy whose event carries an IP, else "".
@@ -130,6 +144,13 @@ func (c *Client) Get(ctx context.Context, id string) (Status, error) {
 	}
 	if err := lastOn(ctx, c, messages.StreamResults, c.subj.Result(id), &st.Result); err != nil {
 		return st, fmt.Errorf("read latest result of %s: %w", id, err)
+	}
+	if st.Event != nil {
+		chk, err := c.check(ctx, id)
+		if err != nil {
+			return st, err
+		}
+		st.Check = chk
 	}
 	if st.Desired == nil && st.Event == nil {
 		if _, _, ok := st.lastOp(); !ok {
@@ -230,6 +251,15 @@ func (c *Client) List(ctx context.Context, opts ...ListOption) ([]Status, error)
 	for id, r := range results {
 		get(id).Result = r
 	}
+	checks, err := c.checks(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for id, chk := range checks {
+		if s := byID[id]; s != nil {
+			s.Check = chk
+		}
+	}
 
 	out := make([]Status, 0, len(byID))
 	for _, s := range byID {
@@ -239,6 +269,55 @@ func (c *Client) List(ctx context.Context, opts ...ListOption) ([]Status, error)
 		out = append(out, *s)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// check returns health's record of id in PROXY_CHECKS, nil if there is
+// none. A fleet whose set-up predates the bucket has none: nothing is
+// known then, which is no error.
+func (c *Client) check(ctx context.Context, id string) (*messages.CheckRecord, error) {
+	kv, err := c.js.KeyValue(ctx, messages.BucketChecks)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", messages.BucketChecks, err)
+	}
+	e, err := kv.Get(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read check of %s: %w", id, err)
+	}
+	var r messages.CheckRecord
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return nil, fmt.Errorf("decode check of %s: %w", id, err)
+	}
+	return &r, nil
+}
+
+// checks returns every record of PROXY_CHECKS by id (none when the bucket
+// is missing, as check says). A record that does not decode is left out.
+func (c *Client) checks(ctx context.Context) (map[string]*messages.CheckRecord, error) {
+	out := map[string]*messages.CheckRecord{}
+	kv, err := c.js.KeyValue(ctx, messages.BucketChecks)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return out, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", messages.BucketChecks, err)
+	}
+	err = readBucket(ctx, kv, func(e jetstream.KeyValueEntry) error {
+		var r messages.CheckRecord
+		if json.Unmarshal(e.Value(), &r) == nil {
+			out[e.Key()] = &r
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", messages.BucketChecks, err)
+	}
 	return out, nil
 }
 

@@ -234,6 +234,8 @@ var (
 	directDesired = op{name: "kv get PROXY_DESIRED p1", subject: "$JS.API.DIRECT.GET.KV_PROXY_DESIRED.$KV.PROXY_DESIRED.p1"}
 	putRotation   = op{name: "kv put PROXY_ROTATION", subject: "$KV.PROXY_ROTATION.intruder", body: "198.18.0.9:3128",
 		undo: undoKey(messages.BucketRotation, "intruder")}
+	putChecks = op{name: "kv put PROXY_CHECKS", subject: "$KV.PROXY_CHECKS.intruder", body: "{}",
+		undo: undoKey(messages.BucketChecks, "intruder")}
 	putLeases = op{name: "kv put PROXY_LEASES", subject: "$KV.PROXY_LEASES.intruder", body: "{}",
 		undo: undoKey(messages.BucketLeases, "intruder")}
 	putDesired = op{name: "kv put PROXY_DESIRED", subject: "$KV.PROXY_DESIRED.intruder", body: "{}",
@@ -250,8 +252,8 @@ var (
 
 var forbidden = map[string][]op{
 	"client": {rmIntake, rmWork, rmStream, purgeStream, addStream, editStream, addDurable, getCommand, getDesired,
-		directDesired, putRotation, putDesired, pubState, pubRotation, subWorker, subHealth, subWork},
-	"worker": {rmIntake, rmWork, rmStream, purgeStream, addStream, editStream, addDurable, putRotation, putLeases,
+		directDesired, putRotation, putChecks, putDesired, pubState, pubRotation, subWorker, subHealth, subWork},
+	"worker": {rmIntake, rmWork, rmStream, purgeStream, addStream, editStream, addDurable, putRotation, putChecks, putLeases,
 		pubRotation, subClient, subHealth},
 	"health": {rmIntake, rmWork, rmStream, purgeStream, addStream, editStream, addDurable, putDesired, pubState,
 		pubCommand, subWorker, subClient},
