@@ -16,6 +16,7 @@ import (
 func newProxy(t *testing.T) (*httptest.Server, *ProxyHandler) {
 	t.Helper()
 	ph := NewProxyHandler(discardLogger())
+	ph.SetPolicy(OpenPolicy())
 	s := httptest.NewServer(ph)
 	t.Cleanup(func() { ph.CloseTunnels(); s.Close() })
 	return s, ph

@@ -93,7 +93,9 @@ func TestParseSquidConfDirectives(t *testing.T) {
 		}},
 		{"http_port addr", "http_port 127.0.0.1:8080\n", func(c *SquidConfig) bool { return c.Host == "127.0.0.1" && c.Port == 8080 }},
 		{"http_port v6", "http_port [::1]:3129 name=x\n", func(c *SquidConfig) bool { return c.Host == "::1" && c.Port == 3129 }},
-		{"continuation", "http_access \\\n  allow \\\n  all\n", func(c *SquidConfig) bool { return len(c.access) == 1 && c.access[0].allow && c.access[0].acls[0].acl.name == "all" }},
+		{"continuation", "http_access \\\n  allow \\\n  all\n", func(c *SquidConfig) bool {
+			return len(c.access) == 1 && c.access[0].allow && c.access[0].acls[0].acl.name == "all"
+		}},
 		{"forwarded_for truncate, via on", "forwarded_for truncate\nvia on\n", func(c *SquidConfig) bool { return c.ForwardedFor == "truncate" && c.Via }},
 		{"acl lines add up", "acl a src 10.1.0.0/16\nacl a src 192.0.2.1 10.2.0.0/255.255.0.0\n", func(c *SquidConfig) bool {
 			return len(c.acls["a"].nets) == 3 && c.acls["a"].nets[2] == netip.MustParsePrefix("10.2.0.0/16") && c.acls["a"].nets[1].Bits() == 32
@@ -101,7 +103,7 @@ func TestParseSquidConfDirectives(t *testing.T) {
 		{"acl values from a file", "acl a src \"/etc/squid/allow\"\n", func(c *SquidConfig) bool { return len(c.acls["a"].nets) == 2 }},
 		{"credentialsttl minutes", "auth_param basic program /usr/lib/squid/basic_ncsa_auth /p\nauth_param basic credentialsttl 5 minutes\n", func(c *SquidConfig) bool { return c.CredentialsTTL == 5*time.Minute }},
 		{"unknown directive ignored", "dns_v4_first on\nfrobnicate yes\n", func(c *SquidConfig) bool { return len(c.Ignored) == 2 && c.Ignored[1] == "frobnicate (unknown)" }},
-		{"unused unsupported acl? no: types are checked", "acl p port 80 1025-65535\nacl m method CONNECT\n", func(c *SquidConfig) bool {
+		{"port and method acls", "acl p port 80 1025-65535\nacl m method CONNECT\n", func(c *SquidConfig) bool {
 			return len(c.acls["p"].ports) == 2 && c.acls["p"].ports[1] == portRange{1025, 65535} && c.acls["m"].methods[0] == "CONNECT"
 		}},
 	} {
