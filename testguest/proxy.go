@@ -170,6 +170,10 @@ func (p *ProxyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			w.Header().Add(k, v)
 		}
 	}
+	if _, ok := resp.Header["Content-Type"]; !ok {
+		// Pass the reply as it is: no Content-Type sniffed by net/http.
+		w.Header()["Content-Type"] = nil
+	}
 	w.WriteHeader(resp.StatusCode)
 	if _, err := io.Copy(w, resp.Body); err != nil {
 		p.logf("proxy: %s %s: copying body: %v", r.Method, r.URL, err)

@@ -150,3 +150,22 @@ func TestServerStopStart(t *testing.T) {
 		}
 	}
 }
+
+func TestProxyAddsNoContentType(t *testing.T) {
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header()["Content-Type"] = nil
+		io.WriteString(w, "<html>no type</html>")
+	}))
+	defer origin.Close()
+	p, _ := newProxy(t)
+	pu, _ := url.Parse(p.URL)
+	c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(pu)}, Timeout: 5 * time.Second}
+	resp, err := c.Get(origin.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if v, ok := resp.Header["Content-Type"]; ok {
+		t.Fatalf("proxy added Content-Type %q", v)
+	}
+}
