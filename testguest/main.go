@@ -71,7 +71,7 @@ func configureProxy(proxy *ProxyService, seed *Seed, logger *log.Logger) error {
 	pol, note, err := LoadProxyPolicy(seed, guestHostname())
 	switch {
 	case err != nil:
-		logger.Printf("proxy: config: %v", err)
+		// Configure logs it.
 	case pol.Squid == nil:
 		logger.Printf("proxy: open, adding no header (%s)", note)
 	default:
