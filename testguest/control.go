@@ -21,7 +21,8 @@ func (s agentSwitch) Running() bool { return s.a.Running() }
 
 // ControlHandler serves the test control API:
 //
-//	GET  /healthz       JSON status
+//	GET  /healthz       JSON status (with the proxy's effective configuration
+//	                    when proxy has a Status method)
 //	GET  /instance-id   the seed's instance-id, plain text
 //	GET  /meta-data     the seed's meta-data file as read
 //	GET  /user-data     the seed's user-data file as read
@@ -41,6 +42,11 @@ func ControlHandler(seeds *SeedStore, proxy, agent Switch) http.Handler {
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		st := map[string]any{"ok": true, "proxy": proxy.Running(), "agent": agent.Running()}
+		if ps, ok := proxy.(interface{ Status() map[string]any }); ok {
+			for k, v := range ps.Status() {
+				st[k] = v
+			}
+		}
 		if s, err := seeds.Get(); s != nil {
 			st["instance_id"] = s.InstanceID
 			st["local_hostname"] = s.LocalHostname

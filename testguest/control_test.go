@@ -77,3 +77,38 @@ func TestControlAPI(t *testing.T) {
 		t.Fatalf("failing start: %d %q", code, body)
 	}
 }
+
+func TestControlHealthzProxyConfig(t *testing.T) {
+	hash := bcryptHash(t, "s3cret")
+	ps := &ProxyService{Handler: NewProxyHandler(discardLogger()), DefaultAddr: "127.0.0.1:0", Log: discardLogger()}
+	h := ControlHandler(&SeedStore{}, ps, &fakeSwitch{})
+	health := func() map[string]any {
+		_, body := do(t, h, "GET", "/healthz")
+		if strings.Contains(body, hash) || strings.Contains(body, "s3cret") || strings.Contains(body, "$2a$") {
+			t.Fatalf("healthz shows a secret: %s", body)
+		}
+		var st map[string]any
+		if err := json.Unmarshal([]byte(body), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	if st := health(); st["proxy_source"] != "pending" || st["proxy"] != false {
+		t.Fatalf("before the config: %v", st)
+	}
+	pol, _, err := LoadProxyPolicy(&Seed{UserData: []byte(exampleUserData(exampleSquidConf(true, "198.18.0.0/15"), hash))}, "p1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps.Configure(pol, nil)
+	st := health()
+	// JSON numbers decode as float64.
+	if st["proxy_source"] != "squid.conf" || st["proxy_auth"] != true || st["proxy_port"] != float64(3128) ||
+		st["proxy_forwarded_for"] != "delete" || st["proxy_via"] != false {
+		t.Fatalf("squid.conf: %v", st)
+	}
+	ps.Configure(OpenPolicy(), nil)
+	if st := health(); st["proxy_source"] != "none" || st["proxy_auth"] != false || st["proxy_addr"] != "127.0.0.1:0" {
+		t.Fatalf("open: %v", st)
+	}
+}

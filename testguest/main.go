@@ -23,8 +23,7 @@ func main() {
 	logger.Printf("starting (pid %d)", os.Getpid())
 
 	seeds := &SeedStore{}
-	ph := NewProxyHandler(logger)
-	proxy := &Server{Name: "proxy", Addr: *proxyAddr, Handler: ph, Log: logger, OnStop: ph.CloseTunnels}
+	proxy := &ProxyService{Handler: NewProxyHandler(logger), DefaultAddr: *proxyAddr, Log: logger}
 	agent := &Agent{
 		Handler: &AgentHandler{Interfaces: SystemInterfaces, Hostname: func() string { h, _ := os.Hostname(); return h }},
 		Locate:  func() (string, error) { return FindVirtioPort("/sys/class/virtio-ports", "/dev", AgentPortName) },
@@ -36,10 +35,17 @@ func main() {
 	control := &Server{Name: "control", Addr: *controlAddr, Handler: ControlHandler(seeds, proxy, agentSwitch{agent}), Log: logger}
 
 	if !*asInit {
+		var seed *Seed
 		if *seedDir != "" {
-			seeds.Set(ReadSeedDir(*seedDir))
+			var err error
+			seed, err = ReadSeedDir(*seedDir)
+			seeds.Set(seed, err)
+			if err != nil {
+				logger.Printf("seed: %s: %v", *seedDir, err)
+			}
 		}
-		if err := proxy.Start(); err != nil {
+		proxy.Start()
+		if err := configureProxy(proxy, seed, logger); err != nil {
 			logger.Fatal(err)
 		}
 		if err := control.Start(); err != nil {
@@ -59,7 +65,22 @@ var earlyModules = map[string]bool{
 	"virtio_pci": true, "failover": true, "net_failover": true, "virtio_net": true, "virtio_console": true,
 }
 
-func runInit(logger *log.Logger, seeds *SeedStore, proxy, control *Server, agent *Agent) {
+// configureProxy derives the proxy's policy from the seed (nil: none) and
+// hands it to proxy, logging what it is; the error is the listener's.
+func configureProxy(proxy *ProxyService, seed *Seed, logger *log.Logger) error {
+	pol, note, err := LoadProxyPolicy(seed, guestHostname())
+	switch {
+	case err != nil:
+		// Configure logs it.
+	case pol.Squid == nil:
+		logger.Printf("proxy: open, adding no header (%s)", note)
+	default:
+		logger.Printf("proxy: from %s: %s", SquidConfPath, note)
+	}
+	return proxy.Configure(pol, err)
+}
+
+func runInit(logger *log.Logger, seeds *SeedStore, proxy *ProxyService, control *Server, agent *Agent) {
 	t0 := time.Now()
 	var early, late []string
 	for _, m := range moduleList("/etc/testguest/modules") {
@@ -74,12 +95,12 @@ func runInit(logger *log.Logger, seeds *SeedStore, proxy, control *Server, agent
 	if err := ifUp("lo"); err != nil {
 		logger.Printf("init: lo up: %v", err)
 	}
-	// Listeners bind to the wildcard address, so they can start before the lease.
-	for _, s := range []*Server{control, proxy} {
-		if err := s.Start(); err != nil {
-			logger.Printf("init: %s: %v", s.Name, err)
-		}
+	// Listeners bind to the wildcard address, so they can start before the
+	// lease. The proxy's waits for its configuration, from the seed.
+	if err := control.Start(); err != nil {
+		logger.Printf("init: control: %v", err)
 	}
+	proxy.Start()
 
 	agent.Start()
 
@@ -98,13 +119,17 @@ func runInit(logger *log.Logger, seeds *SeedStore, proxy, control *Server, agent
 		seeds.Set(seed, err)
 		if seed == nil {
 			logger.Printf("seed: none: %v", err)
-			return
-		}
-		logger.Printf("seed: %s instance-id=%q local-hostname=%q user-data=%d bytes", seed.Source, seed.InstanceID, seed.LocalHostname, len(seed.UserData))
-		if seed.LocalHostname != "" {
-			if err := setHostname(seed.LocalHostname); err != nil {
-				logger.Printf("seed: sethostname: %v", err)
+		} else {
+			logger.Printf("seed: %s instance-id=%q local-hostname=%q user-data=%d bytes", seed.Source, seed.InstanceID, seed.LocalHostname, len(seed.UserData))
+			if seed.LocalHostname != "" {
+				if err := setHostname(seed.LocalHostname); err != nil {
+					logger.Printf("seed: sethostname: %v", err)
+				}
 			}
+		}
+		// After the hostname: squid's Via names the host.
+		if err := configureProxy(proxy, seed, logger); err != nil {
+			logger.Printf("init: proxy: %v", err)
 		}
 	}()
 	select {

@@ -7,8 +7,11 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -31,15 +34,21 @@ func removeHopHeaders(h http.Header) {
 	}
 }
 
-// ProxyHandler is an HTTP forward proxy: CONNECT tunnels and absolute-URI requests.
+// ProxyHandler is an HTTP forward proxy: CONNECT tunnels and absolute-URI
+// requests, under a ProxyPolicy (SetPolicy); without one it serves nothing.
 type ProxyHandler struct {
 	Dial      func(ctx context.Context, network, addr string) (net.Conn, error)
 	Transport http.RoundTripper
 	Log       *log.Logger
 
+	policy atomic.Pointer[ProxyPolicy]
+
 	mu      sync.Mutex
 	tunnels map[net.Conn]struct{}
 }
+
+// SetPolicy sets what the handler enforces; nil: answer 503 to everything.
+func (p *ProxyHandler) SetPolicy(pol *ProxyPolicy) { p.policy.Store(pol) }
 
 func (p *ProxyHandler) track(cs ...net.Conn) {
 	p.mu.Lock()
@@ -85,6 +94,9 @@ func NewProxyHandler(logger *log.Logger) *ProxyHandler {
 			MaxIdleConns:          16,
 			IdleConnTimeout:       30 * time.Second,
 			ResponseHeaderTimeout: 30 * time.Second,
+			// A proxy passes Accept-Encoding as the client sent it (the
+			// transport would add gzip and unpack the reply itself).
+			DisableCompression: true,
 		},
 		Log: logger,
 	}
@@ -97,8 +109,14 @@ func (p *ProxyHandler) logf(format string, args ...any) {
 }
 
 func (p *ProxyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	pol := p.policy.Load()
+	if pol == nil {
+		// Fail closed: nothing is served before the configuration is known.
+		http.Error(w, "proxy not configured", http.StatusServiceUnavailable)
+		return
+	}
 	if r.Method == http.MethodConnect {
-		p.connect(w, r)
+		p.connect(w, r, pol)
 		return
 	}
 	if r.URL == nil || !r.URL.IsAbs() || r.URL.Host == "" {
@@ -109,25 +127,52 @@ func (p *ProxyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "unsupported scheme "+r.URL.Scheme, http.StatusBadRequest)
 		return
 	}
+	port := 80
+	if ps := r.URL.Port(); ps != "" {
+		n, err := strconv.Atoi(ps)
+		if err != nil {
+			http.Error(w, "bad port "+ps, http.StatusBadRequest)
+			return
+		}
+		port = n
+	}
+	areq := newAccessRequest(r, pol, r.URL.Hostname(), port)
+	if !p.allowed(w, r, pol, areq) {
+		return
+	}
 	out := r.Clone(r.Context())
 	out.RequestURI = ""
 	out.Header = r.Header.Clone()
 	removeHopHeaders(out.Header)
+	if _, ok := out.Header["User-Agent"]; !ok {
+		// Do not let the transport add its own.
+		out.Header["User-Agent"] = nil
+	}
+	if pol.Squid != nil {
+		pol.Squid.MangleRequest(out.Header, areq, httpVersion(r.ProtoMajor, r.ProtoMinor), pol.Hostname)
+	}
 	if r.ContentLength == 0 {
 		out.Body = nil
 	}
 	resp, err := p.Transport.RoundTrip(out)
 	if err != nil {
 		p.logf("proxy: %s %s: %v", r.Method, r.URL, err)
-		http.Error(w, "proxy: "+err.Error(), http.StatusBadGateway)
+		p.writeError(w, pol, areq, "proxy: "+err.Error(), http.StatusBadGateway)
 		return
 	}
 	defer resp.Body.Close()
 	removeHopHeaders(resp.Header)
+	if pol.Squid != nil {
+		pol.Squid.MangleReply(resp.Header, areq, httpVersion(resp.ProtoMajor, resp.ProtoMinor), pol.Hostname)
+	}
 	for k, vs := range resp.Header {
 		for _, v := range vs {
 			w.Header().Add(k, v)
 		}
+	}
+	if _, ok := resp.Header["Content-Type"]; !ok {
+		// Pass the reply as it is: no Content-Type sniffed by net/http.
+		w.Header()["Content-Type"] = nil
 	}
 	w.WriteHeader(resp.StatusCode)
 	if _, err := io.Copy(w, resp.Body); err != nil {
@@ -135,19 +180,79 @@ func (p *ProxyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (p *ProxyHandler) connect(w http.ResponseWriter, r *http.Request) {
+func httpVersion(major, minor int) string {
+	if major == 0 {
+		major, minor = 1, 1
+	}
+	return strconv.Itoa(major) + "." + strconv.Itoa(minor)
+}
+
+// newAccessRequest describes r for http_access. Its Auth checks the
+// Proxy-Authorization header once, however many acls ask.
+func newAccessRequest(r *http.Request, pol *ProxyPolicy, host string, port int) *AccessRequest {
+	var src netip.Addr
+	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+		src = ap.Addr().Unmap()
+	}
+	auth := sync.OnceValues(func() (string, bool) {
+		if pol.Auth == nil {
+			return "", false
+		}
+		return pol.Auth.Check(r.Header.Get("Proxy-Authorization"))
+	})
+	return &AccessRequest{Src: src, Host: host, Port: port, Method: r.Method, Auth: auth}
+}
+
+// allowed applies http_access (a policy without squid.conf allows all) and
+// answers a denied request as squid would: 403, or 407 with a challenge.
+func (p *ProxyHandler) allowed(w http.ResponseWriter, r *http.Request, pol *ProxyPolicy, areq *AccessRequest) bool {
+	if pol.Squid == nil {
+		return true
+	}
+	v := pol.Squid.Access(areq)
+	if v.Allow {
+		return true
+	}
+	if v.Status == http.StatusProxyAuthRequired {
+		w.Header().Set("Proxy-Authenticate", `Basic realm="`+pol.Squid.Realm+`"`)
+		w.Header().Set("X-Squid-Error", "ERR_CACHE_ACCESS_DENIED 0")
+		p.writeError(w, pol, areq, "proxy: authentication required", v.Status)
+		return false
+	}
+	w.Header().Set("X-Squid-Error", "ERR_ACCESS_DENIED 0")
+	p.writeError(w, pol, areq, "proxy: access denied", v.Status)
+	return false
+}
+
+// writeError answers with the proxy's own reply, with the headers squid
+// adds to its error pages under a squid.conf.
+func (p *ProxyHandler) writeError(w http.ResponseWriter, pol *ProxyPolicy, areq *AccessRequest, msg string, status int) {
+	if pol.Squid != nil {
+		w.Header().Set("Server", "squid")
+		pol.Squid.MangleReply(w.Header(), areq, "1.1", pol.Hostname)
+	}
+	http.Error(w, msg, status)
+}
+
+func (p *ProxyHandler) connect(w http.ResponseWriter, r *http.Request, pol *ProxyPolicy) {
 	target := r.Host
 	if target == "" && r.URL != nil {
 		target = r.URL.Host
 	}
-	if _, _, err := net.SplitHostPort(target); err != nil {
+	host, ps, err := net.SplitHostPort(target)
+	port, perr := strconv.Atoi(ps)
+	if err != nil || perr != nil {
 		http.Error(w, "CONNECT needs host:port", http.StatusBadRequest)
+		return
+	}
+	areq := newAccessRequest(r, pol, host, port)
+	if !p.allowed(w, r, pol, areq) {
 		return
 	}
 	up, err := p.Dial(r.Context(), "tcp", target)
 	if err != nil {
 		p.logf("proxy: CONNECT %s: %v", target, err)
-		http.Error(w, "proxy: "+err.Error(), http.StatusBadGateway)
+		p.writeError(w, pol, areq, "proxy: "+err.Error(), http.StatusBadGateway)
 		return
 	}
 	hj, ok := w.(http.Hijacker)

@@ -16,6 +16,7 @@ import (
 func newProxy(t *testing.T) (*httptest.Server, *ProxyHandler) {
 	t.Helper()
 	ph := NewProxyHandler(discardLogger())
+	ph.SetPolicy(OpenPolicy())
 	s := httptest.NewServer(ph)
 	t.Cleanup(func() { ph.CloseTunnels(); s.Close() })
 	return s, ph
@@ -147,5 +148,24 @@ func TestServerStopStart(t *testing.T) {
 		if _, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 			t.Fatal("still listening after Stop")
 		}
+	}
+}
+
+func TestProxyAddsNoContentType(t *testing.T) {
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header()["Content-Type"] = nil
+		io.WriteString(w, "<html>no type</html>")
+	}))
+	defer origin.Close()
+	p, _ := newProxy(t)
+	pu, _ := url.Parse(p.URL)
+	c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(pu)}, Timeout: 5 * time.Second}
+	resp, err := c.Get(origin.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if v, ok := resp.Header["Content-Type"]; ok {
+		t.Fatalf("proxy added Content-Type %q", v)
 	}
 }
