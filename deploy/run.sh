@@ -10,11 +10,29 @@ source .testhost/env
 dir=$PWD/.run
 mkdir -p "$dir/data"
 cfg=$dir/config.yaml
+# GUEST=debian (make run GUEST=debian): proxies boot the real Debian guest
+# of make guest-image (cloud-init, qemu-guest-agent, squid; 512 MiB each,
+# most of a minute to boot under TCG) instead of the tiny test guest.
+guest=${GUEST:-test}
+case $guest in
+test) base() { cat "$PROXYFLEET_CONFIG"; } ;;
+debian)
+  [ -n "${TESTHOST_DEBIAN_IMAGE_YAML:-}" ] && [ -f "$TESTHOST_DEBIAN_IMAGE_YAML" ] ||
+    { echo "GUEST=debian: no Debian guest image (make guest-image, then make testhost)" >&2; exit 1; }
+  # The test host's config with the Debian image added (its entry of
+  # .guest/image.yaml, without the "images:" line) and made the default.
+  base() {
+    sed -e "/^images:/r /dev/stdin" -e 's/^default_image: .*/default_image: proxy-debian/' \
+      -e 's/^  memory_mib: .*/  memory_mib: 512/' "$PROXYFLEET_CONFIG" < <(grep -v '^images:' "$TESTHOST_DEBIAN_IMAGE_YAML")
+  }
+  ;;
+*) echo "GUEST=$guest: want test or debian" >&2; exit 1 ;;
+esac
 # The test host's config plus what a demo wants: fast health probing
 # through every proxy into the health process's own /probe, served on the
 # root namespace's address the guests reach.
 {
-  cat "$PROXYFLEET_CONFIG"
+  base
   cat <<YAML
 worker: {poll_interval: 1s, observe_interval: 5s}
 health: {http: "127.0.0.1:8080", probe_listen: "$TESTHOST_ROOT_IP:8081", interval: 2s, rise: 2, fall: 3, grace: 30s}
@@ -23,7 +41,7 @@ YAML
 listen=${PROXYFLEET_LISTEN:-127.0.0.1:4222}
 cat <<TXT
 
-proxyfleet serve: embedded NATS on nats://$listen, health on http://127.0.0.1:8080
+proxyfleet serve: embedded NATS on nats://$listen, health on http://127.0.0.1:8080, guest: $guest
 host th1: libvirtd over ssh at $TESTHOST_SSH_ADDR (netns $TESTHOST_NETNS), guests on $TESTHOST_BRIDGE_IP/24
 config: $cfg
 
@@ -32,8 +50,8 @@ In another terminal (as root, from $PWD):
   bin/proxyfleet watch                     # a live table of proxies and states (Ctrl-C to leave)
   bin/proxyfleet rotation                  # the proxies clients may use now (after 2 passing probes)
   curl -s http://127.0.0.1:8080/rotation   # the same, from the health process
-  curl -x http://\$(bin/proxyfleet rotation --json | sed -n 's/.*"addr": *"\\([^"]*\\)".*/\\1/p' | head -1) http://$TESTHOST_ROOT_IP:8081/probe?nonce=hello
-                                           # a request through a proxy of the rotation
+  curl -x http://$TESTHOST_PROXY_USER:\$(cat $TESTHOST_PROXY_PASSWORD_FILE)@\$(bin/proxyfleet rotation --json | sed -n 's/.*"addr": *"\\([^"]*\\)".*/\\1/p' | head -1) http://$TESTHOST_ROOT_IP:8081/probe?nonce=hello
+                                           # a request through a proxy of the rotation, with the fleet's credential (proxy.auth)
   bin/proxyfleet delete p1 --wait
 
 With the nats CLI (go install github.com/nats-io/natscli/nats@v0.5.0):

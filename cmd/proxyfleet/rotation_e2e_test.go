@@ -31,7 +31,8 @@ import (
 type rotationLog struct {
 	mu       sync.Mutex
 	members  map[string]string
-	removed  []string // "id at time"
+	entered  map[string]bool // every id ever put
+	removed  []string        // "id at time"
 	versions []uint64
 	backward []string
 }
@@ -45,6 +46,13 @@ func (r *rotationLog) has(ids ...string) bool {
 		}
 	}
 	return true
+}
+
+// everEntered reports whether id was ever in the rotation while watched.
+func (r *rotationLog) everEntered(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.entered[id]
 }
 
 func (r *rotationLog) lacks(id string) bool {
@@ -73,7 +81,7 @@ func (r *rotationLog) addrs() map[string]string {
 // watchRotation follows the bucket and the snapshots until the test ends.
 func (e *e2e) watchRotation() *rotationLog {
 	t := e.t
-	r := &rotationLog{members: map[string]string{}}
+	r := &rotationLog{members: map[string]string{}, entered: map[string]bool{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	var kv jetstream.KeyValue
@@ -96,6 +104,7 @@ func (e *e2e) watchRotation() *rotationLog {
 			r.mu.Lock()
 			if entry.Operation() == jetstream.KeyValuePut {
 				r.members[entry.Key()] = string(entry.Value())
+				r.entered[entry.Key()] = true
 			} else {
 				delete(r.members, entry.Key())
 				r.removed = append(r.removed, entry.Key()+" at "+time.Now().Format(time.TimeOnly))
@@ -140,17 +149,36 @@ func target(t *testing.T, ip string) (url, token string) {
 	return "http://" + ln.Addr().String() + "/", token
 }
 
-// through fetches u through the forward proxy at addr.
-func through(addr, u string) (string, error) {
-	pu, _ := url.Parse("http://" + addr)
-	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{Proxy: http.ProxyURL(pu), DisableKeepAlives: true}}
-	resp, err := c.Get(u)
+// through fetches u through the forward proxy at addr with the fleet's
+// credential (proxy.auth) when it has one.
+func (e *e2e) through(addr, u string) (string, error) {
+	resp, err := throughAs(addr, u, proxyUser(e.cfg))
 	if err != nil {
 		return "", err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return string(b), fmt.Errorf("through %s: %s", addr, resp.Status)
+	}
 	return string(b), err
+}
+
+// proxyUser is the fleet's proxy credential as URL user info (nil when
+// none is configured).
+func proxyUser(c *config.Config) *url.Userinfo {
+	if c.Proxy.Auth.User == "" {
+		return nil
+	}
+	return url.UserPassword(c.Proxy.Auth.User, c.Proxy.Auth.Password.Reveal())
+}
+
+// throughAs sends a GET of u through the forward proxy at addr with user
+// (nil: no credentials) and returns the answer, whatever its status.
+func throughAs(addr, u string, user *url.Userinfo) (*http.Response, error) {
+	pu := &url.URL{Scheme: "http", Host: addr, User: user}
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{Proxy: http.ProxyURL(pu), DisableKeepAlives: true}}
+	return c.Get(u)
 }
 
 // guestControl asks a test guest's control API (port 9090) to do something.
@@ -237,7 +265,7 @@ func TestEndToEndRotation(t *testing.T) {
 	e.waitDone(4*time.Minute, cmds...)
 	waitUntil(t, "three proxies in the rotation", time.Minute, func() bool { return rot.has(ids...) })
 	for id, addr := range rot.addrs() {
-		got, err := through(addr, targetURL)
+		got, err := e.through(addr, targetURL)
 		if err != nil || got != token {
 			t.Fatalf("through %s (%s): %q, %v; want the run's token", id, addr, got, err)
 		}
