@@ -405,3 +405,87 @@ runcmd:
 		}
 	})
 }
+
+// leakTemplate is a user-data template whose squid configuration depends
+// on the proxy: tg-open answers anyone, tg-leaky requires the credential
+// but tells the target the client's address (squid's default
+// forwarded_for on), the others are as the default one. The test guest
+// honours it as squid would.
+const leakTemplate = `#cloud-config
+hostname: "{{.Hostname}}"
+write_files:
+- path: /etc/squid/squid.conf
+  content: |
+    http_port {{.Port}}
+{{- if eq .ID "tg-open"}}
+    http_access allow all
+    via off
+    forwarded_for delete
+{{- else}}
+    auth_param basic program /usr/lib/squid/basic_ncsa_auth /etc/squid/proxyfleet.passwd
+    acl users proxy_auth REQUIRED
+    http_access allow users
+    http_access deny all
+    via off
+    forwarded_for {{if eq .ID "tg-leaky"}}on{{else}}delete{{end}}
+- path: /etc/squid/proxyfleet.passwd
+  content: |
+    {{.User}}:{{.PasswordHash}}
+{{- end}}
+`
+
+// TestHealthRefusesOpenAndLeakyProxies runs three test guests whose proxy
+// servers are configured by a template: one as the fleet wants it enters
+// the rotation with its egress address; one open to anyone and one that
+// reveals the client's address never do, and say why (PROXY_CHECKS, get).
+func TestHealthRefusesOpenAndLeakyProxies(t *testing.T) {
+	e := newE2E(t, func(c *config.Config) {
+		c.Proxy.UserData = leakTemplate
+		c.Health = config.Health{HTTP: "127.0.0.1:0", ProbeListen: rootIP() + ":0", Interval: time.Second,
+			Timeout: 800 * time.Millisecond, Rise: 2, Fall: 3, Grace: 30 * time.Second, Concurrency: 8, LeaseTTL: 3 * time.Second}
+	})
+	ids := []string{"tg-good", "tg-leaky", "tg-open"}
+	e.cleanupProxies(ids...)
+	e.worker("w1")
+	e.start("health", nil, "health", "--config", e.path, "--http", freePort(t))
+	rot := e.watchRotation()
+	var cmds []string
+	for _, id := range ids {
+		cmds = append(cmds, e.command(messages.OpCreate, id))
+	}
+	e.waitDone(4*time.Minute, cmds...)
+	waitUntil(t, "tg-good in the rotation", time.Minute, func() bool { return rot.has("tg-good") })
+	want := map[string]string{"tg-good": messages.VerdictOK, "tg-leaky": messages.VerdictLeaky, "tg-open": messages.VerdictOpen}
+	waitUntil(t, "every verdict", time.Minute, func() bool {
+		for id, v := range want {
+			if r, ok := e.check(id); !ok || r.Verdict != v {
+				return false
+			}
+		}
+		return true
+	})
+	for id := range want {
+		r, _ := e.check(id)
+		t.Logf("%s: %s %q, egress %s", id, r.Verdict, r.Reason, r.Egress)
+	}
+	if r, _ := e.check("tg-good"); r.Egress != e.lastEvent("tg-good").IP {
+		t.Errorf("tg-good's egress %q, want its address %s", r.Egress, e.lastEvent("tg-good").IP)
+	}
+	if r, _ := e.check("tg-leaky"); !strings.Contains(r.Reason, "X-Forwarded-For") {
+		t.Errorf("tg-leaky's reason %q does not name the header", r.Reason)
+	}
+	// More probe rounds: the refused stay out.
+	deadline := time.Now().Add(5 * time.Second)
+	waitUntil(t, "five more seconds", 10*time.Second, func() bool { return time.Now().After(deadline) })
+	for _, id := range []string{"tg-leaky", "tg-open"} {
+		if rot.everEntered(id) {
+			t.Errorf("%s entered the rotation", id)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, errOut, code := runCLI(ctx, "list", "--server", e.srv.ClientURL(), "--config", e.path)
+	if code != 0 || !strings.Contains(out, "CHECK") || !strings.Contains(out, "leaky") || !strings.Contains(out, "open") {
+		t.Errorf("list (exit %d, %s) does not show the verdicts:\n%s", code, errOut, out)
+	}
+}
