@@ -38,7 +38,7 @@ func (r guestRotation) String() string {
 // rotation creates one guest with the health process running, watches
 // its domain and lease through libvirt's local socket, waits until it is in
 // the rotation, and deletes it.
-func (f *fleet) rotation(ctx context.Context, id string) (guestRotation, error) {
+func (f *fleet) rotation(ctx context.Context, id, extra string) (guestRotation, error) {
 	var r guestRotation
 	l := libvirt.NewWithDialer(dialers.NewLocal(dialers.WithSocket(cmp.Or(os.Getenv("TESTHOST_LIBVIRT_SOCKET"), "/run/libvirt/libvirt-sock"))))
 	if err := l.Connect(); err != nil {
@@ -48,7 +48,7 @@ func (f *fleet) rotation(ctx context.Context, id string) (guestRotation, error) 
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	r.sent = time.Now()
-	c, err := f.command(rctx, messages.OpCreate, id)
+	c, err := f.commandWith(rctx, messages.OpCreate, id, extra)
 	if err != nil {
 		return r, err
 	}
