@@ -169,9 +169,9 @@ func runLifecycle(ctx context.Context, b *bench) (sectionResult, error) {
 		}
 		figs = append(figs, figure{
 			Key: "real_guest_create_to_rotation_s", Value: median(real), Unit: "s", Target: atMost(90), Runs: real,
-			Ours: fmt.Sprintf("real guest: create to rotation %.1f s, of which its boot-to-lease %.1f s (medians)", median(real), median(realBoot)),
-			Peer: fmt.Sprintf("the test guest, same run: create to rotation %.1f s, boot-to-lease %.1f s (medians)", median(rotTotal), median(rotBoot)),
-			How: "as create_to_rotation_overhead_s, with the Debian 12 guest of `make guest-image` (cloud-init 22.4, qemu-guest-agent 7.2, squid 5.7 configured by the default user-data with the credential and allow-list; 1 vCPU, 512 MiB, TCG) instead of the test guest; its base image uploaded by a warm-up proxy first. A proxy enters after two probes through squid with the credential, and a request without it refused (407).",
+			Ours:  fmt.Sprintf("real guest: create to rotation %.1f s, of which its boot-to-lease %.1f s (medians)", median(real), median(realBoot)),
+			Peer:  fmt.Sprintf("the test guest, same run: create to rotation %.1f s, boot-to-lease %.1f s (medians)", median(rotTotal), median(rotBoot)),
+			How:   "as create_to_rotation_overhead_s, with the Debian 12 guest of `make guest-image` (cloud-init 22.4, qemu-guest-agent 7.2, squid 5.7 configured by the default user-data with the credential and allow-list; 1 vCPU, 512 MiB, TCG) instead of the test guest; its base image uploaded by a warm-up proxy first. A proxy enters after two probes through squid with the credential, and a request without it refused (407).",
 			Bound: "per run: " + strings.Join(realSteps, "; ") + ". The guest's own boot under TCG (kernel, systemd, cloud-init's stages; squid starts from cloud-init's last stage, runcmd) is most of it.",
 		})
 	}
