@@ -177,7 +177,7 @@ func TestSecretRedacts(t *testing.T) {
 	j, _ := json.Marshal(ProxyAuth{User: "u", Password: s})
 	y, _ := yaml.Marshal(Config{Proxy: Proxy{Auth: ProxyAuth{User: "u", Password: s}}})
 	for name, out := range map[string]string{
-		"%v": fmt.Sprintf("%v", s), "%s": fmt.Sprintf("%s", s), "%#v": fmt.Sprintf("%#v", ProxyAuth{Password: s}),
+		"%v": fmt.Sprintf("%v", s), "%q": fmt.Sprintf("%q", s), "%#v": fmt.Sprintf("%#v", ProxyAuth{Password: s}),
 		"%+v": fmt.Sprintf("%+v", ProxyAuth{Password: s}), "slog": buf.String(), "json": string(j), "yaml": string(y),
 	} {
 		if strings.Contains(out, "hunter2") {
