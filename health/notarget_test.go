@@ -2,6 +2,7 @@ package health_test
 
 import (
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,7 +37,9 @@ func TestNoTargetProbesByTCPConnect(t *testing.T) {
 	deadAddr := dead.Addr().String()
 	dead.Close()
 
-	h := r.start(health.Config{Interval: 50 * time.Millisecond, Timeout: 40 * time.Millisecond, LeaseTTL: time.Second})
+	logger, logs := captureLog(t)
+	h := r.start(health.Config{Interval: 50 * time.Millisecond, Timeout: 40 * time.Millisecond, LeaseTTL: time.Second, Logger: logger,
+		ProxyUser: fleetUser, ProxyPassword: fleetPassword})
 	lip, lport := splitAddr(t, ln.Addr().String())
 	dip, dport := splitAddr(t, deadAddr)
 	listening := leaseEvent("up", 1, messages.StateRunning, lip)
@@ -50,4 +53,12 @@ func TestNoTargetProbesByTCPConnect(t *testing.T) {
 	n := h.Metrics().Probes[health.ResultError]
 	waitFor(t, "three failed probes of the silent VM", func() bool { return h.Metrics().Probes[health.ResultError] >= n+3 })
 	r.waitBucket(want)
+	if m := h.Metrics(); m.Probing || m.ProbeKinds[health.KindTCP] < 4 || m.ProbeKinds[health.KindHTTP] != 0 || m.Targets != 2 || m.Checks != 0 {
+		t.Fatalf("metrics %+v: want TCP probes of the two VMs, none of the sim proxy, and no check records", m)
+	}
+	const warn = "probing by TCP connect only: configure health.probe_listen or health.target to probe through the proxies"
+	if n := strings.Count(logs.String(), warn); n != 1 || !strings.Contains(logs.String(), "level=WARN msg=\""+warn) {
+		t.Fatalf("the warning was logged %d times, want once at warn level", n)
+	}
+	noSecret(t, "the log", logs.String())
 }
