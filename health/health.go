@@ -74,7 +74,10 @@ type Config struct {
 	Prober Prober
 	// Target is the URL probed through each proxy (http or https). A
 	// nonce query parameter is added; the answer must contain Expect or,
-	// if Expect is empty, the nonce.
+	// if Expect is empty, the nonce. Only a target that answers as
+	// ProbeHandler does (a health process's /probe) reports the proxy's
+	// egress and the headers that reached it; another yields no egress
+	// and no leak verdict (the open check works with any target).
 	Target string
 	Expect string
 	// ProbeListen is an address the guests can reach (an IP, not a
@@ -254,7 +257,6 @@ type Health struct {
 	// write, and a count of takeovers and losses (a new epoch re-reads
 	// the bucket).
 	checksKV     jetstream.KeyValue
-	checksBound  bool // set by the checks keeper once checksKV is set
 	checksErr    error
 	checksWrites uint64
 	leaseUntil   time.Time

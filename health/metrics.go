@@ -44,8 +44,10 @@ type Metrics struct {
 	Refused  map[string]int
 	Refusals map[string]uint64
 	// Checks is how many check records this process has (what it
-	// writes to PROXY_CHECKS when it holds the lease).
-	Checks int
+	// writes to PROXY_CHECKS when it holds the lease); CheckWrites how
+	// many puts and deletes of PROXY_CHECKS it made.
+	Checks      int
+	CheckWrites uint64
 }
 
 // ProbeBuckets are the upper bounds of the probe latency histogram
@@ -119,6 +121,7 @@ func (h *Health) Metrics() Metrics {
 		Refused:         map[string]int{messages.VerdictOpen: open, messages.VerdictLeaky: leaky},
 		Refusals:        map[string]uint64{messages.VerdictOpen: st.RefusedOpen, messages.VerdictLeaky: st.RefusedLeaky},
 		Checks:          len(h.fold.Checks()),
+		CheckWrites:     h.checksWrites,
 	}
 	for k, v := range h.probeStats.results {
 		m.Probes[k] = v

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -110,10 +111,11 @@ func TestHTTPProberCredentials(t *testing.T) {
 func TestHTTPProberOpenCheckInconclusive(t *testing.T) {
 	target := httptest.NewServer(health.ProbeHandler())
 	defer target.Close()
-	hang := true
+	var hang atomic.Bool
+	hang.Store(true)
 	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Proxy-Authorization") == "" {
-			if hang {
+			if hang.Load() {
 				<-r.Context().Done()
 				return
 			}
@@ -141,7 +143,7 @@ func TestHTTPProberOpenCheckInconclusive(t *testing.T) {
 	if f.Err != nil || f.Open != health.OpenInconclusive {
 		t.Fatalf("a proxy that holds the request: %+v", f)
 	}
-	hang = false
+	hang.Store(false)
 	if f := check(t, p, proxy.Listener.Addr().String(), true); f.Err != nil || f.Open != health.OpenRefused {
 		t.Fatalf("a proxy that closes the connection: %+v", f)
 	}
