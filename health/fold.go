@@ -529,6 +529,7 @@ func (f *Fold) DropUnseen() (changed bool) {
 	for id, p := range f.proxies {
 		if p.seeded {
 			f.leave(p)
+			f.resetChecks(p) // probed meanwhile: its record goes too
 			delete(f.proxies, id)
 			changed = true
 		}
