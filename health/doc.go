@@ -19,10 +19,16 @@
 // Tick demotes it. The grace is only for the command and host that put the
 // proxy in the rotation: a provisioning (or address-less running) event
 // with another command_id or host is a re-create, a spec change or a move,
-// and takes the old address out at once. Probe results are inputs like events (ApplyProbe): each
-// carries the epoch of the candidate it was taken for, so a result that
-// arrives after a delete or an address change is ignored, and one proxy's
-// timeouts only ever count against that proxy.
+// and takes the old address out at once. Probe results are inputs like
+// events (ApplyProbe): each carries the epoch of the candidate it was
+// taken for, so a result that arrives after a delete or an address change
+// is ignored, and one proxy's timeouts only ever count against that proxy.
+// A proxy whose running event came from the sim driver (source sim) enters
+// on that event and is never probed: its address is made up and it carries
+// no traffic (the sim fleets and benchmarks rely on it). What a probe finds
+// besides pass or fail (an egress, a leak, an open proxy; see below) is an
+// input like any other, and which probes must check for an open proxy is
+// the fold's to say (Target.CheckOpen), from the times given to it.
 //
 // Keeping the fold pure is what makes it cheap to trust: every rule is a
 // test over plain values, with no server and no sleeps; every health
@@ -42,13 +48,14 @@
 // configured expected value): a proxy answering from a cache, a captive
 // page or an error page fails, and so does a port that merely accepts
 // connections. By default the target is the health process's own
-// GET /probe?nonce=N (which answers N), served on ProbeListen, an address
-// the guests can reach; an operator may point Target elsewhere (another
-// health process's /probe, or any page with Expect). Without a prober,
-// target or probe address, nothing is probed and a running event alone
-// puts a proxy in the rotation (the sim driver's proxies cannot be
-// probed); this is logged as a warning and shown by
-// proxyfleet_health_probing 0.
+// GET /probe?nonce=N, served on ProbeListen, an address the guests can
+// reach; an operator may point Target elsewhere (another health process's
+// /probe, or any page with Expect). With none of Prober, Target and
+// ProbeListen (the sim driver's fleets, or a config that forgot them),
+// health probes a TCP connect to each proxy's address (TCPProber), so a VM
+// with nothing listening on its proxy port never enters; this is logged
+// once at warn level and shown by proxyfleet_health_probing 0. It proves
+// nothing more: no credentials, egress, leak or open check.
 //
 // Probing goes in rounds, one per Interval: every candidate once, at most
 // Concurrency probes at a time (so thousands of proxies never mean
@@ -56,22 +63,102 @@
 // Timeout, a panic recovered and counted as a failure. Rounds never
 // overlap; a round longer than the interval delays the next one rather
 // than failing anyone. A rising candidate (Fold.Rising: running, not yet
-// in the rotation, no failure since its last pass) is not left to the
-// rounds: it is probed as soon as its event is folded and again as soon
-// as each probe passes, ahead of the round's probes and within the same
-// Concurrency, so a new proxy enters the rotation as soon as it passes
-// Rise probes in a row (milliseconds, not Rise intervals). One that fails
-// waits for the rounds, so a proxy that is down is never probed in a loop.
-// A proxy has at most one probe in flight: one asked for while another is
-// in flight is taken once that one ends. An http target is probed with a
-// request written by hand on a connection of its own (the bytes net/http
-// would send), without a transport's goroutines and buffers per probe; an
-// https one goes through net/http (CONNECT, then TLS).
+// in the rotation, no failure since its last pass, not refused) is not
+// left to the rounds: it is probed as soon as its event is folded and
+// again as soon as each probe passes, ahead of the round's probes and
+// within the same Concurrency, so a new proxy enters the rotation as soon
+// as it passes Rise probes in a row (milliseconds, not Rise intervals).
+// One that fails, or is refused, waits for the rounds, so a proxy that is
+// down or misconfigured is never probed in a loop. A proxy has at most one
+// probe in flight: one asked for while another is in flight is taken once
+// that one ends. Both kinds of request are written by hand on a connection
+// of their own (the bytes net/http would send), without a transport's
+// goroutines and buffers per probe; for an https target, CONNECT, then TLS
+// (crypto/tls, the target's name verified) and the GET inside the tunnel.
+// Writing the CONNECT by hand is also what lets the prober tell the
+// proxy's answer to it (a 407) from the target's.
+//
+// # What a probe verifies
+//
+// The fleet's proxies require Basic credentials (Config.ProxyUser and
+// ProxyPassword, the fleet's proxy.auth), may be limited to source
+// addresses, and must add no header that reveals their client. A probe
+// checks the three:
+//
+//   - Credentials. Every request carries Proxy-Authorization: Basic, on
+//     the GET for an http target and on the CONNECT for an https one
+//     (never inside the tunnel). The password is in no log line, error,
+//     metric or message: the prober keeps only the encoded header, and
+//     cuts the credentials out of any error text, since a proxy's
+//     malformed answer (an echo of the request) ends up quoted in
+//     net/http's errors; reasons name headers, never their values.
+//   - Open proxies. With credentials and an HTTP prober, a probe the fold
+//     marks (every probe of a candidate not in the rotation, and of one in
+//     it whose last conclusive check is OpenCheckInterval old, default 1m)
+//     sends the same request again without them, once the first passed.
+//     If it reaches the target (the same pass: a 200 with the nonce), the
+//     proxy is open: it never enters, and one in the rotation leaves at
+//     once (reason "open proxy: answered a request without credentials").
+//     Any other answer (407, 403, another status or body, the proxy closing
+//     the connection) is a refusal. A timeout, no connection, or a CONNECT
+//     granted without credentials whose tunnel then fails is
+//     inconclusive: it admits nothing (a candidate waits for a conclusive
+//     check) and takes nobody out (the next probe checks again). So a
+//     candidate enters only after Rise passes in a row and an open check,
+//     its last, that was conclusive and refused.
+//   - Leaks and egress. Health's own /probe answers the nonce alone on the
+//     first line, then one line of JSON reporting the request that reached
+//     it (see ProbeHandler): the address it came from (the proxy's egress)
+//     and its headers (at most 64 lines and 8 KiB, credentials' values
+//     replaced). The prober parses it strictly (exactly that shape, or no
+//     report at all) and finds the proxy leaky if a header value holds the
+//     client's address (this end of the prober's connection to the proxy,
+//     as a whole address: X-Forwarded-For, Forwarded, Via...), or if
+//     Proxy-Authorization reached the target (the proxy forwarded the
+//     fleet's credentials); the reason names the header. A leaky proxy is
+//     out like an open one. The egress goes into the fold, the snapshots'
+//     entries (RotationEntry.Egress) and the check records. A target that
+//     does not answer in this format (an external page, an earlier health
+//     process, most https targets) yields no egress and no leak verdict:
+//     the probe passes or fails on the nonce as before. Behind a load
+//     balancer that rewrites the source address, the egress is the
+//     balancer's.
+//
+// A refused proxy keeps being probed at the rounds' cadence, and a later
+// conclusive clean finding clears its verdict (a refusing open check for
+// an open one, a report without the header for a leaky one): nothing
+// transient removes a healthy proxy for good. Proxies of the sim driver
+// are admitted on their event with any prober, as they have no address to
+// probe.
 //
 // The snapshot is built from the fold when it is read (published or
 // served), not on every change, and the puts and deletes that bring
 // PROXY_ROTATION to it go out up to 32 at a time; the snapshot is
-// published on the subject once all of them are stored.
+// published on the subject once all of them are stored. A change of the
+// egress of a proxy in the rotation is a change of the snapshot (its
+// entry), not of PROXY_ROTATION (whose value is the address).
+//
+// # Checks
+//
+// The lease holder also writes PROXY_CHECKS: a messages.CheckRecord per
+// candidate that has been checked (key = id; the address checked, the
+// egress, the verdict ok, open or leaky, the reason, when it changed). A
+// record is written when its address, egress, verdict or reason changes,
+// never on a probe that found the same, so writes follow changes and not
+// probes; it is deleted when the proxy stops being a candidate (failed,
+// deleting, deleted, or a new address, whose record starts afresh). A
+// candidate nothing conclusive is known of (no report, and with
+// credentials no conclusive open check) has no record yet; with a TCP
+// prober or a target that reports nothing and no credentials, none ever.
+// On the first write after taking the lease (or after a failure) the
+// writer reads the whole bucket and rewrites what differs from its fold;
+// a candidate it has not checked yet keeps the record of its address that
+// is there, so a restart or a takeover deletes nothing it has not looked
+// at. Standbys compute the same records (served on their /checks) and
+// write nothing. The keeper and the writer of PROXY_CHECKS are goroutines
+// of their own: the records are a report, and a bucket that is missing,
+// slow or refused to this process must never hold up the rotation. Every
+// request ends before the lease's validity, as the rotation's do.
 //
 // # One publisher at a time
 //
@@ -140,13 +227,17 @@
 // publishing falls behind, only the latest snapshot is sent. A failed
 // publish is retried after reading the bucket again. It serves
 // GET /rotation (503 until caught up; this process's fold, whose version
-// is the last one it knows was published; header X-Proxyfleet-Lease says
-// holder or standby), /healthz (liveness: 200 while it serves), /readyz
-// (503 until caught up, while a stream or bucket it needs is gone, or
-// while publishing or reading the lease fails), /metrics (client_golang's
-// exposition of Config.Registry: rotation size, churn, probe outcomes by
-// result, a probe latency histogram, the lease holder flag, consumer
-// repairs) and /probe. No metric is registered globally.
+// is the last one it knows was published, entries with their egress;
+// header X-Proxyfleet-Lease says holder or standby), /checks (this
+// process's check records, sorted by id: which proxies are refused and
+// why), /healthz (liveness: 200 while it serves), /readyz (503 until
+// caught up, while a stream or bucket it needs is gone, or while
+// publishing, writing the check records or reading the lease fails),
+// /metrics (client_golang's exposition of Config.Registry: rotation size,
+// churn, probe outcomes by result and by kind, a probe latency histogram,
+// open checks by result, refused proxies and refusals by verdict, the
+// lease holder flag, consumer repairs) and /probe. No metric is registered
+// globally, and none is labelled by proxy.
 //
 // Events are decoded leniently about unknown fields (a newer worker may add
 // some) and strictly about the version and the id against the subject's.
@@ -159,8 +250,12 @@
 // each one missing is logged at error level (and again every minute while
 // it stays missing), named by /readyz and counted in
 // proxyfleet_health_topology_missing, and a keeper goroutine binds them
-// once they are back. Only a setting that disagrees with what exists (a
-// lease longer than the leases bucket's TTL) keeps Run from starting.
+// once they are back. PROXY_CHECKS is treated alike by a keeper of its
+// own, except that its absence holds nothing else up: the rotation is
+// consumed, probed and published without it, and the records are written
+// once it is there (created anew, it is filled again from the fold). Only
+// a setting that disagrees with what exists (a lease longer than the
+// leases bucket's TTL) keeps Run from starting.
 //
 // The keeper then looks every CheckInterval at the buckets, the stream and
 // the consumer, and at once when the consumer reports trouble. It makes
@@ -189,10 +284,17 @@
 // good. The defaults live in Config.WithDefaults (package config takes
 // its own from there).
 //
-// Left open: a probe is not spread over the interval (a round starts all
-// at once, bounded by Concurrency); a request in flight when a paused
-// holder's validity ends may still land (the margin is a tenth of the
-// TTL); a leases bucket deleted and created anew restarts the revisions:
-// a process that publishes on keeps its versions growing from the last one
-// it knows, but one that starts afresh after that may go back.
+// Left open: the leak check knows the client's address only as this end
+// of the prober's connection, so a network that rewrites it on the way to
+// the proxy (a NAT between health and the guests) hides an X-Forwarded-For
+// of the rewritten address; telling forwarding headers by their name alone
+// was left out, because a proxy chain or an HTTP ingress in front of the
+// target adds them legitimately. A TCP prober checks neither credentials
+// nor anything else. A probe is not spread over the interval (a round
+// starts all at once, bounded by Concurrency); a request in flight when a
+// paused holder's validity ends may still land (the margin is a tenth of
+// the TTL); a leases bucket deleted and created anew restarts the
+// revisions: a process that publishes on keeps its versions growing from
+// the last one it knows, but one that starts afresh after that may go
+// back.
 package health

@@ -94,9 +94,19 @@ func (h *Health) decode(subject string, body []byte) (messages.StateEvent, error
 	return ev, nil
 }
 
+// signal wakes the loop (to publish) and the checks writer.
 func (h *Health) signal() {
 	select {
 	case h.wake <- struct{}{}:
+	default:
+	}
+	h.signalChecks()
+}
+
+// signalChecks wakes the checks writer.
+func (h *Health) signalChecks() {
+	select {
+	case h.checksWake <- struct{}{}:
 	default:
 	}
 }

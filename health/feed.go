@@ -114,6 +114,7 @@ func (h *Health) noteBack(kind, name string) {
 	h.mu.Unlock()
 	if was {
 		h.log.Warn(kind+" "+name+" is back", kind, name, "after", time.Since(m.since).Round(time.Millisecond))
+		h.signal() // what waited for it (the checks writer) goes on
 	}
 }
 

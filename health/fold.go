@@ -42,7 +42,25 @@ import (
 //     found it running) keeps its place and makes that command the one
 //     whose provisioning is on grace. A candidate not in the rotation
 //     stops being probed and forgets its counters;
-//   - an event with an unknown state, a wrong version or no id is ignored.
+//   - an event with an unknown state, a wrong version or no id is ignored;
+//   - a candidate whose running event came from the sim driver (source
+//     sim) enters on its event, as with Rise 0, and is never probed: its
+//     address is made up, and it carries no traffic.
+//
+// Checks (see the package doc, "What a probe verifies"): a passing probe
+// may bring findings. The egress address the target saw is kept and shown
+// in the snapshot; a leak (the target saw the client's address, or the
+// fleet's credentials, in a header) refuses the proxy until a probe whose
+// request the target reported finds none; and with CheckOpen, a candidate
+// enters only once the last open check of it (the same request without
+// credentials) was conclusive and refused, while one found open is refused
+// until a conclusive check finds it refusing. A refused proxy never enters
+// and one in the rotation leaves at once; it keeps being probed at the
+// rounds' cadence (never at once, as a rising one is), so a proxy that was
+// fixed comes back. Targets says which probes must check: every candidate
+// not in the rotation, and one in it whose last conclusive check is
+// OpenInterval old (or whose last one was inconclusive). An inconclusive
+// check changes nothing: it admits nothing, and takes nobody out.
 //
 // Probe results (ApplyProbe) name the candidate they were taken for by its
 // epoch (see Targets), so a result for an address the proxy no longer has,
@@ -64,14 +82,24 @@ type Fold struct {
 	// Fall is how many failing probes in a row take a proxy out. Zero:
 	// failures never do.
 	Fall int
-	// Now is the fold's clock, used to bound event times from the future
-	// and to start a grace whose event carries no time. Nil means time.Now.
+	// Now is the fold's clock, used to bound event times from the future,
+	// to start a grace whose event carries no time and to tell when an
+	// open check is due. Nil means time.Now.
 	Now func() time.Time
+	// CheckOpen: the proxies require credentials, and the prober can send
+	// a request without them. A candidate enters only after a conclusive
+	// open check found it refusing; one found answering is refused.
+	CheckOpen bool
+	// OpenInterval is how old the last conclusive open check of a proxy
+	// in the rotation may be before its next probe checks again. Zero:
+	// every probe checks.
+	OpenInterval time.Duration
 
-	proxies map[string]*proxyState
-	epochs  uint64
-	stats   FoldStats
-	inRot   int // proxies in the rotation
+	proxies   map[string]*proxyState
+	epochs    uint64
+	stats     FoldStats
+	inRot     int    // proxies in the rotation
+	checksGen uint64 // grows whenever a candidate's check record changes, appears or goes
 }
 
 // FoldStats counts what the fold did.
@@ -84,6 +112,9 @@ type FoldStats struct {
 	ProbesIgnored uint64 // of which stale: another epoch, deleted, older
 	Entries       uint64 // proxies that entered the rotation
 	Exits         uint64 // proxies that left it, for any reason
+
+	RefusedOpen  uint64 // times a candidate's verdict became open
+	RefusedLeaky uint64 // times a candidate's verdict became leaky
 }
 
 // proxyState is what the fold keeps of one proxy: its last seen event, its
@@ -92,6 +123,7 @@ type proxyState struct {
 	seq   uint64
 	state string
 	host  string
+	sim   bool   // the last running event with an address came from the sim driver
 	cmd   string // command id of the last event
 	ip    string // last address reported, kept through a grace
 	port  int
@@ -108,6 +140,15 @@ type proxyState struct {
 	inRotation bool
 	since      time.Time // when it entered the rotation
 	graceUntil time.Time // non-zero while it keeps its place in grace
+
+	// What the probes of addr found (reset with it).
+	egress      string    // the address the target saw, "" if never reported
+	reported    bool      // a target reported a request of a probe
+	leak        string    // why it is leaky; "" if the last report found nothing
+	openState   string    // last conclusive open check: OpenRefused, OpenAnswered, or "" for none
+	openAt      time.Time // when that check was taken
+	openPending bool      // the last open check was inconclusive
+	checkAt     time.Time // when its check record last changed
 }
 
 // NewFold returns an empty fold with the given grace and clock (nil:
@@ -212,7 +253,10 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 			// saw the event live would.
 			p.since = at
 		}
-		if !p.inRotation && p.passes >= f.Rise {
+		// The sim driver's proxies have made-up addresses: nothing to
+		// probe, so they enter on the event, as without probing.
+		p.sim = ev.Source == messages.SourceSim
+		if !p.inRotation && (f.Rise <= 0 || p.sim || (p.passes >= f.Rise && f.admissible(p))) {
 			f.enter(p, at)
 			changed = true
 		}
@@ -255,19 +299,33 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 	}
 }
 
-// candidate starts probing p at addr, from scratch.
+// candidate starts probing p at addr, from scratch: its counters and what
+// its checks found belong to the old address.
 func (f *Fold) candidate(p *proxyState, addr string) {
 	f.epochs++
+	f.resetChecks(p)
 	p.addr, p.epoch, p.passes, p.fails, p.lastProbe = addr, f.epochs, 0, 0, time.Time{}
 }
 
-// forget stops probing p and drops its counters (it stays out, or leaves).
+// forget stops probing p and drops its counters and checks (it stays out,
+// or leaves).
 func (f *Fold) forget(p *proxyState) {
 	if p.inRotation {
 		f.leave(p)
 	}
 	f.epochs++
+	f.resetChecks(p)
 	p.addr, p.epoch, p.passes, p.fails, p.lastProbe = "", f.epochs, 0, 0, time.Time{}
+}
+
+// resetChecks drops what p's checks found; its check record, if it had
+// one, goes.
+func (f *Fold) resetChecks(p *proxyState) {
+	if f.verdict(p) != "" {
+		f.checksGen++
+	}
+	p.egress, p.reported, p.leak = "", false, ""
+	p.openState, p.openAt, p.openPending, p.checkAt = "", time.Time{}, false, time.Time{}
 }
 
 func (f *Fold) enter(p *proxyState, at time.Time) {
@@ -293,12 +351,23 @@ type ProbeResult struct {
 	Epoch uint64
 	OK    bool
 	At    time.Time // when the probe started
+
+	// What a passing probe found besides (see Findings); ignored for a
+	// failing one.
+	Egress   string // the address the target saw the request come from, "" if not reported
+	Reported bool   // the target reported the request it received: Leak is the verdict on it
+	Leak     string // why the proxy is leaky, "" if the report shows nothing
+	Open     string // the open check: OpenRefused, OpenAnswered, OpenInconclusive, or "" if none
 }
 
+// Reasons of refused proxies (CheckRecord.Reason).
+const ReasonOpen = "open proxy: answered a request without credentials"
+
 // ApplyProbe folds one probe result in and reports whether the rotation
-// changed. A result for another epoch than the proxy's current one (its
-// address changed, it was deleted or stopped being a candidate), or older
-// than the last result applied, is ignored.
+// changed (a proxy entered or left, or the egress of one in it changed). A
+// result for another epoch than the proxy's current one (its address
+// changed, it was deleted or stopped being a candidate), or older than the
+// last result applied, is ignored.
 func (f *Fold) ApplyProbe(r ProbeResult) (changed bool) {
 	f.stats.Probes++
 	p := f.proxies[r.ID]
@@ -307,33 +376,129 @@ func (f *Fold) ApplyProbe(r ProbeResult) (changed bool) {
 		return false
 	}
 	p.lastProbe = r.At
+	at := r.At.UTC()
+	if now := f.now(); at.After(now) {
+		at = now.UTC()
+	}
+	verdict, reason, egress := f.verdict(p), f.reason(p), p.egress
 	if r.OK {
 		p.passes++
 		p.fails = 0
-		if !p.inRotation && f.Rise > 0 && p.passes >= f.Rise && p.state == messages.StateRunning && p.graceUntil.IsZero() {
-			at := r.At.UTC()
-			if now := f.now(); at.After(now) {
-				at = now.UTC()
-			}
-			f.enter(p, at)
-			changed = true
-		}
+		f.findings(p, r)
 	} else {
 		p.fails++
 		p.passes = 0
-		if p.inRotation && f.Fall > 0 && p.fails >= f.Fall {
-			changed = f.leave(p)
-			if p.state != messages.StateRunning {
-				// It fell while on grace: nothing to probe until
-				// it reports running again.
-				f.forget(p)
+	}
+	if v := f.verdict(p); v != verdict || f.reason(p) != reason || p.egress != egress {
+		f.checksGen++
+		p.checkAt = at
+		if v != verdict {
+			switch v {
+			case messages.VerdictOpen:
+				f.stats.RefusedOpen++
+			case messages.VerdictLeaky:
+				f.stats.RefusedLeaky++
 			}
 		}
+	}
+	changed = p.inRotation && p.egress != egress
+	switch {
+	case p.inRotation && (f.refused(p) || (f.Fall > 0 && p.fails >= f.Fall)):
+		// Refused (found open or leaky): out at once, and probed on at
+		// the rounds' cadence, so a fix brings it back. Or fallen.
+		f.leave(p)
+		changed = true
+		if p.state != messages.StateRunning {
+			// Out while on grace: nothing to probe until it
+			// reports running again.
+			f.forget(p)
+		}
+	case !p.inRotation && f.Rise > 0 && p.passes >= f.Rise && p.state == messages.StateRunning &&
+		p.graceUntil.IsZero() && f.admissible(p):
+		f.enter(p, at)
+		changed = true
 	}
 	if changed {
 		f.stats.Changes++
 	}
 	return changed
+}
+
+// findings keeps what a passing probe found.
+func (f *Fold) findings(p *proxyState, r ProbeResult) {
+	if r.Egress != "" {
+		p.egress = r.Egress
+	}
+	if r.Reported {
+		// Only a report clears a leak: a target that reports nothing
+		// (an https one, an external page) says nothing either way.
+		p.reported, p.leak = true, r.Leak
+	}
+	switch r.Open {
+	case OpenRefused, OpenAnswered:
+		p.openState, p.openAt, p.openPending = r.Open, r.At, false
+	case OpenInconclusive:
+		// Admits nothing, changes no verdict: the next probe checks again.
+		p.openPending = true
+	}
+}
+
+// refused reports whether p's checks keep it out of the rotation.
+func (f *Fold) refused(p *proxyState) bool {
+	return p.openState == OpenAnswered || p.leak != ""
+}
+
+// admissible reports whether p's checks let it enter the rotation: not
+// refused, and with CheckOpen, the last open check was conclusive and
+// found it refusing. A sim proxy is never checked.
+func (f *Fold) admissible(p *proxyState) bool {
+	if p.sim {
+		return true
+	}
+	if f.refused(p) {
+		return false
+	}
+	return !f.CheckOpen || (p.openState == OpenRefused && !p.openPending)
+}
+
+// needOpen reports whether p's next probe must check that it refuses a
+// request without credentials: with CheckOpen, for a candidate not in the
+// rotation (the check admits it), and for one in it whose last conclusive
+// check is OpenInterval old, or whose last check was inconclusive.
+func (f *Fold) needOpen(p *proxyState, now time.Time) bool {
+	if !f.CheckOpen || p.sim {
+		return false
+	}
+	return !p.inRotation || p.openState != OpenRefused || p.openPending || !now.Before(p.openAt.Add(f.OpenInterval))
+}
+
+// verdict is the verdict of p's check record, "" while there is nothing
+// to record: no finding yet, or (with CheckOpen) no conclusive open check
+// and no leak.
+func (f *Fold) verdict(p *proxyState) string {
+	switch {
+	case p.addr == "":
+		return ""
+	case p.openState == OpenAnswered:
+		return messages.VerdictOpen
+	case p.leak != "":
+		return messages.VerdictLeaky
+	case f.CheckOpen && p.openState == "":
+		return "" // not known to refuse: nothing to call ok yet
+	case p.openState != "" || p.reported || p.egress != "":
+		return messages.VerdictOK
+	}
+	return ""
+}
+
+func (f *Fold) reason(p *proxyState) string {
+	switch {
+	case p.openState == OpenAnswered && p.leak != "":
+		return ReasonOpen + "; " + p.leak
+	case p.openState == OpenAnswered:
+		return ReasonOpen
+	}
+	return p.leak
 }
 
 // Seed puts id in the rotation at addr as a proxy that has already risen,
@@ -364,6 +529,7 @@ func (f *Fold) DropUnseen() (changed bool) {
 	for id, p := range f.proxies {
 		if p.seeded {
 			f.leave(p)
+			f.resetChecks(p) // probed meanwhile: its record goes too
 			delete(f.proxies, id)
 			changed = true
 		}
@@ -378,11 +544,12 @@ func (f *Fold) DropUnseen() (changed bool) {
 // running candidate at addr but not in the rotation: what a standby does
 // when it takes over, for the proxies the previous publisher had admitted
 // (it read them from PROXY_ROTATION) and its own probes have not yet
-// caught up with. Fall failing probes take it out again. It reports
-// whether the rotation changed.
+// caught up with. Fall failing probes take it out again; one this
+// process found open or leaky is not adopted. It reports whether the
+// rotation changed.
 func (f *Fold) Adopt(id, addr string, now time.Time) bool {
 	p := f.proxies[id]
-	if p == nil || p.inRotation || p.addr != addr || p.state != messages.StateRunning || !p.graceUntil.IsZero() {
+	if p == nil || p.inRotation || p.addr != addr || p.state != messages.StateRunning || !p.graceUntil.IsZero() || f.refused(p) {
 		return false
 	}
 	p.passes, p.fails = max(p.passes, f.Rise), 0
@@ -451,9 +618,65 @@ func (f *Fold) Snapshot() []messages.RotationEntry {
 	out := make([]messages.RotationEntry, 0, f.inRot)
 	for id, p := range f.proxies {
 		if p.inRotation {
-			out = append(out, messages.RotationEntry{ID: id, Addr: p.addr, Host: p.host, Since: p.since})
+			out = append(out, messages.RotationEntry{ID: id, Addr: p.addr, Host: p.host, Since: p.since, Egress: p.egress})
 		}
 	}
 	slices.SortFunc(out, func(a, b messages.RotationEntry) int { return strings.Compare(a.ID, b.ID) })
 	return out
+}
+
+// ChecksGen grows whenever a check record (Checks) appears, changes or
+// goes: the publisher writes PROXY_CHECKS when it moved.
+func (f *Fold) ChecksGen() uint64 { return f.checksGen }
+
+// Checks returns the check records of the candidates that have one (see
+// CheckRecord), sorted by id.
+func (f *Fold) Checks() []messages.CheckRecord {
+	out := make([]messages.CheckRecord, 0)
+	for _, c := range f.candidateChecks() {
+		if c.Verdict != "" {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Check returns id's check record, if it has one.
+func (f *Fold) Check(id string) (messages.CheckRecord, bool) {
+	p := f.proxies[id]
+	if p == nil || f.verdict(p) == "" {
+		return messages.CheckRecord{}, false
+	}
+	return f.record(id, p), true
+}
+
+// candidateChecks returns a record for every candidate, sorted by id;
+// Verdict "" for one with nothing to record yet.
+func (f *Fold) candidateChecks() []messages.CheckRecord {
+	out := make([]messages.CheckRecord, 0, len(f.proxies))
+	for id, p := range f.proxies {
+		if p.addr != "" {
+			out = append(out, f.record(id, p))
+		}
+	}
+	slices.SortFunc(out, func(a, b messages.CheckRecord) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+func (f *Fold) record(id string, p *proxyState) messages.CheckRecord {
+	return messages.CheckRecord{V: messages.Version, ID: id, Addr: p.addr, Egress: p.egress,
+		Verdict: f.verdict(p), Reason: f.reason(p), At: p.checkAt}
+}
+
+// Refused returns how many candidates are refused, by verdict.
+func (f *Fold) Refused() (open, leaky int) {
+	for _, p := range f.proxies {
+		switch f.verdict(p) {
+		case messages.VerdictOpen:
+			open++
+		case messages.VerdictLeaky:
+			leaky++
+		}
+	}
+	return open, leaky
 }

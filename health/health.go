@@ -65,14 +65,19 @@ type Config struct {
 	// that answers a value the prober checks (see HTTPProber). The prober
 	// is Prober if set, else an HTTPProber of Target if set, else of this
 	// process's own /probe served on ProbeListen. With none of the three,
-	// nothing is probed: a running event puts a proxy in the rotation at
-	// once (events only, as before probing; Rise and Fall unused).
+	// a TCP connect to each proxy's address is all that is probed
+	// (TCPProber; logged at warn level at start). Proxies of the sim
+	// driver (a running event with source sim) are never probed: they
+	// enter on their event.
 
 	// Prober probes one proxy; tests inject one.
 	Prober Prober
 	// Target is the URL probed through each proxy (http or https). A
 	// nonce query parameter is added; the answer must contain Expect or,
-	// if Expect is empty, the nonce.
+	// if Expect is empty, the nonce. Only a target that answers as
+	// ProbeHandler does (a health process's /probe) reports the proxy's
+	// egress and the headers that reached it; another yields no egress
+	// and no leak verdict (the open check works with any target).
 	Target string
 	Expect string
 	// ProbeListen is an address the guests can reach (an IP, not a
@@ -89,6 +94,20 @@ type Config struct {
 	Rise, Fall int
 	// Concurrency bounds the probes in flight (default 64).
 	Concurrency int
+
+	// ProxyUser and ProxyPassword are the credentials the fleet's proxies
+	// require (proxy.auth): every probe health makes through a proxy
+	// carries them (Proxy-Authorization: Basic), and with a target to
+	// probe, a proxy is also checked to refuse the same request without
+	// them (see OpenCheckInterval). An empty user: no credentials, no
+	// open check. The password is never logged, nor put in an error,
+	// a metric or anything published.
+	ProxyUser, ProxyPassword string
+	// OpenCheckInterval is how often a proxy in the rotation is checked
+	// again to refuse a request without credentials (default 1m). A
+	// candidate is checked before it enters, and one found open is
+	// checked at every round until it refuses.
+	OpenCheckInterval time.Duration
 
 	// LeaseTTL is how long the publisher's lease in PROXY_LEASES lasts
 	// without a renewal (default 15s); the holder renews every third of
@@ -110,6 +129,9 @@ type Config struct {
 
 // DefaultLeaseTTL is Config.LeaseTTL's default.
 const DefaultLeaseTTL = 15 * time.Second
+
+// DefaultOpenCheckInterval is Config.OpenCheckInterval's default.
+const DefaultOpenCheckInterval = time.Minute
 
 // WithDefaults returns cfg with every zero value (and negative duration)
 // filled with its default: the one place the health process's defaults
@@ -141,6 +163,7 @@ func (cfg Config) WithDefaults() Config {
 	def(&cfg.Interval, 2*time.Second)
 	def(&cfg.Timeout, cfg.Interval*8/10)
 	def(&cfg.LeaseTTL, DefaultLeaseTTL)
+	def(&cfg.OpenCheckInterval, DefaultOpenCheckInterval)
 	cfg.Rise = cmp.Or(cfg.Rise, 2)
 	cfg.Fall = cmp.Or(cfg.Fall, 3)
 	cfg.Concurrency = cmp.Or(cfg.Concurrency, 64)
@@ -212,6 +235,7 @@ type Health struct {
 	check         chan struct{} // asks the keeper to look at once
 
 	prober     Prober
+	tcpOnly    bool        // no target: the prober is a TCPProber
 	sched      *probeSched // set by Run's start when probing, before it binds
 	probeLn    net.Listener
 	probeSrv   *http.Server
@@ -226,6 +250,18 @@ type Health struct {
 	// /metrics serves.
 	probeLatency prometheus.Histogram
 	registry     *prometheus.Registry
+
+	// PROXY_CHECKS: checksKV is set (under mu) once the bucket is bound;
+	// the checks writer owns checksBucket. leaseUntil and leaseEpoch
+	// mirror the loop's lease for the writer: until when the holder may
+	// write, and a count of takeovers and losses (a new epoch re-reads
+	// the bucket).
+	checksKV     jetstream.KeyValue
+	checksErr    error
+	checksWrites uint64
+	leaseUntil   time.Time
+	leaseEpoch   uint64
+	checksWake   chan struct{}
 }
 
 // New returns a health process on js. Call Run to run it.
@@ -250,6 +286,9 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 	case cfg.Timeout > cfg.Interval:
 		return nil, fmt.Errorf("health: probe timeout %v is longer than the interval %v", cfg.Timeout, cfg.Interval)
 	}
+	if cfg.ProxyUser == "" && cfg.ProxyPassword != "" {
+		return nil, errors.New("health: a proxy password without a user")
+	}
 	if cfg.Instance == "" {
 		host, _ := os.Hostname()
 		nonce, _ := newNonce()
@@ -265,6 +304,7 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 		wake:       make(chan struct{}, 1),
 		boundCh:    make(chan struct{}),
 		check:      make(chan struct{}, 1),
+		checksWake: make(chan struct{}, 1),
 		missing:    make(map[string]*missingSince),
 		probeStats: newProbeStats(),
 
@@ -273,7 +313,7 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 	}
 	h.prober = cfg.Prober
 	if h.prober == nil && cfg.Target != "" {
-		p, err := NewHTTPProber(cfg.Target, cfg.Expect)
+		p, err := NewHTTPProber(cfg.Target, cfg.Expect, h.proberOptions()...)
 		if err != nil {
 			return nil, fmt.Errorf("health: %w", err)
 		}
@@ -285,10 +325,18 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 			return nil, fmt.Errorf("health: probe listen address %q: with no target, it must be an IP the guests can reach (or set a target)", cfg.ProbeListen)
 		}
 		// The prober is made once the listener is bound (its port may be 0).
+		if _, err := NewHTTPProber("http://"+cfg.ProbeListen+ProbePath, cfg.Expect, h.proberOptions()...); err != nil {
+			return nil, fmt.Errorf("health: %w", err) // the credentials, checked now
+		}
 	}
-	if h.probing() {
-		h.fold.Rise, h.fold.Fall = cfg.Rise, cfg.Fall
+	if h.prober == nil && cfg.ProbeListen == "" {
+		// Nothing to probe through the proxies: at least something must
+		// listen on a proxy's port before it enters.
+		h.prober, h.tcpOnly = TCPProber{}, true
 	}
+	h.fold.Rise, h.fold.Fall = cfg.Rise, cfg.Fall
+	h.fold.OpenInterval = cfg.OpenCheckInterval
+	h.setCheckOpen()
 	if h.registry == nil {
 		h.registry = prometheus.NewRegistry()
 	}
@@ -298,9 +346,16 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 	return h, nil
 }
 
-// probing reports whether proxies are probed (else: events only).
-func (h *Health) probing() bool {
-	return h.cfg.Prober != nil || h.cfg.Target != "" || h.cfg.ProbeListen != ""
+// proberOptions are the options of the HTTPProbers health makes.
+func (h *Health) proberOptions() []ProberOption {
+	return []ProberOption{WithCredentials(h.cfg.ProxyUser, h.cfg.ProxyPassword)}
+}
+
+// setCheckOpen tells the fold whether candidates must pass an open check:
+// the prober can make one (it has credentials to leave out).
+func (h *Health) setCheckOpen() {
+	c, ok := h.prober.(Checker)
+	h.fold.CheckOpen = ok && c.ChecksOpen()
 }
 
 // Addr is the address HTTP is served on, once started ("" before, or with
@@ -322,8 +377,11 @@ func (h *Health) ProbeAddr() string {
 }
 
 func (h *Health) probeTarget() string {
-	if p, ok := h.prober.(*HTTPProber); ok {
+	switch p := h.prober.(type) {
+	case *HTTPProber:
 		return p.Target.Redacted()
+	case TCPProber:
+		return "a TCP connect to each proxy"
 	}
 	return fmt.Sprintf("%T", h.prober)
 }
@@ -365,6 +423,9 @@ func (h *Health) Ready() error {
 	}
 	if h.leaseErr != nil {
 		return fmt.Errorf("lease: %w", h.leaseErr)
+	}
+	if h.checksErr != nil {
+		return fmt.Errorf("writing %s: %w", messages.BucketChecks, h.checksErr)
 	}
 	return nil
 }

@@ -146,6 +146,15 @@ func event(id string, seq uint64, state, ip string) messages.StateEvent {
 	return e
 }
 
+// leaseEvent is event with the source of a real VM (a DHCP lease): a
+// proxy health probes, unlike the sim driver's, which enter on their
+// event.
+func leaseEvent(id string, seq uint64, state, ip string) messages.StateEvent {
+	e := event(id, seq, state, ip)
+	e.Source = messages.SourceLease
+	return e
+}
+
 func (r *rig) publish(evs ...messages.StateEvent) {
 	r.t.Helper()
 	for _, ev := range evs {
@@ -466,7 +475,7 @@ func TestUndecodableEventsAreIgnored(t *testing.T) {
 	r.publishRaw(subj.State("p4"), []byte(`{"v":2,"id":"p4","state":"running","ip":"198.18.100.4","port":3128,"seq":1}`))
 	r.publishRaw("proxy.state.Bad_Id", []byte(`{"v":1,"id":"Bad_Id","state":"running","ip":"198.18.100.4","port":3128,"seq":1}`))
 	// A field this build does not know is no reason to drop the event.
-	r.publishRaw(subj.State("p6"), []byte(`{"v":1,"id":"p6","state":"running","ip":"198.18.100.6","port":3128,"seq":1,"zone":"a"}`))
+	r.publishRaw(subj.State("p6"), []byte(`{"v":1,"id":"p6","state":"running","ip":"198.18.100.6","port":3128,"source":"sim","seq":1,"zone":"a"}`))
 	r.publish(event("p5", 1, messages.StateRunning, "198.18.100.5"))
 	r.waitBucket(map[string]string{"p5": "198.18.100.5:3128", "p6": "198.18.100.6:3128"})
 	if m := h.Metrics(); m.Events != 6 || m.Ignored != 4 || m.RotationSize != 2 {

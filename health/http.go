@@ -6,11 +6,16 @@ import (
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"proxyfleet/messages"
 )
 
 // Handler serves:
 //
 //	GET /rotation  the current snapshot (messages.Rotation JSON); 503 until caught up
+//	GET /checks    the check records of this process's fold (a JSON list of
+//	               messages.CheckRecord, sorted by id): why a proxy is
+//	               refused, and every egress; 503 until caught up
 //	GET /healthz   liveness: 200 "ok" while the process serves
 //	GET /readyz    readiness: 200 "ok" once caught up and publishing (or
 //	               standing by), and Config.ReadyCheck passes; 503 and the
@@ -18,12 +23,14 @@ import (
 //	GET /metrics   Prometheus exposition of Config.Registry (client_golang)
 //	GET /probe     the probe target: ?nonce=N answers N (see ProbeHandler)
 //
-// /rotation is this process's own fold; on a standby it is what it would
-// publish, and its version is the last one it knows to be published.
+// /rotation and /checks are this process's own fold; on a standby they are
+// what it would publish, and the rotation's version is the last one it
+// knows to be published.
 // The header X-Proxyfleet-Lease says "holder" or "standby".
 func (h *Health) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /rotation", h.serveRotation)
+	mux.HandleFunc("GET /checks", h.serveChecks)
 	mux.HandleFunc("GET /healthz", h.serveHealthz)
 	mux.HandleFunc("GET /readyz", h.serveReadyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(h.registry, promhttp.HandlerOpts{}))
@@ -46,6 +53,31 @@ func (h *Health) serveRotation(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	body, err := json.Marshal(snap)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Proxyfleet-Lease", h.role())
+	w.Write(append(body, '\n'))
+}
+
+// Checks returns the check records of this process's fold, sorted by id,
+// and whether it is caught up (before that they are partial).
+func (h *Health) Checks() ([]messages.CheckRecord, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.fold.Checks(), h.caughtUp
+}
+
+func (h *Health) serveChecks(w http.ResponseWriter, _ *http.Request) {
+	recs, ok := h.Checks()
+	if !ok {
+		http.Error(w, "catching up", http.StatusServiceUnavailable)
+		return
+	}
+	body, err := json.Marshal(recs)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return

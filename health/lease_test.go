@@ -100,7 +100,7 @@ func (bw *bucketWatch) deleted() []string {
 
 // runningAt is a running event at addr ("ip:port").
 func runningAt(id string, seq uint64, ip string, port int) messages.StateEvent {
-	e := event(id, seq, messages.StateRunning, ip)
+	e := leaseEvent(id, seq, messages.StateRunning, ip)
 	e.Port = port
 	return e
 }
@@ -205,7 +205,7 @@ func TestRiseThenFall(t *testing.T) {
 	p := newFakeProber()
 	h := r.start(fastProbing(p))
 	p.set("198.18.100.1:3128", true)
-	r.publish(event("p1", 2, messages.StateRunning, "198.18.100.1"), event("p2", 2, messages.StateRunning, "198.18.100.2"))
+	r.publish(leaseEvent("p1", 2, messages.StateRunning, "198.18.100.1"), leaseEvent("p2", 2, messages.StateRunning, "198.18.100.2"))
 	want := map[string]string{"p2": "198.18.100.2:3128"}
 	r.waitBucket(want)
 	waitFor(t, "p1 probed a few times", func() bool { return p.count("198.18.100.1:3128") >= 5 })
@@ -249,7 +249,7 @@ func TestTakeover(t *testing.T) {
 			want := map[string]string{}
 			for i := range 5 {
 				ip := fmt.Sprintf("198.18.100.%d", i+1)
-				r.publish(event(fmt.Sprintf("p%d", i), 2, messages.StateRunning, ip))
+				r.publish(leaseEvent(fmt.Sprintf("p%d", i), 2, messages.StateRunning, ip))
 				want[fmt.Sprintf("p%d", i)] = ip + ":3128"
 			}
 			r.waitBucket(want)
@@ -285,7 +285,7 @@ func TestTakeover(t *testing.T) {
 				t.Fatalf("took over after %v: a released lease should be taken at once", took)
 			}
 			// The new holder publishes, from a version above the old one's.
-			r.publish(event("p9", 2, messages.StateRunning, "198.18.100.9"))
+			r.publish(leaseEvent("p9", 2, messages.StateRunning, "198.18.100.9"))
 			want["p9"] = "198.18.100.9:3128"
 			r.waitBucket(want)
 			snap := r.waitSnapshot(want)
@@ -335,7 +335,7 @@ func TestRestartLoadsTheRotation(t *testing.T) {
 	want := map[string]string{}
 	for i := range 3 {
 		ip := fmt.Sprintf("198.18.100.%d", i+1)
-		r.publish(event(fmt.Sprintf("p%d", i), 2, messages.StateRunning, ip))
+		r.publish(leaseEvent(fmt.Sprintf("p%d", i), 2, messages.StateRunning, ip))
 		want[fmt.Sprintf("p%d", i)] = ip + ":3128"
 	}
 	r.waitBucket(want)
@@ -406,7 +406,7 @@ func TestLostLeaseStopsPublishing(t *testing.T) {
 	}()
 	waitFor(t, "the lease to be lost", func() bool { return !h.Holder() })
 	n := h.Metrics().Published
-	r.publish(event("p1", 2, messages.StateRunning, "198.18.100.1"))
+	r.publish(leaseEvent("p1", 2, messages.StateRunning, "198.18.100.1"))
 	waitFor(t, "p1 to enter the fold", func() bool { rot, _ := h.Rotation(); return len(rot.Proxies) == 1 })
 	time.Sleep(200 * time.Millisecond)
 	if m := h.Metrics(); m.Published != n || len(r.bucket()) != 0 {
@@ -434,10 +434,10 @@ func TestGraceWithProbing(t *testing.T) {
 	cfg := fastProbing(p)
 	cfg.Grace = 700 * time.Millisecond
 	h := r.start(cfg)
-	r.publish(event("p1", 2, messages.StateRunning, "198.18.100.1"), event("p2", 2, messages.StateRunning, "198.18.100.2"))
+	r.publish(leaseEvent("p1", 2, messages.StateRunning, "198.18.100.1"), leaseEvent("p2", 2, messages.StateRunning, "198.18.100.2"))
 	both := map[string]string{"p1": "198.18.100.1:3128", "p2": "198.18.100.2:3128"}
 	r.waitBucket(both)
-	r.publishFolded(h, event("p1", 3, messages.StateProvisioning, ""))
+	r.publishFolded(h, leaseEvent("p1", 3, messages.StateProvisioning, ""))
 	p.set("198.18.100.2:3128", true) // p2 fails meanwhile: only p2 leaves
 	r.waitBucket(map[string]string{"p1": "198.18.100.1:3128"})
 	n := p.count("198.18.100.1:3128")

@@ -1,9 +1,12 @@
 package health
 
 import (
+	"maps"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"proxyfleet/messages"
 )
 
 // Metrics are the health process's counters.
@@ -30,6 +33,21 @@ type Metrics struct {
 	Targets         int               // proxies being probed
 	Probes          map[string]uint64 // probe outcomes by result (ResultOK, ...)
 	ProbesIgnored   uint64            // results that came too late to count
+	// ProbeKinds counts probes by kind (KindHTTP, KindConnect, KindTCP);
+	// a plain Prober's are not counted.
+	ProbeKinds map[string]uint64
+	// OpenChecks counts open checks by result (OpenRefused, ...).
+	OpenChecks map[string]uint64
+	// Refused is how many candidates are refused now, by verdict
+	// (messages.VerdictOpen, VerdictLeaky); Refusals how many times a
+	// candidate's verdict became one.
+	Refused  map[string]int
+	Refusals map[string]uint64
+	// Checks is how many check records this process has (what it
+	// writes to PROXY_CHECKS when it holds the lease); CheckWrites how
+	// many puts and deletes of PROXY_CHECKS it made.
+	Checks      int
+	CheckWrites uint64
 }
 
 // ProbeBuckets are the upper bounds of the probe latency histogram
@@ -40,17 +58,23 @@ var ProbeBuckets = []time.Duration{
 	time.Second, 2500 * time.Millisecond, 5 * time.Second, 10 * time.Second,
 }
 
-// probeStats counts probe outcomes by result.
+// probeStats counts probe outcomes by result, probes by kind and open
+// checks by result.
 type probeStats struct {
 	results map[string]uint64
+	kinds   map[string]uint64
+	open    map[string]uint64
 }
 
 func newProbeStats() probeStats {
-	r := make(map[string]uint64, len(probeResults))
-	for _, k := range probeResults {
-		r[k] = 0
+	zero := func(keys []string) map[string]uint64 {
+		m := make(map[string]uint64, len(keys))
+		for _, k := range keys {
+			m[k] = 0
+		}
+		return m
 	}
-	return probeStats{results: r}
+	return probeStats{results: zero(probeResults), kinds: zero(probeKinds), open: zero(openResults)}
 }
 
 func (s *probeStats) add(result string) { s.results[result]++ }
@@ -71,6 +95,7 @@ func (h *Health) Metrics() Metrics {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st := h.fold.Stats()
+	open, leaky := h.fold.Refused()
 	m := Metrics{
 		RotationSize:    h.fold.Len(),
 		InGrace:         h.fold.GraceLen(),
@@ -87,10 +112,16 @@ func (h *Health) Metrics() Metrics {
 		Takeovers:       h.takeovers,
 		ConsumerRepairs: h.repairs,
 		Missing:         len(h.missing),
-		Probing:         h.prober != nil,
+		Probing:         h.prober != nil && !h.tcpOnly,
 		Targets:         h.fold.TargetsLen(),
 		Probes:          make(map[string]uint64, len(h.probeStats.results)),
 		ProbesIgnored:   st.ProbesIgnored,
+		ProbeKinds:      maps.Clone(h.probeStats.kinds),
+		OpenChecks:      maps.Clone(h.probeStats.open),
+		Refused:         map[string]int{messages.VerdictOpen: open, messages.VerdictLeaky: leaky},
+		Refusals:        map[string]uint64{messages.VerdictOpen: st.RefusedOpen, messages.VerdictLeaky: st.RefusedLeaky},
+		Checks:          len(h.fold.Checks()),
+		CheckWrites:     h.checksWrites,
 	}
 	for k, v := range h.probeStats.results {
 		m.Probes[k] = v
@@ -147,15 +178,19 @@ var (
 			func(m Metrics) float64 { return float64(m.ConsumerRepairs) }},
 		{prometheus.NewDesc("proxyfleet_health_topology_missing", "Streams and buckets this process needs that were gone at its last look.", nil, nil), prometheus.GaugeValue,
 			func(m Metrics) float64 { return float64(m.Missing) }},
-		{prometheus.NewDesc("proxyfleet_health_probing", "1 if proxies are probed, 0 if the rotation follows events only.", nil, nil), prometheus.GaugeValue,
+		{prometheus.NewDesc("proxyfleet_health_probing", "1 if proxies are probed through them to a target, 0 if by a TCP connect only (no target configured).", nil, nil), prometheus.GaugeValue,
 			func(m Metrics) float64 { return b2f(m.Probing) }},
 		{prometheus.NewDesc("proxyfleet_probe_targets", "Proxies being probed.", nil, nil), prometheus.GaugeValue,
 			func(m Metrics) float64 { return float64(m.Targets) }},
 		{prometheus.NewDesc("proxyfleet_probe_results_ignored_total", "Probe results that came too late to count (address changed, proxy deleted).", nil, nil), prometheus.CounterValue,
 			func(m Metrics) float64 { return float64(m.ProbesIgnored) }},
 	}
-	descProbes = prometheus.NewDesc("proxyfleet_probes_total", "Probes by result.", []string{"result"}, nil)
-	descReady  = prometheus.NewDesc("proxyfleet_health_ready", "1 while the health process is ready (as /readyz): caught up, publishing or standing by, its streams and buckets there.", nil, nil)
+	descProbes     = prometheus.NewDesc("proxyfleet_probes_total", "Probes by result.", []string{"result"}, nil)
+	descProbeKinds = prometheus.NewDesc("proxyfleet_probes_by_kind_total", "Probes by kind: http (a GET through the proxy), connect (CONNECT, TLS, GET), tcp (a TCP connect only).", []string{"kind"}, nil)
+	descOpenChecks = prometheus.NewDesc("proxyfleet_open_checks_total", "Open checks (a probe's request sent again without credentials) by result: refused, open, inconclusive.", []string{"result"}, nil)
+	descRefused    = prometheus.NewDesc("proxyfleet_health_refused", "Candidates kept out of the rotation by their checks, by verdict (open, leaky).", []string{"verdict"}, nil)
+	descRefusals   = prometheus.NewDesc("proxyfleet_health_refusals_total", "Times a candidate's verdict became open or leaky.", []string{"verdict"}, nil)
+	descReady      = prometheus.NewDesc("proxyfleet_health_ready", "1 while the health process is ready (as /readyz): caught up, publishing or standing by, its streams and buckets there.", nil, nil)
 )
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
@@ -163,6 +198,10 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d.desc
 	}
 	ch <- descProbes
+	ch <- descProbeKinds
+	ch <- descOpenChecks
+	ch <- descRefused
+	ch <- descRefusals
 	ch <- descReady
 	c.h.probeLatency.Describe(ch)
 }
@@ -174,6 +213,18 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for r, n := range m.Probes {
 		ch <- prometheus.MustNewConstMetric(descProbes, prometheus.CounterValue, float64(n), r)
+	}
+	// Every label value, zero or not, so that rate() and alerts see the
+	// series from the start.
+	for _, k := range probeKinds {
+		ch <- prometheus.MustNewConstMetric(descProbeKinds, prometheus.CounterValue, float64(m.ProbeKinds[k]), k)
+	}
+	for _, r := range openResults {
+		ch <- prometheus.MustNewConstMetric(descOpenChecks, prometheus.CounterValue, float64(m.OpenChecks[r]), r)
+	}
+	for _, v := range verdicts {
+		ch <- prometheus.MustNewConstMetric(descRefused, prometheus.GaugeValue, float64(m.Refused[v]), v)
+		ch <- prometheus.MustNewConstMetric(descRefusals, prometheus.CounterValue, float64(m.Refusals[v]), v)
 	}
 	ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, b2f(c.h.Ready() == nil))
 	c.h.probeLatency.Collect(ch)

@@ -1,19 +1,13 @@
 package health
 
 import (
-	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
-	"net/url"
-	"strings"
-	"sync"
 	"time"
+
+	"proxyfleet/messages"
 )
 
 // Prober checks one proxy at addr ("ip:port"). It must return once ctx is
@@ -27,6 +21,54 @@ type ProberFunc func(ctx context.Context, addr string) error
 
 // Probe calls f.
 func (f ProberFunc) Probe(ctx context.Context, addr string) error { return f(ctx, addr) }
+
+// A Checker is a Prober that also says what a probe found besides pass or
+// fail: the egress address the target saw, a leak, and on request whether
+// the proxy answers a request without credentials. HTTPProber and
+// TCPProber are Checkers; a plain Prober (a test's fake) finds nothing.
+type Checker interface {
+	Prober
+	// Check probes the proxy at addr as Probe does; with checkOpen (and
+	// ChecksOpen true) it also sends the same request without
+	// credentials, once the probe passed.
+	Check(ctx context.Context, addr string, checkOpen bool) Findings
+	// ChecksOpen reports whether Check can check for an open proxy:
+	// it has credentials to leave out.
+	ChecksOpen() bool
+}
+
+// Findings is what one Check found.
+type Findings struct {
+	Err  error  // the probe's outcome, as Probe's: nil if it passed
+	Kind string // KindHTTP, KindConnect or KindTCP
+
+	// Of a passing probe:
+	Egress   string // the address the target saw the request come from; "" if it did not report one
+	Reported bool   // the target reported the request that reached it (health's own /probe)
+	Leak     string // non-empty: why the proxy is leaky (what the report shows)
+	Open     string // the open check: OpenRefused, OpenAnswered, OpenInconclusive; "" if not made
+	OpenErr  error  // why the open check was refused or inconclusive, for the logs
+}
+
+// Kinds of probe (proxyfleet_probes_by_kind_total).
+const (
+	KindHTTP    = "http"    // a GET through the proxy, for an http target
+	KindConnect = "connect" // CONNECT through the proxy, then TLS and a GET, for an https target
+	KindTCP     = "tcp"     // a TCP connect to the proxy's port, when no target is configured
+)
+
+var probeKinds = []string{KindHTTP, KindConnect, KindTCP}
+
+// Results of an open check (proxyfleet_open_checks_total).
+const (
+	OpenRefused      = "refused"      // the request without credentials did not reach the target
+	OpenAnswered     = "open"         // it did: the proxy is open
+	OpenInconclusive = "inconclusive" // no answer either way: a timeout, or no connection
+)
+
+var openResults = []string{OpenRefused, OpenAnswered, OpenInconclusive}
+
+var verdicts = []string{messages.VerdictOpen, messages.VerdictLeaky}
 
 // Probe outcomes, as counted in the metrics.
 const (
@@ -65,220 +107,14 @@ func classify(err error) string {
 	}
 }
 
-// NonceParam is the query parameter of a probe's nonce.
-const NonceParam = "nonce"
-
-// ProbePath is where a health process serves its own probe target.
-const ProbePath = "/probe"
-
-// maxProbeBody bounds what a probe reads of the target's answer.
-const maxProbeBody = 64 << 10
-
-// HTTPProber probes a proxy by sending a request through it, as an HTTP
-// forward proxy, to Target: a plain GET with an absolute URI for an http
-// target, CONNECT then TLS for an https one. It adds a fresh random nonce
-// to the target's query (nonce=...) and passes if the answer is a 200
-// whose body contains Expect or, when Expect is empty, the nonce: so a
-// proxy answering from a cache, an error page or a captive portal fails,
-// and so does anything that merely accepts a TCP connection.
-//
-// Connections are not kept alive: probing thousands of proxies must not
-// hold thousands of idle sockets.
-type HTTPProber struct {
-	Target *url.URL
-	Expect string
-
-	transport *http.Transport // for https targets: CONNECT, then TLS
-	dialer    *net.Dialer
-	// For http targets, the request without its nonce: head is up to the
-	// query's nonce value, tail is what follows it.
-	head, tail string
-}
-
-type proxyKey struct{}
-
-// NewHTTPProber returns a prober of target (an http or https URL) that
-// checks for expect (empty: the nonce).
-func NewHTTPProber(target, expect string) (*HTTPProber, error) {
-	u, err := url.Parse(target)
-	if err != nil {
-		return nil, fmt.Errorf("probe target %q: %w", target, err)
-	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("probe target %q: want http(s)://host[:port]/path", target)
-	}
-	d := &net.Dialer{KeepAlive: -1}
-	// An http target is probed with a request written by hand: the same
-	// bytes net/http would send for a proxy request with keep-alives off,
-	// without its per-connection goroutines and buffers.
-	q := u.Query()
-	q.Del(NonceParam)
-	query := q.Encode()
-	if query != "" {
-		query += "&"
-	}
-	uri := *u
-	uri.User, uri.RawQuery, uri.ForceQuery, uri.Fragment, uri.RawFragment = nil, "", false, "", ""
-	if uri.Path == "" && uri.RawPath == "" {
-		uri.Path = "/"
-	}
-	head := "GET " + uri.String() + "?" + query + NonceParam + "="
-	tail := " HTTP/1.1\r\nHost: " + u.Host + "\r\nUser-Agent: proxyfleet-health\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n"
-	return &HTTPProber{
-		Target: u,
-		Expect: expect,
-		dialer: d,
-		head:   head,
-		tail:   tail,
-		transport: &http.Transport{
-			Proxy: func(r *http.Request) (*url.URL, error) {
-				addr, _ := r.Context().Value(proxyKey{}).(string)
-				if addr == "" {
-					return nil, errors.New("no proxy address")
-				}
-				return &url.URL{Scheme: "http", Host: addr}, nil
-			},
-			DialContext:        d.DialContext,
-			DisableKeepAlives:  true,
-			DisableCompression: true,
-			ForceAttemptHTTP2:  false,
-		},
-	}, nil
-}
-
-// Probe sends one request through the proxy at addr.
-func (p *HTTPProber) Probe(ctx context.Context, addr string) error {
-	nonce, err := newNonce()
-	if err != nil {
-		return err
-	}
-	if p.Target.Scheme == "http" {
-		return p.probeHTTP(ctx, addr, nonce)
-	}
-	u := *p.Target
-	q := u.Query()
-	q.Set(NonceParam, nonce)
-	u.RawQuery = q.Encode()
-	req, err := http.NewRequestWithContext(context.WithValue(ctx, proxyKey{}, addr), http.MethodGet, u.String(), nil)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Cache-Control", "no-cache")
-	req.Header.Set("User-Agent", "proxyfleet-health")
-	resp, err := p.transport.RoundTrip(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	return p.check(resp, addr, nonce)
-}
-
-// probeBufs are the buffers of probes of http targets.
-var probeBufs = sync.Pool{New: func() any { return &probeBuf{r: bufio.NewReaderSize(nil, 4096)} }}
-
-type probeBuf struct {
-	w []byte
-	r *bufio.Reader
-}
-
-// probeHTTP sends the request through the proxy at addr on a connection of
-// its own, closed after the answer, and checks the answer.
-func (p *HTTPProber) probeHTTP(ctx context.Context, addr, nonce string) error {
-	conn, err := p.dialer.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	if d, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(d)
-	}
-	// A cancelled probe must return at once: wake a blocked read or write.
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	b := probeBufs.Get().(*probeBuf)
-	defer func() {
-		b.r.Reset(nil)
-		probeBufs.Put(b)
-	}()
-	b.w = append(append(append(b.w[:0], p.head...), nonce...), p.tail...)
-	if _, err := conn.Write(b.w); err != nil {
-		return p.ctxErr(ctx, err)
-	}
-	b.r.Reset(conn)
-	resp, err := http.ReadResponse(b.r, nil)
-	if err != nil {
-		return p.ctxErr(ctx, err)
-	}
-	// The body is not closed: closing would read what is left of it,
-	// and the connection is closed anyway.
-	return p.ctxErr(ctx, p.check(resp, addr, nonce))
-}
-
-// ctxErr returns ctx's error for an error caused by its end (the deadline
-// set on the connection), so that a probe out of time reads as one.
-func (p *HTTPProber) ctxErr(ctx context.Context, err error) error {
-	if err != nil && ctx.Err() != nil {
-		var pe *ProbeError
-		if !errors.As(err, &pe) {
-			return fmt.Errorf("%w: %w", ctx.Err(), err)
-		}
-	}
-	return err
-}
-
-// check passes a 200 answer whose body holds the expected value.
-func (p *HTTPProber) check(resp *http.Response, addr, nonce string) error {
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxProbeBody))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return &ProbeError{Result: ResultStatus, Err: fmt.Errorf("%s through %s: %s", p.Target.Redacted(), addr, resp.Status)}
-	}
-	want := p.Expect
-	if want == "" {
-		want = nonce
-	}
-	if !strings.Contains(string(body), want) {
-		return &ProbeError{Result: ResultBody, Err: fmt.Errorf("%s through %s: the answer lacks the expected value", p.Target.Redacted(), addr)}
-	}
-	return nil
-}
-
-// Close closes the prober's idle connections (none are kept; for symmetry).
-func (p *HTTPProber) Close() { p.transport.CloseIdleConnections() }
-
-func newNonce() (string, error) {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(b[:]), nil
-}
-
-// ProbeHandler is the probe target a health process serves: GET
-// /probe?nonce=N answers N (letters, digits, '-' and '_', up to 128).
-func ProbeHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n := r.URL.Query().Get(NonceParam)
-		if n == "" || len(n) > 128 || strings.TrimFunc(n, func(c rune) bool {
-			return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_'
-		}) != "" {
-			http.Error(w, "want ?nonce=[A-Za-z0-9_-]{1,128}", http.StatusBadRequest)
-			return
-		}
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.Header().Set("Cache-Control", "no-store")
-		io.WriteString(w, n+"\n")
-	})
-}
-
 // probeOutcome is one probe's result with its class and latency.
 type probeOutcome struct {
 	ProbeResult
 	Result  string
+	Kind    string // "" for a plain Prober
 	Latency time.Duration
 	Err     error
+	OpenErr error
 }
 
 // probeRound probes every target once, at most concurrency at a time, each
@@ -319,7 +155,16 @@ func probeOne(ctx context.Context, p Prober, t Target, timeout time.Duration, no
 		}
 		out.Latency = time.Since(mono)
 	}()
-	err := p.Probe(pctx, t.Addr)
+	var err error
+	if c, ok := p.(Checker); ok {
+		f := c.Check(pctx, t.Addr, t.CheckOpen)
+		err, out.Kind = f.Err, f.Kind
+		if err == nil {
+			out.Egress, out.Reported, out.Leak, out.Open, out.OpenErr = f.Egress, f.Reported, f.Leak, f.Open, f.OpenErr
+		}
+	} else {
+		err = p.Probe(pctx, t.Addr)
+	}
 	if err != nil && pctx.Err() != nil && ctx.Err() == nil {
 		// The probe's own time ran out, whatever error that caused.
 		err = &ProbeError{Result: ResultTimeout, Err: err}
@@ -359,7 +204,9 @@ func (h *Health) probeLoop(ctx context.Context) {
 }
 
 // reportProbe folds a probe's outcome in, and asks for the proxy to be
-// probed again at once while it is rising.
+// probed again at once while it is rising. A change of the proxy's
+// verdict is logged at warn level (with no credentials: the prober's
+// errors carry none).
 func (h *Health) reportProbe(ctx context.Context, o probeOutcome) {
 	if ctx.Err() != nil {
 		return // stopping: a cancelled probe says nothing of the proxy
@@ -367,7 +214,15 @@ func (h *Health) reportProbe(ctx context.Context, o probeOutcome) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.probeStats.add(o.Result)
+	if o.Kind != "" {
+		h.probeStats.kinds[o.Kind]++
+	}
+	if o.OK && o.Open != "" {
+		h.probeStats.open[o.Open]++
+	}
 	h.probeLatency.Observe(o.Latency.Seconds())
+	before, had := h.fold.Check(o.ID)
+	checksGen := h.fold.ChecksGen()
 	if h.fold.ApplyProbe(o.ProbeResult) {
 		h.changedLocked()
 		in := h.fold.InRotation(o.ID)
@@ -377,6 +232,22 @@ func (h *Health) reportProbe(ctx context.Context, o probeOutcome) {
 		h.signal()
 	} else if !o.OK {
 		h.log.Debug("probe failed", "id", o.ID, "result", o.Result, "err", o.Err)
+	}
+	if h.fold.ChecksGen() != checksGen {
+		h.signal()
+		after, has := h.fold.Check(o.ID)
+		switch {
+		case has && after.Verdict != messages.VerdictOK && (!had || before.Verdict != after.Verdict || before.Reason != after.Reason):
+			h.log.Warn("proxy refused: kept out of the rotation", "id", o.ID, "addr", after.Addr, "egress", after.Egress,
+				"verdict", after.Verdict, "reason", after.Reason, "open_err", o.OpenErr)
+		case has && had && before.Verdict != messages.VerdictOK && after.Verdict == messages.VerdictOK:
+			h.log.Warn("proxy no longer refused: its checks pass", "id", o.ID, "addr", after.Addr, "egress", after.Egress, "was", before.Verdict)
+		case has && had && before.Egress != after.Egress:
+			h.log.Info("proxy egress changed", "id", o.ID, "addr", after.Addr, "egress", after.Egress, "was", before.Egress)
+		}
+	}
+	if o.Open == OpenInconclusive {
+		h.log.Debug("open check inconclusive", "id", o.ID, "err", o.OpenErr)
 	}
 	h.probeIfRisingLocked(o.ID)
 }

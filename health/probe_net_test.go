@@ -2,7 +2,10 @@ package health_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -99,14 +102,60 @@ func TestNewHTTPProberChecksTheTarget(t *testing.T) {
 	}
 }
 
+// /probe answers the nonce alone on its first line, then one line of JSON
+// that reports the request: the address it came from and its headers
+// (credentials redacted), bounded.
 func TestProbeHandler(t *testing.T) {
 	s := httptest.NewServer(health.ProbeHandler())
 	defer s.Close()
 	for q, want := range map[string]int{"?nonce=abc-_1": 200, "": 400, "?nonce=" + strings.Repeat("a", 129): 400, "?nonce=a%20b": 400} {
 		code, body := get(t, s.URL+health.ProbePath+q)
-		if code != want || (code == 200 && body != "abc-_1\n") {
+		if code != want {
 			t.Errorf("GET /probe%s = %d %q", q, code, body)
 		}
+		if code != 200 {
+			continue
+		}
+		first, rest, _ := strings.Cut(body, "\n")
+		if first != "abc-_1" || !strings.HasPrefix(rest, `{"v":1,"egress":"127.0.0.1","headers":[`) || !strings.HasSuffix(rest, "]}\n") ||
+			strings.Count(rest, "\n") != 1 {
+			t.Errorf("GET /probe%s = %q", q, body)
+		}
+	}
+
+	req, _ := http.NewRequest(http.MethodGet, s.URL+health.ProbePath+"?nonce=n1", nil)
+	req.Header.Set("Proxy-Authorization", "Basic c2VjcmV0OnNlY3JldA==")
+	req.Header.Set("X-Forwarded-For", "192.0.2.1")
+	for i := range 100 {
+		req.Header.Add(fmt.Sprintf("X-Pad-%03d", i), strings.Repeat("x", 10))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	_, line, _ := strings.Cut(string(b), "\n")
+	var rep struct {
+		V         int        `json:"v"`
+		Egress    string     `json:"egress"`
+		Headers   [][]string `json:"headers"`
+		Truncated bool       `json:"truncated"`
+	}
+	if err := json.Unmarshal([]byte(line), &rep); err != nil {
+		t.Fatalf("report %q: %v", line, err)
+	}
+	if len(rep.Headers) != 64 || !rep.Truncated || strings.Contains(string(b), "c2VjcmV0") {
+		t.Fatalf("report of %d headers, truncated %v: %s", len(rep.Headers), rep.Truncated, b)
+	}
+	var sawAuth bool
+	for _, h := range rep.Headers {
+		if h[0] == "Proxy-Authorization" {
+			sawAuth = h[1] == "redacted"
+		}
+	}
+	if !sawAuth {
+		t.Fatalf("no redacted Proxy-Authorization in %v", rep.Headers)
 	}
 }
 

@@ -39,11 +39,10 @@ func TestHTTPProberConnect(t *testing.T) {
 		conn.Close()
 	}))
 	defer proxy.Close()
-	p, err := NewHTTPProber(target.URL+ProbePath, "")
+	p, err := NewHTTPProber(target.URL+ProbePath, "", WithTLSConfig(&tls.Config{RootCAs: target.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.transport.TLSClientConfig = &tls.Config{RootCAs: target.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := p.Probe(ctx, proxy.Listener.Addr().String()); err != nil {

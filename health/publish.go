@@ -97,7 +97,7 @@ func (h *Health) tickLease(ctx context.Context) {
 	}
 	h.mu.Lock()
 	h.leaseErr = err
-	h.holder = h.lease.holding
+	h.mirrorLeaseLocked(took)
 	h.version = max(h.version, h.lease.version)
 	h.mu.Unlock()
 	if !took {
@@ -136,8 +136,25 @@ func (h *Health) releaseLease() {
 		h.log.Info("lease released")
 	}
 	h.mu.Lock()
-	h.holder = false
+	h.mirrorLeaseLocked(false)
 	h.mu.Unlock()
+}
+
+// mirrorLeaseLocked copies the loop's lease for the others: the holder
+// flag, and for the checks writer until when it may write and an epoch
+// that moves on every takeover and loss (a new holder reconciles
+// PROXY_CHECKS from a fresh read).
+func (h *Health) mirrorLeaseLocked(took bool) {
+	holding := h.lease != nil && h.lease.holding
+	if took || holding != h.holder {
+		h.leaseEpoch++
+	}
+	h.holder = holding
+	h.leaseUntil = time.Time{}
+	if holding {
+		h.leaseUntil, _ = h.lease.valid()
+	}
+	h.signalChecks()
 }
 
 // publish brings PROXY_ROTATION and <prefix>.rotation to the latest
@@ -161,12 +178,12 @@ func (h *Health) publish(ctx context.Context) error {
 		return nil
 	}
 	rev, err := h.lease.write(ctx)
+	h.mu.Lock()
+	h.mirrorLeaseLocked(false)
+	h.mu.Unlock()
 	if err != nil {
 		if !h.lease.holding {
 			h.bucket = nil
-			h.mu.Lock()
-			h.holder = false
-			h.mu.Unlock()
 			h.log.Warn("lost the lease: standing by", "err", err)
 			return nil
 		}
@@ -282,23 +299,32 @@ func (h *Health) writeBucket(snap messages.Rotation, opCtx func() (context.Conte
 
 // readBucket returns every key and value of PROXY_ROTATION.
 func (h *Health) readBucket(ctx context.Context) (map[string]string, error) {
+	out := make(map[string]string)
+	err := h.readKV(ctx, h.kv, messages.BucketRotation, func(key string, value []byte) { out[key] = string(value) })
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// readKV calls put with every key and value of the bucket kv (named name).
+func (h *Health) readKV(ctx context.Context, kv jetstream.KeyValue, name string, put func(key string, value []byte)) error {
 	octx, cancel := context.WithTimeout(ctx, h.cfg.OpTimeout)
 	defer cancel()
-	w, err := h.kv.WatchAll(octx, jetstream.IgnoreDeletes())
+	w, err := kv.WatchAll(octx, jetstream.IgnoreDeletes())
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", messages.BucketRotation, err)
+		return fmt.Errorf("read %s: %w", name, err)
 	}
 	defer w.Stop()
-	out := make(map[string]string)
 	for {
 		select {
 		case e := <-w.Updates():
 			if e == nil {
-				return out, nil
+				return nil
 			}
-			out[e.Key()] = string(e.Value())
+			put(e.Key(), e.Value())
 		case <-octx.Done():
-			return nil, fmt.Errorf("read %s: %w", messages.BucketRotation, octx.Err())
+			return fmt.Errorf("read %s: %w", name, octx.Err())
 		}
 	}
 }

@@ -100,18 +100,19 @@ func (h *Health) start(ctx context.Context) error {
 		mux.Handle("GET "+ProbePath, ProbeHandler())
 		h.probeSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 		if h.prober == nil {
-			p, err := NewHTTPProber("http://"+h.probeLn.Addr().String()+ProbePath, h.cfg.Expect)
+			p, err := NewHTTPProber("http://"+h.probeLn.Addr().String()+ProbePath, h.cfg.Expect, h.proberOptions()...)
 			if err != nil {
 				closeListeners()
 				return fmt.Errorf("health: %w", err)
 			}
+			h.mu.Lock()
 			h.prober = p
+			h.setCheckOpen()
+			h.mu.Unlock()
 		}
 	}
 
-	if h.prober != nil {
-		h.sched = newProbeSched(h.prober, h.cfg.Concurrency, h.cfg.Timeout, h.now, h.reportProbe)
-	}
+	h.sched = newProbeSched(h.prober, h.cfg.Concurrency, h.cfg.Timeout, h.now, h.reportProbe)
 	if err := h.bind(ctx); err != nil {
 		if errors.Is(err, errMismatch) || ctx.Err() != nil {
 			closeListeners()
@@ -147,14 +148,11 @@ func (h *Health) start(ctx context.Context) error {
 	if h.probeSrv != nil {
 		serve("probe target server", h.probeSrv, h.probeLn)
 	}
-	if h.prober != nil {
-		h.wg.Add(1)
-		go func() {
-			defer h.wg.Done()
-			h.probeLoop(runCtx)
-		}()
-	}
-	h.wg.Add(2)
+	h.wg.Add(5)
+	go func() {
+		defer h.wg.Done()
+		h.probeLoop(runCtx)
+	}()
 	go func() {
 		defer h.wg.Done()
 		h.keep(runCtx)
@@ -163,13 +161,28 @@ func (h *Health) start(ctx context.Context) error {
 		defer h.wg.Done()
 		h.loop(runCtx)
 	}()
-	if h.prober != nil {
-		h.log.Info("health started", "http", h.Addr(), "grace", h.cfg.Grace, "seeded", seeded, "bound", bound,
-			"probe_target", h.probeTarget(), "interval", h.cfg.Interval, "timeout", h.cfg.Timeout,
-			"rise", h.cfg.Rise, "fall", h.cfg.Fall, "lease_ttl", h.cfg.LeaseTTL)
-	} else {
-		h.log.Warn("health started without probing: a running event alone puts a proxy in the rotation (set a probe target or listen address)",
-			"http", h.Addr(), "grace", h.cfg.Grace, "seeded", seeded, "bound", bound, "lease_ttl", h.cfg.LeaseTTL)
+	go func() {
+		defer h.wg.Done()
+		h.keepChecks(runCtx)
+	}()
+	go func() {
+		defer h.wg.Done()
+		h.writeChecksLoop(runCtx)
+	}()
+	h.mu.Lock()
+	checkOpen := h.fold.CheckOpen
+	h.mu.Unlock()
+	// The user is no secret; the password is never logged.
+	h.log.Info("health started", "http", h.Addr(), "grace", h.cfg.Grace, "seeded", seeded, "bound", bound,
+		"probe_target", h.probeTarget(), "interval", h.cfg.Interval, "timeout", h.cfg.Timeout,
+		"rise", h.cfg.Rise, "fall", h.cfg.Fall, "lease_ttl", h.cfg.LeaseTTL,
+		"proxy_user", h.cfg.ProxyUser, "open_check", checkOpen, "open_check_interval", h.cfg.OpenCheckInterval)
+	if h.tcpOnly {
+		h.log.Warn("probing by TCP connect only: configure health.probe_listen or health.target to probe through the proxies",
+			"credentials_unchecked", h.cfg.ProxyUser != "")
+	} else if h.cfg.ProxyUser != "" && !checkOpen {
+		h.log.Warn("proxy credentials are configured but the prober cannot leave them out: no proxy is checked to refuse a request without credentials",
+			"prober", h.probeTarget())
 	}
 	return nil
 }
