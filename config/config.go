@@ -235,6 +235,11 @@ type Health struct {
 	// LeaseTTL is how long the publisher's lease lasts without renewal
 	// (at most PROXY_LEASES's TTL, 1m).
 	LeaseTTL time.Duration `yaml:"lease_ttl"`
+	// OpenCheckInterval is how often a proxy in the rotation is checked
+	// again for refusing a request without the credential (with
+	// proxy.auth set): an open one leaves at once. A candidate is
+	// checked on every probe until it is admitted.
+	OpenCheckInterval time.Duration `yaml:"open_check_interval"`
 }
 
 // Load reads, defaults and validates the file at path.
@@ -345,6 +350,7 @@ func (c *Config) SetDefaults() {
 		hl.Concurrency = 64
 	}
 	setDur(&hl.LeaseTTL, 15*time.Second)
+	setDur(&hl.OpenCheckInterval, time.Minute)
 }
 
 // defaultMaxProxies is a host's room by driver: what a KVM host of modest

@@ -63,6 +63,7 @@ func (c *Config) Validate() error {
 		{"health.timeout", c.Health.Timeout},
 		{"health.grace", c.Health.Grace},
 		{"health.lease_ttl", c.Health.LeaseTTL},
+		{"health.open_check_interval", c.Health.OpenCheckInterval},
 	} {
 		if d.v < 0 {
 			return bad(d.f, "negative duration %s", d.v)

@@ -55,6 +55,7 @@ func TestConfigDefaultsAreTheRoles(t *testing.T) {
 		{"health.fall", hg.Fall, hw.Fall},
 		{"health.concurrency", hg.Concurrency, hw.Concurrency},
 		{"health.lease_ttl", hg.LeaseTTL, hw.LeaseTTL},
+		{"health.open_check_interval", hg.OpenCheckInterval, hw.OpenCheckInterval},
 	} {
 		if d.file != d.role {
 			t.Errorf("%s defaults to %v in the file, %v in the role", d.field, d.file, d.role)

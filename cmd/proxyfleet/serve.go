@@ -179,6 +179,12 @@ func healthConfig(c *config.Config, log *slog.Logger) health.Config {
 		Fall:        c.Health.Fall,
 		Concurrency: c.Health.Concurrency,
 		LeaseTTL:    c.Health.LeaseTTL,
+
+		// The proxies' credential (read by LoadSecrets): probes carry
+		// it, and check that a request without it is refused.
+		ProxyUser:         c.Proxy.Auth.User,
+		ProxyPassword:     c.Proxy.Auth.Password.Reveal(),
+		OpenCheckInterval: c.Health.OpenCheckInterval,
 	}
 }
 
