@@ -7,6 +7,8 @@
 #   initrd.img        its initramfs (finds the virtio disk by itself)
 #   *.sha256          their sha256 sums (hex only)
 #   image.yaml        one proxyfleet `images:` entry (proxy-debian), file:// URLs
+#   cmdline           the kernel command line (also in image.yaml)
+#   kernel-version    the kernel's version (uname -r in the guest)
 #   stamp             the hash of this build's inputs
 # Cached: a rerun with the same inputs (this script's content, the package
 # list, the suite, mirrors and disk size, the output path) does nothing. A
@@ -79,7 +81,7 @@ now_ms() { date +%s%3N; }
 # The path goes into file:// URLs and YAML unquoted and unescaped.
 [[ "$out" =~ ^[A-Za-z0-9._/+-]+$ ]] || die "GUEST_DIR $out: use only letters, digits and ._/+- in the path"
 
-files=(disk.qcow2 vmlinuz initrd.img disk.qcow2.sha256 vmlinuz.sha256 initrd.img.sha256 image.yaml)
+files=(disk.qcow2 vmlinuz initrd.img disk.qcow2.sha256 vmlinuz.sha256 initrd.img.sha256 image.yaml cmdline kernel-version)
 stamp=$({
 	sha256sum <"${BASH_SOURCE[0]}"
 	printf '%s\n' "suite=$SUITE" "mirror=$MIRROR" "security=$SECURITY_MIRROR" "size=$DISK_SIZE" "out=$out" \
@@ -136,10 +138,16 @@ r=$1
 # cloud-init: only the NoCloud seed (no probing of cloud metadata services).
 # C.UTF-8 is built into glibc: with it preset, cloud-init's locale module
 # generates nothing at first boot (locale-gen of en_US.UTF-8 takes long under TCG).
+# manage_etc_hosts: the host name (the seed's) resolves from /etc/hosts
+# (127.0.1.1). squid looks its host name up at every start: through DNS
+# that took 10 s each time on the test network (60 s for a restart).
+# grub_dpkg: there is no grub (direct kernel boot); the module took 2.6 s.
 cat >"$r/etc/cloud/cloud.cfg.d/90-proxyfleet.cfg" <<'EOF'
 # proxyfleet: the seed is a NoCloud ISO (label cidata).
 datasource_list: [ NoCloud, None ]
 locale: C.UTF-8
+manage_etc_hosts: localhost
+grub_dpkg: {enabled: false}
 EOF
 echo 'LANG=C.UTF-8' >"$r/etc/default/locale"
 # root=/dev/vda, no partition table.
@@ -155,6 +163,17 @@ printf '%s\n' 'source /etc/network/interfaces.d/*' '' 'auto lo' 'iface lo inet l
 # and the proxy's cloud-config writes its own config, then enables and starts it.
 chroot "$r" systemctl disable squid.service
 [ "$(chroot "$r" systemctl is-enabled squid.service 2>/dev/null || true)" = disabled ] || { echo "squid.service is not disabled" >&2; exit 1; }
+# Without the SysV script, `systemctl enable squid` (the cloud-config's)
+# does not run systemd-sysv-install (update-rc.d, perl): 15 s under TCG.
+# systemd uses squid.service either way.
+chroot "$r" update-rc.d -f squid remove >/dev/null
+rm -f "$r/etc/init.d/squid"
+# Not for a proxy VM: e2scrub (ext4 on LVM; there is no LVM: its reaper took
+# 17 s of the boot), apt's daily list refresh and upgrade (no background
+# traffic from proxies; the image is rebuilt instead), gettys on tty2-6 (a VM
+# without a screen; the serial console keeps its getty).
+chroot "$r" systemctl disable e2scrub_reap.service e2scrub_all.timer apt-daily.timer apt-daily-upgrade.timer
+chroot "$r" systemctl mask getty-static.service
 # Nothing of the build in the image.
 rm -rf "$r"/var/lib/apt/lists/* "$r"/var/cache/apt/*.bin "$r"/var/cache/debconf/*-old "$r"/var/lib/dpkg/*-old
 find "$r/var/log" -type f -delete
@@ -183,6 +202,10 @@ kver=${kernels[0]##*/vmlinuz-}
 [ -f "$root/boot/initrd.img-$kver" ] || die "no /boot/initrd.img-$kver in the image"
 cp "$root/boot/vmlinuz-$kver" "$new/vmlinuz"
 cp "$root/boot/initrd.img-$kver" "$new/initrd.img"
+# The guest boots them from outside; in /boot they would be 29 MiB of every
+# upload that nothing reads (they do not compress). The kernel's modules and
+# config stay; a kernel upgrade in the guest writes new ones.
+rm -f "$root/boot/vmlinuz-$kver" "$root/boot/initrd.img-$kver"
 
 # The root filesystem: ext4 made from the directory, then qcow2 (compressed:
 # the base image is only read, each proxy writes into its own overlay).
@@ -212,6 +235,7 @@ images:
     cmdline: "$CMDLINE"
 EOF
 echo "$kver" >"$new/kernel-version"
+echo "$CMDLINE" >"$new/cmdline"
 echo "$stamp" >"$new/stamp"
 chmod 755 "$new"
 chmod 644 "$new"/*
