@@ -206,6 +206,9 @@ cp "$root/boot/initrd.img-$kver" "$new/initrd.img"
 # upload that nothing reads (they do not compress). The kernel's modules and
 # config stay; a kernel upgrade in the guest writes new ones.
 rm -f "$root/boot/vmlinuz-$kver" "$root/boot/initrd.img-$kver"
+for l in vmlinuz initrd.img vmlinuz.old initrd.img.old; do
+	if [ -L "$root/$l" ] && [ ! -e "$root/$l" ]; then rm -f "$root/$l"; fi   # links to them
+done
 
 # The root filesystem: ext4 made from the directory, then qcow2 (compressed:
 # the base image is only read, each proxy writes into its own overlay).
