@@ -99,8 +99,9 @@ if [ -z "${GUEST_FORCE:-}" ] && cached; then
 fi
 
 # One build per output directory at a time.
+key=$(printf %s "$out" | sha256sum | cut -c1-16)
 mkdir -p /run/lock
-exec 8>"/run/lock/proxyfleet-guest-$(printf %s "$out" | sha256sum | cut -c1-16).lock"
+exec 8>"/run/lock/proxyfleet-guest-$key.lock"
 flock -w 1200 8 || die "another build of $out holds its lock"
 if [ -z "${GUEST_FORCE:-}" ] && cached; then
 	log "built meanwhile by another run: $out"
@@ -120,13 +121,26 @@ if [ ${#need[@]} -gt 0 ]; then
 	apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=600 "${need[@]}"
 fi
 
+# remove_tree DIR: unmount what a killed mmdebstrap may have left mounted
+# in DIR (its chroot's /proc, /sys, /dev), then remove it without crossing
+# into any other file system.
+remove_tree() {
+	local m
+	[ -e "$1" ] || return 0
+	for m in $(findmnt -rn -o TARGET | grep -F "$1/" | sort -r); do umount -l "$m" 2>/dev/null || true; done
+	rm -rf --one-file-system "$1"
+}
 parent=$(dirname "$out")
 mkdir -p "$parent"
-# Leftovers of an interrupted build (we hold the lock: nobody else uses them).
-rm -rf "$out".new.* "$out".old.*
+tmpdir=${TMPDIR:-/var/tmp}
+# Leftovers of an interrupted build of this directory (we hold its lock:
+# nobody else uses them).
+for d in "$out".new.* "$out".old.* "$tmpdir/proxyfleet-guest-$key".*; do remove_tree "$d"; done
 new=$(mktemp -d "$out.new.XXXXXX")
-stage=$(mktemp -d "${TMPDIR:-/var/tmp}/proxyfleet-guest.XXXXXX")
-trap 'rm -rf "$new" "$stage"' EXIT
+stage=$(mktemp -d "$tmpdir/proxyfleet-guest-$key.XXXXXX")
+trap 'remove_tree "$new"; remove_tree "$stage"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 root=$stage/root
 
 # The image's own files, put in after the packages are installed (the
@@ -197,7 +211,7 @@ log "mmdebstrap took $(( ($(now_ms) - t) / 1000 ))s"
 
 # Kernel and initrd for direct kernel boot: exactly one of each.
 kernels=("$root"/boot/vmlinuz-*)
-[ ${#kernels[@]} = 1 ] && [ -f "${kernels[0]}" ] || die "want one /boot/vmlinuz-* in the image, have: ${kernels[*]}"
+if [ ${#kernels[@]} != 1 ] || [ ! -f "${kernels[0]}" ]; then die "want one /boot/vmlinuz-* in the image, have: ${kernels[*]}"; fi
 kver=${kernels[0]##*/vmlinuz-}
 [ -f "$root/boot/initrd.img-$kver" ] || die "no /boot/initrd.img-$kver in the image"
 cp "$root/boot/vmlinuz-$kver" "$new/vmlinuz"
@@ -248,6 +262,6 @@ old=$out.old.$$
 [ -e "$out" ] && mv -T "$out" "$old"
 mv -T "$new" "$out"
 rm -rf "$old"
-trap 'rm -rf "$stage"' EXIT
+trap 'remove_tree "$stage"' EXIT
 log "kernel $kver; disk.qcow2 $(du -h --apparent-size "$out/disk.qcow2" | cut -f1), initrd $(du -h --apparent-size "$out/initrd.img" | cut -f1); written to $out"
 log "build took $(( ($(now_ms) - t0) / 1000 ))s"

@@ -277,10 +277,10 @@ code=$(curl --noproxy '' -s --max-time 5 -o /dev/null -w '%{http_code}' -x "http
 # --- inside the guest, through guest-exec --------------------------------------
 # gexec CMD: run sh -c CMD in the guest; prints its output and returns its exit code.
 gexec() {
-	local req pid st i
+	local req pid st
 	req=$(python3 -c 'import json,sys; print(json.dumps({"execute":"guest-exec","arguments":{"path":"/bin/sh","arg":["-c",sys.argv[1]],"capture-output":True}}))' "$1")
 	pid=$(agent "$req" | python3 -c 'import json,sys; print(json.load(sys.stdin)["return"]["pid"])' 2>/dev/null) || return 99
-	for i in $(seq 120); do
+	for _ in $(seq 120); do
 		st=$(agent "{\"execute\":\"guest-exec-status\",\"arguments\":{\"pid\":$pid}}")
 		if python3 -c 'import json,sys; sys.exit(0 if json.loads(sys.argv[1])["return"]["exited"] else 1)' "$st" 2>/dev/null; then
 			python3 -c '
