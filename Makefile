@@ -23,7 +23,7 @@ FUZZTIME ?= 20s
 FUZZPARALLEL ?= 1
 FUZZMINIMIZETIME ?= 100x
 
-.PHONY: help build image run run-sim test test-unit lint bench bench-sim clean fuzz
+.PHONY: help build image run run-sim test test-unit lint bench bench-sim clean fuzz guest-image
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
@@ -65,6 +65,9 @@ bench-sim: ## measure only the figures that need no test host; prints markdown, 
 
 fuzz: ## fuzz each target for FUZZTIME (20s) from its committed corpus; a crash fails it
 	@FUZZTIME=$(FUZZTIME) FUZZPARALLEL=$(FUZZPARALLEL) FUZZMINIMIZETIME=$(FUZZMINIMIZETIME) bash deploy/fuzz.sh $(FUZZ_TARGETS)
+
+guest-image: ## build the Debian 12 proxy guest (squid, cloud-init, qemu-guest-agent) into .guest/ with mmdebstrap (cached; as root)
+	bash deploy/guest/build.sh
 
 clean: ## remove build output and the make-run state
 	rm -rf bin $(RUN_DIR) .run-sim
