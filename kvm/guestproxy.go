@@ -111,7 +111,7 @@ const (
 // squidConf is squid's whole configuration for one proxy. Every value in
 // it is checked (the port a number, the prefixes parsed, no user input
 // but those), so it needs no quoting.
-func squidConf(id string, gp GuestProxy) string {
+func squidConf(id, hostname string, gp GuestProxy) string {
 	var b strings.Builder
 	line := func(s ...string) {
 		b.WriteString(strings.Join(s, " "))
@@ -120,6 +120,9 @@ func squidConf(id string, gp GuestProxy) string {
 	line("# Written by proxyfleet for proxy " + id + " at its first boot; the seed")
 	line("# volume it came from is removed with the proxy.")
 	line("http_port", strconv.Itoa(gp.port()))
+	// squid looks its host name up at every start unless told (10 s on a
+	// network whose DNS does not answer).
+	line("visible_hostname", hostname)
 	if gp.User != "" {
 		line("auth_param basic program /usr/lib/squid/basic_ncsa_auth", squidPasswdPath)
 		// Two helpers suffice: squid caches a checked credential for
@@ -136,6 +139,11 @@ func squidConf(id string, gp GuestProxy) string {
 	// metadata service, which holds the seed's secrets too), through the
 	// proxy.
 	line("acl proxyfleet_guest dst 127.0.0.0/8 ::1 169.254.0.0/16 fe80::/10")
+	// Debian's safe ports: no mail relay (25, 465, 587) nor other low
+	// services through the proxy. CONNECT may go to any of them, not only
+	// 443, as clients tunnel to other TLS ports too.
+	line("acl proxyfleet_safe_ports port 80 21 443 70 210 1025-65535 280 488 591 777")
+	line("http_access deny !proxyfleet_safe_ports")
 	line("http_access deny proxyfleet_guest")
 	if len(gp.Allow) > 0 {
 		line("http_access deny !proxyfleet_allow")
@@ -152,6 +160,11 @@ func squidConf(id string, gp GuestProxy) string {
 	line("request_header_access X-Forwarded-For deny all")
 	line("request_header_access Forwarded deny all")
 	line("request_header_access Via deny all")
+	// squid adds "Cache-Control: max-age=259200" to a request that has
+	// none: a fingerprint of the proxy. A client's own passes.
+	line("acl proxyfleet_client_cc req_header Cache-Control .")
+	line("request_header_access Cache-Control allow proxyfleet_client_cc")
+	line("request_header_access Cache-Control deny all")
 	line("reply_header_access X-Cache deny all")
 	line("reply_header_access X-Cache-Lookup deny all")
 	line("reply_header_access Via deny all")
@@ -185,12 +198,15 @@ var bcryptCost = bcrypt.DefaultCost
 // installAndStart is the runcmd of the default user-data: squid and the
 // guest agent are installed if the image lacks them (a stock cloud image;
 // --force-confold keeps the squid.conf written before), then started.
-// squid is enabled only now, with our configuration in place.
+// squid is restarted only if it runs with an older configuration than
+// ours: in the image of make guest-image it was started after cloud-init
+// wrote it (and serves already; a restart would cut those requests), and
+// apt starts the one it installs with it too.
 var installAndStart = [][]string{
 	{"sh", "-c", "command -v squid >/dev/null 2>&1 || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y -o Dpkg::Options::=--force-confold squid qemu-guest-agent; }"},
 	{"systemctl", "start", "qemu-guest-agent"},
 	{"systemctl", "enable", "squid"},
-	{"systemctl", "restart", "squid"},
+	{"sh", "-c", "if systemctl is-active --quiet squid && [ -e /run/squid.pid ] && [ ! " + squidConfPath + " -nt /run/squid.pid ]; then :; else systemctl restart squid; fi"},
 }
 
 // defaultUserData renders the cloud-config of a proxy when no template is
@@ -202,6 +218,9 @@ func defaultUserData(id, hostname string, gp GuestProxy) (string, error) {
 	q := strconv.Quote
 	b.WriteString("#cloud-config\n")
 	b.WriteString("hostname: " + q(hostname) + "\n")
+	// The name in /etc/hosts too, so nothing on the guest waits for DNS
+	// to find itself.
+	b.WriteString("manage_etc_hosts: localhost\n")
 	b.WriteString("write_files:\n")
 	block := func(path, owner, perm, content string) {
 		b.WriteString("- path: " + q(path) + "\n")
@@ -215,7 +234,7 @@ func defaultUserData(id, hostname string, gp GuestProxy) (string, error) {
 		}
 		b.WriteString("\n")
 	}
-	block(squidConfPath, "", "0644", squidConf(id, gp))
+	block(squidConfPath, "", "0644", squidConf(id, hostname, gp))
 	if gp.User != "" {
 		pw, err := passwdLine(gp)
 		if err != nil {

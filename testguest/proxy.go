@@ -200,7 +200,7 @@ func newAccessRequest(r *http.Request, pol *ProxyPolicy, host string, port int) 
 		}
 		return pol.Auth.Check(r.Header.Get("Proxy-Authorization"))
 	})
-	return &AccessRequest{Src: src, Host: host, Port: port, Method: r.Method, Auth: auth}
+	return &AccessRequest{Src: src, Host: host, Port: port, Method: r.Method, Header: r.Header.Clone(), Auth: auth}
 }
 
 // allowed applies http_access (a policy without squid.conf allows all) and

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"net/textproto"
 	"path"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -55,6 +56,7 @@ const (
 	aclProxyAuth
 	aclPort
 	aclMethod
+	aclReqHeader
 )
 
 type portRange struct{ lo, hi int }
@@ -67,6 +69,8 @@ type acl struct {
 	users   []string // proxy_auth user names; nil is REQUIRED (any valid user)
 	ports   []portRange
 	methods []string
+	header  string           // req_header: the header's name
+	res     []*regexp.Regexp // req_header: any value matching any of them
 }
 
 type aclRef struct {
@@ -381,8 +385,18 @@ func squidDuration(args []string) (time.Duration, error) {
 }
 
 func (c *SquidConfig) addACL(name, typ string, vals []string, files map[string][]byte) error {
+	// req_header names its header before the flags.
+	var header string
+	if typ == "req_header" {
+		if len(vals) == 0 {
+			return fmt.Errorf("req_header needs a header name")
+		}
+		header, vals = http.CanonicalHeaderKey(vals[0]), vals[1:]
+	}
 	// Flags (-i, -n, ...) come before the values.
+	icase := false
 	for len(vals) > 0 && strings.HasPrefix(vals[0], "-") && len(vals[0]) > 1 {
+		icase = icase || vals[0] == "-i"
 		vals = vals[1:]
 	}
 	// A quoted value is a file of values, one a line.
@@ -449,6 +463,20 @@ func (c *SquidConfig) addACL(name, typ string, vals []string, files map[string][
 	case "method":
 		a.kind = aclMethod
 		a.methods = vals
+	case "req_header":
+		// squid's regexes are POSIX extended ones; Go's RE2 reads the
+		// simple ones written for headers alike.
+		a.kind, a.header = aclReqHeader, header
+		for _, v := range vals {
+			if icase {
+				v = "(?i)" + v
+			}
+			re, err := regexp.Compile(v)
+			if err != nil {
+				return fmt.Errorf("bad regex %q: %v", v, err)
+			}
+			a.res = append(a.res, re)
+		}
 	default:
 		return fmt.Errorf("acl type %s is not emulated", typ)
 	}
@@ -463,6 +491,10 @@ func (c *SquidConfig) addACL(name, typ string, vals []string, files map[string][
 		old.nets = append(old.nets, a.nets...)
 		old.ports = append(old.ports, a.ports...)
 		old.methods = append(old.methods, a.methods...)
+		if a.kind == aclReqHeader && old.header != a.header {
+			return fmt.Errorf("already defined for header %s", old.header)
+		}
+		old.res = append(old.res, a.res...)
 		if (old.users == nil) != (a.users == nil) {
 			return fmt.Errorf("REQUIRED cannot be mixed with user names")
 		}
@@ -569,6 +601,9 @@ type AccessRequest struct {
 	Host   string     // the target host as the client named it
 	Port   int        // the target port
 	Method string
+	// Header is the client's request header, as it came (req_header acls
+	// match it, also in request_header_access after squid's own edits).
+	Header http.Header
 	// Auth checks the request's credentials (called at most once, and only
 	// when a line gets to a proxy_auth acl): the user name and whether they
 	// are valid.
@@ -645,6 +680,15 @@ func (s *evalState) match(a *acl) (matched, needAuth bool) {
 		for _, m := range a.methods {
 			if m == r.Method {
 				return true, false
+			}
+		}
+		return false, false
+	case aclReqHeader:
+		for _, v := range r.Header.Values(a.header) {
+			for _, re := range a.res {
+				if re.MatchString(v) {
+					return true, false
+				}
 			}
 		}
 		return false, false

@@ -210,6 +210,9 @@ func TestSquidAccess(t *testing.T) {
 		{"builtin localhost", "http_access allow localhost\nhttp_access deny all\n", "127.0.0.1", "h", 80, "GET", none, 200},
 		{"builtin to_localhost", "http_access deny to_localhost\nhttp_access allow all\n", "192.0.2.3", "127.1.2.3", 80, "GET", none, 403},
 		{"invalid client address matches no src", "acl a src 0.0.0.0/0\nhttp_access allow a\n", "", "h", 80, "GET", none, 403},
+		{"req_header matches", "acl ua req_header User-Agent -i ^CURL/\nhttp_access deny ua\nhttp_access allow all\n", "192.0.2.3", "h", 80, "GET", none, 403},
+		{"req_header does not match", "acl ua req_header User-Agent ^wget/\nhttp_access deny ua\nhttp_access allow all\n", "192.0.2.3", "h", 80, "GET", none, 200},
+		{"req_header of an absent header", "acl cc req_header Cache-Control .\nhttp_access deny cc\nhttp_access allow all\n", "192.0.2.3", "h", 80, "GET", none, 200},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := ParseSquidConf([]byte(tc.conf), examplePasswdFiles)
@@ -221,7 +224,7 @@ func TestSquidAccess(t *testing.T) {
 				src = netip.MustParseAddr(tc.src)
 			}
 			calls := 0
-			req := &AccessRequest{Src: src, Host: tc.host, Port: tc.port, Method: tc.method, Auth: func() (string, bool) {
+			req := &AccessRequest{Src: src, Host: tc.host, Port: tc.port, Method: tc.method, Header: http.Header{"User-Agent": {"curl/8.0"}}, Auth: func() (string, bool) {
 				calls++
 				switch tc.creds {
 				case good:

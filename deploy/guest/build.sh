@@ -173,10 +173,29 @@ printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >"$
 rm -f "$r/etc/resolv.conf"
 # ifupdown: loopback here; cloud-init writes interfaces.d/50-cloud-init (DHCP on the NIC).
 printf '%s\n' 'source /etc/network/interfaces.d/*' '' 'auto lo' 'iface lo inet loopback' >"$r/etc/network/interfaces"
-# squid must not start with Debian's packaged config: it is disabled here,
-# and the proxy's cloud-config writes its own config, then enables and starts it.
-chroot "$r" systemctl disable squid.service
-[ "$(chroot "$r" systemctl is-enabled squid.service 2>/dev/null || true)" = disabled ] || { echo "squid.service is not disabled" >&2; exit 1; }
+# squid must never serve with Debian's packaged config (it allows localnet,
+# 10/8 among them, without credentials). Its config here refuses everything,
+# and squid starts only after cloud-init.service, whose write_files puts the
+# proxy's own config in place first: so it serves with that config from its
+# first start, 13-16 s sooner than from cloud-init's last stage (runcmd),
+# and a guest whose seed configures nothing serves nobody.
+cat >"$r/etc/squid/squid.conf" <<'EOF'
+# proxyfleet guest image: refuses everything until the proxy's cloud-config
+# (its seed's user-data) writes the real configuration over this file.
+http_port 3128
+http_access deny all
+visible_hostname localhost
+cache deny all
+access_log none
+EOF
+mkdir -p "$r/etc/systemd/system/squid.service.d"
+cat >"$r/etc/systemd/system/squid.service.d/proxyfleet.conf" <<'EOF'
+# proxyfleet: start only once cloud-init has written the proxy's config.
+[Unit]
+After=cloud-init.service
+EOF
+chroot "$r" systemctl enable squid.service
+[ "$(chroot "$r" systemctl is-enabled squid.service 2>/dev/null || true)" = enabled ] || { echo "squid.service is not enabled" >&2; exit 1; }
 # Without the SysV script, `systemctl enable squid` (the cloud-config's)
 # does not run systemd-sysv-install (update-rc.d, perl): 15 s under TCG.
 # systemd uses squid.service either way.
