@@ -312,7 +312,8 @@ func TestRealGuest(t *testing.T) {
 		t.Cleanup(tlsSrv.Close)
 		pu := &url.URL{Scheme: "http", Host: addr, User: proxyUser(e.cfg)}
 		hc := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{Proxy: http.ProxyURL(pu), DisableKeepAlives: true,
-			TLSClientConfig: &tls.Config{RootCAs: tlsSrv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs}}}
+			// httptest's certificate names example.com, not the address.
+			TLSClientConfig: &tls.Config{RootCAs: tlsSrv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs, ServerName: "example.com"}}}
 		if resp, err := hc.Get(tlsSrv.URL); err != nil {
 			t.Errorf("CONNECT through %s: %v", addr, err)
 		} else {
