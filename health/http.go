@@ -52,7 +52,12 @@ func (h *Health) serveRotation(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "catching up", http.StatusServiceUnavailable)
 		return
 	}
-	body, err := json.Marshal(snap)
+	h.writeJSON(w, snap)
+}
+
+// writeJSON answers v as JSON, never cached, saying this process's role.
+func (h *Health) writeJSON(w http.ResponseWriter, v any) {
+	body, err := json.Marshal(v)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
@@ -77,15 +82,7 @@ func (h *Health) serveChecks(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "catching up", http.StatusServiceUnavailable)
 		return
 	}
-	body, err := json.Marshal(recs)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("X-Proxyfleet-Lease", h.role())
-	w.Write(append(body, '\n'))
+	h.writeJSON(w, recs)
 }
 
 func (h *Health) serveHealthz(w http.ResponseWriter, _ *http.Request) {

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 )
 
 // The fleet's credentials in these tests. The password is one no log line
@@ -65,20 +64,7 @@ func startAuthProxy(t *testing.T) *authProxy {
 		}
 		p.forwarded.Add(1)
 		if r.Method == http.MethodConnect {
-			up, err := net.DialTimeout("tcp", r.Host, 5*time.Second)
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusBadGateway)
-				return
-			}
-			conn, _, err := w.(http.Hijacker).Hijack()
-			if err != nil {
-				up.Close()
-				return
-			}
-			io.WriteString(conn, "HTTP/1.1 200 Connection established\r\n\r\n")
-			go func() { io.Copy(up, conn); up.Close() }()
-			io.Copy(conn, up)
-			conn.Close()
+			tunnel(w, r)
 			return
 		}
 		if !r.URL.IsAbs() {

@@ -64,20 +64,7 @@ func (p *fwdProxy) start(addr string) {
 			return
 		}
 		if r.Method == http.MethodConnect {
-			up, err := net.DialTimeout("tcp", r.Host, 5*time.Second)
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusBadGateway)
-				return
-			}
-			conn, _, err := w.(http.Hijacker).Hijack()
-			if err != nil {
-				up.Close()
-				return
-			}
-			io.WriteString(conn, "HTTP/1.1 200 Connection established\r\n\r\n")
-			go func() { io.Copy(up, conn); up.Close() }()
-			io.Copy(conn, up)
-			conn.Close()
+			tunnel(w, r)
 			return
 		}
 		if !r.URL.IsAbs() {
@@ -115,3 +102,22 @@ func (p *fwdProxy) stop() {
 }
 
 func (p *fwdProxy) restart() { p.start(p.addr) }
+
+// tunnel answers a CONNECT as a forward proxy: it dials the target and
+// copies both ways until either side is done.
+func tunnel(w http.ResponseWriter, r *http.Request) {
+	up, err := net.DialTimeout("tcp", r.Host, 5*time.Second)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	conn, _, err := w.(http.Hijacker).Hijack()
+	if err != nil {
+		up.Close()
+		return
+	}
+	io.WriteString(conn, "HTTP/1.1 200 Connection established\r\n\r\n")
+	go func() { io.Copy(up, conn); up.Close() }()
+	io.Copy(conn, up)
+	conn.Close()
+}
