@@ -126,8 +126,18 @@ func TestClientVerbs(t *testing.T) {
 	o, e, code = cli("get", "p1", "--json")
 	var st client.Status
 	want("get p1 --json", code == 0 && json.Unmarshal([]byte(o), &st) == nil && st.Event != nil && st.Event.IP == "198.18.0.1", o, e)
+	// Health's check of p1: its verdict in list, its egress in rotation.
+	ckv, err := js.KeyValue(ctx, messages.BucketChecks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chk, _ := json.Marshal(messages.CheckRecord{V: 1, ID: "p1", Addr: "198.18.0.1:3128", Egress: "203.0.113.7", Verdict: messages.VerdictOK, At: time.Now().UTC()})
+	if _, err := ckv.Put(ctx, "p1", chk); err != nil {
+		t.Fatal(err)
+	}
 	o, e, code = cli("list")
-	want("list", code == 0 && strings.HasPrefix(o, "ID  DESIRED  STATE    HOST  ADDR             SOURCE  SEQ  AGE  REASON\n") && strings.Contains(o, "\np1  "), o, e)
+	want("list", code == 0 && strings.HasPrefix(o, "ID  DESIRED  STATE    HOST  ADDR             SOURCE  CHECK  SEQ  AGE  REASON\n") &&
+		strings.Contains(o, "\np1  -        running  h1    198.18.0.1:3128  sim     ok     2 "), o, e)
 	kv, err := js.KeyValue(ctx, messages.BucketRotation)
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +146,7 @@ func TestClientVerbs(t *testing.T) {
 		t.Fatal(err)
 	}
 	o, e, code = cli("rotation")
-	want("rotation", code == 0 && strings.HasPrefix(o, "rotation version 1, 1 proxies, at ") && strings.Contains(o, "\np1  198.18.0.1:3128  h1  "), o, e)
+	want("rotation", code == 0 && strings.HasPrefix(o, "rotation version 1, 1 proxies, at ") && strings.Contains(o, "\np1  198.18.0.1:3128  203.0.113.7  h1  "), o, e)
 	// hosts: the records in PROXY_HOSTS, owners from the heartbeats in
 	// PROXY_WORKERS.
 	hkv, err := js.KeyValue(ctx, messages.BucketHosts)
