@@ -227,8 +227,8 @@ type Health struct {
 	Expect string `yaml:"expect"`
 	// ProbeListen is where the health process serves /probe, on an
 	// address the guests can reach (e.g. 198.18.0.1:0). With neither it
-	// nor Target, nothing is probed: a running event alone puts a proxy
-	// in the rotation.
+	// nor Target, health probes a TCP connect to each proxy (a proxy of
+	// a sim host enters on its running event, never probed).
 	ProbeListen string `yaml:"probe_listen"`
 	// Concurrency bounds the probes in flight.
 	Concurrency int `yaml:"concurrency"`
