@@ -91,18 +91,22 @@ func runLifecycle(ctx context.Context, b *bench) (sectionResult, error) {
 				return sectionResult{}, err
 			}
 		}
-		s, sCPU, err := peer.run(ctx, run, false)
+		s, sCPU, sAgain, err := peer.run(ctx, run, false)
 		if err != nil {
 			return sectionResult{}, fmt.Errorf("virsh serial run %d: %w", run+1, err)
 		}
-		p, pCPU, err := peer.run(ctx, run, true)
+		p, pCPU, pAgain, err := peer.run(ctx, run, true)
 		if err != nil {
 			return sectionResult{}, fmt.Errorf("virsh parallel run %d: %w", run+1, err)
 		}
 		ours, serial, parallel = append(ours, d.Seconds()), append(serial, s.Seconds()), append(parallel, p.Seconds())
 		vsSerial, vsParallel = append(vsSerial, d.Seconds()/s.Seconds()), append(vsParallel, d.Seconds()/p.Seconds())
-		cpus = append(cpus, fmt.Sprintf("run %d: proxyfleet %.0f s wall, guests' CPU %.0f s (%.2f cores on average); virsh serial %.0f s wall, guests' CPU %.0f s (%.2f cores); virsh parallel %.0f s wall, guests' CPU %.0f s (%.2f cores); load average at the end %s",
-			run+1, d.Seconds(), cpu, cpu/d.Seconds(), s.Seconds(), sCPU, sCPU/s.Seconds(), p.Seconds(), pCPU, pCPU/p.Seconds(), loadAvg()))
+		again := ""
+		if sAgain || pAgain {
+			again = fmt.Sprintf(" (virsh %s run repeated: a guest got no lease within %s)", map[bool]string{true: "serial", false: "parallel"}[sAgain], peerLeaseWait)
+		}
+		cpus = append(cpus, fmt.Sprintf("run %d: proxyfleet %.0f s wall, guests' CPU %.0f s (%.2f cores on average); virsh serial %.0f s wall, guests' CPU %.0f s (%.2f cores); virsh parallel %.0f s wall, guests' CPU %.0f s (%.2f cores); load average at the end %s%s",
+			run+1, d.Seconds(), cpu, cpu/d.Seconds(), s.Seconds(), sCPU, sCPU/s.Seconds(), p.Seconds(), pCPU, pCPU/p.Seconds(), loadAvg(), again))
 		minWall = append(minWall, cpu/float64(machineInfo().Cores))
 		b.log.Printf("lifecycle run %d: proxyfleet %.1fs (guests' CPU %.1fs), virsh serial %.1fs (%.1fs), virsh parallel %.1fs (%.1fs)", run+1, d.Seconds(), cpu, s.Seconds(), sCPU, p.Seconds(), pCPU)
 	}
