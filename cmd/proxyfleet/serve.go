@@ -185,6 +185,8 @@ func healthConfig(c *config.Config, log *slog.Logger) health.Config {
 		ProxyUser:         c.Proxy.Auth.User,
 		ProxyPassword:     c.Proxy.Auth.Password.Reveal(),
 		OpenCheckInterval: c.Health.OpenCheckInterval,
+		ReportInterval:    c.Health.ReportInterval,
+		ReportRate:        c.Health.ReportRate,
 	}
 }
 
