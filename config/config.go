@@ -276,7 +276,8 @@ type Gateway struct {
 	// (unless no other matches), default 10s.
 	Cooldown time.Duration `yaml:"cooldown"`
 	// HTTP is where `proxyfleet gateway` serves /metrics, /healthz and
-	// /readyz; `serve` serves the gateway's metrics on health.http.
+	// /readyz (overridden by --http; empty: no listener); `serve` serves
+	// the gateway's metrics on health.http.
 	HTTP string `yaml:"http"`
 }
 
@@ -412,9 +413,6 @@ func (c *Config) SetDefaults() {
 	}
 	setDur(&g.ConnectTimeout, 5*time.Second)
 	setDur(&g.Cooldown, 10*time.Second)
-	if g.HTTP == "" {
-		g.HTTP = "127.0.0.1:8081"
-	}
 	for i := range g.Users {
 		if g.Users[i].MaxConns == 0 {
 			g.Users[i].MaxConns = 256
