@@ -47,6 +47,9 @@ var rules = []rule{
 	{pkg: "health", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// A client reads the contract, never the worker's insides.
 	{pkg: "client", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	// A program that uses the fleet needs the contract and NATS, nothing
+	// of how the fleet is run.
+	{pkg: "rotation", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// The guest's program stands alone.
 	{pkg: "testguest"},
 }
