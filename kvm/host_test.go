@@ -100,7 +100,13 @@ func startSSHD(t *testing.T) *sshd {
 		t.Fatalf("mkdir /run/sshd: %v", err)
 	}
 
-	cmd := exec.Command(sshdPath, "-D", "-f", filepath.Join(dir, "sshd_config"), "-E", s.log)
+	// In a mount namespace of its own where root's shell rc files read as
+	// empty, as the test host's sshd (deploy/testhost/up.sh): the
+	// sessions the direct upload runs must not run this machine's shell
+	// set-up (its pyenv init waited 60 s on a stale lock, and every
+	// upload stalled).
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", maskRCFiles+` exec "$0" "$@"`,
+		sshdPath, "-D", "-f", filepath.Join(dir, "sshd_config"), "-E", s.log)
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start sshd: %v\n%s", err, testhostHint)
 	}
@@ -300,3 +306,11 @@ func testhostEnv(t *testing.T) map[string]string {
 	}
 	return env
 }
+
+// maskRCFiles bind-mounts /dev/null over root's shell rc files (in the
+// mount namespace the script runs in).
+const maskRCFiles = `home=$(getent passwd root | cut -d: -f6)
+for f in .bashrc .bash_profile .bash_login .profile; do
+	[ -f "$home/$f" ] && mount --bind /dev/null "$home/$f"
+done
+`
