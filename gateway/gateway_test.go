@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -696,3 +698,85 @@ func TestParseUser(t *testing.T) {
 		}
 	}
 }
+
+// TestTunnelBulk: megabytes both ways through a CONNECT tunnel and a
+// SOCKS5 one arrive whole and in order, and a half-close passes.
+func TestTunnelBulk(t *testing.T) {
+	_, pk := fleet(t, 1)
+	g := startGateway(t, pk, nil)
+	// An echo target: writes back what it reads, then closes.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var echo sync.WaitGroup
+	defer echo.Wait()
+	defer ln.Close()
+	echo.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			echo.Go(func() {
+				defer c.Close()
+				_, _ = io.Copy(c, c)
+			})
+		}
+	})
+	payload := make([]byte, 8<<20)
+	for i := range payload {
+		payload[i] = byte(i*7 + i>>9)
+	}
+	check := func(name string, c, raw net.Conn, r io.Reader) {
+		var got []byte
+		done := make(chan error, 1)
+		go func() {
+			var err error
+			got, err = io.ReadAll(r)
+			done <- err
+		}()
+		if _, err := c.Write(payload); err != nil {
+			t.Fatalf("%s: write: %v", name, err)
+		}
+		if err := raw.(*net.TCPConn).CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("%s: read: %v", name, err)
+		}
+		if !bytes.Equal(got, payload) {
+			t.Fatalf("%s: %d bytes back, want the %d sent", name, len(got), len(payload))
+		}
+	}
+	resp, c, br := g.connect(t, ln.Addr().String(), basic("alice", alicePass), nil)
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.StatusCode)
+	}
+	check("CONNECT", c, c, br)
+	// The SOCKS5 client's own connection, to half-close it.
+	var raw net.Conn
+	fwd := dialerFunc(func(network, addr string) (net.Conn, error) {
+		c, err := net.Dial(network, addr)
+		raw = c
+		return c, err
+	})
+	d, err := proxy.SOCKS5("tcp", g.SocksAddr(), &proxy.Auth{User: "alice", Password: alicePass}, fwd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, err := d.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	check("SOCKS5", sc, raw, sc)
+	poll.Until(t, "the tunnels' bytes are counted", 5*time.Second, func() bool {
+		return testutil.ToFloat64(g.m.bytes.WithLabelValues("up")) >= float64(2*len(payload)) &&
+			testutil.ToFloat64(g.m.bytes.WithLabelValues("down")) >= float64(2*len(payload))
+	})
+}
+
+type dialerFunc func(network, addr string) (net.Conn, error)
+
+func (f dialerFunc) Dial(network, addr string) (net.Conn, error) { return f(network, addr) }

@@ -147,9 +147,18 @@ func (u *upstream) connect(w http.ResponseWriter, r *http.Request) {
 	u.tunnels[t] = struct{}{}
 	u.mu.Unlock()
 	u.wg.Add(2)
+	var left sync.WaitGroup
+	left.Add(2)
 	pipe := func(dst, src net.Conn) {
 		defer u.wg.Done()
-		_, _ = io.Copy(dst, src)
+		if _, err := io.Copy(dst, src); err == nil {
+			_ = dst.(*net.TCPConn).CloseWrite() // a half-close goes on
+		} else {
+			dst.Close()
+			src.Close()
+		}
+		left.Done()
+		left.Wait()
 		dst.Close()
 		src.Close()
 		u.mu.Lock()

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"io"
 	"net"
 	"sync"
 )
@@ -84,8 +83,8 @@ type tunnel struct {
 }
 
 // run copies client to up in a goroutine of its own and up to client in
-// the caller's. Between two *net.TCPConn, io.Copy splices (Linux): no
-// buffer of ours per tunnel.
+// the caller's. Between two *net.TCPConn it splices (Linux, see pump):
+// no buffer of ours, and no pipe while idle.
 func (t *tunnel) run() {
 	t.left = 2
 	t.g.track.add()
@@ -97,7 +96,7 @@ func (t *tunnel) run() {
 }
 
 func (t *tunnel) copy(dst, src net.Conn, up bool) {
-	n, err := io.Copy(dst, src)
+	n, err := pump(dst, src)
 	if err != nil {
 		// One side failed: the other direction is over too.
 		t.client.Close()
