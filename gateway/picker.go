@@ -1,28 +1,24 @@
 package gateway
 
-import "errors"
+import "proxyfleet/rotation"
 
-// Proxy is one proxy of the rotation as the gateway uses it: its id (for
-// the X-Proxyfleet-Proxy header, logs and reports), its address
-// (host:port) and its labels.
-type Proxy struct {
-	ID, Addr string
-	Labels   map[string]string
-}
-
-// Selector says which proxies a request may use: those carrying every
-// label of Labels, except those named in Exclude (the ones a request
+// Proxy, Selector and ErrEmpty are package rotation's: the gateway
+// passes what the rotation gives it back to the rotation, so the two
+// share the types rather than convert on every request. The gateway
+// reads a Proxy's ID (the X-Proxyfleet-Proxy header, logs and reports),
+// Addr (host:port) and Labels; a Selector says which proxies a request
+// may use (Labels all matching, none of Exclude: the ones a request
 // already tried).
-type Selector struct {
-	Labels  map[string]string
-	Exclude []string
-}
+type (
+	Proxy    = rotation.Proxy
+	Selector = rotation.Selector
+)
 
 // ErrEmpty is what a Picker returns (errors.Is) when no proxy matches.
-var ErrEmpty = errors.New("no proxy matches")
+var ErrEmpty = rotation.ErrEmpty
 
-// Picker is what the gateway needs of the rotation. Package rotation
-// implements it; the gateway depends on nothing else of it.
+// Picker is what the gateway needs of the rotation. *rotation.Rotation
+// implements it; tests give the gateway pickers of their own.
 type Picker interface {
 	// Pick chooses a proxy matching sel by the picker's strategy;
 	// errors.Is(err, ErrEmpty) when none matches.
@@ -40,3 +36,5 @@ type Picker interface {
 	// Len is how many proxies the rotation holds now.
 	Len() int
 }
+
+var _ Picker = (*rotation.Rotation)(nil)
