@@ -272,6 +272,11 @@ type Gateway struct {
 	// ConnectTimeout bounds the connection to a proxy and its answer to
 	// CONNECT (default 5s).
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	// ResponseTimeout bounds the wait for a proxy's answer to a plain
+	// request, the target's time included (default 30s): a proxy that
+	// died holding an idle connection of the gateway's never answers;
+	// a request without a body is then tried on another.
+	ResponseTimeout time.Duration `yaml:"response_timeout"`
 	// Cooldown: a proxy this gateway reported is passed over for this long
 	// (unless no other matches), default 10s.
 	Cooldown time.Duration `yaml:"cooldown"`
@@ -412,6 +417,7 @@ func (c *Config) SetDefaults() {
 		g.Retries = 2
 	}
 	setDur(&g.ConnectTimeout, 5*time.Second)
+	setDur(&g.ResponseTimeout, 30*time.Second)
 	setDur(&g.Cooldown, 10*time.Second)
 	for i := range g.Users {
 		if g.Users[i].MaxConns == 0 {

@@ -67,6 +67,7 @@ func (c *Config) Validate() error {
 		{"health.open_check_interval", c.Health.OpenCheckInterval},
 		{"health.report_interval", c.Health.ReportInterval},
 		{"gateway.connect_timeout", c.Gateway.ConnectTimeout},
+		{"gateway.response_timeout", c.Gateway.ResponseTimeout},
 		{"gateway.cooldown", c.Gateway.Cooldown},
 	} {
 		if d.v < 0 {

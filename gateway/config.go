@@ -31,6 +31,13 @@ type Config struct {
 	// ConnectTimeout bounds the connection to a proxy and, for CONNECT,
 	// the proxy's answer to it (default 5s).
 	ConnectTimeout time.Duration
+	// ResponseTimeout bounds the wait for a proxy's answer (its status
+	// line and headers) to a plain request (default 30s): a proxy that
+	// died while the gateway kept an idle connection to it takes the
+	// request and never answers. A request without a body that hits it is
+	// tried on another proxy, as one whose connect failed; it includes
+	// the target's time to answer, so it is long.
+	ResponseTimeout time.Duration
 	// RetryAfter is the Retry-After of the 503 answered when no proxy
 	// matches (default 5s; sent in whole seconds, at least 1).
 	RetryAfter time.Duration
@@ -67,6 +74,7 @@ type User struct {
 const (
 	DefaultRetries          = 2
 	DefaultConnectTimeout   = 5 * time.Second
+	DefaultResponseTimeout  = 30 * time.Second
 	DefaultRetryAfter       = 5 * time.Second
 	DefaultDrainTimeout     = 5 * time.Second
 	DefaultHandshakeTimeout = 10 * time.Second
@@ -81,6 +89,7 @@ func (c Config) WithDefaults() Config {
 		c.Retries = DefaultRetries
 	}
 	setDur(&c.ConnectTimeout, DefaultConnectTimeout)
+	setDur(&c.ResponseTimeout, DefaultResponseTimeout)
 	setDur(&c.RetryAfter, DefaultRetryAfter)
 	setDur(&c.DrainTimeout, DefaultDrainTimeout)
 	setDur(&c.HandshakeTimeout, DefaultHandshakeTimeout)
@@ -167,6 +176,7 @@ func (c Config) Validate() error {
 		v time.Duration
 	}{
 		{"gateway.connect_timeout", c.ConnectTimeout},
+		{"gateway.response_timeout", c.ResponseTimeout},
 		{"gateway.retry_after", c.RetryAfter},
 		{"gateway.drain_timeout", c.DrainTimeout},
 		{"gateway.handshake_timeout", c.HandshakeTimeout},

@@ -90,6 +90,7 @@ func New(picker Picker, cfg Config) (*Gateway, error) {
 		MaxIdleConnsPerHost:   64,
 		IdleConnTimeout:       90 * time.Second,
 		TLSHandshakeTimeout:   cfg.ConnectTimeout,
+		ResponseHeaderTimeout: cfg.ResponseTimeout,
 		ExpectContinueTimeout: time.Second,
 	}
 	return g, nil

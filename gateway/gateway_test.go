@@ -382,7 +382,7 @@ func TestFailover(t *testing.T) {
 			good := newUpstream(t, "good", "")
 			bad1, bad2 := c.bad(t), c.bad(t)
 			pk := newPicker(Proxy{ID: "bad1", Addr: bad1}, Proxy{ID: "bad2", Addr: bad2}, Proxy{ID: "good", Addr: good.addr()})
-			g := startGateway(t, pk, func(c *Config) { c.ConnectTimeout = 300 * time.Millisecond })
+			g := startGateway(t, pk, func(c *Config) { c.ConnectTimeout, c.ResponseTimeout = 300*time.Millisecond, 300*time.Millisecond })
 			tg := newTarget(t, false)
 
 			// CONNECT: bad1, bad2, then good.
@@ -402,11 +402,6 @@ func TestFailover(t *testing.T) {
 			// Plain: the same (the picker goes on round robin: bad1, bad2,
 			// good), except that a plain answer of the proxy is the
 			// target's, 407 aside: the 502 is passed on.
-			if c.name == "no answer" {
-				// A plain request's wait for its answer includes the
-				// target's time: ConnectTimeout bounds only the connect.
-				return
-			}
 			status, id, body := get(t, g.client(t, "alice", alicePass), tg.srv.URL, nil)
 			switch c.name {
 			case "502":
@@ -418,8 +413,13 @@ func TestFailover(t *testing.T) {
 					t.Fatalf("plain: %d via %q %q", status, id, body)
 				}
 				plainReason := c.reason
-				if c.name == "407" {
+				switch c.name {
+				case "407":
 					plainReason = "answered 407 Proxy Authentication Required"
+				case "no answer":
+					// A proxy that takes the request and never answers
+					// (dead behind an idle connection): ResponseTimeout.
+					plainReason = "no answer within the response timeout"
 				}
 				want = append(want, report{"bad1", plainReason}, report{"bad2", plainReason})
 			}

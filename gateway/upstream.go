@@ -74,6 +74,9 @@ func (g *Gateway) classify(err error) *upstreamError {
 	}
 	var ne net.Error
 	switch {
+	case errors.As(err, &ne) && ne.Timeout() && strings.Contains(err.Error(), "awaiting response headers"):
+		// http.Transport's ResponseHeaderTimeout: no other way to tell it.
+		return &upstreamError{causeTimeout, "no answer within the response timeout"}
 	case errors.Is(err, errConnectTimeout), errors.Is(err, os.ErrDeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
 		return &upstreamError{causeTimeout, "connect timeout"}
 	case errors.Is(err, syscall.ECONNREFUSED):

@@ -51,7 +51,7 @@ func gatewayComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg pro
 	gc := gateway.Config{
 		Listen: c.Gateway.Listen, SocksListen: c.Gateway.SocksListen,
 		UpstreamUser: c.Proxy.Auth.User, UpstreamPassword: c.Proxy.Auth.Password.Reveal(),
-		Retries: c.Gateway.Retries, ConnectTimeout: c.Gateway.ConnectTimeout,
+		Retries: c.Gateway.Retries, ConnectTimeout: c.Gateway.ConnectTimeout, ResponseTimeout: c.Gateway.ResponseTimeout,
 		Logger: log, Registry: reg,
 	}
 	for _, u := range c.Gateway.Users {

@@ -43,7 +43,7 @@ func TestGatewayOverRealProxies(t *testing.T) {
 	writeFile(t, pwFile, "alice-gateway-secret\n")
 	e, rot := realGuestRig(t, "th-gw", func(c *config.Config) {
 		c.Gateway = config.Gateway{Listen: gwAddr, Users: []config.GatewayUser{{Name: "alice", PasswordFile: pwFile}},
-			ConnectTimeout: 2 * time.Second}
+			ConnectTimeout: 2 * time.Second, ResponseTimeout: 3 * time.Second}
 		// Health's rounds far apart, and the worker's observation
 		// further: what takes a dead proxy out in this test is the
 		// gateway's report and the probes it asks for.
