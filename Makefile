@@ -38,7 +38,7 @@ image: ## build the container image proxyfleet:VERSION from the Dockerfile with 
 	echo "$(CONTAINER_ENGINE) build -t $(IMAGE) --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -f Dockerfile ."; \
 	"$(CONTAINER_ENGINE)" build -t "$(IMAGE)" --build-arg "VERSION=$(VERSION)" --build-arg "COMMIT=$(COMMIT)" -f Dockerfile .
 
-run: build testhost ## set up the test host, then `proxyfleet serve` against it (embedded NATS) in the foreground; GUEST=debian boots the real Debian guest
+run: build testhost ## set up the test host, then `proxyfleet serve` against it (embedded NATS, the gateway on 127.0.0.1:8888) in the foreground; GUEST=debian boots the real Debian guest
 	@bash deploy/run.sh
 
 run-sim: build ## `proxyfleet serve` with two simulated hosts (no VMs) in the foreground

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -439,7 +440,7 @@ func TestRotationFromURL(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", base, err)
 		}
-		if got.Version != 12 || len(got.Proxies) != 1 || got.Proxies[0] != want.Proxies[0] {
+		if got.Version != 12 || len(got.Proxies) != 1 || !reflect.DeepEqual(got.Proxies[0], want.Proxies[0]) {
 			t.Fatalf("%s: got %+v", base, got)
 		}
 	}

@@ -22,6 +22,7 @@ type Config struct {
 	Proxy        Proxy   `yaml:"proxy"`
 	Worker       Worker  `yaml:"worker"`
 	Health       Health  `yaml:"health"`
+	Gateway      Gateway `yaml:"gateway"`
 }
 
 // NATS says how to reach the NATS system. An empty URL means the embedded
@@ -240,6 +241,59 @@ type Health struct {
 	// proxy.auth set): an open one leaves at once. A candidate is
 	// checked on every probe until it is admitted.
 	OpenCheckInterval time.Duration `yaml:"open_check_interval"`
+	// ReportInterval: after a consumer's report of a proxy (a gateway
+	// whose request through it failed) made health probe it at once,
+	// further reports of it within this long ask for nothing.
+	// ReportRate bounds the probes reports ask for, per second over all
+	// proxies. A report never takes a proxy out: only health's own
+	// probes do.
+	ReportInterval time.Duration `yaml:"report_interval"`
+	ReportRate     float64       `yaml:"report_rate"`
+}
+
+// Gateway is the one address the fleet's clients send traffic to (`proxyfleet
+// gateway`, or inside `serve` when Listen is set): an HTTP forward proxy
+// (and SOCKS5 on SocksListen) over the proxies in the rotation, reached with
+// proxy.auth.
+type Gateway struct {
+	// Listen is the HTTP proxy's address (host:port). Empty: no gateway
+	// in serve; the gateway role needs it or SocksListen.
+	Listen      string `yaml:"listen"`
+	SocksListen string `yaml:"socks_listen"`
+	// Users may use the gateway, each with its password (never an open
+	// proxy): at least one when it listens.
+	Users []GatewayUser `yaml:"users"`
+	// Strategy picks a proxy for a request without a session key:
+	// round-robin (default), random or least-busy.
+	Strategy string `yaml:"strategy"`
+	// Retries: how many other proxies a request whose proxy failed before
+	// any byte reached the client is tried on (default 2).
+	Retries int `yaml:"retries"`
+	// ConnectTimeout bounds the connection to a proxy and its answer to
+	// CONNECT (default 5s).
+	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	// ResponseTimeout bounds the wait for a proxy's answer to a plain
+	// request, the target's time included (default 30s): a proxy that
+	// died holding an idle connection of the gateway's never answers;
+	// a request without a body is then tried on another.
+	ResponseTimeout time.Duration `yaml:"response_timeout"`
+	// Cooldown: a proxy this gateway reported is passed over for this long
+	// (unless no other matches), default 10s.
+	Cooldown time.Duration `yaml:"cooldown"`
+	// HTTP is where `proxyfleet gateway` serves /metrics, /healthz and
+	// /readyz (overridden by --http; empty: no listener); `serve` serves
+	// the gateway's metrics on health.http.
+	HTTP string `yaml:"http"`
+}
+
+// GatewayUser is one user of the gateway. The password comes from
+// PasswordFile, read by LoadGatewaySecrets and never printed.
+type GatewayUser struct {
+	Name         string `yaml:"name"`
+	PasswordFile string `yaml:"password_file"`
+	// MaxConns bounds the user's connections at once (default 256).
+	MaxConns int    `yaml:"max_conns"`
+	Password Secret `yaml:"-" json:"-"`
 }
 
 // Load reads, defaults and validates the file at path.
@@ -351,6 +405,25 @@ func (c *Config) SetDefaults() {
 	}
 	setDur(&hl.LeaseTTL, 15*time.Second)
 	setDur(&hl.OpenCheckInterval, time.Minute)
+	setDur(&hl.ReportInterval, 5*time.Second)
+	if hl.ReportRate == 0 {
+		hl.ReportRate = 20
+	}
+	g := &c.Gateway
+	if g.Strategy == "" {
+		g.Strategy = "round-robin"
+	}
+	if g.Retries == 0 {
+		g.Retries = 2
+	}
+	setDur(&g.ConnectTimeout, 5*time.Second)
+	setDur(&g.ResponseTimeout, 30*time.Second)
+	setDur(&g.Cooldown, 10*time.Second)
+	for i := range g.Users {
+		if g.Users[i].MaxConns == 0 {
+			g.Users[i].MaxConns = 256
+		}
+	}
 }
 
 // defaultMaxProxies is a host's room by driver: what a KVM host of modest

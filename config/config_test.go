@@ -64,6 +64,17 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "worker: {observe_interval: -1s}\n", "worker.observe_interval"},
 		{"hosts:\n  - {name: a, driver: sim, max_proxies: -1, sim: {dir: /x}}\n", "hosts[0].max_proxies"},
 		{good + "worker: {quarantine_cool_down: 1m, quarantine_max_cool_down: 30s}\n", "worker.quarantine_max_cool_down"},
+		{good + "health: {report_rate: -1}\n", "health.report_rate"},
+		{good + "gateway: {listen: '127.0.0.1:8888'}\n", "gateway.users"},
+		{good + "gateway: {listen: nope, users: [{name: a, password_file: /p}]}\n", "gateway.listen"},
+		{good + "gateway: {socks_listen: nope, users: [{name: a, password_file: /p}]}\n", "gateway.socks_listen"},
+		{good + "gateway: {listen: ':8888', users: [{name: al-ice, password_file: /p}]}\n", "gateway.users[0].name"},
+		{good + "gateway: {listen: ':8888', users: [{name: a, password_file: /p}, {name: a, password_file: /q}]}\n", "gateway.users[1].name"},
+		{good + "gateway: {listen: ':8888', users: [{name: a}]}\n", "gateway.users[0].password_file"},
+		{good + "gateway: {listen: ':8888', users: [{name: a, password_file: /p, max_conns: -2}]}\n", "gateway.users[0].max_conns"},
+		{good + "gateway: {strategy: fastest}\n", "gateway.strategy"},
+		{good + "gateway: {retries: 11}\n", "gateway.retries"},
+		{good + "gateway: {connect_timeout: -1s}\n", "gateway.connect_timeout"},
 	} {
 		_, err := Parse([]byte(tc.edit))
 		var fe *FieldError
@@ -166,6 +177,35 @@ func TestLoadSecrets(t *testing.T) {
 	c, _ = Parse([]byte("hosts:\n  - {name: sim1, driver: sim, sim: {dir: /tmp/x}}\n"))
 	if err := c.LoadSecrets(func(string) string { return "" }); err != nil {
 		t.Errorf("no auth: %v", err)
+	}
+}
+
+func TestGatewayDefaultsAndSecrets(t *testing.T) {
+	dir := t.TempDir()
+	pw := dir + "/alice"
+	if err := os.WriteFile(pw, []byte("alice-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Parse([]byte(good + "gateway: {listen: '127.0.0.1:8888', users: [{name: alice, password_file: " + pw + "}, {name: bob, password_file: " + dir + "/bob}]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := c.Gateway
+	if g.Strategy != "round-robin" || g.Retries != 2 || g.ConnectTimeout != 5*time.Second || g.Cooldown != 10*time.Second ||
+		g.Users[0].MaxConns != 256 || c.Health.ReportInterval != 5*time.Second || c.Health.ReportRate != 20 {
+		t.Fatalf("defaults not filled: %+v %+v", g, c.Health)
+	}
+	err = c.LoadGatewaySecrets()
+	var fe *FieldError
+	if !errors.As(err, &fe) || fe.Field != "gateway.users[1].password_file" {
+		t.Fatalf("bob's missing password: %v, want field gateway.users[1].password_file", err)
+	}
+	c.Gateway.Users = c.Gateway.Users[:1]
+	if err := c.LoadGatewaySecrets(); err != nil || c.Gateway.Users[0].Password.Reveal() != "alice-secret" {
+		t.Fatalf("alice: %v", err)
+	}
+	if b, _ := yaml.Marshal(c.Gateway); strings.Contains(string(b), "alice-secret") {
+		t.Fatalf("the gateway config shows a password: %s", b)
 	}
 }
 

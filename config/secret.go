@@ -48,19 +48,9 @@ func (c *Config) LoadSecrets(getenv func(string) string) error {
 	var pw string
 	switch {
 	case a.PasswordFile != "":
-		b, err := os.ReadFile(a.PasswordFile)
-		if errors.Is(err, fs.ErrNotExist) {
-			return bad("proxy.auth.password_file", "%s does not exist", a.PasswordFile)
-		}
-		if err != nil {
-			return bad("proxy.auth.password_file", "%v", err)
-		}
-		pw = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
-		if pw == "" {
-			return bad("proxy.auth.password_file", "%s is empty", a.PasswordFile)
-		}
-		if err := checkPassword(pw); err != nil {
-			return bad("proxy.auth.password_file", "%s: %v", a.PasswordFile, err)
+		var err error
+		if pw, err = readPasswordFile("proxy.auth.password_file", a.PasswordFile); err != nil {
+			return err
 		}
 	case getenv(PasswordEnv) != "":
 		pw = getenv(PasswordEnv)
@@ -87,4 +77,40 @@ func checkPassword(pw string) error {
 		}
 	}
 	return nil
+}
+
+// LoadGatewaySecrets reads the gateway users' passwords from their
+// password_file: the gateway role, and serve when gateway.listen is set,
+// call it at start.
+func (c *Config) LoadGatewaySecrets() error {
+	for i := range c.Gateway.Users {
+		u := &c.Gateway.Users[i]
+		pw, err := readPasswordFile(fmt.Sprintf("gateway.users[%d].password_file", i), u.PasswordFile)
+		if err != nil {
+			return err
+		}
+		u.Password = Secret(pw)
+	}
+	return nil
+}
+
+// readPasswordFile reads a password from file, for the config field
+// field: it must exist and hold one (only the trailing newline is
+// dropped), which checkPassword accepts.
+func readPasswordFile(field, file string) (string, error) {
+	b, err := os.ReadFile(file)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", bad(field, "%s does not exist", file)
+	}
+	if err != nil {
+		return "", bad(field, "%v", err)
+	}
+	pw := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+	if pw == "" {
+		return "", bad(field, "%s is empty", file)
+	}
+	if err := checkPassword(pw); err != nil {
+		return "", bad(field, "%s: %v", file, err)
+	}
+	return pw, nil
 }

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -64,6 +65,10 @@ func (c *Config) Validate() error {
 		{"health.grace", c.Health.Grace},
 		{"health.lease_ttl", c.Health.LeaseTTL},
 		{"health.open_check_interval", c.Health.OpenCheckInterval},
+		{"health.report_interval", c.Health.ReportInterval},
+		{"gateway.connect_timeout", c.Gateway.ConnectTimeout},
+		{"gateway.response_timeout", c.Gateway.ResponseTimeout},
+		{"gateway.cooldown", c.Gateway.Cooldown},
 	} {
 		if d.v < 0 {
 			return bad(d.f, "negative duration %s", d.v)
@@ -195,6 +200,12 @@ func (c *Config) Validate() error {
 			return bad("health.target", "%q: want http(s)://host[:port]/path", t)
 		}
 	}
+	if r := c.Health.ReportRate; r < 0 || r > 10000 {
+		return bad("health.report_rate", "%g is out of range [0, 10000] (probes a second)", r)
+	}
+	if err := c.Gateway.validate(); err != nil {
+		return err
+	}
 	if l := c.Health.ProbeListen; l != "" {
 		host, _, err := net.SplitHostPort(l)
 		if err != nil {
@@ -296,6 +307,52 @@ func checkArtifact(f string, a Artifact) error {
 		return bad(f+".url", "%q: want file://, http:// or https://", a.URL)
 	case len(a.SHA256) != 64 || strings.Trim(strings.ToLower(a.SHA256), "0123456789abcdef") != "":
 		return bad(f+".sha256", "want 64 hex digits")
+	}
+	return nil
+}
+
+// gatewayUserRE: a gateway user name ends where its options begin
+// (USER-session-KEY, USER-label-K-V), so it has no '-'; nor ':' (it ends
+// the user in Basic credentials).
+var gatewayUserRE = regexp.MustCompile(`^[A-Za-z0-9._]{1,64}$`)
+
+// Strategies of gateway.strategy.
+var gatewayStrategies = []string{"round-robin", "random", "least-busy"}
+
+func (g Gateway) validate() error {
+	for _, l := range []struct{ f, v string }{{"gateway.listen", g.Listen}, {"gateway.socks_listen", g.SocksListen}, {"gateway.http", g.HTTP}} {
+		if l.v == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(l.v); err != nil {
+			return bad(l.f, "%v", err)
+		}
+	}
+	if (g.Listen != "" || g.SocksListen != "") && len(g.Users) == 0 {
+		return bad("gateway.users", "at least one user (name, password_file) is needed: the gateway is never an open proxy")
+	}
+	names := map[string]bool{}
+	for i, u := range g.Users {
+		f := fmt.Sprintf("gateway.users[%d]", i)
+		if !gatewayUserRE.MatchString(u.Name) {
+			return bad(f+".name", "%q: want 1 to 64 letters, digits, '.' or '_' (no '-': it starts the options, as in name-session-KEY)", u.Name)
+		}
+		if names[u.Name] {
+			return bad(f+".name", "%q is named twice", u.Name)
+		}
+		names[u.Name] = true
+		if u.PasswordFile == "" {
+			return bad(f+".password_file", "required")
+		}
+		if u.MaxConns < 1 || u.MaxConns > 1<<20 {
+			return bad(f+".max_conns", "%d is out of range [1, 1048576]", u.MaxConns)
+		}
+	}
+	if !slices.Contains(gatewayStrategies, g.Strategy) {
+		return bad("gateway.strategy", "%q is not one of %s", g.Strategy, strings.Join(gatewayStrategies, ", "))
+	}
+	if g.Retries < 0 || g.Retries > 10 {
+		return bad("gateway.retries", "%d is out of range [0, 10]", g.Retries)
 	}
 	return nil
 }

@@ -28,20 +28,28 @@ debian)
   ;;
 *) echo "GUEST=$guest: want test or debian" >&2; exit 1 ;;
 esac
+# The gateway's one user, demo, with a password of its own made once.
+gwpass=$dir/gateway-demo-password
+[ -s "$gwpass" ] || { umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$gwpass"; }
 # The test host's config plus what a demo wants: fast health probing
 # through every proxy into the health process's own /probe, served on the
-# root namespace's address the guests reach.
+# root namespace's address the guests reach, and the gateway.
 {
   base
   cat <<YAML
 worker: {poll_interval: 1s, observe_interval: 5s}
 health: {http: "127.0.0.1:8080", probe_listen: "$TESTHOST_ROOT_IP:8081", interval: 2s, rise: 2, fall: 3, grace: 30s}
+gateway:
+  listen: "127.0.0.1:8888"
+  socks_listen: "127.0.0.1:1080"
+  users: [{name: demo, password_file: "$gwpass"}]
 YAML
 } > "$cfg"
 listen=${PROXYFLEET_LISTEN:-127.0.0.1:4222}
 cat <<TXT
 
 proxyfleet serve: embedded NATS on nats://$listen, health on http://127.0.0.1:8080, guest: $guest
+gateway: http://127.0.0.1:8888 (HTTP proxy) and socks5://127.0.0.1:1080, user demo, password in $gwpass
 host th1: libvirtd over ssh at $TESTHOST_SSH_ADDR (netns $TESTHOST_NETNS), guests on $TESTHOST_BRIDGE_IP/24
 config: $cfg
 
@@ -52,6 +60,8 @@ In another terminal (as root, from $PWD):
   curl -s http://127.0.0.1:8080/rotation   # the same, from the health process
   curl -x http://$TESTHOST_PROXY_USER:\$(cat $TESTHOST_PROXY_PASSWORD_FILE)@\$(bin/proxyfleet rotation --json | sed -n 's/.*"addr": *"\\([^"]*\\)".*/\\1/p' | head -1) http://$TESTHOST_ROOT_IP:8081/probe?nonce=hello
                                            # a request through a proxy of the rotation, with the fleet's credential (proxy.auth)
+  curl -x http://demo:\$(cat $gwpass)@127.0.0.1:8888 -i http://$TESTHOST_ROOT_IP:8081/probe?nonce=hello
+                                           # the same through the gateway, which picks the proxy (X-Proxyfleet-Proxy says which)
   bin/proxyfleet delete p1 --wait
 
 With the nats CLI (go install github.com/nats-io/natscli/nats@v0.5.0):

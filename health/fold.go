@@ -1,6 +1,7 @@
 package health
 
 import (
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -128,6 +129,9 @@ type proxyState struct {
 	ip    string // last address reported, kept through a grace
 	port  int
 	at    time.Time // time of the last event
+	// labels of the proxy's create command, from its last event (never
+	// changed in place: an event with other labels replaces the map)
+	labels map[string]string
 
 	seeded bool // loaded by Seed and not yet confirmed by an event
 
@@ -237,6 +241,10 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 	seeded := p.seeded
 	p.seeded = false
 	p.seq, p.state, p.host, p.cmd, p.at = ev.Seq, ev.State, ev.Host, ev.CommandID, at
+	// A proxy in the rotation whose labels change (a spec change that
+	// kept its address) changes the snapshot, which carries them.
+	relabelled := !maps.Equal(p.labels, ev.Labels)
+	p.labels = ev.Labels
 
 	switch {
 	case ev.State == messages.StateRunning && ev.IP != "" && ev.Port > 0:
@@ -252,6 +260,9 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 			// Confirmed: date it by the event, as a process that
 			// saw the event live would.
 			p.since = at
+		}
+		if relabelled && p.inRotation {
+			changed = true
 		}
 		// The sim driver's proxies have made-up addresses: nothing to
 		// probe, so they enter on the event, as without probing.
@@ -289,7 +300,7 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 			f.forget(p)
 			return true, true
 		}
-		return false, true
+		return relabelled, true
 
 	default: // failed, deleting, deleted: out, and forget all but the seq.
 		changed = f.leave(p)
@@ -618,7 +629,7 @@ func (f *Fold) Snapshot() []messages.RotationEntry {
 	out := make([]messages.RotationEntry, 0, f.inRot)
 	for id, p := range f.proxies {
 		if p.inRotation {
-			out = append(out, messages.RotationEntry{ID: id, Addr: p.addr, Host: p.host, Since: p.since, Egress: p.egress})
+			out = append(out, messages.RotationEntry{ID: id, Addr: p.addr, Host: p.host, Since: p.since, Egress: p.egress, Labels: p.labels})
 		}
 	}
 	slices.SortFunc(out, func(a, b messages.RotationEntry) int { return strings.Compare(a.ID, b.ID) })

@@ -48,6 +48,17 @@ func (f *Fold) Rising(id string) (Target, bool) {
 	return Target{ID: id, Addr: p.addr, Epoch: p.epoch, CheckOpen: f.needOpen(p, f.now())}, true
 }
 
+// Target returns id's target if it is a candidate to probe now: running
+// at an address (or in the rotation on grace), not the sim driver's. A
+// report of the proxy asks for that probe (see report.go).
+func (f *Fold) Target(id string) (Target, bool) {
+	p := f.proxies[id]
+	if p == nil || p.addr == "" || p.sim {
+		return Target{}, false
+	}
+	return Target{ID: id, Addr: p.addr, Epoch: p.epoch, CheckOpen: f.needOpen(p, f.now())}, true
+}
+
 // TargetsLen is len(Targets()), without making them.
 func (f *Fold) TargetsLen() int {
 	n := 0

@@ -402,3 +402,29 @@ func TestFoldSeededProxyGraceWithUnknownCommand(t *testing.T) {
 		t.Fatal("a new command's provisioning left the seeded proxy in")
 	}
 }
+
+// A proxy's labels come from its events into the snapshot; new labels on
+// a proxy in the rotation (same address) change the snapshot, the same
+// ones do not.
+func TestFoldCarriesLabels(t *testing.T) {
+	f := NewFold(0, func() time.Time { return t0 })
+	e := at(ev("p1", 1, messages.StateRunning, "198.18.0.10"), 0)
+	e.Labels = map[string]string{"pool": "eu"}
+	if !f.Apply(e) {
+		t.Fatal("running did not enter")
+	}
+	if got := f.Snapshot()[0].Labels; !reflect.DeepEqual(got, map[string]string{"pool": "eu"}) {
+		t.Fatalf("labels %v, want pool=eu", got)
+	}
+	e.Seq = 2
+	if f.Apply(e) {
+		t.Fatal("the same labels again changed the rotation")
+	}
+	e.Seq, e.Labels = 3, map[string]string{"pool": "us"}
+	if !f.Apply(e) {
+		t.Fatal("new labels did not change the rotation")
+	}
+	if got := f.Snapshot()[0].Labels; got["pool"] != "us" {
+		t.Fatalf("labels %v, want pool=us", got)
+	}
+}

@@ -108,6 +108,12 @@ type Config struct {
 	// candidate is checked before it enters, and one found open is
 	// checked at every round until it refuses.
 	OpenCheckInterval time.Duration
+	// ReportInterval is how soon after a report made health probe a proxy
+	// another report of it asks for nothing (default 5s); ReportRate how
+	// many probes a second reports may ask for over all proxies (default
+	// 20). See report.go.
+	ReportInterval time.Duration
+	ReportRate     float64
 
 	// LeaseTTL is how long the publisher's lease in PROXY_LEASES lasts
 	// without a renewal (default 15s); the holder renews every third of
@@ -164,6 +170,10 @@ func (cfg Config) WithDefaults() Config {
 	def(&cfg.Timeout, cfg.Interval*8/10)
 	def(&cfg.LeaseTTL, DefaultLeaseTTL)
 	def(&cfg.OpenCheckInterval, DefaultOpenCheckInterval)
+	def(&cfg.ReportInterval, DefaultReportInterval)
+	if cfg.ReportRate <= 0 {
+		cfg.ReportRate = DefaultReportRate
+	}
 	cfg.Rise = cmp.Or(cfg.Rise, 2)
 	cfg.Fall = cmp.Or(cfg.Fall, 3)
 	cfg.Concurrency = cmp.Or(cfg.Concurrency, 64)
@@ -262,6 +272,8 @@ type Health struct {
 	leaseUntil   time.Time
 	leaseEpoch   uint64
 	checksWake   chan struct{}
+
+	reports reports // under mu
 }
 
 // New returns a health process on js. Call Run to run it.
@@ -307,6 +319,7 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 		checksWake: make(chan struct{}, 1),
 		missing:    make(map[string]*missingSince),
 		probeStats: newProbeStats(),
+		reports:    newReports(cfg.ReportRate),
 
 		probeLatency: newProbeLatency(),
 		registry:     cfg.Registry,

@@ -48,6 +48,9 @@ type Metrics struct {
 	// many puts and deletes of PROXY_CHECKS it made.
 	Checks      int
 	CheckWrites uint64
+	// Reports counts the reports of proxies received, by outcome
+	// (ReportProbed, ...).
+	Reports map[string]uint64
 }
 
 // ProbeBuckets are the upper bounds of the probe latency histogram
@@ -122,6 +125,7 @@ func (h *Health) Metrics() Metrics {
 		Refusals:        map[string]uint64{messages.VerdictOpen: st.RefusedOpen, messages.VerdictLeaky: st.RefusedLeaky},
 		Checks:          len(h.fold.Checks()),
 		CheckWrites:     h.checksWrites,
+		Reports:         maps.Clone(h.reports.outcomes),
 	}
 	for k, v := range h.probeStats.results {
 		m.Probes[k] = v
@@ -190,6 +194,7 @@ var (
 	descOpenChecks = prometheus.NewDesc("proxyfleet_open_checks_total", "Open checks (a probe's request sent again without credentials) by result: refused, open, inconclusive.", []string{"result"}, nil)
 	descRefused    = prometheus.NewDesc("proxyfleet_health_refused", "Candidates kept out of the rotation by their checks, by verdict (open, leaky).", []string{"verdict"}, nil)
 	descRefusals   = prometheus.NewDesc("proxyfleet_health_refusals_total", "Times a candidate's verdict became open or leaky.", []string{"verdict"}, nil)
+	descReports    = prometheus.NewDesc("proxyfleet_health_reports_total", "Reports of proxies by consumers of the rotation, by outcome: probed (at once), limited (dropped by the per-proxy interval or the rate), stale (an old address), unknown (no such proxy being probed), invalid.", []string{"outcome"}, nil)
 	descReady      = prometheus.NewDesc("proxyfleet_health_ready", "1 while the health process is ready (as /readyz): caught up, publishing or standing by, its streams and buckets there.", nil, nil)
 )
 
@@ -202,6 +207,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descOpenChecks
 	ch <- descRefused
 	ch <- descRefusals
+	ch <- descReports
 	ch <- descReady
 	c.h.probeLatency.Describe(ch)
 }
@@ -225,6 +231,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	for _, v := range verdicts {
 		ch <- prometheus.MustNewConstMetric(descRefused, prometheus.GaugeValue, float64(m.Refused[v]), v)
 		ch <- prometheus.MustNewConstMetric(descRefusals, prometheus.CounterValue, float64(m.Refusals[v]), v)
+	}
+	for _, o := range reportOutcomes {
+		ch <- prometheus.MustNewConstMetric(descReports, prometheus.CounterValue, float64(m.Reports[o]), o)
 	}
 	ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, b2f(c.h.Ready() == nil))
 	c.h.probeLatency.Collect(ch)

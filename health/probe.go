@@ -249,6 +249,7 @@ func (h *Health) reportProbe(ctx context.Context, o probeOutcome) {
 	if o.Open == OpenInconclusive {
 		h.log.Debug("open check inconclusive", "id", o.ID, "err", o.OpenErr)
 	}
+	h.followReportLocked(o)
 	h.probeIfRisingLocked(o.ID)
 }
 

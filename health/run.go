@@ -113,6 +113,10 @@ func (h *Health) start(ctx context.Context) error {
 	}
 
 	h.sched = newProbeSched(h.prober, h.cfg.Concurrency, h.cfg.Timeout, h.now, h.reportProbe)
+	if err := h.subscribeReports(); err != nil {
+		closeListeners()
+		return fmt.Errorf("health: subscribe to %s: %w", h.subj.ReportAll(), err)
+	}
 	if err := h.bind(ctx); err != nil {
 		if errors.Is(err, errMismatch) || ctx.Err() != nil {
 			closeListeners()
@@ -192,6 +196,7 @@ func (h *Health) start(ctx context.Context) error {
 func (h *Health) stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 	defer cancel()
+	h.unsubscribeReports()
 	// The keeper stops consuming and deletes its consumer; the loop
 	// releases the lease.
 	h.cancel()

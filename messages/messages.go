@@ -105,6 +105,12 @@ type StateEvent struct {
 	CommandSeq uint64    `json:"command_seq,omitempty"`
 	Seq        uint64    `json:"seq"`
 	At         time.Time `json:"at"`
+	// Labels are the labels of the create command this event reports on
+	// (its desired record's), so that readers of the events (health, the
+	// rotation's consumers) can select proxies by label. Added to the
+	// contract: optional, absent when the proxy has none and from older
+	// workers.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // RotationEntry is one proxy clients may use.
@@ -117,6 +123,9 @@ type RotationEntry struct {
 	// come from (its public address), when health's probe target reports
 	// it. Added to the contract: optional, absent when unknown.
 	Egress string `json:"egress,omitempty"`
+	// Labels are the proxy's labels (from its create command, through
+	// its state events). Optional, absent when it has none.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // Verdicts of health's checks of a proxy (CheckRecord.Verdict).
@@ -158,6 +167,24 @@ type Rotation struct {
 	Version uint64          `json:"version"`
 	Proxies []RotationEntry `json:"proxies"`
 	At      time.Time       `json:"at"`
+}
+
+// Report says that a proxy failed a consumer of the rotation (a gateway,
+// a program using package rotation), on <prefix>.report.<id>. Health
+// probes the proxy at once and counts a failure only if its own probe
+// fails: a report never removes a proxy by itself.
+type Report struct {
+	V  int    `json:"v"`
+	ID string `json:"id"`
+	// Addr is the address that failed (ip:port); a report of an address
+	// the proxy no longer has is ignored.
+	Addr string `json:"addr,omitempty"`
+	// Reason says what failed: "connect: connection refused", "CONNECT
+	// answered 502", "timeout"... (at most 256 bytes are kept).
+	Reason string `json:"reason"`
+	// By names the reporter (a gateway instance), for the logs.
+	By string    `json:"by,omitempty"`
+	At time.Time `json:"at"`
 }
 
 // DeadLetter is a command that ran out of attempts, on <prefix>.dead.<id>.

@@ -57,6 +57,12 @@ func (s Subjects) Dead(id string) string { return s.join("dead", id) }
 // Rotation is <prefix>.rotation.
 func (s Subjects) Rotation() string { return s.join("rotation") }
 
+// Report is where consumers report that proxy id failed them.
+func (s Subjects) Report(id string) string { return s.join("report", id) }
+
+// ReportAll matches every proxy's reports.
+func (s Subjects) ReportAll() string { return s.join("report", "*") }
+
 // Work is <prefix>.work.<host>.<id>, the execution queue of one host.
 func (s Subjects) Work(host, id string) string { return s.join("work", host, id) }
 
@@ -102,6 +108,15 @@ func (s Subjects) ParseState(subject string) (string, error) {
 	id, ok := strings.CutPrefix(subject, s.Prefix+".state.")
 	if !ok || id == "" || strings.Contains(id, ".") {
 		return "", fmt.Errorf("subject %q: want %s.state.<id>", subject, s.Prefix)
+	}
+	return id, nil
+}
+
+// ParseReport returns the proxy id of a <prefix>.report.<id> subject.
+func (s Subjects) ParseReport(subject string) (string, error) {
+	id, ok := strings.CutPrefix(subject, s.Prefix+".report.")
+	if !ok || id == "" || strings.Contains(id, ".") {
+		return "", fmt.Errorf("subject %q: want %s.report.<id>", subject, s.Prefix)
 	}
 	return id, nil
 }

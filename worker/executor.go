@@ -319,6 +319,9 @@ func (e *executor) publish(ctx context.Context, d *messages.Desired, state strin
 	if state == messages.StateRunning {
 		ev.IP, ev.Source, ev.Port = obs.IP, obs.Source, e.w.cfg.ProxyPort
 	}
+	if d.Op == messages.OpCreate {
+		ev.Labels = d.Labels
+	}
 	_, err := e.w.events.Publish(ctx, ev)
 	if errors.Is(err, errEventSuperseded) {
 		// A newer command has reported on this proxy: what this one

@@ -259,7 +259,7 @@ func (e *executor) observeOne(ctx context.Context, id string) (bool, error) {
 	if ev.State == last.State && ev.IP == last.IP {
 		return false, nil
 	}
-	ev.ID, ev.Host, ev.CommandID, ev.CommandSeq = id, e.host, d.CommandID, d.Seq
+	ev.ID, ev.Host, ev.CommandID, ev.CommandSeq, ev.Labels = id, e.host, d.CommandID, d.Seq, d.Labels
 	if ev.State == messages.StateProvisioning && ev.Reason == "" {
 		ev.Reason = "no address"
 	}

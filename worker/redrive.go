@@ -75,7 +75,7 @@ func (e *executor) redrive(ctx context.Context, d *messages.Desired) (bool, erro
 	w.stats.redriven.Add(1)
 	w.metrics.redrives.Inc()
 	w.log.Warn("domain gone behind our back: re-creating it", "host", e.host, "id", d.ID, "command_id", d.CommandID)
-	ev := messages.StateEvent{ID: d.ID, Host: e.host, CommandID: d.CommandID, CommandSeq: d.Seq, State: messages.StateProvisioning, Reason: reasonRedrive}
+	ev := messages.StateEvent{ID: d.ID, Host: e.host, CommandID: d.CommandID, CommandSeq: d.Seq, State: messages.StateProvisioning, Reason: reasonRedrive, Labels: d.Labels}
 	if _, err := w.events.Publish(ctx, ev); err != nil && !errors.Is(err, errEventSuperseded) {
 		return false, fmt.Errorf("re-drive %s: %w", d.ID, err)
 	}

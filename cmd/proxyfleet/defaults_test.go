@@ -56,6 +56,8 @@ func TestConfigDefaultsAreTheRoles(t *testing.T) {
 		{"health.concurrency", hg.Concurrency, hw.Concurrency},
 		{"health.lease_ttl", hg.LeaseTTL, hw.LeaseTTL},
 		{"health.open_check_interval", hg.OpenCheckInterval, hw.OpenCheckInterval},
+		{"health.report_interval", hg.ReportInterval, hw.ReportInterval},
+		{"health.report_rate", hg.ReportRate, hw.ReportRate},
 	} {
 		if d.file != d.role {
 			t.Errorf("%s defaults to %v in the file, %v in the role", d.field, d.file, d.role)

@@ -4,6 +4,7 @@
 //	proxyfleet setup    [flags]   create or update every stream and bucket to the config (admin credential)
 //	proxyfleet worker   [flags]   the worker role only
 //	proxyfleet health   [flags]   the health role only
+//	proxyfleet gateway  [flags]   one address for clients: a forward proxy (HTTP, SOCKS5) over the rotation
 //	proxyfleet create ID [--host H] [--image I] [--cpus N] [--memory-mib M] [--command-id C] [--wait]
 //	proxyfleet delete ID [--command-id C] [--wait]
 //	proxyfleet get ID | list | watch | rotation | hosts

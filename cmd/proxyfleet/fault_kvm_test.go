@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -584,7 +585,7 @@ func TestFault_poolFull(t *testing.T) {
 	if err != nil || in.State != messages.StateRunning || in.IP != fits.IP {
 		t.Errorf("fp-0 after the pool filled up: %+v %v, want running at %s", in, err, fits.IP)
 	}
-	if ev := f.lastEvent("fp-0"); ev != fits {
+	if ev := f.lastEvent("fp-0"); !reflect.DeepEqual(ev, fits) {
 		t.Errorf("fp-0: an event since it ran: %+v", ev)
 	}
 	if doms, vols := f.hostObjects("fp-0"); len(doms) != 1 || len(vols) != 2 {

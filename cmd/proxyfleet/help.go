@@ -22,7 +22,7 @@ type helpText struct {
 var helps = map[string]helpText{
 	"serve": {
 		args:    "--config F",
-		summary: "run everything in one process: an embedded nats-server (unless a server is named), set-up and its repairer, a worker and the health process",
+		summary: "run everything in one process: an embedded nats-server (unless a server is named), set-up and its repairer, a worker, the health process, and the gateway when gateway.listen is set",
 		more: "--config is required: it names the hosts. Without --server, NATS_URL or a nats context\n" +
 			"naming a URL, serve runs an embedded nats-server on --listen with its store in --data-dir.",
 		examples: []string{"proxyfleet serve --config proxyfleet.yaml", "proxyfleet serve --config proxyfleet.yaml --server nats://nats:4222 --repair"},
@@ -40,6 +40,15 @@ var helps = map[string]helpText{
 	"health": {
 		summary:  "run the health role: fold state events and probes into the rotation, and serve it over HTTP",
 		examples: []string{"proxyfleet health --config proxyfleet.yaml --http 127.0.0.1:8080"},
+	},
+	"gateway": {
+		args:    "--config F",
+		summary: "run the gateway: one address for the fleet's clients, an HTTP forward proxy (and SOCKS5) over the proxies in the rotation",
+		more: "gateway.listen (or gateway.socks_listen) and gateway.users are required. A user name may carry options:\n" +
+			"USER-session-KEY keeps a client on one proxy, USER-label-K-V selects by label, USER-pool-NAME by pool.\n" +
+			"--http serves /metrics, /healthz (liveness) and /readyz (ready: the rotation read and the listeners bound).\n" +
+			"A client: curl -x http://alice:PASSWORD@127.0.0.1:8888 https://example.com/",
+		examples: []string{"proxyfleet gateway --config proxyfleet.yaml --http 127.0.0.1:9091"},
 	},
 	"create": {
 		args: "ID", summary: "ask for a proxy named ID (lowercase letters, digits and '-')",

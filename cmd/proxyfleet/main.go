@@ -15,6 +15,7 @@ Usage:
   proxyfleet setup    [--config F] [--repair [--interval 5s]]
   proxyfleet worker   --config F [--id ID]
   proxyfleet health   [--config F] [--http ADDR]
+  proxyfleet gateway  --config F [--http ADDR]
   proxyfleet create   ID [--host H] [--image I] [--cpus N] [--memory-mib M] [--label k=v] [--command-id C] [--wait]
   proxyfleet delete   ID [--command-id C] [--wait]
   proxyfleet get      ID
@@ -77,6 +78,8 @@ func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.
 		return runWorker(ctx, args, stdout, stderr)
 	case "health":
 		return runHealth(ctx, args, stdout, stderr)
+	case "gateway":
+		return runGateway(ctx, args, stdout, stderr)
 	case "dead":
 		if len(args) > 0 {
 			if v, ok := findVerb("dead " + args[0]); ok {

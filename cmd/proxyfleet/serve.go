@@ -105,6 +105,7 @@ func serveWith(ctx context.Context, args []string, stdout, stderr io.Writer, hoo
 		comps = append(comps, rep)
 	}
 	var workerReady func() error // set below, before anything runs
+	gatewayReady := func() error { return nil }
 	hlog := log.With("role", "health")
 	hnc, err := nf.connect("proxyfleet-serve-health", inboxHealth, hlog)
 	if err != nil {
@@ -115,7 +116,7 @@ func serveWith(ctx context.Context, args []string, stdout, stderr io.Writer, hoo
 		if err := workerReady(); err != nil {
 			return fmt.Errorf("worker: %w", err)
 		}
-		return nil
+		return gatewayReady()
 	})
 	if err != nil {
 		return err
@@ -131,7 +132,22 @@ func serveWith(ctx context.Context, args []string, stdout, stderr io.Writer, hoo
 		return err
 	}
 	comps = append(comps, w, h)
-	log.Info("proxyfleet serving", "nats", nf.url, "http", c.Health.HTTP, "hosts", c.HostNames(), "repair", *repair)
+	if gatewayEnabled(c) {
+		glog := log.With("role", "gateway")
+		gnc, err := nf.connect("proxyfleet-serve-gateway", inboxClient, glog)
+		if err != nil {
+			return err
+		}
+		defer gnc.Close()
+		g, ready, err := gatewayComponent(gnc, c, glog, reg)
+		if err != nil {
+			return err
+		}
+		gatewayReady = ready
+		comps = append(comps, g)
+	}
+	log.Info("proxyfleet serving", "nats", nf.url, "http", c.Health.HTTP, "hosts", c.HostNames(), "repair", *repair,
+		"gateway", c.Gateway.Listen, "gateway_socks", c.Gateway.SocksListen)
 	return runAll(ctx, log, comps...)
 }
 
@@ -185,6 +201,8 @@ func healthConfig(c *config.Config, log *slog.Logger) health.Config {
 		ProxyUser:         c.Proxy.Auth.User,
 		ProxyPassword:     c.Proxy.Auth.Password.Reveal(),
 		OpenCheckInterval: c.Health.OpenCheckInterval,
+		ReportInterval:    c.Health.ReportInterval,
+		ReportRate:        c.Health.ReportRate,
 	}
 }
 

@@ -318,6 +318,19 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 		return err == nil && json.Unmarshal(m.Data, &snap) == nil && len(snap.Proxies) == 1 && snap.Proxies[0].ID == "p1"
 	})
 
+	// The client (a gateway) reports p1; health, as health, takes the
+	// report (p1 is the sim driver's, never probed: "unknown").
+	body, _ := json.Marshal(messages.Report{V: 1, ID: "p1", Reason: "connect: connection refused", At: time.Now()})
+	if err := cc.nc.Publish(subj.Report("p1"), body); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, "health to take the client's report", 20*time.Second, func() bool {
+		return h.Metrics().Reports[health.ReportUnknown] == 1
+	})
+	if cc.refusedFor(subj.Report("p1")) || hc.refusedFor(subj.ReportAll()) {
+		t.Fatalf("reports refused: client %v, health %v", cc.refusals(), hc.refusals())
+	}
+
 	// A VM leaks behind p1's delete: the worker's sweep, which reads the
 	// record through the stream leader before it deletes, removes it
 	// under the worker's permissions.

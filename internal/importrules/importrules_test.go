@@ -47,6 +47,13 @@ var rules = []rule{
 	{pkg: "health", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// A client reads the contract, never the worker's insides.
 	{pkg: "client", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	// A program that uses the fleet needs the contract and NATS, nothing
+	// of how the fleet is run.
+	{pkg: "rotation", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	// The clients' one address: it reads the rotation through a Picker
+	// it declares (package rotation implements it), never health's or
+	// the worker's insides.
+	{pkg: "gateway", allow: []string{"messages", "rotation"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// The guest's program stands alone.
 	{pkg: "testguest"},
 }

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"proxyfleet/config"
+	"proxyfleet/gateway"
+	"proxyfleet/messages"
+	"proxyfleet/rotation"
+)
+
+// The gateway (`proxyfleet gateway`, or in `serve` when gateway.listen or
+// gateway.socks_listen is set): package rotation follows the rotation, and
+// package gateway serves on top of it. It runs as the client role of NATS
+// (it reads the rotation and publishes reports).
+
+// gatewayEnabled says whether the config asks for a gateway.
+func gatewayEnabled(c *config.Config) bool {
+	return c.Gateway.Listen != "" || c.Gateway.SocksListen != ""
+}
+
+// gatewayComponent follows the rotation on nc and serves the gateway over
+// it; its metrics go to reg. ready reports whether it serves: the
+// rotation caught up and the listeners bound.
+func gatewayComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg prometheus.Registerer) (component, func() error, error) {
+	if err := c.LoadGatewaySecrets(); err != nil {
+		return component{}, nil, err
+	}
+	rot, err := rotation.New(nc, rotation.Config{
+		Subjects: messages.NewSubjects(c.NATS.Prefix),
+		User:     c.Proxy.Auth.User, Password: c.Proxy.Auth.Password.Reveal(),
+		Strategy: rotation.Strategy(c.Gateway.Strategy),
+		Cooldown: c.Gateway.Cooldown,
+		Logger:   log.With("component", "rotation"),
+	})
+	if err != nil {
+		return component{}, nil, fmt.Errorf("gateway: %w", err)
+	}
+	if err := registerRotationMetrics(reg, rot); err != nil {
+		return component{}, nil, err
+	}
+	gc := gateway.Config{
+		Listen: c.Gateway.Listen, SocksListen: c.Gateway.SocksListen,
+		UpstreamUser: c.Proxy.Auth.User, UpstreamPassword: c.Proxy.Auth.Password.Reveal(),
+		Retries: c.Gateway.Retries, ConnectTimeout: c.Gateway.ConnectTimeout, ResponseTimeout: c.Gateway.ResponseTimeout,
+		Logger: log, Registry: reg,
+	}
+	for _, u := range c.Gateway.Users {
+		gc.Users = append(gc.Users, gateway.User{Name: u.Name, Password: u.Password.Reveal(), MaxConns: u.MaxConns})
+	}
+	gw, err := gateway.New(rot, gc)
+	if err != nil {
+		return component{}, nil, fmt.Errorf("gateway: %w", err)
+	}
+	ready := func() error {
+		select {
+		case <-rot.Ready():
+		default:
+			return errors.New("gateway: following the rotation: not caught up yet")
+		}
+		select {
+		case <-gw.Started():
+			return nil
+		default:
+			return errors.New("gateway: not listening yet")
+		}
+	}
+	return component{"gateway", func(ctx context.Context) error {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		rotDone := make(chan error, 1)
+		go func() { rotDone <- rot.Run(ctx) }()
+		// Serve once caught up: a gateway that answered before it had
+		// read the rotation would send 503s for proxies that are there.
+		select {
+		case <-rot.Ready():
+		case err := <-rotDone:
+			return fmt.Errorf("gateway: follow the rotation: %w", err)
+		case <-ctx.Done():
+			return <-rotDone
+		}
+		log.Info("gateway: the rotation is read", "proxies", rot.Len())
+		err := gw.Run(ctx)
+		cancel()
+		if rerr := <-rotDone; err == nil && rerr != nil {
+			err = fmt.Errorf("gateway: follow the rotation: %w", rerr)
+		}
+		return err
+	}}, ready, nil
+}
+
+// runGateway runs the gateway role alone.
+func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, nf, lf := roleFlags("gateway", stderr)
+	cfgPath := fs.String("config", "", "config file (YAML); required")
+	httpAddr := fs.String("http", "", "address of /metrics, /healthz and /readyz (default from config gateway.http; none if empty)")
+	if err := parseFlags(fs, args, stdout); err != nil {
+		return err
+	}
+	log, err := lf.logger(stderr)
+	if err != nil {
+		return err
+	}
+	log = log.With("role", "gateway", "pid", os.Getpid())
+	c, err := loadRoleConfig(*cfgPath)
+	if err != nil {
+		return err
+	}
+	if !gatewayEnabled(c) {
+		return fmt.Errorf("config %s: gateway.listen (or gateway.socks_listen) is required for the gateway role", *cfgPath)
+	}
+	if *httpAddr != "" {
+		c.Gateway.HTTP = *httpAddr
+	}
+	if err := nf.resolve(c); err != nil {
+		return err
+	}
+	nf.ensureURL()
+	nc, err := nf.connect("proxyfleet-gateway", inboxClient, log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	reg := newRegistry("gateway")
+	g, ready, err := gatewayComponent(nc, c, log, reg)
+	if err != nil {
+		return err
+	}
+	comps := []component{g}
+	if c.Gateway.HTTP != "" {
+		ln, err := net.Listen("tcp", c.Gateway.HTTP)
+		if err != nil {
+			return fmt.Errorf("--http: %w", err)
+		}
+		comps = append(comps, opsComponent(ln, opsHandler(reg, ready), log))
+	}
+	return runAll(ctx, log, comps...)
+}
+
+// registerRotationMetrics exports what the gateway's follower of the
+// rotation counts: its size, and the sources it had to make anew.
+func registerRotationMetrics(reg prometheus.Registerer, rot *rotation.Rotation) error {
+	for _, c := range []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "proxyfleet_gateway_rotation_size", Help: "Proxies in the rotation as the gateway follows it."},
+			func() float64 { return float64(rot.Len()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "proxyfleet_gateway_rotation_restarts_total", Help: "Sources of the rotation (PROXY_ROTATION, PROXY_EVENTS, PROXY_CHECKS) the gateway's follower made anew after they broke."},
+			func() float64 { return float64(rot.Stats().Restarts) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "proxyfleet_gateway_report_errors_total", Help: "Reports of failing proxies the gateway could not publish."},
+			func() float64 { return float64(rot.Stats().ReportErrors) }),
+	} {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("gateway: register metrics: %w", err)
+		}
+	}
+	return nil
+}

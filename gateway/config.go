@@ -1,0 +1,193 @@
+package gateway
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"regexp"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config is the gateway's configuration. Field errors name the field as
+// the YAML does (gateway.listen, gateway.users[0].name, ...).
+type Config struct {
+	// Listen is the HTTP proxy's address (host:port; port 0 picks one);
+	// SocksListen the SOCKS5 server's. At least one is needed; empty:
+	// that listener is off.
+	Listen      string
+	SocksListen string
+	// Users may use the gateway, each with a password: at least one
+	// (the gateway is never an open proxy).
+	Users []User
+	// UpstreamUser and UpstreamPassword are the fleet's credential
+	// (proxy.auth), sent to every proxy. Empty user: none sent.
+	UpstreamUser, UpstreamPassword string
+	// Retries is how many other proxies a request whose proxy failed it
+	// (before any byte of the answer reached the client) is tried on:
+	// default 2; a negative value means none.
+	Retries int
+	// ConnectTimeout bounds the connection to a proxy and, for CONNECT,
+	// the proxy's answer to it (default 5s).
+	ConnectTimeout time.Duration
+	// ResponseTimeout bounds the wait for a proxy's answer (its status
+	// line and headers) to a plain request (default 30s): a proxy that
+	// died while the gateway kept an idle connection to it takes the
+	// request and never answers. A request without a body that hits it is
+	// tried on another proxy, as one whose connect failed; it includes
+	// the target's time to answer, so it is long.
+	ResponseTimeout time.Duration
+	// RetryAfter is the Retry-After of the 503 answered when no proxy
+	// matches (default 5s; sent in whole seconds, at least 1).
+	RetryAfter time.Duration
+	// DrainTimeout bounds how long Run waits, once its context ends, for
+	// requests and tunnels in flight before it closes them (default 5s).
+	DrainTimeout time.Duration
+	// HandshakeTimeout bounds a SOCKS5 client's greeting, authentication
+	// and request, and an HTTP client's request header (default 10s).
+	HandshakeTimeout time.Duration
+	// IdleTimeout closes an HTTP client connection idle between
+	// requests for that long (default 90s).
+	IdleTimeout time.Duration
+
+	Logger *slog.Logger
+	// Registry is where the gateway registers its metrics
+	// (proxyfleet_gateway_...); nil: a registry of its own.
+	Registry prometheus.Registerer
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// User is one user of the gateway.
+type User struct {
+	// Name is what the client sends as its user name, before any
+	// options (name-session-KEY, name-label-K-V, name-pool-P).
+	Name     string
+	Password string
+	// MaxConns bounds the user's requests and tunnels at once
+	// (default 256).
+	MaxConns int
+}
+
+// Defaults of Config.
+const (
+	DefaultRetries          = 2
+	DefaultConnectTimeout   = 5 * time.Second
+	DefaultResponseTimeout  = 30 * time.Second
+	DefaultRetryAfter       = 5 * time.Second
+	DefaultDrainTimeout     = 5 * time.Second
+	DefaultHandshakeTimeout = 10 * time.Second
+	DefaultIdleTimeout      = 90 * time.Second
+	DefaultMaxConns         = 256
+)
+
+// WithDefaults returns c with every zero value that has a default
+// filled in.
+func (c Config) WithDefaults() Config {
+	if c.Retries == 0 {
+		c.Retries = DefaultRetries
+	}
+	setDur(&c.ConnectTimeout, DefaultConnectTimeout)
+	setDur(&c.ResponseTimeout, DefaultResponseTimeout)
+	setDur(&c.RetryAfter, DefaultRetryAfter)
+	setDur(&c.DrainTimeout, DefaultDrainTimeout)
+	setDur(&c.HandshakeTimeout, DefaultHandshakeTimeout)
+	setDur(&c.IdleTimeout, DefaultIdleTimeout)
+	users := make([]User, len(c.Users))
+	copy(users, c.Users)
+	for i := range users {
+		if users[i].MaxConns == 0 {
+			users[i].MaxConns = DefaultMaxConns
+		}
+	}
+	c.Users = users
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+func setDur(d *time.Duration, def time.Duration) {
+	if *d == 0 {
+		*d = def
+	}
+}
+
+// FieldError is a Config that does not validate, with the field named as
+// the YAML does.
+type FieldError struct {
+	Field, Reason string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
+
+func bad(field, format string, args ...any) error {
+	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// userRE is a user name: it ends where its options begin
+// (name-session-KEY), so it has no '-'; nor ':' (it ends the user in
+// Basic credentials). The same rule as config's.
+var userRE = regexp.MustCompile(`^[A-Za-z0-9._]{1,64}$`)
+
+// Validate checks a Config (after WithDefaults). Its errors are
+// *FieldError and never hold a password.
+func (c Config) Validate() error {
+	if c.Listen == "" && c.SocksListen == "" {
+		return bad("gateway.listen", "required (or gateway.socks_listen)")
+	}
+	for _, l := range []struct{ f, v string }{{"gateway.listen", c.Listen}, {"gateway.socks_listen", c.SocksListen}} {
+		if l.v == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(l.v); err != nil {
+			return bad(l.f, "%v", err)
+		}
+	}
+	if len(c.Users) == 0 {
+		return bad("gateway.users", "at least one user is needed: the gateway is never an open proxy")
+	}
+	names := map[string]bool{}
+	for i, u := range c.Users {
+		f := fmt.Sprintf("gateway.users[%d]", i)
+		if !userRE.MatchString(u.Name) {
+			return bad(f+".name", "%q: want 1 to 64 letters, digits, '.' or '_' (no '-': it starts the options, as in name-session-KEY)", u.Name)
+		}
+		if names[u.Name] {
+			return bad(f+".name", "%q is named twice", u.Name)
+		}
+		names[u.Name] = true
+		if u.Password == "" {
+			return bad(f+".password", "required")
+		}
+		if u.MaxConns < 1 || u.MaxConns > 1<<20 {
+			return bad(f+".max_conns", "%d is out of range [1, 1048576]", u.MaxConns)
+		}
+	}
+	if c.Retries > 10 {
+		return bad("gateway.retries", "%d is out of range [0, 10]", c.Retries)
+	}
+	for _, d := range []struct {
+		f string
+		v time.Duration
+	}{
+		{"gateway.connect_timeout", c.ConnectTimeout},
+		{"gateway.response_timeout", c.ResponseTimeout},
+		{"gateway.retry_after", c.RetryAfter},
+		{"gateway.drain_timeout", c.DrainTimeout},
+		{"gateway.handshake_timeout", c.HandshakeTimeout},
+		{"gateway.idle_timeout", c.IdleTimeout},
+	} {
+		if d.v < 0 {
+			return bad(d.f, "%s is negative", d.v)
+		}
+	}
+	if c.UpstreamUser == "" && c.UpstreamPassword != "" {
+		return bad("proxy.auth.user", "required with a password")
+	}
+	return nil
+}

@@ -1,0 +1,87 @@
+// Package gateway is the fleet's clients' one address: an HTTP forward
+// proxy (CONNECT and absolute-URI requests) and, on a second listener, a
+// SOCKS5 server (RFC 1928, CONNECT only, username/password per RFC 1929),
+// in front of the proxies of the rotation, each reached with the fleet's
+// credential (proxy.auth).
+//
+// It consumes the rotation through Picker, declared here and implemented
+// by package rotation: Pick and PickSession choose a proxy for a
+// Selector (labels, and the proxies a request already tried), Acquire
+// counts what a proxy carries (least-busy), Report says a proxy failed us
+// (health probes it at once; the picker cools it down locally).
+//
+// # Never an open proxy
+//
+// Every request needs one of Config.Users: Proxy-Authorization: Basic for
+// HTTP (none or wrong: 407 with Proxy-Authenticate: Basic
+// realm="proxyfleet"), RFC 1929 for SOCKS5 (no method offered but
+// username/password: "no acceptable methods"; wrong: status 1). New
+// refuses a config without users. Passwords are compared in constant
+// time (of their SHA-256) and never logged, put in an error or a metric.
+// Each user has at most MaxConns requests and tunnels at once; over it:
+// 429, or a SOCKS5 general failure.
+//
+// # Sessions and labels
+//
+// The user name carries options after the configured name:
+// USER-session-KEY, USER-label-KEY-VALUE (repeatable), USER-pool-NAME
+// (label pool=NAME), combinable (alice-session-s1-label-country-de); so
+// user names have no '-', nor do keys and values in this form. HTTP
+// requests may say the same with X-Proxyfleet-Session: KEY and
+// X-Proxyfleet-Labels: k=v,k2=v2 (they win over the user name's, and are
+// removed before forwarding). Options are parsed only once the password
+// is right: a malformed one is then a 400. A session key picks with
+// PickSession (the same proxy while it stays), otherwise Pick.
+//
+// # Upstream
+//
+// A CONNECT (or a SOCKS5 request) is carried by the gateway's own CONNECT
+// to the picked proxy, with the fleet's Proxy-Authorization; once the
+// proxy answers 200, the client gets 200 with X-Proxyfleet-Proxy: <id>,
+// and the tunnel is piped both ways by two goroutines of the gateway
+// with io.Copy between *net.TCPConn (splice on Linux: no buffer of ours;
+// the handler returns, so the HTTP server's buffers go too). A plain
+// request is forwarded as an absolute-URI request through an
+// http.Transport whose proxy is the picked one (keep-alive per proxy,
+// compression left to the client and target), its answer streamed back
+// with X-Proxyfleet-Proxy; hop-by-hop headers and the client's
+// Proxy-Authorization never go on.
+//
+// # Failover and reports
+//
+// A proxy that refuses the connection, does not accept or (for CONNECT)
+// answer within ConnectTimeout, answers CONNECT with anything but 200, or
+// fails a plain request before any byte of the answer reached the client
+// (no answer, a reset, or 407: the proxy's own answer), is reported
+// (Picker.Report with the reason: "connect: connection refused",
+// "connect timeout", "CONNECT answered 502 Bad Gateway") and the request
+// is tried on another proxy (Selector.Exclude the ones tried), up to
+// Retries more times; a session moves then, and the answer names the
+// proxy that carried it. A plain request with a body is tried again only
+// if the failed proxy took none of it. What speaks for the target is
+// passed on and held against no proxy: every plain answer but 407, and an
+// answer to CONNECT that carries squid's X-Squid-Error (the target did
+// not answer, its name did not resolve), 407 aside. When nothing matches
+// (ErrEmpty on the first pick), the answer is 503 with Retry-After and a
+// body that says so ("no proxy in the rotation", "no proxy matches labels
+// country=de"); when every proxy tried failed, 502 with their reasons.
+//
+// # Metrics
+//
+// proxyfleet_gateway_requests_total{kind=connect|http|socks, outcome=ok|
+// auth|limit|empty|upstream_failed|client_gone|error},
+// _auth_failures_total{kind,reason=missing|wrong}, _retries_total{kind},
+// _upstream_failures_total{cause=refused|timeout|status|reset|other},
+// _reports_total{result=ok|error}, _in_flight{kind},
+// _bytes_total{direction=up|down} (a tunnel's bytes are added when it
+// ends) and _upstream_connect_duration_seconds. No label carries a proxy
+// id or a user name.
+//
+// # Lifecycle
+//
+// Run(ctx) listens (port 0 works: Addr, SocksAddr once Started is
+// closed), serves, and when ctx ends stops accepting, closes idle
+// connections, lets requests and tunnels in flight end for up to
+// DrainTimeout, then closes them, and returns once every goroutine it
+// started has ended.
+package gateway

@@ -1,0 +1,223 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Gateway is the fleet's clients' one address: an HTTP forward proxy and
+// a SOCKS5 server in front of the proxies a Picker chooses.
+type Gateway struct {
+	cfg          Config
+	log          *slog.Logger
+	picker       Picker
+	users        users
+	m            *metrics
+	retries      int
+	upstreamAuth string // the Proxy-Authorization value of the fleet's credential
+	dialer       net.Dialer
+	transport    *http.Transport
+	track        *tracker
+
+	// hard ends when the drain ran out: what is in flight stops.
+	hard       context.Context
+	hardCancel context.CancelFunc
+
+	started  chan struct{}
+	mu       sync.Mutex
+	httpLn   net.Listener
+	socksLn  net.Listener
+	runCalls int
+}
+
+// New makes a gateway over picker. It refuses a config without users
+// (never an open proxy); its errors never hold a password.
+func New(picker Picker, cfg Config) (*Gateway, error) {
+	if picker == nil {
+		return nil, errors.New("gateway: no picker")
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	reg := cfg.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("gateway metrics: %w", err)
+	}
+	g := &Gateway{
+		cfg:     cfg,
+		log:     cfg.Logger.With("component", "gateway"),
+		picker:  picker,
+		users:   newUsers(cfg.Users),
+		m:       m,
+		retries: max(cfg.Retries, 0),
+		track:   newTracker(),
+		started: make(chan struct{}),
+	}
+	g.dialer = net.Dialer{KeepAlive: 30 * time.Second}
+	if cfg.UpstreamUser != "" {
+		g.upstreamAuth = basicAuth(cfg.UpstreamUser, cfg.UpstreamPassword)
+	}
+	g.hard, g.hardCancel = context.WithCancel(context.Background())
+	g.transport = &http.Transport{
+		Proxy: func(r *http.Request) (*url.URL, error) {
+			u, _ := r.Context().Value(proxyURLKey{}).(*url.URL)
+			if u == nil {
+				return nil, errors.New("no proxy picked")
+			}
+			return u, nil
+		},
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			return g.dial(ctx, addr)
+		},
+		// The client's Accept-Encoding goes as it is, and the answer
+		// comes back as the target sent it.
+		DisableCompression:    true,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   64,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   cfg.ConnectTimeout,
+		ResponseHeaderTimeout: cfg.ResponseTimeout,
+		ExpectContinueTimeout: time.Second,
+	}
+	return g, nil
+}
+
+// proxyURLKey carries a plain request's proxy URL to the transport.
+type proxyURLKey struct{}
+
+// Started is closed once Run listens.
+func (g *Gateway) Started() <-chan struct{} { return g.started }
+
+// Addr is the HTTP proxy's address once started ("" before or without).
+func (g *Gateway) Addr() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.httpLn == nil {
+		return ""
+	}
+	return g.httpLn.Addr().String()
+}
+
+// SocksAddr is the SOCKS5 server's address once started ("" before or
+// without).
+func (g *Gateway) SocksAddr() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.socksLn == nil {
+		return ""
+	}
+	return g.socksLn.Addr().String()
+}
+
+// Run listens and serves until ctx ends; then it stops accepting, closes
+// idle connections, lets requests and tunnels in flight end for up to
+// DrainTimeout, closes what is left, and returns nil once every
+// goroutine of its own has ended. It returns an error if it cannot
+// listen, or the one that ended a listener.
+func (g *Gateway) Run(ctx context.Context) error {
+	g.mu.Lock()
+	g.runCalls++
+	if g.runCalls > 1 {
+		g.mu.Unlock()
+		return errors.New("gateway: Run called twice")
+	}
+	g.mu.Unlock()
+	var lc net.ListenConfig
+	var httpLn, socksLn net.Listener
+	var err error
+	if g.cfg.Listen != "" {
+		if httpLn, err = lc.Listen(ctx, "tcp", g.cfg.Listen); err != nil {
+			return fmt.Errorf("gateway.listen: %w", err)
+		}
+	}
+	if g.cfg.SocksListen != "" {
+		if socksLn, err = lc.Listen(ctx, "tcp", g.cfg.SocksListen); err != nil {
+			if httpLn != nil {
+				httpLn.Close()
+			}
+			return fmt.Errorf("gateway.socks_listen: %w", err)
+		}
+	}
+	g.mu.Lock()
+	g.httpLn, g.socksLn = httpLn, socksLn
+	g.mu.Unlock()
+
+	srv := &http.Server{
+		Handler:           g,
+		ReadHeaderTimeout: g.cfg.HandshakeTimeout,
+		IdleTimeout:       g.cfg.IdleTimeout,
+		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+	}
+	errc := make(chan error, 2)
+	var serving sync.WaitGroup
+	if httpLn != nil {
+		serving.Go(func() {
+			if err := srv.Serve(httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("gateway: serve HTTP: %w", err)
+			}
+		})
+	}
+	stopSocks := make(chan struct{})
+	if socksLn != nil {
+		serving.Go(func() {
+			if err := g.serveSocks(socksLn, stopSocks); err != nil {
+				errc <- fmt.Errorf("gateway: serve SOCKS5: %w", err)
+			}
+		})
+	}
+	g.log.Info("gateway listening", "http", g.Addr(), "socks", g.SocksAddr(), "users", len(g.users))
+	close(g.started)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+	}
+
+	// Stop accepting, close idle, drain for DrainTimeout, then close.
+	close(stopSocks)
+	if socksLn != nil {
+		socksLn.Close()
+	}
+	drain, cancel := context.WithTimeout(context.Background(), g.cfg.DrainTimeout)
+	defer cancel()
+	shut := make(chan struct{})
+	go func() {
+		defer close(shut)
+		_ = srv.Shutdown(drain)
+	}()
+	select {
+	case <-shut:
+	case <-drain.Done():
+	}
+	select {
+	case <-g.track.wait():
+	case <-drain.Done():
+	}
+	if drain.Err() != nil {
+		g.log.Warn("gateway: drain timed out, closing what is left", "timeout", g.cfg.DrainTimeout)
+	}
+	g.hardCancel()
+	g.track.closeAll()
+	_ = srv.Close()
+	<-shut
+	serving.Wait()
+	<-g.track.wait()
+	g.transport.CloseIdleConnections()
+	g.log.Info("gateway stopped")
+	return runErr
+}

@@ -1,0 +1,330 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// realm is the Basic realm the gateway asks credentials for.
+const realm = `Basic realm="proxyfleet"`
+
+// ServeHTTP is the HTTP forward proxy: CONNECT and absolute-URI requests.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	g.track.add()
+	defer g.track.done()
+	kind := kindHTTP
+	if r.Method == http.MethodConnect {
+		kind = kindConnect
+	}
+	u, o, ok := g.authHTTP(w, r, kind)
+	if !ok {
+		return
+	}
+	if !u.acquire() {
+		g.m.requests.WithLabelValues(kind, outcomeLimit).Inc()
+		http.Error(w, fmt.Sprintf("too many connections at once for this user (at most %d)", u.max), http.StatusTooManyRequests)
+		return
+	}
+	handed := false // a tunnel took the user's slot over
+	defer func() {
+		if !handed {
+			u.release()
+		}
+	}()
+	if err := o.withHeaders(r.Header.Get(HeaderSession), r.Header.Get(HeaderLabels)); err != nil {
+		g.m.requests.WithLabelValues(kind, outcomeError).Inc()
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	// What is in flight stops when the request ends or the drain runs out.
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	stop := context.AfterFunc(g.hard, cancel)
+	defer stop()
+
+	g.m.inFlight.WithLabelValues(kind).Inc()
+	if kind == kindConnect {
+		handed = g.serveConnect(ctx, w, r, u, o)
+		if !handed {
+			g.m.inFlight.WithLabelValues(kind).Dec()
+		}
+		return
+	}
+	defer g.m.inFlight.WithLabelValues(kind).Dec()
+	g.servePlain(ctx, w, r, o)
+}
+
+// authHTTP checks Proxy-Authorization; without or with a wrong one it
+// answers 407 and counts it.
+func (g *Gateway) authHTTP(w http.ResponseWriter, r *http.Request, kind string) (*user, options, bool) {
+	h := r.Header.Get("Proxy-Authorization")
+	reason := authMissing
+	if h != "" {
+		reason = authWrong
+		if name, pw, ok := basicCredentials(h); ok {
+			u, o, err := g.users.check(name, pw)
+			if err == nil {
+				return u, o, true
+			}
+			if !errors.Is(err, errAuth) {
+				g.m.requests.WithLabelValues(kind, outcomeError).Inc()
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return nil, o, false
+			}
+		}
+	}
+	g.m.requests.WithLabelValues(kind, outcomeAuth).Inc()
+	g.m.authFailures.WithLabelValues(kind, reason).Inc()
+	g.log.Debug("gateway: authentication failed", "kind", kind, "reason", reason, "remote", r.RemoteAddr)
+	w.Header().Set("Proxy-Authenticate", realm)
+	http.Error(w, "proxy authentication required", http.StatusProxyAuthRequired)
+	return nil, options{}, false
+}
+
+// answerFailure answers a request no proxy carried: 503 when none
+// matched, 502 when those tried failed, and counts it.
+func (g *Gateway) answerFailure(w http.ResponseWriter, kind string, err error) {
+	var empty *emptyError
+	var failed *allFailed
+	switch {
+	case errors.As(err, &empty):
+		g.m.requests.WithLabelValues(kind, outcomeEmpty).Inc()
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Max(1, math.Ceil(g.cfg.RetryAfter.Seconds())))))
+		http.Error(w, empty.Error(), http.StatusServiceUnavailable)
+	case errors.As(err, &failed):
+		g.m.requests.WithLabelValues(kind, outcomeUpstreamFailed).Inc()
+		http.Error(w, failed.Error(), http.StatusBadGateway)
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		g.m.requests.WithLabelValues(kind, outcomeClientGone).Inc()
+	default:
+		g.m.requests.WithLabelValues(kind, outcomeError).Inc()
+		g.log.Error("gateway: request failed", "kind", kind, "err", err)
+		http.Error(w, err.Error(), http.StatusBadGateway)
+	}
+}
+
+// serveConnect opens a tunnel through a proxy and answers 200 with the
+// proxy's id; then the tunnel runs in goroutines of the gateway and the
+// handler returns (so the server's buffers go). It says whether the
+// tunnel took the request over (the user's slot, the in-flight count).
+func (g *Gateway) serveConnect(ctx context.Context, w http.ResponseWriter, r *http.Request, u *user, o options) bool {
+	target := r.Host
+	if _, port, err := net.SplitHostPort(target); err != nil || port == "" {
+		g.m.requests.WithLabelValues(kindConnect, outcomeError).Inc()
+		http.Error(w, fmt.Sprintf("CONNECT %q: want host:port", target), http.StatusBadRequest)
+		return false
+	}
+	var up net.Conn
+	var leftover []byte
+	p, err := g.attempts(ctx, kindConnect, o, func(p Proxy) (bool, error) {
+		var err error
+		up, leftover, err = g.dialConnect(ctx, p, target)
+		return true, err
+	})
+	var ta *targetAnswer
+	if errors.As(err, &ta) {
+		g.m.requests.WithLabelValues(kindConnect, outcomeOK).Inc()
+		w.Header().Set(HeaderProxy, p.ID)
+		w.Header().Set("X-Squid-Error", ta.squidError)
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(ta.status)
+		_, _ = w.Write(ta.body)
+		return false
+	}
+	if err != nil {
+		g.answerFailure(w, kindConnect, err)
+		return false
+	}
+	client, rw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		up.Close()
+		g.m.requests.WithLabelValues(kindConnect, outcomeError).Inc()
+		g.log.Error("gateway: hijack", "err", err)
+		http.Error(w, "cannot tunnel on this connection", http.StatusInternalServerError)
+		return false
+	}
+	fail := func(err error) bool {
+		client.Close()
+		up.Close()
+		g.m.requests.WithLabelValues(kindConnect, outcomeClientGone).Inc()
+		g.log.Debug("gateway: client left as its tunnel opened", "err", err)
+		return false
+	}
+	if err := client.SetDeadline(time.Time{}); err != nil {
+		return fail(err)
+	}
+	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n"+HeaderProxy+": "+p.ID+"\r\n\r\n"); err != nil {
+		return fail(err)
+	}
+	// What the client sent after its CONNECT (a TLS hello) is in the
+	// server's buffer: pass it on, then let the buffers go.
+	if n := rw.Reader.Buffered(); n > 0 {
+		b, _ := rw.Reader.Peek(n)
+		if _, err := up.Write(b); err != nil {
+			return fail(err)
+		}
+	}
+	rw = nil
+	if len(leftover) > 0 {
+		if _, err := client.Write(leftover); err != nil {
+			return fail(err)
+		}
+	}
+	g.m.requests.WithLabelValues(kindConnect, outcomeOK).Inc()
+	release := g.picker.Acquire(p)
+	t := &tunnel{g: g, client: client, up: up, onDone: func() {
+		release()
+		u.release()
+		g.m.inFlight.WithLabelValues(kindConnect).Dec()
+	}}
+	g.track.add(client, up)
+	go t.run()
+	return true
+}
+
+// hopHeaders are a connection's own, never forwarded (RFC 9110 7.6.1),
+// with the gateway's own request headers.
+var hopHeaders = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade", HeaderSession, HeaderLabels,
+}
+
+func removeHop(h http.Header) {
+	for _, f := range h.Values("Connection") {
+		for name := range strings.SplitSeq(f, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				h.Del(name)
+			}
+		}
+	}
+	for _, k := range hopHeaders {
+		h.Del(k)
+	}
+}
+
+// trackedBody is a request body the transport may close without closing
+// the client's, and that says whether any of it was read (a request
+// whose body was not touched can be sent again).
+type trackedBody struct {
+	rc   io.ReadCloser
+	read atomic.Int64
+}
+
+func (b *trackedBody) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	b.read.Add(int64(n))
+	return n, err
+}
+
+func (b *trackedBody) Close() error { return nil }
+
+// servePlain forwards an absolute-URI request to a proxy and streams the
+// answer back with the proxy's id.
+func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http.Request, o options) {
+	if !r.URL.IsAbs() || r.URL.Host == "" || (r.URL.Scheme != "http" && r.URL.Scheme != "https") {
+		g.m.requests.WithLabelValues(kindHTTP, outcomeError).Inc()
+		http.Error(w, "this is a proxy: send CONNECT or an absolute http:// URI", http.StatusBadRequest)
+		return
+	}
+	hasBody := r.Body != nil && r.Body != http.NoBody
+	var resp *http.Response
+	var up int64
+	p, err := g.attempts(ctx, kindHTTP, o, func(p Proxy) (bool, error) {
+		pu := &url.URL{Scheme: "http", Host: p.Addr}
+		if g.cfg.UpstreamUser != "" {
+			pu.User = url.UserPassword(g.cfg.UpstreamUser, g.cfg.UpstreamPassword)
+		}
+		out := r.Clone(context.WithValue(ctx, proxyURLKey{}, pu))
+		out.RequestURI = ""
+		out.Close = false
+		removeHop(out.Header)
+		var tb *trackedBody
+		if hasBody {
+			tb = &trackedBody{rc: r.Body}
+			out.Body = tb
+		} else {
+			out.Body = nil
+		}
+		rsp, err := g.transport.RoundTrip(out)
+		if tb != nil {
+			up += tb.read.Load()
+		}
+		// Another attempt may follow if the request can be sent again:
+		// it has no body, or the proxy took none of it.
+		retryable := !hasBody || tb.read.Load() == 0
+		if err != nil {
+			return retryable, err
+		}
+		if rsp.StatusCode == http.StatusProxyAuthRequired {
+			// The proxy's own answer: our credential is not its.
+			rsp.Body.Close()
+			return retryable, &upstreamError{causeStatus, "answered 407 Proxy Authentication Required"}
+		}
+		resp = rsp
+		return true, nil
+	})
+	g.m.bytes.WithLabelValues("up").Add(float64(up))
+	if err != nil {
+		g.answerFailure(w, kindHTTP, err)
+		return
+	}
+	defer resp.Body.Close()
+	release := g.picker.Acquire(p)
+	defer release()
+	h := w.Header()
+	for k, vs := range resp.Header {
+		h[k] = vs
+	}
+	removeHop(h)
+	h.Set(HeaderProxy, p.ID)
+	w.WriteHeader(resp.StatusCode)
+	n, err := copyFlush(w, resp.Body)
+	g.m.bytes.WithLabelValues("down").Add(float64(n))
+	if err != nil && ctx.Err() != nil {
+		g.m.requests.WithLabelValues(kindHTTP, outcomeClientGone).Inc()
+		return
+	}
+	g.m.requests.WithLabelValues(kindHTTP, outcomeOK).Inc()
+}
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// copyFlush streams body to w, flushing after every read, so a slow or
+// endless answer reaches the client as it comes.
+func copyFlush(w http.ResponseWriter, body io.Reader) (int64, error) {
+	rc := http.NewResponseController(w)
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
+	var n int64
+	for {
+		k, rerr := body.Read(buf)
+		if k > 0 {
+			m, werr := w.Write(buf[:k])
+			n += int64(m)
+			if werr != nil {
+				return n, werr
+			}
+			if err := rc.Flush(); err != nil {
+				return n, err
+			}
+		}
+		if rerr == io.EOF {
+			return n, nil
+		}
+		if rerr != nil {
+			return n, rerr
+		}
+	}
+}

@@ -1,0 +1,81 @@
+package gateway
+
+import (
+	"errors"
+	"io"
+	"net"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// pump copies src to dst until src's EOF. Between two *net.TCPConn it
+// splices (io.CopyN between them does), but only what src holds at the
+// moment: Go's splice takes a pipe (two descriptors, and its kernel
+// buffer) from a pool for as long as one copy lasts, so an io.Copy over
+// a whole tunnel would hold two pipes per idle tunnel. Waiting for data
+// in the poller first and splicing exactly what is queued gives the
+// pipe back after every burst: an idle tunnel holds its two sockets and
+// nothing else.
+func pump(dst, src net.Conn) (int64, error) {
+	s, ok := src.(*net.TCPConn)
+	if _, ok2 := dst.(*net.TCPConn); !ok || !ok2 {
+		return io.Copy(dst, src)
+	}
+	rc, err := s.SyscallConn()
+	if err != nil {
+		return io.Copy(dst, src)
+	}
+	var total int64
+	for {
+		avail, err := queued(rc)
+		if err != nil {
+			return total, err
+		}
+		if avail == 0 {
+			return total, nil // EOF
+		}
+		n, err := io.CopyN(dst, src, int64(avail))
+		total += n
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return total, nil
+			}
+			return total, err
+		}
+	}
+}
+
+// queued waits until the socket has something to read and says how many
+// bytes are queued (0: the peer's EOF).
+func queued(rc syscall.RawConn) (int, error) {
+	var avail int
+	var ferr error
+	err := rc.Read(func(fd uintptr) bool {
+		n, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ)
+		if err != nil {
+			ferr = err
+			return true
+		}
+		if n > 0 {
+			avail = n
+			return true
+		}
+		// Nothing queued: EOF, an error, or wait for the poller.
+		var b [1]byte
+		m, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		switch {
+		case errors.Is(err, unix.EAGAIN):
+			return false
+		case err != nil:
+			ferr = err
+		case m > 0:
+			avail = m // arrived just now
+		}
+		return true
+	})
+	if err != nil {
+		return 0, err
+	}
+	return avail, ferr
+}

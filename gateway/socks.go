@@ -1,0 +1,318 @@
+package gateway
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// errTooManyFiles is accept's error when the process is out of
+// descriptors.
+var errTooManyFiles = syscall.EMFILE
+
+// SOCKS5 (RFC 1928) with username/password authentication (RFC 1929),
+// CONNECT only.
+const (
+	socksVersion    = 5
+	socksAuthUserPW = 2
+	socksNoMethod   = 0xff
+	socksCmdConnect = 1
+
+	socksAtypIPv4   = 1
+	socksAtypDomain = 3
+	socksAtypIPv6   = 4
+
+	repSucceeded         = 0
+	repGeneralFailure    = 1
+	repNetUnreachable    = 3
+	repHostUnreachable   = 4
+	repConnRefused       = 5
+	repCmdNotSupported   = 7
+	repAtypNotSupported  = 8
+	socksAuthVersion     = 1
+	socksAuthOK          = 0
+	socksAuthFailed      = 1
+	maxSocksPasswordSize = 255
+)
+
+// serveSocks accepts SOCKS5 clients until ln is closed (stop closed
+// first: then it returns nil).
+func (g *Gateway) serveSocks(ln net.Listener, stop <-chan struct{}) error {
+	var delay time.Duration
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			select {
+			case <-stop:
+				return nil
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, errTooManyFiles) {
+				// Out of descriptors, or the like: wait and go on, as
+				// net/http does.
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				g.log.Warn("gateway: SOCKS5 accept", "err", err, "retry_in", delay)
+				select {
+				case <-time.After(delay):
+				case <-stop:
+					return nil
+				}
+				continue
+			}
+			return err
+		}
+		delay = 0
+		g.track.add(c)
+		go func() {
+			if g.serveSocksConn(c) {
+				g.track.done() // c is the tunnel's now
+			} else {
+				g.track.done(c)
+			}
+		}()
+	}
+}
+
+// socksError is the reply code a failed request is answered with.
+func socksReply(c net.Conn, code byte) error {
+	// BND.ADDR 0.0.0.0:0: the tunnel's far end is the proxy's business.
+	_, err := c.Write([]byte{socksVersion, code, 0, socksAtypIPv4, 0, 0, 0, 0, 0, 0})
+	return err
+}
+
+// serveSocksConn runs one client: greeting, authentication, request,
+// then the tunnel in this goroutine and one more. It says whether a
+// tunnel took c over.
+func (g *Gateway) serveSocksConn(c net.Conn) (handed bool) {
+	defer func() {
+		if !handed {
+			c.Close()
+		}
+	}()
+	if err := c.SetDeadline(g.cfg.Now().Add(g.cfg.HandshakeTimeout)); err != nil {
+		return false
+	}
+	u, o, ok := g.socksAuth(c)
+	if !ok {
+		return false
+	}
+	target, err := socksRequest(c)
+	if err != nil {
+		var re *socksRequestError
+		if errors.As(err, &re) {
+			_ = socksReply(c, re.code)
+			g.m.requests.WithLabelValues(kindSocks, outcomeError).Inc()
+		} else {
+			g.m.requests.WithLabelValues(kindSocks, outcomeClientGone).Inc()
+		}
+		return false
+	}
+	if !u.acquire() {
+		g.m.requests.WithLabelValues(kindSocks, outcomeLimit).Inc()
+		_ = socksReply(c, repGeneralFailure)
+		return false
+	}
+	defer func() {
+		if !handed {
+			u.release()
+		}
+	}()
+	ctx, cancel := context.WithCancel(g.hard)
+	defer cancel()
+	// A client that leaves while its proxy is dialed ends the attempts.
+	g.m.inFlight.WithLabelValues(kindSocks).Inc()
+	defer func() {
+		if !handed {
+			g.m.inFlight.WithLabelValues(kindSocks).Dec()
+		}
+	}()
+	var up net.Conn
+	var leftover []byte
+	p, err := g.attempts(ctx, kindSocks, o, func(p Proxy) (bool, error) {
+		var err error
+		up, leftover, err = g.dialConnect(ctx, p, target)
+		return true, err
+	})
+	if err != nil {
+		var empty *emptyError
+		var failed *allFailed
+		var ta *targetAnswer
+		code := byte(repGeneralFailure)
+		outcome := outcomeError
+		switch {
+		case errors.As(err, &ta):
+			code, outcome = repHostUnreachable, outcomeOK
+			if ta.squidError == "ERR_CONNECT_FAIL" {
+				code = repConnRefused
+			}
+		case errors.As(err, &empty):
+			code, outcome = repNetUnreachable, outcomeEmpty
+		case errors.As(err, &failed):
+			outcome = outcomeUpstreamFailed
+		case errors.Is(err, context.Canceled):
+			outcome = outcomeClientGone
+		}
+		g.m.requests.WithLabelValues(kindSocks, outcome).Inc()
+		g.log.Debug("gateway: SOCKS5 request failed", "target", target, "err", err)
+		_ = socksReply(c, code)
+		return false
+	}
+	if err := socksReply(c, repSucceeded); err != nil {
+		up.Close()
+		g.m.requests.WithLabelValues(kindSocks, outcomeClientGone).Inc()
+		return false
+	}
+	if len(leftover) > 0 {
+		if _, err := c.Write(leftover); err != nil {
+			up.Close()
+			g.m.requests.WithLabelValues(kindSocks, outcomeClientGone).Inc()
+			return false
+		}
+	}
+	if err := c.SetDeadline(time.Time{}); err != nil {
+		up.Close()
+		return false
+	}
+	g.m.requests.WithLabelValues(kindSocks, outcomeOK).Inc()
+	g.log.Debug("gateway: SOCKS5 tunnel", "target", target, "proxy", p.ID)
+	release := g.picker.Acquire(p)
+	handed = true
+	t := &tunnel{g: g, client: c, up: up, onDone: func() {
+		release()
+		u.release()
+		g.m.inFlight.WithLabelValues(kindSocks).Dec()
+	}}
+	// The accept loop counted this goroutine with c; the tunnel is one
+	// more thing running, with both connections.
+	g.track.add(c, up)
+	t.run()
+	return true
+}
+
+// socksAuth reads the greeting and the RFC 1929 sub-negotiation.
+func (g *Gateway) socksAuth(c net.Conn) (*user, options, bool) {
+	var hdr [2]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil || hdr[0] != socksVersion {
+		g.m.requests.WithLabelValues(kindSocks, outcomeError).Inc()
+		return nil, options{}, false
+	}
+	var methods [255]byte
+	if _, err := io.ReadFull(c, methods[:hdr[1]]); err != nil {
+		g.m.requests.WithLabelValues(kindSocks, outcomeError).Inc()
+		return nil, options{}, false
+	}
+	offered := false
+	for _, m := range methods[:hdr[1]] {
+		offered = offered || m == socksAuthUserPW
+	}
+	if !offered {
+		// Never an open proxy: no method without a password.
+		_, _ = c.Write([]byte{socksVersion, socksNoMethod})
+		g.m.requests.WithLabelValues(kindSocks, outcomeAuth).Inc()
+		g.m.authFailures.WithLabelValues(kindSocks, authMissing).Inc()
+		return nil, options{}, false
+	}
+	if _, err := c.Write([]byte{socksVersion, socksAuthUserPW}); err != nil {
+		return nil, options{}, false
+	}
+	// VER ULEN UNAME PLEN PASSWD
+	var b [1 + 1 + 255 + 1 + maxSocksPasswordSize]byte
+	if _, err := io.ReadFull(c, b[:2]); err != nil || b[0] != socksAuthVersion {
+		g.m.requests.WithLabelValues(kindSocks, outcomeError).Inc()
+		return nil, options{}, false
+	}
+	ulen := int(b[1])
+	if _, err := io.ReadFull(c, b[2:2+ulen+1]); err != nil {
+		g.m.requests.WithLabelValues(kindSocks, outcomeError).Inc()
+		return nil, options{}, false
+	}
+	name := string(b[2 : 2+ulen])
+	plen := int(b[2+ulen])
+	pw := b[3+ulen : 3+ulen+plen]
+	if _, err := io.ReadFull(c, pw); err != nil {
+		g.m.requests.WithLabelValues(kindSocks, outcomeError).Inc()
+		return nil, options{}, false
+	}
+	u, o, err := g.users.check(name, string(pw))
+	clear(b[:]) // the password leaves no copy of ours
+	if err != nil {
+		_, _ = c.Write([]byte{socksAuthVersion, socksAuthFailed})
+		if errors.Is(err, errAuth) {
+			g.m.requests.WithLabelValues(kindSocks, outcomeAuth).Inc()
+			g.m.authFailures.WithLabelValues(kindSocks, authWrong).Inc()
+		} else {
+			g.m.requests.WithLabelValues(kindSocks, outcomeError).Inc()
+			g.log.Debug("gateway: SOCKS5 user options", "err", err)
+		}
+		return nil, options{}, false
+	}
+	if _, err := c.Write([]byte{socksAuthVersion, socksAuthOK}); err != nil {
+		return nil, options{}, false
+	}
+	return u, o, true
+}
+
+// socksRequestError is a request answered with code.
+type socksRequestError struct {
+	code byte
+	msg  string
+}
+
+func (e *socksRequestError) Error() string { return e.msg }
+
+// socksRequest reads VER CMD RSV ATYP DST.ADDR DST.PORT and returns the
+// target as host:port.
+func socksRequest(c net.Conn) (string, error) {
+	var b [4]byte
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		return "", err
+	}
+	if b[0] != socksVersion {
+		return "", &socksRequestError{repGeneralFailure, fmt.Sprintf("version %d", b[0])}
+	}
+	if b[1] != socksCmdConnect {
+		return "", &socksRequestError{repCmdNotSupported, fmt.Sprintf("command %d: only CONNECT", b[1])}
+	}
+	var host string
+	switch b[3] {
+	case socksAtypIPv4:
+		var a [4]byte
+		if _, err := io.ReadFull(c, a[:]); err != nil {
+			return "", err
+		}
+		host = net.IP(a[:]).String()
+	case socksAtypIPv6:
+		var a [16]byte
+		if _, err := io.ReadFull(c, a[:]); err != nil {
+			return "", err
+		}
+		host = net.IP(a[:]).String()
+	case socksAtypDomain:
+		var l [1]byte
+		if _, err := io.ReadFull(c, l[:]); err != nil {
+			return "", err
+		}
+		var d [255]byte
+		if _, err := io.ReadFull(c, d[:l[0]]); err != nil {
+			return "", err
+		}
+		host = string(d[:l[0]])
+		if host == "" {
+			return "", &socksRequestError{repHostUnreachable, "empty domain"}
+		}
+	default:
+		return "", &socksRequestError{repAtypNotSupported, fmt.Sprintf("address type %d", b[3])}
+	}
+	var port [2]byte
+	if _, err := io.ReadFull(c, port[:]); err != nil {
+		return "", err
+	}
+	return net.JoinHostPort(host, strconv.Itoa(int(binary.BigEndian.Uint16(port[:])))), nil
+}

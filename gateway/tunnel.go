@@ -1,0 +1,129 @@
+package gateway
+
+import (
+	"net"
+	"sync"
+)
+
+// tracker counts what the gateway runs (handlers, handshakes, tunnels)
+// and holds the connections it must close when a drain runs out.
+type tracker struct {
+	mu     sync.Mutex
+	n      int
+	idle   chan struct{} // closed while n == 0
+	closed bool          // closeAll ran: whatever registers now is closed at once
+	conns  map[net.Conn]struct{}
+}
+
+func newTracker() *tracker {
+	t := &tracker{idle: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+	close(t.idle)
+	return t
+}
+
+// add counts one more thing running, with its connections.
+func (t *tracker) add(conns ...net.Conn) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.n == 0 {
+		t.idle = make(chan struct{})
+	}
+	t.n++
+	for _, c := range conns {
+		if t.closed {
+			c.Close()
+			continue
+		}
+		t.conns[c] = struct{}{}
+	}
+}
+
+// done says one thing stopped; its connections are forgotten (their
+// owner closes them).
+func (t *tracker) done(conns ...net.Conn) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, c := range conns {
+		delete(t.conns, c)
+	}
+	t.n--
+	if t.n == 0 {
+		close(t.idle)
+	}
+}
+
+// wait is closed once nothing runs.
+func (t *tracker) wait() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.idle
+}
+
+// closeAll closes every connection held, and any registered later.
+func (t *tracker) closeAll() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closed = true
+	for c := range t.conns {
+		c.Close()
+	}
+	clear(t.conns)
+}
+
+// tunnel pipes client and up both ways. The caller has counted it in the
+// tracker (add with both connections); the last direction to end closes
+// both, counts the bytes, calls onDone and says done.
+type tunnel struct {
+	g          *Gateway
+	client, up net.Conn
+	onDone     func()
+	mu         sync.Mutex
+	left       int
+	up2, down  int64
+}
+
+// run copies client to up in a goroutine of its own and up to client in
+// the caller's. Between two *net.TCPConn it splices (Linux, see pump):
+// no buffer of ours, and no pipe while idle.
+func (t *tunnel) run() {
+	t.left = 2
+	t.g.track.add()
+	go func() {
+		defer t.g.track.done()
+		t.copy(t.up, t.client, true)
+	}()
+	t.copy(t.client, t.up, false)
+}
+
+func (t *tunnel) copy(dst, src net.Conn, up bool) {
+	n, err := pump(dst, src)
+	if err != nil {
+		// One side failed: the other direction is over too.
+		t.client.Close()
+		t.up.Close()
+	} else if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	} else {
+		dst.Close()
+	}
+	t.mu.Lock()
+	if up {
+		t.up2 = n
+	} else {
+		t.down = n
+	}
+	t.left--
+	last := t.left == 0
+	t.mu.Unlock()
+	if !last {
+		return
+	}
+	t.client.Close()
+	t.up.Close()
+	t.g.m.bytes.WithLabelValues("up").Add(float64(t.up2))
+	t.g.m.bytes.WithLabelValues("down").Add(float64(t.down))
+	if t.onDone != nil {
+		t.onDone()
+	}
+	t.g.track.done(t.client, t.up)
+}

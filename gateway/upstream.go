@@ -1,0 +1,255 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// upstreamError is a proxy's failure of one attempt: it is reported,
+// counted by cause, and the request is tried on another proxy.
+type upstreamError struct {
+	cause  string // causeRefused, ...
+	reason string // what the report and the client's 502 say
+}
+
+func (e *upstreamError) Error() string { return e.reason }
+
+// targetAnswer is a proxy's answer to CONNECT that speaks for the target
+// (squid marks its own error pages with X-Squid-Error: the target did
+// not answer, its name did not resolve, the port is not allowed): it is
+// passed on to the client, not held against the proxy.
+type targetAnswer struct {
+	status     int
+	statusText string
+	squidError string
+	body       []byte
+}
+
+func (e *targetAnswer) Error() string {
+	return fmt.Sprintf("the proxy answered CONNECT %d %s (%s)", e.status, e.statusText, e.squidError)
+}
+
+// errConnectTimeout: the proxy did not accept, or did not answer
+// CONNECT, within ConnectTimeout.
+var errConnectTimeout = errors.New("connect timeout")
+
+// dialError marks an error of the dial to a proxy (nothing was sent).
+type dialError struct{ err error }
+
+func (e *dialError) Error() string { return e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
+
+// dial connects to a proxy within ConnectTimeout, observing the latency.
+func (g *Gateway) dial(ctx context.Context, addr string) (net.Conn, error) {
+	start := g.cfg.Now()
+	dctx, cancel := context.WithTimeout(ctx, g.cfg.ConnectTimeout)
+	defer cancel()
+	c, err := g.dialer.DialContext(dctx, "tcp", addr)
+	g.m.connectDur.Observe(g.cfg.Now().Sub(start).Seconds())
+	if err != nil {
+		if ctx.Err() == nil && dctx.Err() != nil {
+			err = errConnectTimeout
+		}
+		return nil, &dialError{err}
+	}
+	return c, nil
+}
+
+// classify turns an attempt's error into its cause and reason, with the
+// fleet's password never in it.
+func (g *Gateway) classify(err error) *upstreamError {
+	var ue *upstreamError
+	if errors.As(err, &ue) {
+		return ue
+	}
+	var ne net.Error
+	switch {
+	case errors.As(err, &ne) && ne.Timeout() && strings.Contains(err.Error(), "awaiting response headers"):
+		// http.Transport's ResponseHeaderTimeout: no other way to tell it.
+		return &upstreamError{causeTimeout, "no answer within the response timeout"}
+	case errors.Is(err, errConnectTimeout), errors.Is(err, os.ErrDeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return &upstreamError{causeTimeout, "connect timeout"}
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return &upstreamError{causeRefused, "connect: connection refused"}
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return &upstreamError{causeReset, "connection reset"}
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return &upstreamError{causeReset, "connection closed before an answer"}
+	}
+	s := err.Error()
+	if p := g.cfg.UpstreamPassword; p != "" {
+		s = strings.ReplaceAll(s, p, "***")
+	}
+	return &upstreamError{causeOther, s}
+}
+
+// readers are the small buffers the answers to CONNECT are read with.
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 1024) }}
+
+// aLongTimeAgo is a deadline in the past: it unblocks a conn at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// dialConnect opens a tunnel to target through p: connect, CONNECT with
+// the fleet's credential, wait for 200, all within ConnectTimeout.
+// leftover is what the proxy sent after its answer (a server-first
+// protocol's greeting), to be passed on first.
+func (g *Gateway) dialConnect(ctx context.Context, p Proxy, target string) (up net.Conn, leftover []byte, err error) {
+	start := g.cfg.Now()
+	c, err := g.dial(ctx, p.Addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			c.Close()
+		}
+	}()
+	deadline := start.Add(g.cfg.ConnectTimeout)
+	if err := c.SetDeadline(deadline); err != nil {
+		return nil, nil, err
+	}
+	// A client that leaves ends the wait at once.
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(aLongTimeAgo) })
+	defer stop()
+
+	req := "CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n"
+	if g.upstreamAuth != "" {
+		req += "Proxy-Authorization: " + g.upstreamAuth + "\r\n"
+	}
+	req += "\r\n"
+	if _, err := io.WriteString(c, req); err != nil {
+		return nil, nil, g.ctxErr(ctx, err)
+	}
+	br := readers.Get().(*bufio.Reader)
+	br.Reset(c)
+	defer func() {
+		br.Reset(nil)
+		readers.Put(br)
+	}()
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		return nil, nil, g.ctxErr(ctx, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		text := strings.TrimPrefix(resp.Status, fmt.Sprint(resp.StatusCode)+" ")
+		if se := resp.Header.Get("X-Squid-Error"); se != "" && resp.StatusCode != http.StatusProxyAuthRequired {
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<10))
+			return nil, nil, &targetAnswer{status: resp.StatusCode, statusText: text, squidError: se, body: body}
+		}
+		return nil, nil, &upstreamError{causeStatus, fmt.Sprintf("CONNECT answered %d %s", resp.StatusCode, text)}
+	}
+	if !stop() {
+		return nil, nil, ctx.Err()
+	}
+	if n := br.Buffered(); n > 0 {
+		b, _ := br.Peek(n)
+		leftover = append([]byte(nil), b...)
+	}
+	if err := c.SetDeadline(time.Time{}); err != nil {
+		return nil, nil, err
+	}
+	ok = true
+	return c, leftover, nil
+}
+
+// ctxErr is the context's error if it ended (the client left), else err.
+func (g *Gateway) ctxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
+}
+
+// emptyError: no proxy matched the request's labels (or the rotation
+// is empty); answered 503.
+type emptyError struct{ labels map[string]string }
+
+func (e *emptyError) Error() string {
+	if len(e.labels) == 0 {
+		return "no proxy in the rotation"
+	}
+	return "no proxy matches labels " + formatLabels(e.labels)
+}
+
+// allFailed: every proxy tried failed; answered 502.
+type allFailed struct{ failures []string }
+
+func (e *allFailed) Error() string {
+	return "no proxy could carry the request: " + strings.Join(e.failures, "; ")
+}
+
+// attempts runs try on a proxy, and on others while it fails with a
+// proxy's failure, up to Retries more: each failing proxy is reported and
+// excluded from the next pick (a session moves). try returns an
+// *upstreamError (or an error classify makes one of) for a proxy's
+// failure; retryable says whether another attempt may follow it.
+func (g *Gateway) attempts(ctx context.Context, kind string, o options, try func(p Proxy) (retryable bool, err error)) (Proxy, error) {
+	var tried []string
+	var failures []string
+	for i := 0; ; i++ {
+		sel := o.selector()
+		sel.Exclude = tried
+		var p Proxy
+		var err error
+		if o.session != "" {
+			p, err = g.picker.PickSession(o.session, sel)
+		} else {
+			p, err = g.picker.Pick(sel)
+		}
+		if err != nil {
+			if !errors.Is(err, ErrEmpty) {
+				return Proxy{}, fmt.Errorf("pick a proxy: %w", err)
+			}
+			if i == 0 {
+				return Proxy{}, &emptyError{labels: o.labels}
+			}
+			failures = append(failures, "no other proxy matches")
+			return Proxy{}, &allFailed{failures}
+		}
+		if i > 0 {
+			g.m.retries.WithLabelValues(kind).Inc()
+		}
+		retryable, err := try(p)
+		if err == nil {
+			return p, nil
+		}
+		if ctx.Err() != nil {
+			return p, ctx.Err()
+		}
+		var ta *targetAnswer
+		if errors.As(err, &ta) {
+			return p, err
+		}
+		ue := g.classify(err)
+		g.m.upstreamFail.WithLabelValues(ue.cause).Inc()
+		g.report(p, ue.reason)
+		failures = append(failures, p.ID+": "+ue.reason)
+		tried = append(tried, p.ID)
+		if !retryable || i >= g.retries {
+			return p, &allFailed{failures}
+		}
+		g.log.Info("proxy failed, trying another", "kind", kind, "proxy", p.ID, "reason", ue.reason, "session", o.session != "")
+	}
+}
+
+// report tells the rotation that p failed us.
+func (g *Gateway) report(p Proxy, reason string) {
+	if err := g.picker.Report(p, reason); err != nil {
+		g.m.reports.WithLabelValues("error").Inc()
+		g.log.Warn("report a failed proxy", "proxy", p.ID, "reason", reason, "err", err)
+		return
+	}
+	g.m.reports.WithLabelValues("ok").Inc()
+	g.log.Warn("proxy failed, reported", "proxy", p.ID, "addr", p.Addr, "reason", reason)
+}

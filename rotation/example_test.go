@@ -1,0 +1,79 @@
+package rotation_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"proxyfleet/internal/natstest"
+	"proxyfleet/messages"
+	"proxyfleet/rotation"
+	"proxyfleet/worker"
+)
+
+// Example follows the rotation of an embedded nats-server, with the
+// topology set up as `proxyfleet setup` does, one proxy put in
+// PROXY_ROTATION as health would, and picks it.
+func Example() {
+	t := &exampleTB{}
+	defer t.done()
+	srv := natstest.Start(t)
+	nc, js := srv.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := (worker.Topology{Subjects: messages.NewSubjects("")}).Setup(ctx, js); err != nil {
+		fmt.Println(err)
+		return
+	}
+	kv, _ := js.KeyValue(ctx, messages.BucketRotation)
+	if _, err := kv.Put(ctx, "p1", []byte("198.18.100.32:3128")); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	// The three lines.
+	rot, err := rotation.Follow(ctx, nc, rotation.Config{User: "fleet", Password: "secret"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer rot.Close()
+
+	p, err := rot.Pick(rotation.Selector{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(p.ID, p.Addr, rot.ProxyURL(p))
+	// Output: p1 198.18.100.32:3128 http://fleet:secret@198.18.100.32:3128
+}
+
+// exampleTB is the little of testing.TB that natstest needs, for an
+// example, which has no *testing.T: a temp dir, cleanups, and a failure
+// that panics.
+type exampleTB struct {
+	testing.TB // nil: any other method panics
+	cleanups   []func()
+}
+
+func (e *exampleTB) Helper()                   {}
+func (e *exampleTB) Cleanup(f func())          { e.cleanups = append(e.cleanups, f) }
+func (e *exampleTB) Fatal(args ...any)         { panic(fmt.Sprint(args...)) }
+func (e *exampleTB) Fatalf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
+func (e *exampleTB) TempDir() string {
+	dir, err := os.MkdirTemp("", "rotation-example-")
+	if err != nil {
+		panic(err)
+	}
+	e.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// done runs the cleanups, last first.
+func (e *exampleTB) done() {
+	for i := len(e.cleanups) - 1; i >= 0; i-- {
+		e.cleanups[i]()
+	}
+}

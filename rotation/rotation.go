@@ -1,0 +1,396 @@
+package rotation
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/messages"
+)
+
+// Proxy is one proxy of the rotation, as a pick returns it.
+type Proxy struct {
+	ID   string
+	Addr string // ip:port, where it listens
+	// Host is the KVM host it runs on, from its latest state event ("" while
+	// no event of it is known).
+	Host string
+	// Egress is the address its requests leave from, as health's probe
+	// target saw them (PROXY_CHECKS), when the check is of Addr; else "".
+	Egress string
+	// Labels are the labels of its latest state event (nil when it has
+	// none, or while no event is known). The map is shared by every copy of
+	// this Proxy: read it, never write it.
+	Labels map[string]string
+	// Since is when its key was written in PROXY_ROTATION (when it entered,
+	// or its address last changed).
+	Since time.Time
+}
+
+// Strategy is how Pick chooses among the matching proxies.
+type Strategy string
+
+const (
+	// RoundRobin takes each matching proxy in turn (the default).
+	RoundRobin Strategy = "round-robin"
+	// Random takes one at random.
+	Random Strategy = "random"
+	// LeastBusy takes the one with the fewest requests in flight (counted
+	// by Acquire), ties going round robin.
+	LeastBusy Strategy = "least-busy"
+)
+
+// Defaults of Config.
+const (
+	DefaultCooldown      = 10 * time.Second
+	DefaultCheckInterval = 5 * time.Second
+	DefaultRetryMax      = 5 * time.Second
+	// missingRepeat is how often a stream or bucket that stays missing is
+	// logged again (health does the same).
+	missingRepeat = 30 * time.Second
+	// opTimeout bounds one request to JetStream (a lookup, a consumer's
+	// creation).
+	opTimeout = 10 * time.Second
+)
+
+// Config configures a Rotation. The zero value follows the default prefix
+// with no proxy credential.
+type Config struct {
+	// Subjects are the fleet's subjects; zero means the default prefix
+	// "proxy".
+	Subjects messages.Subjects
+	// User and Password are the fleet's proxy credential (proxy.auth):
+	// ProxyURL and Proxy put them in the URLs they return.
+	User, Password string
+	// Strategy is Pick's; empty means RoundRobin.
+	Strategy Strategy
+	// Cooldown is how long a proxy this process reported is passed over
+	// while another matches (default 10s; negative: never). Health decides
+	// whether the proxy is really down; meanwhile this process stops
+	// sending it traffic that would likely fail again.
+	Cooldown time.Duration
+	// Reporter names this process in its reports (Report.By); default
+	// <hostname>-<pid>.
+	Reporter string
+	// CheckInterval is how often each source's stream or bucket is looked
+	// up, to find one deleted or created anew (default 5s).
+	CheckInterval time.Duration
+	// RetryMax bounds the backoff between attempts to remake a broken
+	// source (default 5s; the first waits RetryMax/50).
+	RetryMax time.Duration
+	Logger   *slog.Logger
+	// Now is the clock of cooldowns and reports (default time.Now).
+	Now func() time.Time
+}
+
+// Stats are counters of a Rotation's life.
+type Stats struct {
+	// Restarts counts sources made anew after breaking.
+	Restarts uint64
+	// Changes counts changes of the rotation (a proxy in, out, or its
+	// address, host, labels or egress changed).
+	Changes uint64
+	// Picks counts Pick and PickSession calls, EmptyPicks those that found
+	// nothing (ErrEmpty).
+	Picks, EmptyPicks uint64
+	// Reports counts reports published, ReportErrors those that failed.
+	Reports, ReportErrors uint64
+}
+
+// ErrEmpty says that no proxy in the rotation matches what was asked.
+// Errors of Pick, PickSession and Proxy wrap it with what that was.
+var ErrEmpty = errors.New("rotation: no proxy matches")
+
+// Rotation follows the rotation and picks proxies from it. Its methods are
+// safe for concurrent use.
+type Rotation struct {
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	cfg  Config
+	subj messages.Subjects
+	log  *slog.Logger
+
+	mu  sync.RWMutex
+	idx *index
+	// cool holds the end of each reported proxy's cooldown, by id.
+	cool      map[string]time.Time
+	nextPrune time.Time
+	changed   chan struct{}
+	taken     bool // someone holds changed: close it at the next change
+	readyMask int  // sources whose initial values are in
+	// eventsGen is the generation of the current events consumer, read
+	// from the consumer's goroutine.
+	eventsGen atomic.Uint64
+	// eventsSwept is the last events generation whose catch-up ended
+	// (what it did not deliver was dropped).
+	eventsSwept uint64
+
+	ready chan struct{}
+
+	runMu     sync.Mutex
+	running   bool
+	runCancel context.CancelFunc
+	runDone   chan struct{}
+	runErr    error
+
+	// watchHook, if set (by tests), is given each KV watcher made.
+	watchHook func(bucket string, w jetstream.KeyWatcher)
+
+	restarts, changes, picks, emptyPicks, reports, reportErrors atomic.Uint64
+}
+
+// The sources, as bits of readyMask.
+const (
+	srcRotation = 1 << iota
+	srcEvents
+	srcChecks
+	srcAll = srcRotation | srcEvents | srcChecks
+)
+
+// New returns a Rotation that follows nothing yet: Run follows. Its
+// picks find nothing until the sources are read (Ready).
+func New(nc *nats.Conn, cfg Config) (*Rotation, error) {
+	if nc == nil {
+		return nil, errors.New("rotation: no NATS connection")
+	}
+	r, err := newRotation(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if r.js, err = jetstream.New(nc); err != nil {
+		return nil, fmt.Errorf("rotation: jetstream: %w", err)
+	}
+	r.nc = nc
+	return r, nil
+}
+
+// newRotation is a Rotation of cfg with its defaults, connected to nothing.
+func newRotation(cfg Config) (*Rotation, error) {
+	if cfg.Subjects.Prefix == "" {
+		cfg.Subjects = messages.NewSubjects("")
+	}
+	if !messages.ValidPrefix(cfg.Subjects.Prefix) {
+		return nil, fmt.Errorf("rotation: invalid subject prefix %q", cfg.Subjects.Prefix)
+	}
+	switch cfg.Strategy {
+	case "":
+		cfg.Strategy = RoundRobin
+	case RoundRobin, Random, LeastBusy:
+	default:
+		return nil, fmt.Errorf("rotation: unknown strategy %q (want %s, %s or %s)", cfg.Strategy, RoundRobin, Random, LeastBusy)
+	}
+	if cfg.Cooldown == 0 {
+		cfg.Cooldown = DefaultCooldown
+	}
+	if cfg.Reporter == "" {
+		host, _ := os.Hostname()
+		cfg.Reporter = fmt.Sprintf("%s-%d", cmp.Or(host, "unknown"), os.Getpid())
+	}
+	if cfg.CheckInterval <= 0 {
+		cfg.CheckInterval = DefaultCheckInterval
+	}
+	if cfg.RetryMax <= 0 {
+		cfg.RetryMax = DefaultRetryMax
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Rotation{
+		cfg: cfg, subj: cfg.Subjects,
+		log:     cfg.Logger.With("component", "rotation"),
+		idx:     newIndex(),
+		cool:    map[string]time.Time{},
+		changed: make(chan struct{}),
+		ready:   make(chan struct{}),
+	}, nil
+}
+
+// Run follows the three sources until ctx ends (or Close), then returns
+// nil, having stopped every goroutine it started. A source that breaks is
+// made anew (see the package doc); Run returns an error only for what
+// keeps it from following at all: it is already running, or the NATS
+// connection is closed.
+func (r *Rotation) Run(ctx context.Context) error {
+	ctx, err := r.begin(ctx)
+	if err != nil {
+		return err
+	}
+	return r.follow(ctx)
+}
+
+// begin registers a Run, so that Close can stop it, and returns its
+// context.
+func (r *Rotation) begin(ctx context.Context) (context.Context, error) {
+	r.runMu.Lock()
+	defer r.runMu.Unlock()
+	if r.running {
+		return nil, errors.New("rotation: Run called while running")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	r.running, r.runCancel, r.runDone, r.runErr = true, cancel, make(chan struct{}), nil
+	return ctx, nil
+}
+
+// follow is the body of Run, once begun.
+func (r *Rotation) follow(ctx context.Context) error {
+	r.runMu.Lock()
+	cancel, done := r.runCancel, r.runDone
+	r.runMu.Unlock()
+
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i, follow := range []func(context.Context) error{r.followRotation, r.followEvents, r.followChecks} {
+		wg.Go(func() {
+			if err := follow(ctx); err != nil {
+				errs[i] = err
+				cancel() // the others cannot do better
+			}
+		})
+	}
+	wg.Wait()
+	cancel()
+	err := errors.Join(errs...)
+
+	r.runMu.Lock()
+	r.running, r.runErr = false, err
+	close(done)
+	r.runMu.Unlock()
+	return err
+}
+
+// Ready is closed once every source has delivered its initial values (the
+// first time: a source remade later does not reopen it).
+func (r *Rotation) Ready() <-chan struct{} { return r.ready }
+
+// Follow is New, then Run in a goroutine of its own; it returns once the
+// rotation is Ready, or fails when ctx ends first (or Run stops). ctx only
+// bounds that wait: the Rotation follows until Close.
+func Follow(ctx context.Context, nc *nats.Conn, cfg Config) (*Rotation, error) {
+	r, err := New(nc, cfg)
+	if err != nil {
+		return nil, err
+	}
+	runCtx, err := r.begin(context.WithoutCancel(ctx))
+	if err != nil {
+		return nil, err
+	}
+	runErr := make(chan error, 1)
+	go func() { runErr <- r.follow(runCtx) }()
+	select {
+	case <-r.ready:
+		return r, nil
+	case err := <-runErr:
+		return nil, fmt.Errorf("rotation: follow: %w", cmp.Or(err, errors.New("stopped before ready")))
+	case <-ctx.Done():
+		_ = r.Close()
+		return nil, fmt.Errorf("rotation: not ready: %w", ctx.Err())
+	}
+}
+
+// Close stops Run (whoever started it) and waits for it to return, with
+// its error. The rotation keeps what it knew: picks go on from it. It may
+// be called more than once.
+func (r *Rotation) Close() error {
+	r.runMu.Lock()
+	cancel, done := r.runCancel, r.runDone
+	r.runMu.Unlock()
+	if cancel == nil {
+		return nil
+	}
+	cancel()
+	<-done
+	r.runMu.Lock()
+	defer r.runMu.Unlock()
+	return r.runErr
+}
+
+// Stats returns the counters.
+func (r *Rotation) Stats() Stats {
+	return Stats{
+		Restarts: r.restarts.Load(), Changes: r.changes.Load(),
+		Picks: r.picks.Load(), EmptyPicks: r.emptyPicks.Load(),
+		Reports: r.reports.Load(), ReportErrors: r.reportErrors.Load(),
+	}
+}
+
+// Proxies returns the rotation, sorted by id: a copy, O(n log n), for
+// listing rather than for picking.
+func (r *Rotation) Proxies() []Proxy {
+	r.mu.RLock()
+	out := make([]Proxy, 0, len(r.idx.all.items))
+	for _, m := range r.idx.all.items {
+		out = append(out, m.p)
+	}
+	r.mu.RUnlock()
+	slices.SortFunc(out, func(a, b Proxy) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Get returns the proxy id if it is in the rotation.
+func (r *Rotation) Get(id string) (Proxy, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if m := r.idx.members[id]; m != nil {
+		return m.p, true
+	}
+	return Proxy{}, false
+}
+
+// Len is the number of proxies in the rotation.
+func (r *Rotation) Len() int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return len(r.idx.all.items)
+}
+
+// Changed returns a channel closed at the next change of the rotation;
+// take it again after it closes:
+//
+//	for {
+//		ch := rot.Changed()
+//		use(rot.Proxies())
+//		<-ch
+//	}
+func (r *Rotation) Changed() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.taken = true
+	return r.changed
+}
+
+// changedLocked counts a change and wakes whoever waits in Changed; with
+// r.mu held.
+func (r *Rotation) changedLocked() {
+	r.changes.Add(1)
+	if r.taken {
+		close(r.changed)
+		r.changed = make(chan struct{})
+		r.taken = false
+	}
+}
+
+// readyLocked records that source src has delivered its initial values;
+// with r.mu held.
+func (r *Rotation) readyLocked(src int) {
+	if r.readyMask == srcAll {
+		return
+	}
+	r.readyMask |= src
+	if r.readyMask == srcAll {
+		close(r.ready)
+		r.log.Info("rotation ready", "proxies", len(r.idx.all.items))
+	}
+}
