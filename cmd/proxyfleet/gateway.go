@@ -40,7 +40,7 @@ func gatewayComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg pro
 		User:     c.Proxy.Auth.User, Password: c.Proxy.Auth.Password.Reveal(),
 		Strategy: rotation.Strategy(c.Gateway.Strategy),
 		Cooldown: c.Gateway.Cooldown,
-		Logger:   log.With("component", "rotation"),
+		Logger:   log,
 	})
 	if err != nil {
 		return component{}, nil, fmt.Errorf("gateway: %w", err)

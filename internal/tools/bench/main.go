@@ -43,6 +43,7 @@ var sections = []section{
 	{name: "control-plane", run: runControlPlane},
 	{name: "fleet", run: runFleet},
 	{name: "health", run: runHealth},
+	{name: "gateway", run: runGateway},
 	{name: "upload", host: true, run: runUpload},
 	{name: "lifecycle", host: true, run: runLifecycle},
 }

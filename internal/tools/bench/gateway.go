@@ -1,0 +1,389 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"proxyfleet/messages"
+	"proxyfleet/worker"
+)
+
+// The gateway section: a `proxyfleet gateway` process in front of one
+// loopback upstream forward proxy (in this process, requiring the fleet's
+// credential as the guests' squid does), against the same client straight
+// to that proxy.
+
+const (
+	gwFleetUser, gwFleetPass = "fleet", "bench-fleet-password"
+	gwUser, gwPass           = "bench", "bench-gateway-password"
+	gwClients                = 8               // concurrent clients of the rate runs
+	gwRateFor                = 3 * time.Second // each side's time per rate run
+	gwLatencyN               = 2000            // sequential requests per latency run
+	gwTunnelsWanted          = 10000
+)
+
+func runGateway(ctx context.Context, b *bench) (sectionResult, error) {
+	nofile := raiseNofile()
+	bin := filepath.Join(b.dir, "proxyfleet")
+	if _, err := os.Stat(bin); err != nil {
+		if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "proxyfleet/cmd/proxyfleet").CombinedOutput(); err != nil {
+			return sectionResult{}, fmt.Errorf("go build: %w: %s", err, out)
+		}
+	}
+	dir := filepath.Join(b.dir, "gateway")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return sectionResult{}, err
+	}
+	target, err := newBenchTarget()
+	if err != nil {
+		return sectionResult{}, err
+	}
+	defer target.close()
+	up, err := newBenchUpstream()
+	if err != nil {
+		return sectionResult{}, err
+	}
+	defer up.close()
+
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: filepath.Join(dir, "nats"), NoLog: true, NoSigs: true})
+	if err != nil {
+		return sectionResult{}, err
+	}
+	go s.Start()
+	defer s.Shutdown()
+	if !s.ReadyForConnections(10 * time.Second) {
+		return sectionResult{}, errors.New("nats-server not ready")
+	}
+	nc, js := connect(s.ClientURL())
+	defer nc.Close()
+	if _, err := (worker.Topology{Subjects: messages.NewSubjects("")}).Setup(ctx, js); err != nil {
+		return sectionResult{}, fmt.Errorf("setup: %w", err)
+	}
+	kv, err := js.KeyValue(ctx, messages.BucketRotation)
+	if err != nil {
+		return sectionResult{}, err
+	}
+	if _, err := kv.Put(ctx, "up1", []byte(up.addr())); err != nil {
+		return sectionResult{}, err
+	}
+
+	fleetPW, gwPW := filepath.Join(dir, "fleet-password"), filepath.Join(dir, "gateway-password")
+	for p, v := range map[string]string{fleetPW: gwFleetPass, gwPW: gwPass} {
+		if err := os.WriteFile(p, []byte(v+"\n"), 0o600); err != nil {
+			return sectionResult{}, err
+		}
+	}
+	gwAddr := freeAddr()
+	cfg := fmt.Sprintf(`nats: {url: %q}
+hosts: [{name: h1, driver: sim, sim: {dir: %q}}]
+proxy: {auth: {user: %s, password_file: %q}}
+gateway:
+  listen: %q
+  users: [{name: %s, password_file: %q, max_conns: 20000}]
+`, s.ClientURL(), filepath.Join(dir, "sim"), gwFleetUser, fleetPW, gwAddr, gwUser, gwPW)
+	cfgPath := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		return sectionResult{}, err
+	}
+	gw, _, err := startReady(ctx, bin, filepath.Join(dir, "gateway.log"), "gateway", "--config", cfgPath)
+	if err != nil {
+		return sectionResult{}, err
+	}
+	defer gw.stop(b)
+
+	direct := &url.URL{Scheme: "http", Host: up.addr(), User: url.UserPassword(gwFleetUser, gwFleetPass)}
+	via := &url.URL{Scheme: "http", Host: gwAddr, User: url.UserPassword(gwUser, gwPass)}
+	var ratios, added, rateDirect, rateVia, p99Direct, p99Via []float64
+	for i := range b.runs {
+		d, err := requestRate(ctx, direct, target.url)
+		if err != nil {
+			return sectionResult{}, fmt.Errorf("direct: %w", err)
+		}
+		v, err := requestRate(ctx, via, target.url)
+		if err != nil {
+			return sectionResult{}, fmt.Errorf("through the gateway: %w", err)
+		}
+		ld, err := latencies(direct, target.url)
+		if err != nil {
+			return sectionResult{}, fmt.Errorf("direct: %w", err)
+		}
+		lv, err := latencies(via, target.url)
+		if err != nil {
+			return sectionResult{}, fmt.Errorf("through the gateway: %w", err)
+		}
+		pd, pv := ms(percentile(ld, 0.99)), ms(percentile(lv, 0.99))
+		rateDirect, rateVia = append(rateDirect, d), append(rateVia, v)
+		p99Direct, p99Via = append(p99Direct, pd), append(p99Via, pv)
+		ratios, added = append(ratios, v/d), append(added, pv-pd)
+		b.log.Printf("gateway run %d: %.0f req/s through the gateway, %.0f straight (ratio %.3f); p99 %.3f ms against %.3f ms (added %.3f ms)",
+			i+1, v, d, v/d, pv, pd, pv-pd)
+	}
+
+	// Idle tunnels: as many as the descriptors of this process allow (a
+	// tunnel holds 4 here: the client's, the upstream's two, the
+	// target's), up to 10,000; the gateway process's RSS before and
+	// after, once all are open and idle.
+	var lim int
+	fmt.Sscan(nofile, &lim)
+	n := min(gwTunnelsWanted, (lim-1000)/4)
+	kib, tunnels, err := tunnelMemory(ctx, gwAddr, target.addr, gw.cmd.Process.Pid, n)
+	if err != nil {
+		return sectionResult{}, fmt.Errorf("idle tunnels: %w", err)
+	}
+	b.log.Printf("gateway: %d idle tunnels: %.1f KiB of the gateway's RSS each", tunnels, kib)
+
+	setup := ("one `proxyfleet gateway` process (the binary built from this tree, defaults but max_conns) following an embedded nats-server's PROXY_ROTATION, which holds one proxy: a loopback forward proxy in the bench process (Go: plain requests through an http.Transport, CONNECT by hijack and io.Copy; Basic credential required, as the guests' squid), and a loopback HTTP target answering 2 bytes. Client: Go's http.Client with keep-alive")
+	rate := figure{Key: "gateway_ratio", Section: "gateway", Value: median(ratios), Unit: "ratio", Target: atLeast(0.8), Runs: ratios,
+		Ours: fmt.Sprintf("%.0f requests/s through the gateway (median)", median(rateVia)),
+		Peer: fmt.Sprintf("the same client straight to the proxy: %.0f requests/s", median(rateDirect)),
+		How:  setup + fmt.Sprintf("; %d clients at once for %s each way, straight to the proxy first, then through the gateway, per run.", gwClients, gwRateFor),
+		Bound: "the extra hop: through the gateway every request is parsed, authenticated and forwarded twice (by the gateway, then the proxy) instead of once, on the same 2 cores that also run the client, the proxy and the target; " +
+			"a ratio of about 0.5 is what a second proxy as costly as the first would give."}
+	lat := figure{Key: "gateway_added_p99_ms", Section: "gateway", Value: median(added), Unit: "ms", Target: atMost(1), Runs: added,
+		Ours: fmt.Sprintf("p99 %.3f ms through the gateway (median)", median(p99Via)),
+		Peer: fmt.Sprintf("p99 %.3f ms straight to the proxy (median)", median(p99Direct)),
+		How:  setup + fmt.Sprintf("; one client, %d requests one after another each way per run; the figure is the difference of the p99s.", gwLatencyN)}
+	tun := figure{Key: "gateway_tunnel_kib", Section: "gateway", Value: kib, Unit: "KiB", Target: atMost(20),
+		Ours: fmt.Sprintf("%.1f KiB of the gateway process's RSS per idle CONNECT tunnel, %d held", kib, tunnels),
+		Peer: "limit 20 KiB",
+		How:  setup + fmt.Sprintf("; %d CONNECT tunnels opened through the gateway to the target and left idle; the gateway's VmRSS once all were open (and 1 s after), minus before, over their number.", tunnels)}
+	if tunnels < gwTunnelsWanted {
+		tun.Bound = fmt.Sprintf("%d tunnels, not 10,000: this machine's hard RLIMIT_NOFILE is %s, and the bench process holds 4 descriptors per tunnel (client, the proxy's two, target)", tunnels, nofile)
+	}
+	for _, f := range []*figure{&rate, &lat, &tun} {
+		f.check()
+	}
+	return sectionResult{figures: []figure{rate, lat, tun}}, nil
+}
+
+// requestRate is the requests per second of gwClients clients through
+// proxy for gwRateFor.
+func requestRate(ctx context.Context, proxy *url.URL, target string) (float64, error) {
+	tr := &http.Transport{Proxy: http.ProxyURL(proxy), MaxIdleConnsPerHost: gwClients}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	var n atomic.Int64
+	var firstErr error
+	var once sync.Once
+	end := time.Now().Add(gwRateFor)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range gwClients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(end) && ctx.Err() == nil {
+				if err := fetch(c, target); err != nil {
+					once.Do(func() { firstErr = err })
+					return
+				}
+				n.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return 0, firstErr
+	}
+	return float64(n.Load()) / time.Since(start).Seconds(), nil
+}
+
+// latencies are gwLatencyN requests' times, one after another.
+func latencies(proxy *url.URL, target string) ([]time.Duration, error) {
+	tr := &http.Transport{Proxy: http.ProxyURL(proxy)}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	if err := fetch(c, target); err != nil { // the connection, made
+		return nil, err
+	}
+	out := make([]time.Duration, 0, gwLatencyN)
+	for range gwLatencyN {
+		t0 := time.Now()
+		if err := fetch(c, target); err != nil {
+			return nil, err
+		}
+		out = append(out, time.Since(t0))
+	}
+	return out, nil
+}
+
+func fetch(c *http.Client, u string) error {
+	resp, err := c.Get(u)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", u, resp.Status)
+	}
+	return nil
+}
+
+// tunnelMemory opens n CONNECT tunnels through the gateway at gw to
+// target, and returns the growth of the gateway's (pid) RSS per tunnel.
+func tunnelMemory(ctx context.Context, gw, target string, pid, n int) (float64, int, error) {
+	before := rssMiB(pid, "VmRSS:")
+	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte(gwUser+":"+gwPass))
+	req := "CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\nProxy-Authorization: " + auth + "\r\n\r\n"
+	conns := make([]net.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range n {
+		if ctx.Err() != nil {
+			return 0, 0, ctx.Err()
+		}
+		c, err := net.DialTimeout("tcp", gw, 5*time.Second)
+		if err != nil {
+			return 0, 0, fmt.Errorf("tunnel %d: %w", i, err)
+		}
+		conns = append(conns, c)
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, req); err != nil {
+			return 0, 0, fmt.Errorf("tunnel %d: %w", i, err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReaderSize(c, 512), nil)
+		if err != nil {
+			return 0, 0, fmt.Errorf("tunnel %d: %w", i, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return 0, 0, fmt.Errorf("tunnel %d: %s", i, resp.Status)
+		}
+		_ = c.SetDeadline(time.Time{})
+	}
+	time.Sleep(time.Second)
+	after := rssMiB(pid, "VmRSS:")
+	return (after - before) * 1024 / float64(n), n, nil
+}
+
+// benchTarget is a loopback HTTP server answering "ok"; a CONNECT tunnel
+// to it stays open and idle (the HTTP server waits for a request).
+type benchTarget struct {
+	srv  *http.Server
+	addr string
+	url  string
+}
+
+func newBenchTarget() (*benchTarget, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	t := &benchTarget{addr: ln.Addr().String(), url: "http://" + ln.Addr().String() + "/"}
+	t.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })}
+	go t.srv.Serve(ln)
+	return t, nil
+}
+
+func (t *benchTarget) close() { t.srv.Close() }
+
+// benchUpstream is a loopback forward proxy requiring the fleet's
+// credential: plain requests through an http.Transport, CONNECT by
+// hijack and io.Copy.
+type benchUpstream struct {
+	srv *http.Server
+	ln  net.Listener
+	tr  *http.Transport
+
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newBenchUpstream() (*benchUpstream, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	u := &benchUpstream{ln: ln, tr: &http.Transport{MaxIdleConnsPerHost: 64}}
+	want := "Basic " + base64.StdEncoding.EncodeToString([]byte(gwFleetUser+":"+gwFleetPass))
+	u.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Proxy-Authorization") != want {
+			w.Header().Set("Proxy-Authenticate", `Basic realm="bench"`)
+			w.WriteHeader(http.StatusProxyAuthRequired)
+			return
+		}
+		if r.Method == http.MethodConnect {
+			u.connect(w, r)
+			return
+		}
+		out := r.Clone(r.Context())
+		out.RequestURI = ""
+		out.Header.Del("Proxy-Authorization")
+		out.Header.Del("Proxy-Connection")
+		resp, err := u.tr.RoundTrip(out)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		for k, vs := range resp.Header {
+			w.Header()[k] = vs
+		}
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, resp.Body)
+	})}
+	go u.srv.Serve(ln)
+	return u, nil
+}
+
+func (u *benchUpstream) connect(w http.ResponseWriter, r *http.Request) {
+	t, err := net.DialTimeout("tcp", r.Host, 5*time.Second)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	c, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		t.Close()
+		return
+	}
+	u.mu.Lock()
+	u.conns = append(u.conns, c, t)
+	u.mu.Unlock()
+	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		c.Close()
+		t.Close()
+		return
+	}
+	// Plain reads and writes, not io.Copy: between two TCP conns it
+	// splices through a pipe per direction held for the tunnel's life
+	// (4 more descriptors a tunnel, which the descriptor limit here
+	// cannot spare for the idle tunnels).
+	pump := func(dst, src net.Conn) {
+		_, _ = io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, make([]byte, 4096))
+		dst.Close()
+	}
+	go pump(t, c)
+	go pump(c, t)
+}
+
+func (u *benchUpstream) addr() string { return u.ln.Addr().String() }
+
+func (u *benchUpstream) close() {
+	u.srv.Close()
+	u.mu.Lock()
+	for _, c := range u.conns {
+		c.Close()
+	}
+	u.mu.Unlock()
+	u.tr.CloseIdleConnections()
+}
