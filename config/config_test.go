@@ -51,7 +51,7 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{strings.Replace(good, "user: fleet", "user: 'fleet:x'", 1), "proxy.auth.user"},
 		{strings.Replace(good, "user: fleet, ", "", 1), "proxy.auth.user"},
 		{strings.Replace(good, "proxy:\n", "proxy:\n  allow: [198.18.0.0/15, nope]\n", 1), "proxy.allow[1]"},
-		{strings.Replace(good, "proxy:\n", "proxy:\n  allow: ['10.0.0.0/33']\n", 1), "proxy.allow[0]"},
+		{strings.Replace(good, "proxy:\n", "proxy:\n  allow: ['198.18.0.0/33']\n", 1), "proxy.allow[0]"},
 		{strings.Replace(good, "  auth: {user: fleet, password_file: /run/secrets/proxy-password}\n", "", 1), "proxy.auth"},
 		{good + "default_image: nope\n", "default_image"},
 		{good + "worker: {max_attempts: -1}\n", "worker.max_attempts"},
@@ -111,7 +111,7 @@ func TestOpenProxiesOnlyWhenSaid(t *testing.T) {
 
 func TestParseAllow(t *testing.T) {
 	for in, want := range map[string]string{
-		"198.18.0.0/15": "198.18.0.0/15", "10.1.2.3/8": "10.0.0.0/8", "198.18.0.1": "198.18.0.1/32", "::1": "::1/128",
+		"198.18.0.0/15": "198.18.0.0/15", "198.18.3.4/14": "198.16.0.0/14", "198.18.0.1": "198.18.0.1/32", "::1": "::1/128",
 	} {
 		p, err := ParseAllow(in)
 		if err != nil || p.String() != want {

@@ -112,7 +112,7 @@ func BenchmarkChange(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		r.mu.Lock()
-		r.idx.putMember("p0", "10.9.9.9:3128", since, 1)
+		r.idx.putMember("p0", "198.18.9.9:3128", since, 1)
 		r.idx.delMember("p0")
 		r.mu.Unlock()
 	}
