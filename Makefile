@@ -57,8 +57,8 @@ lint: ## go vet, gofmt and staticcheck
 	@test -x bin/staticcheck || GOBIN=$(CURDIR)/bin $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	bin/staticcheck ./...
 
-bench: testhost ## measure every figure beside its peer (sim and test-host sections); writes BENCHMARKS.md and bench/results.json
-	bash -c 'source .testhost/env && $(GO) run ./internal/tools/bench -out BENCHMARKS.md -json bench/results.json'
+bench: testhost ## measure every figure beside its peer (sim and test-host sections); writes BENCHMARKS.md and bench/results.json; BENCH_ONLY=gateway,fleet re-measures those sections and keeps the others
+	bash -c 'source .testhost/env && $(GO) run ./internal/tools/bench -out BENCHMARKS.md -json bench/results.json $(if $(BENCH_ONLY),-only $(BENCH_ONLY) -merge)'
 
 bench-sim: ## measure only the figures that need no test host; prints markdown, writes bench/results-sim.json
 	$(GO) run ./internal/tools/bench -sim -json bench/results-sim.json

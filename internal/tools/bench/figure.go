@@ -26,6 +26,10 @@ type figure struct {
 	Peer    string    `json:"peer,omitempty"` // the peer's figure of the same run, or the limit
 	How     string    `json:"how"`            // how it was measured
 	Bound   string    `json:"bound,omitempty"`
+	// Measured is when its section ran: a merged report (-merge) holds
+	// sections of several runs, each figure still beside its peer of the
+	// same run.
+	Measured time.Time `json:"measured,omitzero"`
 }
 
 // atLeast and atMost make a target.
@@ -99,17 +103,66 @@ func cpuModel() string {
 	return "unknown CPU"
 }
 
-type sectionNote struct{ name, text string }
+// sectionNote is a section's paragraph for BENCHMARKS.md.
+type sectionNote struct {
+	Name string `json:"section"`
+	Text string `json:"text"`
+}
 
 // report is the whole run, as written to bench/results.json.
 type report struct {
-	Written time.Time `json:"written"`
-	Machine machine   `json:"machine"`
-	Runs    int       `json:"runs"`
-	SimOnly bool      `json:"sim_only"`
-	Figures []figure  `json:"figures"`
-	Errors  []string  `json:"errors,omitempty"`
-	notes   []sectionNote
+	Written time.Time     `json:"written"`
+	Machine machine       `json:"machine"`
+	Runs    int           `json:"runs"`
+	SimOnly bool          `json:"sim_only"`
+	Figures []figure      `json:"figures"`
+	Errors  []string      `json:"errors,omitempty"`
+	Notes   []sectionNote `json:"notes,omitempty"`
+}
+
+// merge keeps from old, the report of an earlier run, the figures and
+// notes of every section this run did not measure (ran: the sections it
+// did), so `-only gateway -merge` updates one section of BENCHMARKS.md and
+// leaves the others as they were measured. The two runs must be of the same
+// machine: a figure is only comparable with its peer of the same run, and
+// the page names one machine.
+func (r *report) merge(old report, ran []string) error {
+	if old.Machine != r.Machine {
+		return fmt.Errorf("merge: %s was measured on another machine (%+v, now %+v); run every section", "bench/results.json", old.Machine, r.Machine)
+	}
+	var figs []figure
+	for _, f := range old.Figures {
+		if slices.Contains(ran, f.Section) {
+			continue
+		}
+		if f.Measured.IsZero() {
+			f.Measured = old.Written
+		}
+		figs = append(figs, f)
+	}
+	r.Figures = append(figs, r.Figures...)
+	var notes []sectionNote
+	for _, n := range old.Notes {
+		if !slices.Contains(ran, n.Name) {
+			notes = append(notes, n)
+		}
+	}
+	r.Notes = append(notes, r.Notes...)
+	r.SimOnly = r.SimOnly && old.SimOnly
+	return nil
+}
+
+// readReport reads a report written by writeJSON.
+func readReport(path string) (report, error) {
+	var r report
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return r, fmt.Errorf("%s: %w", path, err)
+	}
+	return r, nil
 }
 
 func (r *report) writeJSON(path string) error {
@@ -131,6 +184,9 @@ func (r *report) markdown() string {
 	m := r.Machine
 	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` (internal/tools/bench) on %s; the same figures are in bench/results.json.\n\n", r.Written.Format("2006-01-02 15:04 MST"))
 	fmt.Fprintf(&b, "Machine: %s, %d cores, %d MiB, Linux %s, %s, %s. Each figure is a ratio against a peer measured in the same run, or a limit; noisy figures are the median of %d runs (all runs are listed).\n\n", m.CPU, m.Cores, m.MemMiB, m.Kernel, m.Go, m.OS, r.Runs)
+	if when := r.sectionTimes(); len(when) > 1 {
+		b.WriteString("The sections were measured in separate runs of `make bench` on this machine (`-only … -merge`), each figure beside its peer of its own run: " + strings.Join(when, "; ") + ".\n\n")
+	}
 	if r.SimOnly {
 		b.WriteString("This run measured only the sections that need no test host (`make bench-sim`).\n\n")
 	}
@@ -156,8 +212,31 @@ func (r *report) markdown() string {
 			fmt.Fprintf(&b, "  What bounds it: %s\n", f.Bound)
 		}
 	}
-	for _, n := range r.notes {
-		fmt.Fprintf(&b, "\n## %s\n\n%s\n", n.name, strings.TrimSpace(n.text))
+	for _, n := range r.Notes {
+		fmt.Fprintf(&b, "\n## %s\n\n%s\n", n.Name, strings.TrimSpace(n.Text))
 	}
 	return b.String()
+}
+
+// sectionTimes lists "section at time" for each section, in the order of
+// the figures, when they were measured at more than one time.
+func (r *report) sectionTimes() []string {
+	var out []string
+	times := map[time.Time]bool{}
+	seen := map[string]bool{}
+	for _, f := range r.Figures {
+		at := f.Measured
+		if at.IsZero() {
+			at = r.Written
+		}
+		times[at] = true
+		if !seen[f.Section] {
+			seen[f.Section] = true
+			out = append(out, f.Section+" "+at.Format("2006-01-02 15:04 MST"))
+		}
+	}
+	if len(times) < 2 {
+		return nil
+	}
+	return out
 }

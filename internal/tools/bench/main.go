@@ -61,6 +61,7 @@ func main() {
 	jsonOut := flag.String("json", "", "write the figures as JSON to this file (bench/results.json)")
 	simOnly := flag.Bool("sim", false, "run only the sections that need no test host")
 	only := flag.String("only", "", "comma-separated section names to run (default all)")
+	merge := flag.Bool("merge", false, "keep the figures of the sections not run from the -json file of an earlier run (same machine) and write them with this run's")
 	runs := flag.Int("runs", 3, "repetitions of each figure; the median is reported")
 	n := flag.Int("n", 2000, "commands (and raw publishes) per control-plane measurement")
 	flag.Parse()
@@ -81,6 +82,18 @@ func main() {
 		want = strings.Split(*only, ",")
 	}
 	rep := report{Written: time.Now().UTC(), Machine: machineInfo(), Runs: b.runs, SimOnly: *simOnly}
+	var old *report
+	if *merge {
+		if *jsonOut == "" {
+			log.Fatal("-merge needs -json: the earlier run's figures are read from it")
+		}
+		r, err := readReport(*jsonOut)
+		if err != nil {
+			log.Fatalf("-merge: %v", err)
+		}
+		old = &r
+	}
+	var ran []string
 	failed := false
 	for _, s := range sections {
 		if (*simOnly && s.host) || (want != nil && !slices.Contains(want, s.name)) {
@@ -90,6 +103,7 @@ func main() {
 			log.Fatalf("section %s needs the test host: run `make testhost` and `source .testhost/env`, or pass -sim", s.name)
 		}
 		start := time.Now()
+		ran = append(ran, s.name)
 		log.Printf("section %s: start", s.name)
 		res, err := s.run(ctx, b)
 		if err != nil {
@@ -101,16 +115,22 @@ func main() {
 		}
 		for _, f := range res.figures {
 			f.Section = s.name
+			f.Measured = rep.Written
 			f.check()
 			log.Printf("section %s: %s = %.3g (target %s, met %v)", s.name, f.Key, f.Value, f.Target, f.Met)
 			rep.Figures = append(rep.Figures, f)
 		}
 		if res.notes != "" {
-			rep.notes = append(rep.notes, sectionNote{name: s.name, text: res.notes})
+			rep.Notes = append(rep.Notes, sectionNote{Name: s.name, Text: res.notes})
 		}
 		log.Printf("section %s: done in %s", s.name, time.Since(start).Round(time.Second))
 		if ctx.Err() != nil {
 			break
+		}
+	}
+	if old != nil {
+		if err := rep.merge(*old, ran); err != nil {
+			log.Fatal(err)
 		}
 	}
 	md := rep.markdown()
