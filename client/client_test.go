@@ -26,6 +26,7 @@ import (
 	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
 	"proxyfleet/sim"
+	"proxyfleet/topology"
 	"proxyfleet/worker"
 )
 
@@ -74,7 +75,7 @@ func (r *rig) setUp(withWorker bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := (worker.Topology{Subjects: messages.NewSubjects("")}).Ensure(ctx, js, []string{"h1"}); err != nil {
+	if err := (topology.Topology{Subjects: messages.NewSubjects("")}).Ensure(ctx, js, []string{"h1"}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -11,7 +11,7 @@ import (
 	"proxyfleet/internal/natstest"
 	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
-	"proxyfleet/worker"
+	"proxyfleet/topology"
 )
 
 type lockedBuf struct {
@@ -41,7 +41,7 @@ func TestWatchTerminalClearsScreen(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	subj := messages.NewSubjects("")
-	if err := (worker.Topology{Subjects: subj}).Ensure(ctx, js, []string{"h1"}); err != nil {
+	if err := (topology.Topology{Subjects: subj}).Ensure(ctx, js, []string{"h1"}); err != nil {
 		t.Fatal(err)
 	}
 	pub := func(ev messages.StateEvent) {
@@ -104,7 +104,7 @@ func TestWaitFindsAMissedAnswer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	subj := messages.NewSubjects("")
-	if err := (worker.Topology{Subjects: subj}).Ensure(ctx, js, []string{"h1"}); err != nil {
+	if err := (topology.Topology{Subjects: subj}).Ensure(ctx, js, []string{"h1"}); err != nil {
 		t.Fatal(err)
 	}
 	b, _ := json.Marshal(messages.Result{V: 1, ID: "p1", CommandID: "cx", Op: "create", Outcome: "done"})

@@ -20,7 +20,7 @@ import (
 
 	"proxyfleet/health"
 	"proxyfleet/messages"
-	"proxyfleet/worker"
+	"proxyfleet/topology"
 )
 
 // logCapture keeps every log line of a test (and passes it to t.Log).
@@ -436,7 +436,7 @@ func TestChecksBucketMissing(t *testing.T) {
 	r.publish(event("sim1", 1, messages.StateRunning, "198.18.100.1"))
 	r.waitBucket(map[string]string{"p1": px.addr(), "sim1": "198.18.100.1:3128"})
 
-	if err := (worker.Topology{Subjects: subj}).Ensure(ctx, r.js, []string{"h1"}); err != nil {
+	if err := (topology.Topology{Subjects: subj}).Ensure(ctx, r.js, []string{"h1"}); err != nil {
 		t.Fatal(err)
 	}
 	r.waitVerdicts(map[string]string{"p1": "ok"})

@@ -24,7 +24,7 @@ import (
 	"proxyfleet/internal/poll"
 	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
-	"proxyfleet/worker"
+	"proxyfleet/topology"
 )
 
 func TestMain(m *testing.M) {
@@ -53,7 +53,7 @@ func newRig(t *testing.T) *rig {
 	srv := natstest.Start(t)
 	nc, js := srv.Connect(t)
 	ctx := context.Background()
-	if err := (worker.Topology{Subjects: subj}).Ensure(ctx, js, []string{"h1"}); err != nil {
+	if err := (topology.Topology{Subjects: subj}).Ensure(ctx, js, []string{"h1"}); err != nil {
 		t.Fatal(err)
 	}
 	kv, err := js.KeyValue(ctx, messages.BucketRotation)
@@ -593,7 +593,7 @@ func TestPublishFailureShowsAndRecovers(t *testing.T) {
 	}
 
 	// It comes back (empty): the process reads it again and fills it.
-	if err := (worker.Topology{Subjects: subj}).Ensure(ctx, r.js, []string{"h1"}); err != nil {
+	if err := (topology.Topology{Subjects: subj}).Ensure(ctx, r.js, []string{"h1"}); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]string{"p1": "198.18.100.1:3128", "p2": "198.18.100.2:3128"}

@@ -23,7 +23,7 @@ import (
 	"proxyfleet/internal/poll"
 	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
-	"proxyfleet/worker"
+	"proxyfleet/topology"
 )
 
 // repairBound is a generous bound for a repair that should take seconds.
@@ -253,7 +253,7 @@ func TestRecreatedStreamIsFollowed(t *testing.T) {
 		t.Fatalf("the rotation changed when the stream went: %v", addrs(rot.Proxies))
 	}
 
-	if err := (worker.Topology{Subjects: subj}).Ensure(ctx, r.js, []string{"h1"}); err != nil {
+	if err := (topology.Topology{Subjects: subj}).Ensure(ctx, r.js, []string{"h1"}); err != nil {
 		t.Fatal(err)
 	}
 	back := time.Now()
@@ -292,7 +292,7 @@ func TestRecreatedLeaseBucket(t *testing.T) {
 	poll.Until(t, "an error-level log that the leases bucket is gone", repairBound, func() bool {
 		return errs.has(messages.BucketLeases, "gone")
 	})
-	if err := (worker.Topology{Subjects: subj}).Ensure(ctx, r.js, []string{"h1"}); err != nil {
+	if err := (topology.Topology{Subjects: subj}).Ensure(ctx, r.js, []string{"h1"}); err != nil {
 		t.Fatal(err)
 	}
 	r.publish(event("p2", 1, messages.StateRunning, "198.18.100.2"))
@@ -327,7 +327,7 @@ func TestStartWaitsForTheTopology(t *testing.T) {
 	}
 
 	r := &rig{t: t, srv: srv, nc: nc, js: js}
-	if err := (worker.Topology{Subjects: subj}).Ensure(ctx, js, []string{"h1"}); err != nil {
+	if err := (topology.Topology{Subjects: subj}).Ensure(ctx, js, []string{"h1"}); err != nil {
 		t.Fatal(err)
 	}
 	if r.kv, err = js.KeyValue(ctx, messages.BucketRotation); err != nil {

@@ -10,7 +10,7 @@ import (
 	"proxyfleet/internal/natstest"
 	"proxyfleet/messages"
 	"proxyfleet/rotation"
-	"proxyfleet/worker"
+	"proxyfleet/topology"
 )
 
 // Example follows the rotation of an embedded nats-server, with the
@@ -23,7 +23,7 @@ func Example() {
 	nc, js := srv.Connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := (worker.Topology{Subjects: messages.NewSubjects("")}).Setup(ctx, js); err != nil {
+	if _, err := (topology.Topology{Subjects: messages.NewSubjects("")}).Setup(ctx, js); err != nil {
 		fmt.Println(err)
 		return
 	}

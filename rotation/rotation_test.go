@@ -19,7 +19,7 @@ import (
 	"proxyfleet/internal/natstest"
 	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
-	"proxyfleet/worker"
+	"proxyfleet/topology"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -59,7 +59,7 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 // setup creates every stream and bucket, as proxyfleet setup does.
 func (r *rig) setup() {
 	r.t.Helper()
-	if _, err := (worker.Topology{Subjects: subj}).Setup(ctxFor(r.t, bound), r.js); err != nil {
+	if _, err := (topology.Topology{Subjects: subj}).Setup(ctxFor(r.t, bound), r.js); err != nil {
 		r.t.Fatal(err)
 	}
 }

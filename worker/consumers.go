@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/messages"
+	"proxyfleet/topology"
 )
 
 // missingLogEvery is how often a worker repeats, at error level, that a
@@ -24,12 +25,12 @@ const missingLogEvery = 30 * time.Second
 const setupHint = "run `proxyfleet setup` with this config, or fix the config"
 
 // workerStreams are the streams and buckets (by the stream behind them) a
-// worker uses, as the config wants them.
-func (t Topology) workerStreams() []jetstream.StreamConfig {
+// worker uses, as the config (t) wants them.
+func workerStreams(t topology.Topology) []jetstream.StreamConfig {
 	out := t.Streams()
 	for _, kc := range t.Buckets() {
 		if kc.Bucket == messages.BucketDesired || kc.Bucket == messages.BucketCommands || kc.Bucket == messages.BucketHosts || kc.Bucket == messages.BucketWorkers {
-			out = append(out, bucketStreamConfig(kc))
+			out = append(out, topology.BucketStreamConfig(kc))
 		}
 	}
 	return out
@@ -38,21 +39,21 @@ func (t Topology) workerStreams() []jetstream.StreamConfig {
 // awaitTopology waits until every stream and bucket the worker uses exists,
 // saying at error level what is missing (it never creates one: that is
 // set-up's job), then compares their settings with the config. A difference
-// is a *MismatchError: the worker would run with settings that disagree with
+// is a *topology.MismatchError: the worker would run with settings that disagree with
 // the server.
 func (w *Worker) awaitTopology(ctx context.Context) error {
-	for _, want := range w.cfg.Topology.workerStreams() {
-		kind, name, fields := "stream", want.Name, streamFields
+	for _, want := range workerStreams(w.cfg.Topology) {
+		kind, name, diff := "stream", want.Name, topology.DiffStream
 		if b, ok := strings.CutPrefix(want.Name, "KV_"); ok {
-			kind, name, fields = "bucket", b, bucketFields
+			kind, name, diff = "bucket", b, topology.DiffBucket
 		}
 		var since, logged time.Time
 		for {
 			st, err := w.js.Stream(ctx, want.Name)
 			if err == nil {
 				have := st.CachedInfo().Config
-				if fds := diffConfig(fields, &have, &want); len(fds) > 0 {
-					return &MismatchError{Kind: kind, Name: name, Diffs: diffsOf(fds), Hint: setupHint}
+				if ds := diff(have, want); len(ds) > 0 {
+					return &topology.MismatchError{Kind: kind, Name: name, Diffs: ds, Hint: setupHint}
 				}
 				if !since.IsZero() {
 					w.log.Info(kind+" "+name+" is there now", "waited", w.now().Sub(since).Round(time.Millisecond))
@@ -128,10 +129,10 @@ func (c *consumerRun) name() string { return c.cfg.Durable }
 // ensure creates the consumer, or updates the settings of the existing one
 // that differ from the config, saying what it changed.
 func (c *consumerRun) ensure(ctx context.Context) (jetstream.Consumer, error) {
-	cons, diffs, err := ensureConsumer(ctx, c.w.js, c.stream, c.cfg)
+	cons, diffs, err := topology.EnsureConsumer(ctx, c.w.js, c.stream, c.cfg)
 	if len(diffs) > 0 {
 		c.w.log.Warn("consumer "+c.name()+" on "+c.stream+" differed from the config: updated it",
-			"changed", joinDiffs(diffs))
+			"changed", topology.JoinDiffs(diffs))
 	}
 	return cons, err
 }
@@ -162,7 +163,7 @@ func (c *consumerRun) ensureRetrying(ctx context.Context) (jetstream.Consumer, e
 // passing reports whether a JetStream API call's failure is one the
 // cluster gets over by itself.
 func passing(err error) bool {
-	var refused *RefusedError
+	var refused *topology.RefusedError
 	var apiErr *jetstream.APIError
 	switch {
 	case errors.As(err, &refused):

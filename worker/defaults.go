@@ -8,22 +8,19 @@ import (
 	"proxyfleet/messages"
 )
 
-// The defaults of Config, Topology and RepairerConfig live here and only
-// here; package config takes its own defaults from WithDefaults, so a
-// worker started from a file and one started from code agree.
+// The defaults of Config live here and only here; those of the settings
+// it shares with its consumers (AckWait, MaxAttempts, PinnedTTL) are the
+// Topology's (topology.Topology.WithDefaults). Package config takes its own
+// defaults from WithDefaults, so a worker started from a file and one
+// started from code agree.
 
-// Settings a worker and its consumers share (Config and Topology).
-const (
-	defaultAckWait     = 30 * time.Second
-	defaultMaxAttempts = 8
-	defaultPinnedTTL   = 15 * time.Second
-	// defaultSweepGrace: a volume nothing used for this long is removed.
-	defaultSweepGrace = 10 * time.Minute
-)
+// defaultSweepGrace: a volume nothing used for this long is removed.
+const defaultSweepGrace = 10 * time.Minute
 
 // WithDefaults returns cfg with every zero value filled with its default.
 // AckWait, MaxAttempts and PinnedTTL are the worker's and its consumers'
-// (Topology's): set in one only, the other takes it.
+// (Topology's): set in one only, the other takes it; set in neither, both
+// take the Topology's default.
 func (cfg Config) WithDefaults() Config {
 	if cfg.Subjects.Prefix == "" {
 		cfg.Subjects = messages.NewSubjects("")
@@ -33,7 +30,7 @@ func (cfg Config) WithDefaults() Config {
 	t.AckWait = cmp.Or(t.AckWait, cfg.AckWait)
 	t.MaxAttempts = cmp.Or(t.MaxAttempts, cfg.MaxAttempts)
 	t.PinnedTTL = cmp.Or(t.PinnedTTL, cfg.PinnedTTL)
-	*t = t.withDefaults()
+	*t = t.WithDefaults()
 	cfg.AckWait = cmp.Or(cfg.AckWait, t.AckWait)
 	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, t.MaxAttempts)
 	cfg.PinnedTTL = cmp.Or(cfg.PinnedTTL, t.PinnedTTL)
@@ -60,37 +57,6 @@ func (cfg Config) WithDefaults() Config {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	return cfg
-}
-
-func (t Topology) withDefaults() Topology {
-	if t.Subjects.Prefix == "" {
-		t.Subjects = messages.NewSubjects("")
-	}
-	t.Replicas = cmp.Or(t.Replicas, 1)
-	t.DuplicateWindow = cmp.Or(t.DuplicateWindow, 2*time.Minute)
-	t.ResultsMaxAge = cmp.Or(t.ResultsMaxAge, 24*time.Hour)
-	t.DeadMaxAge = cmp.Or(t.DeadMaxAge, 30*24*time.Hour)
-	t.CommandIDMaxAge = cmp.Or(t.CommandIDMaxAge, 7*24*time.Hour)
-	t.AckWait = cmp.Or(t.AckWait, defaultAckWait)
-	t.MaxAttempts = cmp.Or(t.MaxAttempts, defaultMaxAttempts)
-	t.PinnedTTL = cmp.Or(t.PinnedTTL, defaultPinnedTTL)
-	t.MaxAckPending = cmp.Or(t.MaxAckPending, 256)
-	return t
-}
-
-// WithDefaults returns cfg with every zero (or negative) value filled with
-// its default.
-func (cfg RepairerConfig) WithDefaults() RepairerConfig {
-	if cfg.Interval <= 0 {
-		cfg.Interval = 5 * time.Second
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = max(cfg.Interval, 5*time.Second)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

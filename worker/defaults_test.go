@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"proxyfleet/topology"
 	"proxyfleet/worker"
 )
 
@@ -12,7 +13,7 @@ import (
 // AckWait while its consumers had a shorter one would tick InProgress too
 // rarely and see its work redelivered while it runs).
 func TestDefaultsShareWhatTheConsumersUse(t *testing.T) {
-	c := worker.Config{Topology: worker.Topology{AckWait: 7 * time.Second, MaxAttempts: 3}, PinnedTTL: 4 * time.Second}.WithDefaults()
+	c := worker.Config{Topology: topology.Topology{AckWait: 7 * time.Second, MaxAttempts: 3}, PinnedTTL: 4 * time.Second}.WithDefaults()
 	if c.AckWait != 7*time.Second || c.MaxAttempts != 3 || c.PinnedTTL != 4*time.Second {
 		t.Errorf("worker: ack wait %s, max attempts %d, pinned ttl %s; want 7s, 3, 4s", c.AckWait, c.MaxAttempts, c.PinnedTTL)
 	}

@@ -24,23 +24,25 @@
 // failing transiently is quarantined: its work waits, spending no attempt,
 // until a probe finds it answering again.
 //
-// Streams and buckets are set-up's: Topology.Setup creates and updates them
-// (it needs an admin credential) and a Repairer recreates any that is
-// deleted. A worker never creates one; it waits for what is missing and
-// refuses to start when one disagrees with its config. Its consumers are its
-// own: it creates or updates them at start and recreates them within
-// CheckInterval when they are deleted under it.
+// Streams and buckets are set-up's (package topology): Topology.Setup
+// creates and updates them (it needs an admin credential) and a Repairer
+// recreates any that is deleted. A worker never creates one; it waits for
+// what is missing and refuses to start when one disagrees with its config.
+// Its consumers are its own, configured as Config.Topology says: it creates
+// or updates them at start and recreates them within CheckInterval when
+// they are deleted under it.
 //
 // # Lifecycle
 //
-// A Worker and a Repairer each run as one call, Run(ctx) error: a worker
-// starts (waiting for the topology, creating its consumers), consumes
-// until ctx is done, then drains (says so in its record, stops pulling,
-// lets in-flight work finish within DrainTimeout holding its pins, hands
-// back the rest, unpins its hosts, deletes its record) and
-// returns nil; it returns the error that kept it from starting, or, after
-// draining, its NATS connection closed for good. The defaults of Config,
-// Topology and RepairerConfig live in one place, their WithDefaults.
+// A Worker runs as one call, Run(ctx) error: it starts (waiting for the
+// topology, creating its consumers), consumes until ctx is done, then
+// drains (says so in its record, stops pulling, lets in-flight work finish
+// within DrainTimeout holding its pins, hands back the rest, unpins its
+// hosts, deletes its record) and returns nil; it returns the error that
+// kept it from starting, or, after draining, its NATS connection closed for
+// good. The defaults of Config live
+// in one place, its WithDefaults, which takes those of the settings it
+// shares with its consumers from Topology.WithDefaults.
 //
 // # Files
 //
@@ -59,8 +61,7 @@
 // keeps a consumer consumed; members.go keeps the worker's record and
 // follows everyone's, share.go computes which hosts are whose, handover.go
 // takes and gives up a host's pin, owners.go reads who owns each host from
-// the server's side; topology.go, setup.go and diff.go are the
-// streams, buckets and consumers as the config wants them and how they are
-// made so; repair.go is the Repairer; backoff.go the retry delays;
+// the server's side; consumers.go also waits for the streams and buckets
+// and compares them with the config; backoff.go the retry delays;
 // provider.go the Provider a host implements.
 package worker

@@ -11,6 +11,7 @@ import (
 
 	"proxyfleet/internal/natstest"
 	"proxyfleet/messages"
+	"proxyfleet/topology"
 )
 
 // An event of an older command is never stored after one of a newer
@@ -24,7 +25,7 @@ func TestEventOfAnOlderCommandIsNotStoredAfterANewerOne(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	subj := messages.NewSubjects("")
-	if _, err := (Topology{Subjects: subj}).Setup(ctx, js); err != nil {
+	if _, err := (topology.Topology{Subjects: subj}).Setup(ctx, js); err != nil {
 		t.Fatal(err)
 	}
 	p, err := newEventPublisher(ctx, js, subj, time.Hour, time.Now)
@@ -74,7 +75,7 @@ func TestEventsOfOneProxyNeedNoReadUnlessAnotherPublished(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	subj := messages.NewSubjects("")
-	if _, err := (Topology{Subjects: subj}).Setup(ctx, js); err != nil {
+	if _, err := (topology.Topology{Subjects: subj}).Setup(ctx, js); err != nil {
 		t.Fatal(err)
 	}
 	var reads atomic.Int64

@@ -14,6 +14,7 @@ import (
 
 	"proxyfleet/messages"
 	"proxyfleet/sim"
+	"proxyfleet/topology"
 	"proxyfleet/worker"
 )
 
@@ -225,7 +226,7 @@ func TestThousandMalformedAmongValidCommands(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	cons, err := r.js.Consumer(ctx, messages.StreamCommands, worker.IntakeConsumer)
+	cons, err := r.js.Consumer(ctx, messages.StreamCommands, topology.IntakeConsumer)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/topology"
 )
 
 // Taking a host and handing it over. A host's work consumer is pinned to
@@ -211,7 +213,7 @@ func (c *consumerRun) holdPin() (stop func()) {
 		return func() {}
 	}
 	subject := apiPrefix(c.w.js) + "CONSUMER.MSG.NEXT." + c.stream + "." + c.name()
-	req, _ := json.Marshal(holdRequest{Batch: 1, MaxBytes: 1, NoWait: true, Group: PriorityGroup, ID: pin})
+	req, _ := json.Marshal(holdRequest{Batch: 1, MaxBytes: 1, NoWait: true, Group: topology.PriorityGroup, ID: pin})
 	lost := make(chan struct{})
 	var lostOnce sync.Once
 	inbox := nc.NewInbox()
@@ -263,7 +265,7 @@ func (c *consumerRun) unpin() {
 	defer cancel()
 	st, err := c.w.js.Stream(ctx, c.stream)
 	if err == nil {
-		err = st.UnpinConsumer(ctx, c.name(), PriorityGroup)
+		err = st.UnpinConsumer(ctx, c.name(), topology.PriorityGroup)
 	}
 	if err != nil {
 		c.w.log.Warn("unpin host", "host", c.host, "err", err)

@@ -15,6 +15,7 @@ import (
 	"proxyfleet/internal/poll"
 	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
+	"proxyfleet/topology"
 	"proxyfleet/worker"
 )
 
@@ -23,9 +24,9 @@ func quickChecks(c *worker.Config) { c.CheckInterval = 100 * time.Millisecond }
 
 // startRepairer runs what `serve` runs beside its embedded server: set-up,
 // then a repairer, on the rig's own (admin) connection.
-func (r *rig) startRepairer(interval time.Duration) *worker.Repairer {
+func (r *rig) startRepairer(interval time.Duration) *topology.Repairer {
 	r.t.Helper()
-	rep := worker.NewRepairer(r.js, worker.Topology{Subjects: subj}, worker.RepairerConfig{Interval: interval, Logger: testLogger(r.t)})
+	rep := topology.NewRepairer(r.js, topology.Topology{Subjects: subj}, topology.RepairerConfig{Interval: interval, Logger: testLogger(r.t)})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := rep.Setup(ctx); err != nil {
@@ -197,8 +198,8 @@ func TestFleetHealsDeletedTopology(t *testing.T) {
 		return deletion{"consumer " + c, func() error { return r.js.DeleteConsumer(ctx, s, c) }}
 	}
 	cases := []deletion{
-		delConsumer(messages.StreamCommands, worker.IntakeConsumer),
-		delConsumer(messages.StreamWork, worker.WorkConsumer("h1")),
+		delConsumer(messages.StreamCommands, topology.IntakeConsumer),
+		delConsumer(messages.StreamWork, topology.WorkConsumer("h1")),
 		delStream(messages.StreamCommands),
 		delStream(messages.StreamWork),
 		delStream(messages.StreamResults),
@@ -230,12 +231,12 @@ func TestFleetHealsDeletedTopology(t *testing.T) {
 func (r *rig) pinned(host string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	cons, err := r.js.Consumer(ctx, messages.StreamWork, worker.WorkConsumer(host))
+	cons, err := r.js.Consumer(ctx, messages.StreamWork, topology.WorkConsumer(host))
 	if err != nil {
 		return ""
 	}
 	for _, g := range cons.CachedInfo().PriorityGroups {
-		if g.Group == worker.PriorityGroup {
+		if g.Group == topology.PriorityGroup {
 			return g.PinnedClientID
 		}
 	}
@@ -253,8 +254,8 @@ func TestWorkerRecreatesDeletedConsumers(t *testing.T) {
 	r.waitOutcome("c1", messages.OutcomeDone)
 	ctx := ctxFor(t, 30*time.Second)
 	for i, c := range []struct{ stream, name string }{
-		{messages.StreamCommands, worker.IntakeConsumer},
-		{messages.StreamWork, worker.WorkConsumer("h1")},
+		{messages.StreamCommands, topology.IntakeConsumer},
+		{messages.StreamWork, topology.WorkConsumer("h1")},
 	} {
 		if err := r.js.DeleteConsumer(ctx, c.stream, c.name); err != nil {
 			t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"proxyfleet/messages"
+	"proxyfleet/topology"
 	"proxyfleet/worker"
 )
 
@@ -44,7 +45,7 @@ func TestBadInputRejected(t *testing.T) {
 	// nothing pending or unacked; each bad command was answered once.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	cons, err := r.js.Consumer(ctx, messages.StreamCommands, worker.IntakeConsumer)
+	cons, err := r.js.Consumer(ctx, messages.StreamCommands, topology.IntakeConsumer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +132,7 @@ func TestCommandIsRetriedUntilItsWorkItemIsStored(t *testing.T) {
 	// end anyway: what shows the command was handed back is that intake
 	// has it again, unacked.
 	r.waitFor("the command to be delivered again", 10*time.Second, func() bool {
-		c, err := r.js.Consumer(ctx, messages.StreamCommands, worker.IntakeConsumer)
+		c, err := r.js.Consumer(ctx, messages.StreamCommands, topology.IntakeConsumer)
 		if err != nil {
 			return false
 		}

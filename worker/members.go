@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/messages"
+	"proxyfleet/topology"
 )
 
 // membership is the worker's part in sharing the hosts (see share.go): it
@@ -158,7 +159,7 @@ func (m *membership) refresh(ctx, watchCtx context.Context) {
 // readAll reads every record directly: the subjects of the bucket's
 // stream, then each key's value.
 func (m *membership) readAll(ctx context.Context) (map[string]member, error) {
-	st, err := m.w.js.Stream(ctx, BucketStream(messages.BucketWorkers))
+	st, err := m.w.js.Stream(ctx, topology.BucketStream(messages.BucketWorkers))
 	if err != nil {
 		return nil, err
 	}

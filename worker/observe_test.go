@@ -10,6 +10,7 @@ import (
 	"proxyfleet/fleet"
 	"proxyfleet/messages"
 	"proxyfleet/sim"
+	"proxyfleet/topology"
 	"proxyfleet/worker"
 )
 
@@ -128,7 +129,7 @@ func TestObservationReportsProxiesWhoseEventsWereLost(t *testing.T) {
 	if err := r.js.DeleteStream(ctx, messages.StreamEvents); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := (worker.Topology{Subjects: subj}).Setup(ctx, r.js); err != nil {
+	if _, err := (topology.Topology{Subjects: subj}).Setup(ctx, r.js); err != nil {
 		t.Fatal(err)
 	}
 	r.waitFor("p1 reported again", 10*time.Second, func() bool {
@@ -211,7 +212,7 @@ func TestObservationViewIsMadeAnewWithTheStream(t *testing.T) {
 	if err := r.js.DeleteStream(ctx, messages.StreamEvents); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := (worker.Topology{Subjects: subj}).Setup(ctx, r.js); err != nil {
+	if _, err := (topology.Topology{Subjects: subj}).Setup(ctx, r.js); err != nil {
 		t.Fatal(err)
 	}
 	r.waitFor("p1 reported again on h1", 15*time.Second, func() bool {

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/messages"
+	"proxyfleet/topology"
 )
 
 // Owner is who owns a host as the server sees it.
@@ -38,16 +39,16 @@ func Owners(ctx context.Context, js jetstream.JetStream, hosts []string) (map[st
 	}
 	out := map[string]Owner{}
 	for _, h := range hosts {
-		cons, err := js.Consumer(ctx, messages.StreamWork, WorkConsumer(h))
+		cons, err := js.Consumer(ctx, messages.StreamWork, topology.WorkConsumer(h))
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("consumer %s: %w", WorkConsumer(h), err)
+			return nil, fmt.Errorf("consumer %s: %w", topology.WorkConsumer(h), err)
 		}
 		var o Owner
 		for _, g := range cons.CachedInfo().PriorityGroups {
-			if g.Group == PriorityGroup {
+			if g.Group == topology.PriorityGroup {
 				o.Pin = g.PinnedClientID
 			}
 		}

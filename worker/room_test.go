@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"proxyfleet/messages"
+	"proxyfleet/topology"
 	"proxyfleet/worker"
 )
 
@@ -355,7 +356,7 @@ func TestPlacementAfterHostsBucketMadeAnew(t *testing.T) {
 	if err := r.js.DeleteKeyValue(ctx, messages.BucketHosts); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := (worker.Topology{Subjects: subj}).Setup(ctx, r.js); err != nil {
+	if _, err := (topology.Topology{Subjects: subj}).Setup(ctx, r.js); err != nil {
 		t.Fatal(err)
 	}
 	r.create("p4", "c4", "")

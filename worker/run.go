@@ -12,12 +12,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/messages"
+	"proxyfleet/topology"
 )
 
 // Run runs the worker until ctx is done, then drains it.
 //
 // First it waits until the streams and buckets it uses exist (they are
-// set-up's to create: see Topology.Setup), refuses to start if their
+// set-up's to create: see topology.Topology.Setup), refuses to start if their
 // settings differ from the config, creates its consumers or updates the
 // settings of the existing ones that differ (refusing to start, naming the
 // setting, if the server will not change one in place; trying again while
@@ -129,7 +130,7 @@ func (w *Worker) start(ctx context.Context) error {
 	}()
 	if !w.cfg.NoIntake {
 		in := &intake{w: w}
-		c := w.newRun(runCtx, messages.StreamCommands, w.cfg.Topology.intakeConsumer(), 64, in.handle)
+		c := w.newRun(runCtx, messages.StreamCommands, w.cfg.Topology.IntakeConsumerConfig(), 64, in.handle)
 		c.wanted.Store(true)
 		w.runs = append(w.runs, c)
 	}
@@ -137,8 +138,8 @@ func (w *Worker) start(ctx context.Context) error {
 	for _, h := range hosts {
 		g := newHostGuard(w, h, w.cfg.Providers[h])
 		ex := &executor{w: w, host: h, prov: guarded{Provider: w.cfg.Providers[h], g: g}, guard: g}
-		c := w.newRun(runCtx, messages.StreamWork, w.cfg.Topology.workConsumer(h), w.cfg.Concurrency, ex.handle,
-			jetstream.PullPriorityGroup(PriorityGroup))
+		c := w.newRun(runCtx, messages.StreamWork, w.cfg.Topology.WorkConsumerConfig(h), w.cfg.Concurrency, ex.handle,
+			jetstream.PullPriorityGroup(topology.PriorityGroup))
 		c.host = h
 		c.pool.inFlight = w.metrics.inFlight.WithLabelValues(h)
 		c.pool.isTick = func(m jetstream.Msg) bool {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"proxyfleet/messages"
+	"proxyfleet/topology"
 )
 
 // Sharing hosts over workers. Every worker computes, from the same
@@ -28,7 +29,7 @@ type member struct {
 // liveMembers returns the records hosts are shared over at now, sorted by
 // id: those of active workers whose time (At, the writer's clock) is
 // younger than liveness by the reader's clock. A record the bucket's TTL
-// would have removed (stored longer ago than WorkersTTL) is not live
+// would have removed (stored longer ago than topology.WorkersTTL) is not live
 // whatever its time says: that is the backstop against a writer whose clock
 // runs ahead. self, this worker's own record, is always a member (its
 // writes may fail while it runs).
@@ -37,7 +38,7 @@ func liveMembers(recs map[string]member, self messages.WorkerRecord, now time.Ti
 	for id, m := range recs {
 		switch {
 		case id == self.ID, m.rec.State != messages.WorkerActive,
-			now.Sub(m.rec.At) >= liveness, now.Sub(m.stored) >= WorkersTTL:
+			now.Sub(m.rec.At) >= liveness, now.Sub(m.stored) >= topology.WorkersTTL:
 			continue
 		}
 		out = append(out, m.rec)

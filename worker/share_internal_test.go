@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"proxyfleet/messages"
+	"proxyfleet/topology"
 )
 
 func members(n int, hosts []string) []messages.WorkerRecord {
@@ -91,7 +92,7 @@ func TestLiveMembers(t *testing.T) {
 		"me":       rec("me", messages.WorkerDraining, time.Hour), // its own view wins
 	}
 	ahead := rec("ahead", messages.WorkerActive, -time.Hour) // its writer's clock runs ahead
-	ahead.stored = now.Add(-2 * WorkersTTL)
+	ahead.stored = now.Add(-2 * topology.WorkersTTL)
 	recs["ahead"] = ahead
 	var ids []string
 	for _, r := range liveMembers(recs, self, now, 6*time.Second) {

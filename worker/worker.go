@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"proxyfleet/messages"
+	"proxyfleet/topology"
 )
 
 // Config of a worker. New fills the zero values with defaults (see
@@ -28,7 +29,7 @@ type Config struct {
 	// (and -2, -3... for further workers of one process).
 	ID       string
 	Subjects messages.Subjects
-	Topology Topology
+	Topology topology.Topology
 	Catalog  Catalog
 	// Providers are the hosts this worker executes work for, by name.
 	Providers map[string]Provider

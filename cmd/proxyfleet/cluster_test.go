@@ -25,7 +25,7 @@ import (
 	"proxyfleet/internal/natstest"
 	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
-	"proxyfleet/worker"
+	"proxyfleet/topology"
 )
 
 // TestClusterLosesANodeAndAWorker runs the fleet on a three-node JetStream
@@ -514,14 +514,14 @@ func ownershipFair(t *testing.T, js jetstream.JetStream, pids, hosts []string, p
 				why = "host " + h + " is owned by no live worker"
 				return false
 			}
-			cons, err := js.Consumer(ctx, messages.StreamWork, worker.WorkConsumer(h))
+			cons, err := js.Consumer(ctx, messages.StreamWork, topology.WorkConsumer(h))
 			if err != nil {
 				why = err.Error()
 				return false
 			}
 			pinned := false
 			for _, g := range cons.CachedInfo().PriorityGroups {
-				pinned = pinned || (g.Group == worker.PriorityGroup && g.PinnedClientID != "")
+				pinned = pinned || (g.Group == topology.PriorityGroup && g.PinnedClientID != "")
 			}
 			if !pinned {
 				why = "the work consumer of " + h + " has no pinned client"
@@ -563,13 +563,13 @@ func workerRecord(ctx context.Context, kv jetstream.KeyValue, pid string) (messa
 // healed, it waits until every replica is current again.
 func checkReplicas(t *testing.T, js jetstream.JetStream, cfg *config.Config, healed bool) {
 	t.Helper()
-	topo := topology(cfg)
+	topo := topologyOf(cfg)
 	var names []string
 	for _, sc := range topo.Streams() {
 		names = append(names, sc.Name)
 	}
 	for _, kc := range topo.Buckets() {
-		names = append(names, worker.BucketStream(kc.Bucket))
+		names = append(names, topology.BucketStream(kc.Bucket))
 	}
 	var why string
 	whole := func() bool {
@@ -595,13 +595,13 @@ func checkReplicas(t *testing.T, js jetstream.JetStream, cfg *config.Config, hea
 		if !healed {
 			return true
 		}
-		consumers := []string{worker.IntakeConsumer}
+		consumers := []string{topology.IntakeConsumer}
 		for _, h := range cfg.HostNames() {
-			consumers = append(consumers, worker.WorkConsumer(h))
+			consumers = append(consumers, topology.WorkConsumer(h))
 		}
 		for _, c := range consumers {
 			stream := messages.StreamWork
-			if c == worker.IntakeConsumer {
+			if c == topology.IntakeConsumer {
 				stream = messages.StreamCommands
 			}
 			cons, err := js.Consumer(ctx, stream, c)
@@ -650,9 +650,9 @@ func dumpQueues(t *testing.T, js jetstream.JetStream, hosts []string) {
 				st.CachedInfo().State.FirstSeq, st.CachedInfo().State.LastSeq, st.CachedInfo().Cluster)
 		}
 	}
-	cons := map[string]string{worker.IntakeConsumer: messages.StreamCommands}
+	cons := map[string]string{topology.IntakeConsumer: messages.StreamCommands}
 	for _, h := range hosts {
-		cons[worker.WorkConsumer(h)] = messages.StreamWork
+		cons[topology.WorkConsumer(h)] = messages.StreamWork
 	}
 	for _, name := range slices.Sorted(maps.Keys(cons)) {
 		c, err := js.Consumer(ctx, cons[name], name)
@@ -676,8 +676,8 @@ func leaders(t *testing.T, js jetstream.JetStream, hosts []string) string {
 		parts = append(parts, messages.StreamWork+" "+st.CachedInfo().Cluster.Leader)
 	}
 	for _, h := range hosts {
-		if c, err := js.Consumer(ctx, messages.StreamWork, worker.WorkConsumer(h)); err == nil && c.CachedInfo().Cluster != nil {
-			parts = append(parts, worker.WorkConsumer(h)+" "+c.CachedInfo().Cluster.Leader)
+		if c, err := js.Consumer(ctx, messages.StreamWork, topology.WorkConsumer(h)); err == nil && c.CachedInfo().Cluster != nil {
+			parts = append(parts, topology.WorkConsumer(h)+" "+c.CachedInfo().Cluster.Leader)
 		}
 	}
 	return "leaders: " + strings.Join(parts, ", ")

@@ -5,13 +5,15 @@ import (
 
 	"proxyfleet/config"
 	"proxyfleet/health"
+	"proxyfleet/topology"
 	"proxyfleet/worker"
 )
 
-// The defaults of the worker's and the health process's settings are
-// theirs (Config.WithDefaults); config, which may import neither, fills a
-// file's gaps with copies of them. A role run from a file that leaves a
-// setting out must run as one made in code that leaves it out.
+// The defaults of the worker's, the topology's and the health process's
+// settings are theirs (Config.WithDefaults, Topology.WithDefaults);
+// config, which may import none of them, fills a file's gaps with copies of
+// them. A role run from a file that leaves a setting out must run as one
+// made in code that leaves it out.
 func TestConfigDefaultsAreTheRoles(t *testing.T) {
 	c, err := config.Parse([]byte("hosts:\n  - {name: h1, driver: sim, sim: {dir: /nonexistent}}\n"))
 	if err != nil {
@@ -20,6 +22,10 @@ func TestConfigDefaultsAreTheRoles(t *testing.T) {
 	got, want := workerConfig(c, nil, nil).WithDefaults(), worker.Config{}.WithDefaults()
 	if got.Topology != want.Topology {
 		t.Errorf("topology from the file %+v, the worker's own %+v", got.Topology, want.Topology)
+	}
+	// Set-up makes the topology without a worker's config.
+	if st, wt := topologyOf(c).WithDefaults(), (topology.Topology{}).WithDefaults(); st != wt {
+		t.Errorf("set-up's topology from the file %+v, the topology's own %+v", st, wt)
 	}
 	gb, wb := got.Backoff.(worker.ExpBackoff), want.Backoff.(worker.ExpBackoff)
 	hg, hw := healthConfig(c, nil).WithDefaults(), health.Config{}.WithDefaults()
@@ -47,7 +53,7 @@ func TestConfigDefaultsAreTheRoles(t *testing.T) {
 		{"worker.sweep_grace", got.SweepGrace, want.SweepGrace},
 		{"nats.deleted_max_age", got.DeletedTTL, want.DeletedTTL},
 		{"proxy.port", got.ProxyPort, want.ProxyPort},
-		{"nats.repair_interval", c.NATS.RepairInterval, worker.RepairerConfig{}.WithDefaults().Interval},
+		{"nats.repair_interval", c.NATS.RepairInterval, topology.RepairerConfig{}.WithDefaults().Interval},
 		{"health.http", hg.HTTPAddr, hw.HTTPAddr},
 		{"health.interval", hg.Interval, hw.Interval},
 		{"health.timeout", hg.Timeout, hw.Timeout},

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -91,7 +90,7 @@ func newE2E(t *testing.T, mod func(*config.Config)) *e2e {
 	// built only for the runs that start processes.
 	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := workerConfig(c, nil, slog.New(slog.DiscardHandler)).Topology.Setup(sctx, e.js); err != nil {
+	if _, err := topologyOf(c).Setup(sctx, e.js); err != nil {
 		t.Fatalf("setup: %v", err)
 	}
 	sub, err := e.nc.Subscribe("proxy.>", func(m *nats.Msg) {

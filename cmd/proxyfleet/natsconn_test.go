@@ -27,7 +27,7 @@ import (
 	"proxyfleet/config"
 	"proxyfleet/internal/natstest"
 	"proxyfleet/messages"
-	"proxyfleet/worker"
+	"proxyfleet/topology"
 )
 
 // runCLI runs one command as main does; code is its exit code (an error
@@ -129,7 +129,7 @@ func operatorServer(t *testing.T) (*natstest.Server, string) {
 	_, js := srv.Connect(t, nats.UserCredentials(path))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := (worker.Topology{Subjects: messages.NewSubjects("")}).Ensure(ctx, js, []string{"h1"}); err != nil {
+	if err := (topology.Topology{Subjects: messages.NewSubjects("")}).Ensure(ctx, js, []string{"h1"}); err != nil {
 		t.Fatal(err)
 	}
 	return srv, path
@@ -229,7 +229,7 @@ func TestConnectWithUserAndNkey(t *testing.T) {
 	_, js := srv.Connect(t, nats.UserInfo("op", "secret"))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := (worker.Topology{Subjects: messages.NewSubjects("")}).Ensure(ctx, js, []string{"h1"}); err != nil {
+	if err := (topology.Topology{Subjects: messages.NewSubjects("")}).Ensure(ctx, js, []string{"h1"}); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
@@ -344,7 +344,7 @@ func TestConnectWithTLS(t *testing.T) {
 	_, js := srv.Connect(t, nats.RootCAs(caPath), nats.ClientCert(cliCert, cliKey))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := (worker.Topology{Subjects: messages.NewSubjects("")}).Ensure(ctx, js, []string{"h1"}); err != nil {
+	if err := (topology.Topology{Subjects: messages.NewSubjects("")}).Ensure(ctx, js, []string{"h1"}); err != nil {
 		t.Fatal(err)
 	}
 	list := func(what string, wantOK bool, args ...string) {

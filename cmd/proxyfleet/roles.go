@@ -22,6 +22,7 @@ import (
 	"proxyfleet/kvm"
 	"proxyfleet/messages"
 	"proxyfleet/sim"
+	"proxyfleet/topology"
 	"proxyfleet/worker"
 )
 
@@ -91,7 +92,7 @@ func workerConfig(c *config.Config, provs map[string]worker.Provider, log *slog.
 	subj := messages.NewSubjects(c.NATS.Prefix)
 	return worker.Config{
 		Subjects: subj,
-		Topology: worker.Topology{
+		Topology: topology.Topology{
 			Subjects: subj, Replicas: c.NATS.Replicas, DuplicateWindow: c.NATS.DuplicateWindow,
 			ResultsMaxAge: c.NATS.ResultsMaxAge, CommandIDMaxAge: c.NATS.CommandIDMaxAge,
 			AckWait: c.Worker.AckWait, MaxAttempts: c.Worker.MaxAttempts, PinnedTTL: c.Worker.PinnedTTL,

@@ -18,7 +18,7 @@ import (
 	"proxyfleet/config"
 	"proxyfleet/health"
 	"proxyfleet/messages"
-	"proxyfleet/worker"
+	"proxyfleet/topology"
 )
 
 // serve runs everything in one process: an embedded nats-server with
@@ -168,7 +168,7 @@ func healthComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg *pro
 	}
 	return component{"health", func(ctx context.Context) error {
 		if err := awaitStreams(ctx, js, c.Worker.CheckInterval, log, messages.StreamEvents,
-			worker.BucketStream(messages.BucketRotation), worker.BucketStream(messages.BucketLeases)); err != nil {
+			topology.BucketStream(messages.BucketRotation), topology.BucketStream(messages.BucketLeases)); err != nil {
 			if ctx.Err() != nil {
 				return nil // stopped while waiting
 			}

@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"proxyfleet/config"
-	"proxyfleet/worker"
+	"proxyfleet/topology"
 )
 
 // Inbox prefixes, one per role: a role may subscribe to its own replies
@@ -26,8 +26,8 @@ const (
 	inboxClient = "_INBOX_client"
 )
 
-// topology is the streams, buckets and consumers the config asks for.
-func topology(c *config.Config) worker.Topology {
+// topologyOf is the streams, buckets and consumers the config asks for.
+func topologyOf(c *config.Config) topology.Topology {
 	return workerConfig(c, nil, nil).Topology
 }
 
@@ -75,7 +75,7 @@ func setup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	rep := worker.NewRepairer(js, topology(c), worker.RepairerConfig{Interval: c.NATS.RepairInterval, Logger: log})
+	rep := topology.NewRepairer(js, topologyOf(c), topology.RepairerConfig{Interval: c.NATS.RepairInterval, Logger: log})
 	sctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	changes, err := rep.Setup(sctx)
@@ -83,7 +83,7 @@ func setup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout, ch)
 	}
 	if err != nil {
-		var re *worker.RefusedError
+		var re *topology.RefusedError
 		if errors.As(err, &re) {
 			fmt.Fprintln(stderr, "a setting JetStream cannot change in place has to be changed by hand (or the stream recreated, losing its messages):")
 		}
@@ -107,7 +107,7 @@ func setupRepairer(ctx context.Context, nc *nats.Conn, c *config.Config, log *sl
 	if err != nil {
 		return component{}, err
 	}
-	rep := worker.NewRepairer(js, topology(c), worker.RepairerConfig{Interval: c.NATS.RepairInterval, Logger: log})
+	rep := topology.NewRepairer(js, topologyOf(c), topology.RepairerConfig{Interval: c.NATS.RepairInterval, Logger: log})
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	changes, err := rep.Setup(sctx)
@@ -126,7 +126,7 @@ func setupRepairer(ctx context.Context, nc *nats.Conn, c *config.Config, log *sl
 	return repairerComponent(rep, log), nil
 }
 
-func repairerComponent(rep *worker.Repairer, log *slog.Logger) component {
+func repairerComponent(rep *topology.Repairer, log *slog.Logger) component {
 	return component{"repairer", func(ctx context.Context) error {
 		err := rep.Run(ctx)
 		log.Info("repairer stopped", "repairs", rep.Repairs())

@@ -17,7 +17,7 @@ import (
 
 	"proxyfleet/internal/natstest"
 	"proxyfleet/messages"
-	"proxyfleet/worker"
+	"proxyfleet/topology"
 )
 
 func runSetup(t *testing.T, args ...string) (stdout, stderr string, err error) {
@@ -70,7 +70,7 @@ func TestSetupVerb(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, stderr, err := runSetup(t, "--config", cfg)
-	var re *worker.RefusedError
+	var re *topology.RefusedError
 	if !errors.As(err, &re) || re.Refused[0].Field != "storage" || !strings.Contains(err.Error(), "storage Memory → File") {
 		t.Fatalf("setup over a memory PROXY_DEAD: %v (stderr %q), want a refusal naming storage", err, stderr)
 	}
@@ -142,7 +142,7 @@ health: {lease_ttl: 2s}
 	create("p1")
 	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer dcancel()
-	if err := js.DeleteConsumer(dctx, messages.StreamCommands, worker.IntakeConsumer); err != nil {
+	if err := js.DeleteConsumer(dctx, messages.StreamCommands, topology.IntakeConsumer); err != nil {
 		t.Fatal(err)
 	}
 	create("p2")

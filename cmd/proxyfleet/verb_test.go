@@ -14,7 +14,7 @@ import (
 	"proxyfleet/client"
 	"proxyfleet/internal/natstest"
 	"proxyfleet/messages"
-	"proxyfleet/worker"
+	"proxyfleet/topology"
 )
 
 // TestUsageListsEveryVerb: each client verb in the table is in the usage
@@ -44,7 +44,7 @@ func TestClientVerbs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	subj := messages.NewSubjects("")
-	if err := (worker.Topology{Subjects: subj}).Ensure(ctx, js, []string{"h1"}); err != nil {
+	if err := (topology.Topology{Subjects: subj}).Ensure(ctx, js, []string{"h1"}); err != nil {
 		t.Fatal(err)
 	}
 	publish := func(subject string, v any) {

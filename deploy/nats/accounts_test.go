@@ -29,6 +29,7 @@ import (
 	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
 	"proxyfleet/sim"
+	"proxyfleet/topology"
 	"proxyfleet/worker"
 )
 
@@ -161,7 +162,7 @@ func (o op) do(t *testing.T, c *conn) bool {
 func undoStream(name string) func(*testing.T, *conn) {
 	return func(t *testing.T, admin *conn) {
 		t.Helper()
-		if _, err := (worker.Topology{Subjects: subj}).Setup(ctxFor(t, 10*time.Second), admin.js); err != nil {
+		if _, err := (topology.Topology{Subjects: subj}).Setup(ctxFor(t, 10*time.Second), admin.js); err != nil {
 			t.Fatalf("set-up again after %s: %v", name, err)
 		}
 	}
@@ -210,9 +211,9 @@ func undoPurgeSubject(stream, subject string) func(*testing.T, *conn) {
 // another's job.
 var (
 	rmIntake = op{name: "consumer rm PROXY_CMDS intake", subject: "$JS.API.CONSUMER.DELETE.PROXY_CMDS.intake",
-		undo: undoConsumer(messages.StreamCommands, worker.IntakeConsumer)}
+		undo: undoConsumer(messages.StreamCommands, topology.IntakeConsumer)}
 	rmWork = op{name: "consumer rm PROXY_WORK work-h1", subject: "$JS.API.CONSUMER.DELETE.PROXY_WORK.work-h1",
-		undo: undoConsumer(messages.StreamWork, worker.WorkConsumer("h1"))}
+		undo: undoConsumer(messages.StreamWork, topology.WorkConsumer("h1"))}
 	rmStream = op{name: "stream rm PROXY_DEAD", subject: "$JS.API.STREAM.DELETE.PROXY_DEAD",
 		undo: undoStream("stream rm")}
 	purgeStream = op{name: "stream purge PROXY_DEAD", subject: "$JS.API.STREAM.PURGE.PROXY_DEAD"}
@@ -266,7 +267,7 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 
 	// Admin sets up the streams and buckets.
 	admin := s.connect("admin")
-	if _, err := (worker.Topology{Subjects: subj}).Setup(ctx, admin.js); err != nil {
+	if _, err := (topology.Topology{Subjects: subj}).Setup(ctx, admin.js); err != nil {
 		t.Fatalf("set-up as admin: %v", err)
 	}
 

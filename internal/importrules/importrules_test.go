@@ -42,8 +42,10 @@ var rules = []rule{
 	// the worker that drives it.
 	{pkg: "kvm", allow: []string{"fleet", "messages"}, forbid: [][]string{natsPkgs}},
 	{pkg: "sim", allow: []string{"fleet", "messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	// Set-up and repair serve every role, so they lean on none of them.
+	{pkg: "topology", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// Hosts reach the worker as Providers, never as a driver it imports.
-	{pkg: "worker", allow: []string{"fleet", "messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "worker", allow: []string{"fleet", "messages", "topology"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	{pkg: "health", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// A client reads the contract, never the worker's insides.
 	{pkg: "client", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},

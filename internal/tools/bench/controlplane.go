@@ -25,6 +25,7 @@ import (
 
 	"proxyfleet/messages"
 	"proxyfleet/sim"
+	"proxyfleet/topology"
 	"proxyfleet/worker"
 )
 
@@ -256,7 +257,7 @@ func commands(ctx context.Context, url, dir string, n int, r *cpRun) {
 	wnc, wjs := connect(url)
 	defer wnc.Close()
 	// As `proxyfleet setup` does: workers create no streams.
-	if _, err := (worker.Topology{Subjects: subj}).Setup(ctx, wjs); err != nil {
+	if _, err := (topology.Topology{Subjects: subj}).Setup(ctx, wjs); err != nil {
 		log.Fatal(err)
 	}
 	w, err := worker.New(wjs, worker.Config{

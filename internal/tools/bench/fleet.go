@@ -23,7 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/messages"
-	"proxyfleet/worker"
+	"proxyfleet/topology"
 )
 
 // Shape of the fleet section: proxies over sim hosts, each call and boot
@@ -267,7 +267,7 @@ hosts:
 		case <-health.done:
 			return res, fmt.Errorf("the health process exited: %v", health.err)
 		case <-deadline:
-			if ci, err := js.Consumer(ctx, messages.StreamCommands, worker.IntakeConsumer); err == nil {
+			if ci, err := js.Consumer(ctx, messages.StreamCommands, topology.IntakeConsumer); err == nil {
 				if info, err := ci.Info(ctx); err == nil {
 					b.log.Printf("fleet run %d: intake consumer: %d pending, %d unacked, %d pulls waiting", run+1, info.NumPending, info.NumAckPending, info.NumWaiting)
 				}

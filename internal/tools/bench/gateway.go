@@ -20,7 +20,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"proxyfleet/messages"
-	"proxyfleet/worker"
+	"proxyfleet/topology"
 )
 
 // The gateway section: a `proxyfleet gateway` process in front of one
@@ -71,7 +71,7 @@ func runGateway(ctx context.Context, b *bench) (sectionResult, error) {
 	}
 	nc, js := connect(s.ClientURL())
 	defer nc.Close()
-	if _, err := (worker.Topology{Subjects: messages.NewSubjects("")}).Setup(ctx, js); err != nil {
+	if _, err := (topology.Topology{Subjects: messages.NewSubjects("")}).Setup(ctx, js); err != nil {
 		return sectionResult{}, fmt.Errorf("setup: %w", err)
 	}
 	kv, err := js.KeyValue(ctx, messages.BucketRotation)

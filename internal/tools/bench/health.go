@@ -25,7 +25,7 @@ import (
 
 	"proxyfleet/health"
 	"proxyfleet/messages"
-	"proxyfleet/worker"
+	"proxyfleet/topology"
 )
 
 // Sizes of the health section.
@@ -199,7 +199,7 @@ func startHealth(ctx context.Context, dir string, fsync bool, cfg health.Config)
 		return nil, errors.New("nats-server not ready")
 	}
 	nc, js := connect(s.ClientURL())
-	if _, err := (worker.Topology{Subjects: cfg.Subjects}).Setup(ctx, js); err != nil {
+	if _, err := (topology.Topology{Subjects: cfg.Subjects}).Setup(ctx, js); err != nil {
 		nc.Close()
 		s.Shutdown()
 		return nil, err

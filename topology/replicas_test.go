@@ -1,4 +1,4 @@
-package worker_test
+package topology_test
 
 import (
 	"testing"
@@ -9,7 +9,7 @@ import (
 	"proxyfleet/internal/natstest"
 	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
-	"proxyfleet/worker"
+	"proxyfleet/topology"
 )
 
 // TestSetupMovesR1ToR3 is docs/OPERATIONS.md's move from one replica to
@@ -20,7 +20,7 @@ import (
 func TestSetupMovesR1ToR3(t *testing.T) {
 	cl := natstest.StartCluster(t, 3)
 	_, js := cl.Connect(t)
-	topo := worker.Topology{Subjects: messages.NewSubjects(""), Replicas: 1}
+	topo := topology.Topology{Subjects: messages.NewSubjects(""), Replicas: 1}
 	if _, err := topo.Setup(ctxFor(t, 30*time.Second), js); err != nil {
 		t.Fatalf("set-up R1: %v", err)
 	}
@@ -48,7 +48,7 @@ func TestSetupMovesR1ToR3(t *testing.T) {
 		names = append(names, s.Name)
 	}
 	for _, b := range topo.Buckets() {
-		names = append(names, worker.BucketStream(b.Bucket))
+		names = append(names, topology.BucketStream(b.Bucket))
 	}
 	poll.Until(t, "every stream and the consumer at three current replicas", 60*time.Second, func() bool {
 		for _, n := range names {

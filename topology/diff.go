@@ -1,4 +1,4 @@
-package worker
+package topology
 
 import (
 	"fmt"
@@ -35,6 +35,19 @@ func diffConfig[C any](fields []field[C], have, want *C) []fieldDiff[C] {
 		}
 	}
 	return out
+}
+
+// DiffStream lists the settings of stream have that set-up manages and
+// that differ from want.
+func DiffStream(have, want jetstream.StreamConfig) []Diff {
+	return diffsOf(diffConfig(streamFields, &have, &want))
+}
+
+// DiffBucket lists the settings of have, the stream behind a bucket, that
+// set-up manages and that differ from want (see BucketStreamConfig),
+// named as a bucket's (history, ttl...).
+func DiffBucket(have, want jetstream.StreamConfig) []Diff {
+	return diffsOf(diffConfig(bucketFields, &have, &want))
 }
 
 func diffsOf[C any](fds []fieldDiff[C]) []Diff {
@@ -161,8 +174,9 @@ var bucketFields = []field[jetstream.StreamConfig]{
 		set:  func(d, w *jetstream.StreamConfig) { d.Replicas = w.Replicas }},
 }
 
-// bucketStreamConfig is the part of a bucket's stream we manage.
-func bucketStreamConfig(kc jetstream.KeyValueConfig) jetstream.StreamConfig {
+// BucketStreamConfig is the part of the stream behind bucket kc that
+// set-up manages: what DiffBucket compares.
+func BucketStreamConfig(kc jetstream.KeyValueConfig) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name: BucketStream(kc.Bucket), MaxMsgsPerSubject: int64(max(kc.History, 1)),
 		MaxAge: kc.TTL, Storage: kc.Storage, Replicas: kc.Replicas,

@@ -1,4 +1,4 @@
-package worker
+package topology
 
 import (
 	"context"
@@ -15,7 +15,8 @@ import (
 // Streams and buckets are created and updated by Setup (the `proxyfleet
 // setup` verb, and `serve` on its embedded server), which needs an admin
 // credential, and kept in place by a Repairer. A worker only creates and
-// updates its own consumers (see Worker.Run).
+// updates its own consumers, from IntakeConsumerConfig and
+// WorkConsumerConfig (see package worker).
 type Topology struct {
 	Subjects        messages.Subjects
 	Replicas        int
@@ -57,7 +58,7 @@ func (t Topology) maxDeliver() int { return 2*t.MaxAttempts + 5 }
 
 // Streams returns the configuration of every stream (KV buckets aside).
 func (t Topology) Streams() []jetstream.StreamConfig {
-	t = t.withDefaults()
+	t = t.WithDefaults()
 	s := t.Subjects
 	return []jetstream.StreamConfig{{
 		Name:        messages.StreamCommands,
@@ -110,7 +111,7 @@ func (t Topology) Streams() []jetstream.StreamConfig {
 
 // Buckets returns the configuration of every KV bucket.
 func (t Topology) Buckets() []jetstream.KeyValueConfig {
-	t = t.withDefaults()
+	t = t.WithDefaults()
 	return []jetstream.KeyValueConfig{
 		{Bucket: messages.BucketDesired, Description: "desired state per proxy", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas},
 		{Bucket: messages.BucketCommands, Description: "command ids seen, for effect-once", History: 1, TTL: t.CommandIDMaxAge, Storage: jetstream.FileStorage, Replicas: t.Replicas},
@@ -125,8 +126,10 @@ func (t Topology) Buckets() []jetstream.KeyValueConfig {
 // BucketStream is the name of the stream behind KV bucket b.
 func BucketStream(b string) string { return "KV_" + b }
 
-func (t Topology) intakeConsumer() jetstream.ConsumerConfig {
-	t = t.withDefaults()
+// IntakeConsumerConfig is the configuration of the intake consumer on
+// PROXY_CMDS, which every worker running intake shares.
+func (t Topology) IntakeConsumerConfig() jetstream.ConsumerConfig {
+	t = t.WithDefaults()
 	return jetstream.ConsumerConfig{
 		Durable:       IntakeConsumer,
 		Description:   "validates commands into desired state",
@@ -137,8 +140,10 @@ func (t Topology) intakeConsumer() jetstream.ConsumerConfig {
 	}
 }
 
-func (t Topology) workConsumer(host string) jetstream.ConsumerConfig {
-	t = t.withDefaults()
+// WorkConsumerConfig is the configuration of host's work consumer on
+// PROXY_WORK, pinned to one worker at a time.
+func (t Topology) WorkConsumerConfig(host string) jetstream.ConsumerConfig {
+	t = t.WithDefaults()
 	return jetstream.ConsumerConfig{
 		Durable:        WorkConsumer(host),
 		Description:    "work of host " + host + ", pinned to one worker",
@@ -161,12 +166,12 @@ func (t Topology) Ensure(ctx context.Context, js jetstream.JetStream, hosts []st
 	if _, err := t.Setup(ctx, js); err != nil {
 		return err
 	}
-	cfgs := []consumerSpec{{messages.StreamCommands, t.intakeConsumer()}}
+	cfgs := []consumerSpec{{messages.StreamCommands, t.IntakeConsumerConfig()}}
 	for _, h := range hosts {
-		cfgs = append(cfgs, consumerSpec{messages.StreamWork, t.workConsumer(h)})
+		cfgs = append(cfgs, consumerSpec{messages.StreamWork, t.WorkConsumerConfig(h)})
 	}
 	for _, c := range cfgs {
-		if _, _, err := ensureConsumer(ctx, js, c.stream, c.cfg); err != nil {
+		if _, _, err := EnsureConsumer(ctx, js, c.stream, c.cfg); err != nil {
 			return err
 		}
 	}

@@ -1,4 +1,4 @@
-package worker
+package topology
 
 import (
 	"context"
@@ -50,7 +50,7 @@ type Repairer struct {
 func NewRepairer(js jetstream.JetStream, t Topology, cfg RepairerConfig) *Repairer {
 	cfg = cfg.WithDefaults()
 	return &Repairer{
-		topo: t.withDefaults(), js: js, cfg: cfg, log: cfg.Logger,
+		topo: t.WithDefaults(), js: js, cfg: cfg, log: cfg.Logger,
 		seen: map[string]uint64{},
 	}
 }

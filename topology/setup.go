@@ -1,4 +1,4 @@
-package worker
+package topology
 
 import (
 	"context"
@@ -21,7 +21,8 @@ type Diff struct {
 
 func (d Diff) String() string { return d.Field + " " + d.Have + " → " + d.Want }
 
-func joinDiffs(ds []Diff) string {
+// JoinDiffs lists ds for a log line or an error: "field have → want, …".
+func JoinDiffs(ds []Diff) string {
 	s := make([]string, len(ds))
 	for i, d := range ds {
 		s[i] = d.String()
@@ -48,7 +49,7 @@ func (c Change) String() string {
 		}
 		return s
 	}
-	return "updated " + c.Kind + " " + c.Name + ": " + joinDiffs(c.Updated)
+	return "updated " + c.Kind + " " + c.Name + ": " + JoinDiffs(c.Updated)
 }
 
 // RefusedError is a setting the server would not change in place (a stream's
@@ -60,7 +61,7 @@ type RefusedError struct {
 }
 
 func (e *RefusedError) Error() string {
-	return fmt.Sprintf("%s %s: the server refused to change %s: %v", e.Kind, e.Name, joinDiffs(e.Refused), e.Err)
+	return fmt.Sprintf("%s %s: the server refused to change %s: %v", e.Kind, e.Name, JoinDiffs(e.Refused), e.Err)
 }
 
 func (e *RefusedError) Unwrap() error { return e.Err }
@@ -74,7 +75,7 @@ type MismatchError struct {
 }
 
 func (e *MismatchError) Error() string {
-	s := fmt.Sprintf("%s %s differs from the config: %s", e.Kind, e.Name, joinDiffs(e.Diffs))
+	s := fmt.Sprintf("%s %s differs from the config: %s", e.Kind, e.Name, JoinDiffs(e.Diffs))
 	if e.Hint != "" {
 		s += " (" + e.Hint + ")"
 	}
@@ -99,7 +100,7 @@ func (t Topology) Setup(ctx context.Context, js jetstream.JetStream) ([]Change, 
 // setup is Setup; floors gives, by stream name (KV_<bucket> for a bucket),
 // a sequence the first sequence of a stream it creates must be above.
 func (t Topology) setup(ctx context.Context, js jetstream.JetStream, floors map[string]uint64) ([]Change, error) {
-	t = t.withDefaults()
+	t = t.WithDefaults()
 	var changes []Change
 	var errs []error
 	for _, sc := range t.Streams() {
@@ -283,16 +284,16 @@ func setupBucket(ctx context.Context, js jetstream.JetStream, kc jetstream.KeyVa
 		if err != nil {
 			return nil, fmt.Errorf("look up bucket %s: %w", kc.Bucket, err)
 		}
-		return updateStream(ctx, js, "bucket", kc.Bucket, st.CachedInfo().Config, bucketStreamConfig(kc), bucketFields)
+		return updateStream(ctx, js, "bucket", kc.Bucket, st.CachedInfo().Config, BucketStreamConfig(kc), bucketFields)
 	}
 	return nil, fmt.Errorf("bucket %s: created and deleted under us three times", kc.Bucket)
 }
 
-// ensureConsumer creates cc on stream, or updates the settings of the
+// EnsureConsumer creates want on stream, or updates the settings of the
 // existing one that differ. It returns the consumer and what it changed; a
 // setting the server refuses to change is a *RefusedError naming it, and
 // the consumer is then left as it was.
-func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, want jetstream.ConsumerConfig) (jetstream.Consumer, []Diff, error) {
+func EnsureConsumer(ctx context.Context, js jetstream.JetStream, stream string, want jetstream.ConsumerConfig) (jetstream.Consumer, []Diff, error) {
 	for range 3 {
 		cons, err := js.Consumer(ctx, stream, want.Durable)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
