@@ -129,9 +129,7 @@ func main() {
 		}
 	}
 	if old != nil {
-		if err := rep.merge(*old, ran); err != nil {
-			log.Fatal(err)
-		}
+		rep.merge(*old, ran)
 	}
 	md := rep.markdown()
 	fmt.Print(md)
