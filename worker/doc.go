@@ -36,8 +36,9 @@
 // A Worker and a Repairer each run as one call, Run(ctx) error: a worker
 // starts (waiting for the topology, creating its consumers), consumes
 // until ctx is done, then drains (says so in its record, stops pulling,
-// lets in-flight work finish within DrainTimeout holding its pins, hands
-// back the rest, unpins its hosts, deletes its record) and
+// lets in-flight work finish holding its pins, hands back the rest, unpins
+// its hosts, deletes its record, all within DrainTimeout whether NATS
+// answers or not) and
 // returns nil; it returns the error that kept it from starting, or, after
 // draining, its NATS connection closed for good. The defaults of Config,
 // Topology and RepairerConfig live in one place, their WithDefaults.

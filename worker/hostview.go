@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/messages"
@@ -33,6 +34,7 @@ import (
 // before.
 type hostView struct {
 	kv    jetstream.KeyValue
+	nc    *nats.Conn // kv's, for stopWatcher
 	retry time.Duration
 	log   *slog.Logger
 
@@ -46,8 +48,22 @@ type viewedHost struct {
 	rec messages.HostRecord
 }
 
-func newHostView(kv jetstream.KeyValue, retry time.Duration, log *slog.Logger) *hostView {
-	return &hostView{kv: kv, retry: retry, log: log, recs: map[string]viewedHost{}}
+func newHostView(kv jetstream.KeyValue, nc *nats.Conn, retry time.Duration, log *slog.Logger) *hostView {
+	return &hostView{kv: kv, nc: nc, retry: retry, log: log, recs: map[string]viewedHost{}}
+}
+
+// stopWatcher stops kw, a KV watcher made on a context its caller cancels
+// once it returns. While nc is connected it stops it now, which deletes
+// the watch's consumer at once; while nc is not, it leaves the watcher to
+// that context's end: a stop waits for the server to answer the deletion,
+// up to JetStream's request timeout (5s), which a worker stopping with
+// NATS gone cannot spare (its whole stop fits the drain timeout). nats.go
+// then unsubscribes on its own, and the consumer, ephemeral, goes with
+// its inactivity threshold if nobody deletes it.
+func stopWatcher(nc *nats.Conn, kw jetstream.KeyWatcher) {
+	if nc.Status() == nats.CONNECTED {
+		_ = kw.Stop()
+	}
 }
 
 // run keeps the view until ctx is done; a watch that ends is begun anew
@@ -67,7 +83,7 @@ func (v *hostView) follow(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", messages.BucketHosts, err)
 	}
-	defer func() { _ = kw.Stop() }()
+	defer stopWatcher(v.nc, kw)
 	for {
 		select {
 		case <-ctx.Done():

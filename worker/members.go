@@ -114,13 +114,15 @@ func (m *membership) beat(ctx context.Context, state string) {
 	}
 }
 
-// leave deletes the worker's record: it has stopped.
-func (m *membership) leave() {
-	m.stopWatch()
+// leave deletes the worker's record: it has stopped. Past ctx it gives up:
+// the others count the record dead after Liveness, and the bucket's TTL
+// removes it.
+func (m *membership) leave(ctx context.Context) {
+	m.dropWatch()
 	if m.w.js.Conn().IsClosed() {
 		return // it ages out
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), max(m.w.cfg.Heartbeat, time.Second))
+	ctx, cancel := context.WithTimeout(ctx, max(m.w.cfg.Heartbeat, time.Second))
 	defer cancel()
 	if err := m.kv.Delete(ctx, m.self.ID); err != nil {
 		m.w.log.Warn("delete worker record", "bucket", messages.BucketWorkers, "err", err)
@@ -190,6 +192,17 @@ func (m *membership) stopWatch() {
 	}
 }
 
+// dropWatch is stopWatch once the watch's context has ended (the run's):
+// with the connection down it leaves the watcher to nats.go, which
+// unsubscribes it on that context's end, rather than wait for the server
+// (see stopWatcher).
+func (m *membership) dropWatch() {
+	if m.watcher != nil {
+		stopWatcher(m.w.js.Conn(), m.watcher)
+		m.watcher = nil
+	}
+}
+
 // apply records what the watch saw of one key.
 func (m *membership) apply(e jetstream.KeyValueEntry) {
 	if e == nil {
@@ -224,7 +237,7 @@ func (m *membership) decode(e jetstream.KeyValueEntry) (string, member, bool) {
 
 // run heartbeats and follows the membership until ctx is done.
 func (m *membership) run(ctx context.Context) {
-	defer m.stopWatch()
+	defer m.dropWatch()
 	t := time.NewTicker(m.w.cfg.Heartbeat)
 	defer t.Stop()
 	for {
