@@ -151,13 +151,13 @@ var (
 		"proxyfleet_work_in_flight", "proxyfleet_work_pending", "proxyfleet_host_proxies", "proxyfleet_host_max_proxies",
 		"proxyfleet_host_quarantined", "proxyfleet_sweeps_total", "proxyfleet_swept_total", "proxyfleet_redrives_total",
 		"proxyfleet_worker_consumer_repairs_total", "proxyfleet_worker_host_owned", "proxyfleet_worker_host_pulling",
-		"proxyfleet_worker_ready",
+		"proxyfleet_worker_ready", "proxyfleet_command_duration_seconds", "proxyfleet_create_running_seconds",
 	}
 	healthNames = []string{
 		"proxyfleet_rotation_size", "proxyfleet_rotation_changes_total", "proxyfleet_rotation_entries_total",
 		"proxyfleet_rotation_exits_total", "proxyfleet_events_total", "proxyfleet_rotation_published_total",
 		"proxyfleet_rotation_publish_errors_total", "proxyfleet_health_lease_holder", "proxyfleet_health_ready",
-		"proxyfleet_probes_total", "proxyfleet_probe_duration_seconds",
+		"proxyfleet_probes_total", "proxyfleet_probe_duration_seconds", "proxyfleet_rotation_admission_seconds",
 	}
 )
 
@@ -280,6 +280,11 @@ func TestRolesServeMetrics(t *testing.T) {
 		{"proxyfleet_commands_total", 1, []string{"op", "delete", "outcome", "done"}},
 		{"proxyfleet_retries_total", 1, []string{"class", "transient", "stage", "work"}},
 		{"proxyfleet_dead_letters_total", 1, []string{"class", "transient"}},
+		// The latency histograms (their sample counts).
+		{"proxyfleet_command_duration_seconds", 1, []string{"op", "create", "outcome", "done"}},
+		{"proxyfleet_command_duration_seconds", 1, []string{"op", "create", "outcome", "failed"}},
+		{"proxyfleet_command_duration_seconds", 1, []string{"op", "delete", "outcome", "done"}},
+		{"proxyfleet_create_running_seconds", 1, nil},
 	} {
 		moved("workers'", w0, w1, m.name, m.min, m.labels...)
 	}
@@ -294,6 +299,10 @@ func TestRolesServeMetrics(t *testing.T) {
 		{"proxyfleet_rotation_published_total", 2},
 	} {
 		moved("health processes'", h0, h1, m.name, m.min)
+	}
+	// m1's admission, timed by the publishing health process alone.
+	if n := sum(h1, "proxyfleet_rotation_admission_seconds") - sum(h0, "proxyfleet_rotation_admission_seconds"); n != 1 {
+		t.Errorf("%v admissions timed by the health processes, want 1 (m1's, by the lease holder)", n)
 	}
 	if n := sum(h1, "proxyfleet_health_lease_holder"); n != 1 {
 		t.Errorf("%v lease holders, want 1", n)
