@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -361,5 +362,24 @@ func TestWorkerNotReadyWithoutTopology(t *testing.T) {
 	mfs := scrape(t, addr)
 	if v := value(mfs, "proxyfleet_worker_ready"); v != 0 {
 		t.Fatalf("proxyfleet_worker_ready = %v, want 0", v)
+	}
+}
+
+// `worker --pprof` adds Go's profiles to the ops listener, which serves
+// the rest as before; without it there are none.
+func TestPprofOnlyWhenAsked(t *testing.T) {
+	reg := newRegistry("worker")
+	ready := func() error { return nil }
+	for _, c := range []struct {
+		h     http.Handler
+		pprof int
+	}{{opsHandler(reg, ready), http.StatusNotFound}, {pprofHandler(opsHandler(reg, ready)), http.StatusOK}} {
+		for path, want := range map[string]int{"/debug/pprof/": c.pprof, "/debug/pprof/heap?debug=1": c.pprof, "/metrics": 200, "/readyz": 200} {
+			rec := httptest.NewRecorder()
+			c.h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+			if rec.Code != want {
+				t.Errorf("GET %s = %d, want %d", path, rec.Code, want)
+			}
+		}
 	}
 }
