@@ -89,6 +89,7 @@ type fleet50kResult struct {
 	verbs                map[string]float64
 	verbErrs             []string
 	workerStats          string
+	cpu                  string // where the CPU went during the burst
 }
 
 func runFleet50k(ctx context.Context, b *bench) (sectionResult, error) {
@@ -209,14 +210,19 @@ func fleet50kRun(ctx context.Context, b *bench, bin string, n int) (res fleet50k
 		defer sb.Unsubscribe()
 	}
 
+	cpu0 := procs.cpu()
 	start := time.Now()
 	stages.start = start
 	var profiles sync.WaitGroup
 	if o.profileDir != "" {
-		profiles.Add(1)
+		profiles.Add(2)
 		go func() {
 			defer profiles.Done()
 			procs.profileCPU(b, o, n)
+		}()
+		go func() {
+			defer profiles.Done()
+			profileSelf(ctx, b, o, n)
 		}()
 	}
 	if err := publishCreates(ctx, js, subj, n); err != nil {
@@ -231,8 +237,9 @@ func fleet50kRun(ctx context.Context, b *bench, bin string, n int) (res fleet50k
 	}
 	lastEntry := time.Now()
 	res.inRotation = lastEntry.Sub(start)
+	res.cpu = cpuSummary(cpu0, procs.cpu(), res.inRotation)
 	res.stages = stages.String()
-	b.log.Printf("fleet50k %d: all %d in the rotation after %.1fs; %s", n, in, res.inRotation.Seconds(), res.stages)
+	b.log.Printf("fleet50k %d: all %d in the rotation after %.1fs; %s; %s", n, in, res.inRotation.Seconds(), res.stages, res.cpu)
 	profiles.Wait()
 
 	// The burst has settled once the last proxy entered and settle

@@ -85,7 +85,7 @@ func fleet50kFigures(o fleet50kOpts, results []fleet50kResult) sectionResult {
 				How:  how + " Once the burst has settled, " + v.what + " run as a process with `--config` and `--timeout 2m`, from its start until it exited (watch: until its first byte of output). The bound of `list` (3s) for all."},
 				"`"+v.name+"` (s)", n)
 		}
-		fmt.Fprintf(&notes, "At %d proxies: %s. The first worker at the end: %s.", n, r.stages, r.workerStats)
+		fmt.Fprintf(&notes, "At %d proxies: %s. %s. The first worker at the end: %s.", n, r.stages, r.cpu, r.workerStats)
 		if len(r.verbErrs) > 0 {
 			fmt.Fprintf(&notes, " Verbs that failed or printed too little: %s.", strings.Join(r.verbErrs, "; "))
 		}

@@ -12,6 +12,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -109,6 +113,54 @@ func (p *fleetProcs) exited() error {
 	return nil
 }
 
+// cpu is the CPU seconds (user and system) each process has used, by
+// name, and the bench process's own (the nats-server, the bench's
+// readers) under "server".
+func (p *fleetProcs) cpu() map[string]float64 {
+	out := map[string]float64{"server": procCPU(os.Getpid())}
+	for _, r := range p.all() {
+		out[p.names[r]] = procCPU(r.cmd.Process.Pid)
+	}
+	return out
+}
+
+// procCPU is the CPU seconds pid has used (/proc/PID/stat, utime and
+// stime), 0 if unreadable.
+func procCPU(pid int) float64 {
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	i := bytes.LastIndexByte(st, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(st[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseUint(f[11], 10, 64)
+	s, _ := strconv.ParseUint(f[12], 10, 64)
+	return float64(u+s) / clockTicks
+}
+
+// cpuSummary says where the CPU went between two samples of cpu.
+func cpuSummary(before, after map[string]float64, wall time.Duration) string {
+	var workers float64
+	var parts []string
+	for name, a := range after {
+		d := a - before[name]
+		if strings.HasPrefix(name, "w") {
+			workers += d
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %.1f s", name, d))
+	}
+	slices.Sort(parts)
+	return fmt.Sprintf("CPU over the %.0f s of the burst: the workers %.1f s in all, %s (the nats-server with the bench's own readers is \"server\")",
+		wall.Seconds(), workers, strings.Join(parts, ", "))
+}
+
 // warningsSince reads every process's log (JSON lines) for records at
 // level WARN or ERROR from since on.
 func (p *fleetProcs) warningsSince(since time.Time) []string {
@@ -150,6 +202,29 @@ func (p *fleetProcs) profileCPU(b *bench, o fleet50kOpts, n int) {
 		return
 	}
 	b.log.Printf("fleet50k %d: CPU profile of w01 over the first %s of the burst: %s", n, o.profileFor, path)
+}
+
+// profileSelf takes a CPU profile of the bench process (the nats-server
+// above all) for o.profileFor, from the start of the burst.
+func profileSelf(ctx context.Context, b *bench, o fleet50kOpts, n int) {
+	path := filepath.Join(o.profileDir, fmt.Sprintf("fleet50k-%s-server.cpu.pprof", sizeName(n)))
+	if err := os.MkdirAll(o.profileDir, 0o755); err != nil {
+		b.log.Printf("fleet50k %d: %v", n, err)
+		return
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		b.log.Printf("fleet50k %d: %v", n, err)
+		return
+	}
+	defer f.Close()
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.log.Printf("fleet50k %d: CPU profile of the bench process: %v", n, err)
+		return
+	}
+	_ = sleepCtx(ctx, o.profileFor)
+	pprof.StopCPUProfile()
+	b.log.Printf("fleet50k %d: CPU profile of the bench process (the nats-server) over the first %s of the burst: %s", n, o.profileFor, path)
 }
 
 // profileHeaps saves every worker's heap profile.
