@@ -26,12 +26,17 @@ const observeToken = "_observe"
 // The tick travels as a work item, proxy.work.<host>._observe, so the
 // worker pinned to the host, and only that one, runs the pass: ownership
 // needs no second mechanism. Every worker publishes ticks for the hosts it
-// can execute; the message id names the interval window, so JetStream
-// stores one tick per window however many workers publish it, and the work
-// stream's one-message-per-subject rule collapses a backlog.
+// pulls (its share, any backup, all of them without a view of the
+// membership: the owner is among the pullers); the message id names the
+// interval window, so JetStream stores one tick per window however many
+// workers publish it, and the work stream's one-message-per-subject rule
+// collapses a backlog. (Every worker published the ticks of every host it
+// can execute before: with 500 hosts and 10 workers, 5,000 publishes an
+// interval, ten for each tick stored, and a goroutine per host in each.)
 
-// tickLoop publishes observation ticks for host until ctx is done.
-func (w *Worker) tickLoop(ctx context.Context, host string) {
+// tickLoop publishes, every ObserveInterval, an observation tick for each
+// host of runs the worker pulls then, until ctx is done.
+func (w *Worker) tickLoop(ctx context.Context, runs []*consumerRun) {
 	t := time.NewTicker(w.cfg.ObserveInterval)
 	defer t.Stop()
 	for {
@@ -40,12 +45,17 @@ func (w *Worker) tickLoop(ctx context.Context, host string) {
 			return
 		case <-t.C:
 		}
-		window := w.now().UnixNano() / int64(w.cfg.ObserveInterval)
-		m := nats.NewMsg(w.subj.Work(host, observeToken))
-		m.Header.Set(jetstream.MsgIDHeader, "observe-"+host+"-"+strconv.FormatInt(window, 10))
+		window := strconv.FormatInt(w.now().UnixNano()/int64(w.cfg.ObserveInterval), 10)
 		pctx, cancel := context.WithTimeout(ctx, w.cfg.ObserveInterval)
-		if _, err := w.js.PublishMsg(pctx, m); err != nil && ctx.Err() == nil {
-			w.log.Debug("publish observation tick", "host", host, "err", err)
+		for _, c := range runs {
+			if !c.pulling.Load() || pctx.Err() != nil {
+				continue
+			}
+			m := nats.NewMsg(w.subj.Work(c.host, observeToken))
+			m.Header.Set(jetstream.MsgIDHeader, "observe-"+c.host+"-"+window)
+			if _, err := w.js.PublishMsg(pctx, m); err != nil && ctx.Err() == nil {
+				w.log.Debug("publish observation tick", "host", c.host, "err", err)
+			}
 		}
 		cancel()
 	}

@@ -188,13 +188,15 @@ func (w *Worker) start(ctx context.Context) error {
 		}()
 	}
 	if w.cfg.ObserveInterval > 0 {
+		ticked := make([]*consumerRun, 0, len(hostRuns))
 		for _, h := range hosts {
-			w.wg.Add(1)
-			go func() {
-				defer w.wg.Done()
-				w.tickLoop(runCtx, h)
-			}()
+			ticked = append(ticked, hostRuns[h])
 		}
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			w.tickLoop(runCtx, ticked)
+		}()
 	}
 	w.log.Info("worker started", "id", w.cfg.ID, "hosts", hosts, "intake", !w.cfg.NoIntake,
 		"pulling", w.members.share, "heartbeat", w.cfg.Heartbeat, "liveness", w.cfg.Liveness)
