@@ -29,11 +29,11 @@ import (
 // after DeletedTTL without telling consumers, and to a pass a deleted
 // proxy and one with no event are looked at alike (see observe).
 //
-// It keeps of each event only what a pass chooses by, its state and seq
-// (viewedEvent), and one copy of each host's name: every worker process
-// holds the whole fleet's view, and whole events cost about 700 bytes a
-// proxy, 35 MB with 50,000 proxies (BenchmarkEventViewOf50000; 125 bytes
-// now, 6 MB).
+// It keeps of each event only what a pass chooses and compares by, its
+// state, seq and address (viewedEvent), and one copy of each host's name:
+// every worker process holds the whole fleet's view, and whole events cost
+// about 700 bytes a proxy, 35 MB with 50,000 proxies
+// (BenchmarkEventViewOf50000; 150 bytes now, 7 MB).
 //
 // Any error the consumer reports (its consumer deleted, as when the stream
 // is deleted and made anew; heartbeats missed; a reset that failed) makes
@@ -57,6 +57,7 @@ type eventView struct {
 type viewedEvent struct {
 	State string // one of the messages.State constants, or "" for another
 	Seq   uint64
+	IP    string
 }
 
 func newEventView(js jetstream.JetStream, subj messages.Subjects, retry time.Duration, log *slog.Logger) *eventView {
@@ -146,6 +147,7 @@ func (v *eventView) apply(data []byte) {
 		State string `json:"state"`
 		Host  string `json:"host"`
 		Seq   uint64 `json:"seq"`
+		IP    string `json:"ip"`
 	}
 	if json.Unmarshal(data, &ev) != nil || ev.ID == "" {
 		return
@@ -172,7 +174,7 @@ func (v *eventView) apply(data []byte) {
 		m = map[string]viewedEvent{}
 		v.byHost[host] = m
 	}
-	m[ev.ID] = viewedEvent{State: knownState(ev.State), Seq: ev.Seq}
+	m[ev.ID] = viewedEvent{State: knownState(ev.State), Seq: ev.Seq, IP: ev.IP}
 	v.host[ev.ID] = host
 }
 
