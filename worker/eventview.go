@@ -33,7 +33,7 @@ import (
 // state, seq and address (viewedEvent), and one copy of each host's name:
 // every worker process holds the whole fleet's view, and whole events cost
 // about 700 bytes a proxy, 35 MB with 50,000 proxies
-// (BenchmarkEventViewOf50000; 150 bytes now, 7 MB).
+// (BenchmarkEventViewOf50000; 170 bytes now, 8 MB).
 //
 // Any error the consumer reports (its consumer deleted, as when the stream
 // is deleted and made anew; heartbeats missed; a reset that failed) makes
