@@ -98,6 +98,9 @@ func (v *hostView) follow(ctx context.Context) error {
 				v.mu.Unlock()
 				continue
 			}
+			if v.holds(e.Key(), e.Revision()) {
+				continue // this worker's own write, put in as it was stored
+			}
 			rec := messages.HostRecord{V: messages.Version, Host: e.Key(), State: messages.HostOK}
 			if e.Operation() == jetstream.KeyValuePut {
 				if err := json.Unmarshal(e.Value(), &rec); err != nil {
@@ -122,6 +125,57 @@ func (v *hostView) put(host string, rec messages.HostRecord, rev uint64) {
 		return
 	}
 	v.recs[host] = viewedHost{rev: rev, rec: rec}
+}
+
+// each calls fn, under one hold of the view's lock, with what the view
+// holds of each of hosts for a create of id: how many proxies hold room
+// there, whether id is one, whether it is quarantined. It reports false,
+// calling nothing, while the view has not caught up.
+func (v *hostView) each(hosts []string, id string, fn func(host string, n int, held, quarantined bool)) bool {
+	if v == nil {
+		return false
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.ready {
+		return false
+	}
+	for _, h := range hosts {
+		r, ok := v.recs[h]
+		if !ok {
+			fn(h, 0, false, false)
+			continue
+		}
+		_, held := r.rec.Proxies[id]
+		fn(h, len(r.rec.Proxies), held, r.rec.Quarantined())
+	}
+	return true
+}
+
+// holds reports whether the view has host's record of revision rev or a
+// later one.
+func (v *hostView) holds(host string, rev uint64) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	r, ok := v.recs[host]
+	return ok && r.rev >= rev
+}
+
+// at returns host's record of revision rev if the view holds that one (a
+// record a KV revision names is always the same): a read of the record
+// need not decode it again, nor keep a copy of its own. The record is
+// shared: read it, never change it.
+func (v *hostView) at(host string, rev uint64) (messages.HostRecord, bool) {
+	if v == nil {
+		return messages.HostRecord{}, false
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	r, ok := v.recs[host]
+	if !ok || r.rev != rev {
+		return messages.HostRecord{}, false
+	}
+	return r.rec, true
 }
 
 // errViewNotReady: the watcher has not delivered every record yet.
