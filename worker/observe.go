@@ -220,8 +220,18 @@ func (e *executor) sweepOne(ctx context.Context, id string) (bool, error) {
 // gone, is looked at under its lock, its record and last event read
 // afresh. The view may lag behind the stream: a change it has not seen yet
 // is looked at on the next pass.
+//
+// The read runs under id's lock, as every provider call on a proxy does
+// (work for one id never overlaps, reads included); a proxy whose lock is
+// taken is being converged, which reports what it finds, and counts as
+// unchanged for this pass.
 func (e *executor) unchanged(ctx context.Context, id string, ev viewedEvent) bool {
+	unlock, ok := e.w.locks.tryLock(id)
+	if !ok {
+		return true
+	}
 	obs, err := e.prov.Get(ctx, id)
+	unlock()
 	switch {
 	case isNotFound(err):
 		return false
