@@ -57,6 +57,12 @@ type Config struct {
 	// (defaults time.Now and math/rand/v2).
 	Now  func() time.Time
 	Rand func() float64
+	// Hook, if set, is called at two points of a pass that made members:
+	// "after-intent" (the new members are stored in the pool's record,
+	// none of their creates published) and "after-publish" (their creates
+	// are published, the record does not say so yet). A test seam:
+	// cmd/proxyfleet's kill points SIGKILL the process there.
+	Hook func(point, pool string, ids []string)
 }
 
 // Defaults.

@@ -79,7 +79,8 @@ func New(nc *nats.Conn, cfg Config) (*Controller, error) {
 		return nil, fmt.Errorf("pool: jetstream: %w", err)
 	}
 	log := cfg.Logger.With("component", "pools")
-	rot, err := rotation.New(nc, rotation.Config{Subjects: cfg.Subjects, Logger: log, CheckInterval: cfg.CheckInterval})
+	// The rotation names its own component in its logs.
+	rot, err := rotation.New(nc, rotation.Config{Subjects: cfg.Subjects, Logger: cfg.Logger, CheckInterval: cfg.CheckInterval})
 	if err != nil {
 		return nil, fmt.Errorf("pool: %w", err)
 	}

@@ -88,6 +88,7 @@ func (c *Controller) passPool(ctx context.Context, l *lease, e entry, hosts func
 			return nil, err
 		}
 		c.report(&before, &p)
+		c.hook("after-intent", rec.Name, p.created)
 	}
 	var createdOn []string
 	for _, id := range p.created {
@@ -118,6 +119,10 @@ func (c *Controller) passPool(ctx context.Context, l *lease, e entry, hosts func
 			m.Retired.Published, flags = true, true
 		}
 	}
+	c.hook("after-publish", rec.Name, p.created)
+	if p.gone {
+		return createdOn, c.gone(ctx, rec, rev, p.answers, now)
+	}
 	for _, a := range p.answers {
 		if err := c.answer(ctx, rec.Name, a.p, a.outcome, a.reason, now); err != nil {
 			c.log.Warn("answer a pool command (answered again next pass)", "pool", rec.Name, "command", a.p.CommandID, "err", err)
@@ -126,25 +131,49 @@ func (c *Controller) passPool(ctx context.Context, l *lease, e entry, hosts func
 		rec.Pending = slices.DeleteFunc(rec.Pending, func(pd messages.PoolPending) bool { return pd.CommandID == a.p.CommandID })
 		flags = true
 	}
-	if p.gone && len(rec.Pending) == 0 {
-		octx, cancel := context.WithTimeout(ctx, opTimeout)
-		defer cancel()
-		if err := c.pools.Delete(octx, rec.Name, jetstream.LastRevision(rev)); err != nil {
-			if isConflict(err) {
-				return createdOn, errConflict
-			}
-			return createdOn, fmt.Errorf("delete the record of pool %s: %w", rec.Name, err)
-		}
-		c.stored(rec.Name, nil, rev+1)
-		c.log.Info("pool deleted: every member is gone", "pool", rec.Name)
-		return createdOn, nil
-	}
 	if flags && l.valid() {
 		if _, err := c.write(ctx, rec, rev, now); err != nil {
 			return createdOn, err
 		}
 	}
 	return createdOn, nil
+}
+
+// gone deletes the record of a deleted pool none of whose members is left,
+// then gives its pending commands their answers: a delete answered done
+// finds the record gone. (An answer lost to a crash here is not given
+// again: the client's wait ends on its deadline, and `pool get` says the
+// pool is gone.)
+func (c *Controller) gone(ctx context.Context, rec *messages.PoolRecord, rev uint64, answers []answer, now time.Time) error {
+	octx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	if err := c.pools.Delete(octx, rec.Name, jetstream.LastRevision(rev)); err != nil {
+		if isConflict(err) {
+			return errConflict
+		}
+		return fmt.Errorf("delete the record of pool %s: %w", rec.Name, err)
+	}
+	c.stored(rec.Name, nil, rev+1)
+	c.log.Info("pool deleted: every member is gone", "pool", rec.Name)
+	for _, a := range answers {
+		var err error
+		for range 3 {
+			if err = c.answer(ctx, rec.Name, a.p, a.outcome, a.reason, now); err == nil {
+				break
+			}
+		}
+		if err != nil {
+			c.log.Error("answer a pool command (its record is gone: not answered again)", "pool", rec.Name, "command", a.p.CommandID, "err", err)
+		}
+	}
+	return nil
+}
+
+// hook calls Config.Hook at point, if a pass made members.
+func (c *Controller) hook(point, pool string, created []string) {
+	if c.cfg.Hook != nil && len(created) > 0 {
+		c.cfg.Hook(point, pool, created)
+	}
 }
 
 // observe reads what the plan needs of rec's members: whether each is in

@@ -45,7 +45,7 @@ func poolsConfig(c *config.Config, id string, log *slog.Logger) pool.Config {
 // says whether it is ready.
 func poolsComponent(nc *nats.Conn, c *config.Config, id string, log *slog.Logger, reg prometheus.Registerer) (component, func() error, error) {
 	pc := poolsConfig(c, id, log)
-	pc.Registry = reg
+	pc.Registry, pc.Hook = reg, poolCrashHook(log)
 	ctl, err := pool.New(nc, pc)
 	if err != nil {
 		return component{}, nil, err
