@@ -1,6 +1,9 @@
 package messages
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"slices"
 	"time"
 )
@@ -92,6 +95,10 @@ type PoolMember struct {
 	// Recycle is the command id of the pool recycle that marked it (due
 	// now, as if it were old).
 	Recycle string `json:"recycle,omitempty"`
+	// Spec is the hash of the spec it was made with (PoolSpec.Hash): a
+	// set that changes the spec has the members of the old one replaced,
+	// make-before-break.
+	Spec string `json:"spec,omitempty"`
 	// Retired is set once the controller decided to delete it.
 	Retired *PoolRetire `json:"retired,omitempty"`
 }
@@ -177,7 +184,7 @@ func (r *PoolRecord) Summary(now time.Time, inRotation func(id string) bool) Poo
 		case m.Ready.IsZero():
 			s.Creating++
 		}
-		if m.Due(now, r.MaxAge.D()) {
+		if due, _ := r.Due(m, now); due {
 			s.Recycling++
 		}
 		if s.Oldest.IsZero() || m.Created.Before(s.Oldest) {
@@ -187,12 +194,28 @@ func (r *PoolRecord) Summary(now time.Time, inRotation func(id string) bool) Poo
 	return s
 }
 
-// Due reports whether m is due for replacement at now: named by a
-// recycle, or past its deadline under maxAge.
-func (m PoolMember) Due(now time.Time, maxAge time.Duration) bool {
-	if m.Recycle != "" {
-		return true
+// Due reports whether member m of r is due for replacement at now, and
+// why: named by a recycle, past its deadline under max_age, made with
+// another spec than r's, or on a host spec.hosts no longer names.
+func (r *PoolRecord) Due(m PoolMember, now time.Time) (bool, string) {
+	switch {
+	case m.Recycle != "":
+		return true, "recycled by command " + m.Recycle
+	case m.Spec != "" && m.Spec != r.Spec.Hash():
+		return true, "made with another spec"
+	case len(r.Spec.Hosts) > 0 && !slices.Contains(r.Spec.Hosts, m.Host):
+		return true, "its host " + m.Host + " is not in spec.hosts"
 	}
-	d := m.Deadline(maxAge)
-	return !d.IsZero() && !now.Before(d)
+	if d := m.Deadline(r.MaxAge.D()); !d.IsZero() && !now.Before(d) {
+		return true, "older than max_age " + r.MaxAge.D().String()
+	}
+	return false, ""
+}
+
+// Hash identifies what a member is made of (image, sizes, labels; not the
+// hosts): a member made with another is replaced.
+func (s PoolSpec) Hash() string {
+	b, _ := json.Marshal(PoolSpec{Image: s.Image, CPUs: s.CPUs, MemoryMiB: s.MemoryMiB, Labels: s.Labels})
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:8])
 }

@@ -143,9 +143,10 @@ func plan(rec *messages.PoolRecord, env planEnv) planned {
 		fresh = fresh[n:]
 	}
 
-	// Recycle, make-before-break: an old member is kept while it fills a
-	// place no fresh member in the rotation fills yet, and one in the
-	// rotation goes only if the rotation keeps min_ready of the pool.
+	// Recycle, make-before-break: an old member (due for its age, a
+	// recycle, a new spec or hosts) is kept while it fills a place no
+	// fresh member in the rotation fills yet, and one in the rotation goes
+	// only if the rotation keeps min_ready of the pool.
 	readyFresh, ready := 0, 0
 	for _, m := range fresh {
 		if in(m) {
@@ -174,10 +175,7 @@ func plan(rec *messages.PoolRecord, env planEnv) planned {
 		if in(m) {
 			ready--
 		}
-		why := fmt.Sprintf("older than max_age %s", r.MaxAge.D())
-		if m.Recycle != "" {
-			why = "recycled by command " + m.Recycle
-		}
+		_, why := r.Due(*m, now)
 		p.retire(m, now, messages.RetireRecycle, why)
 		drop--
 	}
@@ -302,7 +300,7 @@ func (p *planned) split(now time.Time) (fresh, old []*messages.PoolMember) {
 		m := &p.rec.Members[i]
 		switch {
 		case m.Retired != nil:
-		case m.Due(now, p.rec.MaxAge.D()):
+		case func() bool { due, _ := p.rec.Due(*m, now); return due }():
 			old = append(old, m)
 		default:
 			fresh = append(fresh, m)
@@ -327,7 +325,7 @@ func (p *planned) create(host string, now time.Time, env planEnv) {
 			break
 		}
 	}
-	m := messages.PoolMember{ID: id, Host: host, Created: now, Jitter: env.rand() * messages.PoolJitter}
+	m := messages.PoolMember{ID: id, Host: host, Created: now, Jitter: env.rand() * messages.PoolJitter, Spec: r.Spec.Hash()}
 	i, _ := slices.BinarySearchFunc(r.Members, id, func(m messages.PoolMember, id string) int { return cmp.Compare(m.ID, id) })
 	r.Members = slices.Insert(r.Members, i, m)
 	p.created = append(p.created, id)

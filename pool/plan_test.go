@@ -310,3 +310,33 @@ func TestPlanShrinksAndDeletes(t *testing.T) {
 		t.Fatalf("answers %+v", w.answers)
 	}
 }
+
+// A set that changes the spec (an image, labels) has every member made
+// with the old one replaced, make-before-break; one that drops a host from
+// spec.hosts has that host's members replaced on the others.
+func TestPlanRollsANewSpec(t *testing.T) {
+	w := newWorld(t, 4, 4, 1, 0)
+	w.run(time.Second, 100*time.Millisecond)
+	first := slices.Clone(w.created)
+	w.rec.Spec = messages.PoolSpec{Image: "img2"}
+	w.full, w.minSeen = false, -1
+	w.run(10*time.Second, 100*time.Millisecond)
+	for _, id := range first {
+		if _, ok := w.rec.Member(id); ok {
+			t.Errorf("%s, made with the old spec, is still a member", id)
+		}
+	}
+	if w.minSeen < 4 || w.rec.State != messages.PoolReady {
+		t.Fatalf("fewest in the rotation %d, state %s", w.minSeen, w.rec.State)
+	}
+	w.rec.Spec.Hosts = []string{"h1", "h2"}
+	w.run(10*time.Second, 100*time.Millisecond)
+	for _, m := range w.live() {
+		if m.Host == "h3" {
+			t.Errorf("%s is still on h3, which spec.hosts no longer names", m.ID)
+		}
+	}
+	if w.minSeen < 4 || w.rec.State != messages.PoolReady || len(w.live()) != 4 {
+		t.Fatalf("fewest in the rotation %d, state %s, live %d", w.minSeen, w.rec.State, len(w.live()))
+	}
+}

@@ -78,7 +78,7 @@ func TestPoolFillsHealsResizesAndGoes(t *testing.T) {
 	// Grow to 25, then shrink to 10: the oldest go first.
 	r.set(messages.PoolSet{Name: "eu", Size: 25}, true)
 	st = r.waitReady("eu", 25, 30*time.Second)
-	byAge := slices.Clone(st.Record.Members)
+	byAge := liveOf(st.Record.Members)
 	slices.SortStableFunc(byAge, func(a, b messages.PoolMember) int { return a.Created.Compare(b.Created) })
 	youngest := slicesOf(byAge[15:])
 	r.set(messages.PoolSet{Name: "eu", Size: 10}, true)

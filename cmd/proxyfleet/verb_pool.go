@@ -178,7 +178,11 @@ func printPool(w io.Writer, p client.PoolStatus, now time.Time) error {
 	row("max_age", maxAge)
 	row("ready_timeout", r.ReadyTimeout.D().String())
 	spec := r.Spec
-	row("image", dashed(spec.Image))
+	image := spec.Image
+	if image == "" {
+		image = "- (the config's default_image)"
+	}
+	row("image", image)
 	if spec.CPUs > 0 || spec.MemoryMiB > 0 {
 		row("size of each", fmt.Sprintf("%d vCPU, %d MiB", spec.CPUs, spec.MemoryMiB))
 	}
@@ -208,11 +212,12 @@ func printPool(w io.Writer, p client.PoolStatus, now time.Time) error {
 			in = "in"
 		}
 		state, reason := "live", ""
+		due, why := r.Due(m, now)
 		switch {
 		case m.Retired != nil:
 			state, reason = "retiring ("+m.Retired.Why+")", m.Retired.Reason
-		case m.Due(now, r.MaxAge.D()):
-			state = "recycling"
+		case due:
+			state, reason = "recycling", why
 		case m.Ready.IsZero() && !p.InRotation[m.ID]:
 			state = "creating"
 		}
