@@ -56,7 +56,8 @@ func (c *Client) PoolRecycle(ctx context.Context, cmd messages.PoolRecycle, comm
 
 func (c *Client) sendPool(ctx context.Context, op, name string, body []byte, commandID string, wait bool) (Outcome, error) {
 	if err := checkToken(name); err != nil {
-		return Outcome{}, &messages.FieldError{Field: "name", Reason: err.(*messages.FieldError).Reason}
+		fe, _ := messages.AsFieldError(err)
+		return Outcome{}, &messages.FieldError{Field: "name", Reason: fe.Reason}
 	}
 	return c.sendTo(ctx, target{op: op, id: name, subject: c.subj.PoolCommand(op, name), result: c.subj.PoolResult(name),
 		stream: messages.StreamPoolCommands}, body, commandID, wait)
