@@ -367,10 +367,11 @@ func (c *Controller) loop(ctx context.Context) error {
 		c.active.Store(false)
 		rctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 		defer cancel()
+		held := l.holding
 		if err := l.release(rctx); err != nil {
 			c.log.Warn("release the lease", "err", err)
-		} else if l.rev != 0 {
-			c.log.Info("released the lease")
+		} else if held {
+			c.log.Info("released the pools' lease")
 		}
 	}()
 	tick := time.NewTicker(min(c.cfg.Interval, c.cfg.LeaseTTL/3))
@@ -394,8 +395,10 @@ func (c *Controller) loop(ctx context.Context) error {
 			if was && !l.holding {
 				c.log.Warn("lost the pools' lease: standing by")
 			}
-			c.active.Store(l.holding)
 		}
+		// Active while the lease is valid: a holder whose renewals fail
+		// stops acting (and saying it does) once its last one is too old.
+		c.active.Store(l.valid())
 		if l.valid() && c.caughtUp() && now.Sub(lastPass) >= c.cfg.Interval/10 {
 			lastPass = now
 			c.pass(ctx, l)
