@@ -25,7 +25,11 @@ Usage:
   proxyfleet rotation [--http URL]
   proxyfleet hosts
   proxyfleet dead     ls | replay (ID | --all) [--force] [--wait]
-  proxyfleet pool     set NAME --size N [--max-age D] [--wait] | get NAME | ls | rm NAME | recycle NAME (ID... | --all)
+  proxyfleet pool     set NAME --size N [--min-ready N] [--surge N] [--max-age D] [--label k=v] [--host H] [--wait]
+  proxyfleet pool     get NAME
+  proxyfleet pool     ls [--json]
+  proxyfleet pool     rm NAME [--wait]
+  proxyfleet pool     recycle NAME (ID... | --all) [--wait]
   proxyfleet version
   proxyfleet completion bash|zsh
 
