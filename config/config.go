@@ -177,7 +177,8 @@ type Worker struct {
 	// the default, 20, is a KVM host's default room: a burst of creates
 	// that fills a host boots at once instead of in waves.
 	Concurrency int `yaml:"concurrency"`
-	// DrainTimeout bounds the graceful stop.
+	// DrainTimeout bounds the graceful stop, the whole of it (work in
+	// flight, handing the hosts over), whether NATS answers or not.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
 	// CheckInterval is how often a worker checks that its consumers exist
 	// and are consumed (it also checks at once when a consume reports an

@@ -235,6 +235,7 @@
 // publishing, writing the check records or reading the lease fails),
 // /metrics (client_golang's exposition of Config.Registry: rotation size,
 // churn, probe outcomes by result and by kind, a probe latency histogram,
+// a histogram of the wait from a running event to admission (latency.go),
 // open checks by result, refused proxies and refusals by verdict, the
 // lease holder flag, consumer repairs) and /probe. No metric is registered
 // globally, and none is labelled by proxy.

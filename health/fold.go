@@ -95,6 +95,9 @@ type Fold struct {
 	// in the rotation may be before its next probe checks again. Zero:
 	// every probe checks.
 	OpenInterval time.Duration
+	// Admitted, if set, is told how long each proxy waited from its
+	// running event to its admission (latency.go).
+	Admitted func(wait time.Duration)
 
 	proxies   map[string]*proxyState
 	epochs    uint64
@@ -129,6 +132,9 @@ type proxyState struct {
 	ip    string // last address reported, kept through a grace
 	port  int
 	at    time.Time // time of the last event
+	// runningAt is the time of the running event that made addr a
+	// candidate, until its admission is told (latency.go).
+	runningAt time.Time
 	// labels of the proxy's create command, from its last event (never
 	// changed in place: an event with other labels replaces the map)
 	labels map[string]string
@@ -256,6 +262,7 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 			// out, and probed from scratch.
 			changed = f.leave(p)
 			f.candidate(p, addr)
+			p.runningAt = at
 		} else if seeded && p.inRotation && at.Before(p.since) {
 			// Confirmed: date it by the event, as a process that
 			// saw the event live would.
@@ -269,6 +276,7 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 		p.sim = ev.Source == messages.SourceSim
 		if !p.inRotation && (f.Rise <= 0 || p.sim || (p.passes >= f.Rise && f.admissible(p))) {
 			f.enter(p, at)
+			f.admitted(p)
 			changed = true
 		}
 		return changed, true
@@ -427,6 +435,7 @@ func (f *Fold) ApplyProbe(r ProbeResult) (changed bool) {
 	case !p.inRotation && f.Rise > 0 && p.passes >= f.Rise && p.state == messages.StateRunning &&
 		p.graceUntil.IsZero() && f.admissible(p):
 		f.enter(p, at)
+		f.admitted(p)
 		changed = true
 	}
 	if changed {
@@ -564,6 +573,7 @@ func (f *Fold) Adopt(id, addr string, now time.Time) bool {
 		return false
 	}
 	p.passes, p.fails = max(p.passes, f.Rise), 0
+	p.runningAt = time.Time{} // not an admission of its running event (latency.go)
 	f.enter(p, now.UTC())
 	f.stats.Changes++
 	return true

@@ -259,6 +259,7 @@ type Health struct {
 	// probeLatency is the histogram of probe durations; registry what
 	// /metrics serves.
 	probeLatency prometheus.Histogram
+	admission    prometheus.Histogram // latency.go
 	registry     *prometheus.Registry
 
 	// PROXY_CHECKS: checksKV is set (under mu) once the bucket is bound;
@@ -354,6 +355,9 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 		h.registry = prometheus.NewRegistry()
 	}
 	if err := h.registry.Register(collector{h}); err != nil {
+		return nil, fmt.Errorf("health: register metrics: %w", err)
+	}
+	if err := h.initLatency(); err != nil {
 		return nil, fmt.Errorf("health: register metrics: %w", err)
 	}
 	return h, nil

@@ -34,7 +34,7 @@ var helps = map[string]helpText{
 	"worker": {
 		args:     "--config F",
 		summary:  "run the worker role: intake of commands and execution on the configured hosts (--config is required)",
-		more:     "--http serves /metrics, /healthz (liveness) and /readyz (ready: consuming and owning or ready to own hosts).",
+		more:     "--http serves /metrics, /healthz (liveness) and /readyz (ready: consuming and owning or ready to own hosts); with --pprof also Go's profiles under /debug/pprof/.",
 		examples: []string{"proxyfleet worker --config proxyfleet.yaml --id wk-1 --http 127.0.0.1:9090", "NATS_CONTEXT=worker proxyfleet worker --config proxyfleet.yaml"},
 	},
 	"health": {

@@ -13,7 +13,7 @@ const usage = `proxyfleet runs a fleet of proxy VMs on KVM hosts, driven by NATS
 Usage:
   proxyfleet serve    --config F [--data-dir D] [--listen ADDR] [--server URL] [--http ADDR] [--repair] [--id ID]
   proxyfleet setup    [--config F] [--repair [--interval 5s]]
-  proxyfleet worker   --config F [--id ID]
+  proxyfleet worker   --config F [--id ID] [--http ADDR] [--pprof]
   proxyfleet health   [--config F] [--http ADDR]
   proxyfleet gateway  --config F [--http ADDR]
   proxyfleet pools    --config F [--id ID] [--http ADDR]

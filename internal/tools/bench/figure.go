@@ -30,6 +30,10 @@ type figure struct {
 	// sections of several runs, each figure still beside its peer of the
 	// same run.
 	Measured time.Time `json:"measured,omitzero"`
+	// Machine is the machine of a figure kept from an earlier run by
+	// -merge, when it was another than this run's (sessions run on
+	// machines of one kind, not always the same one); nil: the report's.
+	Machine *machine `json:"machine,omitempty"`
 }
 
 // atLeast and atMost make a target.
@@ -74,6 +78,10 @@ type machine struct {
 	Go     string `json:"go"`
 	OS     string `json:"os"`
 	Kernel string `json:"kernel"`
+}
+
+func (m machine) String() string {
+	return fmt.Sprintf("%s, %d cores, %d MiB, Linux %s, %s, %s", m.CPU, m.Cores, m.MemMiB, m.Kernel, m.Go, m.OS)
 }
 
 func machineInfo() machine {
@@ -123,13 +131,10 @@ type report struct {
 // merge keeps from old, the report of an earlier run, the figures and
 // notes of every section this run did not measure (ran: the sections it
 // did), so `-only gateway -merge` updates one section of BENCHMARKS.md and
-// leaves the others as they were measured. The two runs must be of the same
-// machine: a figure is only comparable with its peer of the same run, and
-// the page names one machine.
-func (r *report) merge(old report, ran []string) error {
-	if old.Machine != r.Machine {
-		return fmt.Errorf("merge: %s was measured on another machine (%+v, now %+v); run every section", "bench/results.json", old.Machine, r.Machine)
-	}
+// leaves the others as they were measured. Each figure stays beside its
+// peer of its own run; one kept from another machine carries that
+// machine, and the page names it.
+func (r *report) merge(old report, ran []string) {
 	var figs []figure
 	for _, f := range old.Figures {
 		if slices.Contains(ran, f.Section) {
@@ -137,6 +142,13 @@ func (r *report) merge(old report, ran []string) error {
 		}
 		if f.Measured.IsZero() {
 			f.Measured = old.Written
+		}
+		if f.Machine == nil && old.Machine != r.Machine {
+			m := old.Machine
+			f.Machine = &m
+		}
+		if f.Machine != nil && *f.Machine == r.Machine {
+			f.Machine = nil
 		}
 		figs = append(figs, f)
 	}
@@ -149,7 +161,6 @@ func (r *report) merge(old report, ran []string) error {
 	}
 	r.Notes = append(notes, r.Notes...)
 	r.SimOnly = r.SimOnly && old.SimOnly
-	return nil
 }
 
 // readReport reads a report written by writeJSON.
@@ -183,8 +194,8 @@ func (r *report) markdown() string {
 	var b strings.Builder
 	m := r.Machine
 	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` (internal/tools/bench) on %s; the same figures are in bench/results.json.\n\n", r.Written.Format("2006-01-02 15:04 MST"))
-	fmt.Fprintf(&b, "Machine: %s, %d cores, %d MiB, Linux %s, %s, %s. Each figure is a ratio against a peer measured in the same run, or a limit; noisy figures are the median of %d runs (all runs are listed).\n\n", m.CPU, m.Cores, m.MemMiB, m.Kernel, m.Go, m.OS, r.Runs)
-	if when := r.sectionTimes(); len(when) > 1 {
+	fmt.Fprintf(&b, "Machine: %s. Each figure is a ratio against a peer measured in the same run, or a limit; noisy figures are the median of %d runs (all runs are listed).\n\n", m, r.Runs)
+	if when := r.sectionTimes(); len(when) > 0 {
 		b.WriteString("The sections were measured in separate runs of `make bench` on this machine (`-only … -merge`), each figure beside its peer of its own run: " + strings.Join(when, "; ") + ".\n\n")
 	}
 	if r.SimOnly {
@@ -219,12 +230,15 @@ func (r *report) markdown() string {
 }
 
 // sectionTimes lists "section at time" for each section, in the order of
-// the figures, when they were measured at more than one time.
+// the figures, when they were measured at more than one time or on
+// another machine.
 func (r *report) sectionTimes() []string {
 	var out []string
 	times := map[time.Time]bool{}
 	seen := map[string]bool{}
+	other := false
 	for _, f := range r.Figures {
+		other = other || f.Machine != nil
 		at := f.Measured
 		if at.IsZero() {
 			at = r.Written
@@ -232,10 +246,14 @@ func (r *report) sectionTimes() []string {
 		times[at] = true
 		if !seen[f.Section] {
 			seen[f.Section] = true
-			out = append(out, f.Section+" "+at.Format("2006-01-02 15:04 MST"))
+			s := f.Section + " " + at.Format("2006-01-02 15:04 MST")
+			if f.Machine != nil {
+				s += " on another machine (" + f.Machine.String() + ")"
+			}
+			out = append(out, s)
 		}
 	}
-	if len(times) < 2 {
+	if len(times) < 2 && !other {
 		return nil
 	}
 	return out
