@@ -23,6 +23,7 @@ type Config struct {
 	Worker       Worker  `yaml:"worker"`
 	Health       Health  `yaml:"health"`
 	Gateway      Gateway `yaml:"gateway"`
+	Pools        Pools   `yaml:"pools"`
 }
 
 // NATS says how to reach the NATS system. An empty URL means the embedded
@@ -425,6 +426,7 @@ func (c *Config) SetDefaults() {
 			g.Users[i].MaxConns = 256
 		}
 	}
+	c.Pools.setDefaults()
 }
 
 // defaultMaxProxies is a host's room by driver: what a KVM host of modest

@@ -206,6 +206,9 @@ func (c *Config) Validate() error {
 	if err := c.Gateway.validate(); err != nil {
 		return err
 	}
+	if err := c.Pools.validate(); err != nil {
+		return err
+	}
 	if l := c.Health.ProbeListen; l != "" {
 		host, _, err := net.SplitHostPort(l)
 		if err != nil {
