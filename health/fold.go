@@ -107,6 +107,9 @@ type Fold struct {
 	stats     FoldStats
 	inRot     int    // proxies in the rotation
 	checksGen uint64 // grows whenever a candidate's check record changes, appears or goes
+	// checksDirty holds the ids whose check record may have changed,
+	// appeared or gone since TakeChecksDirty last emptied it.
+	checksDirty map[string]struct{}
 }
 
 // FoldStats counts what the fold did.
@@ -347,6 +350,9 @@ func (f *Fold) resetChecks(p *proxyState) {
 	if f.verdict(p) != "" {
 		f.checksGen++
 	}
+	// Marked even without a record: the bucket may hold one of its
+	// address from another process, which goes with it.
+	f.markCheck(p)
 	p.egress, p.reported, p.leak = "", false, ""
 	p.openState, p.openAt, p.openPending, p.checkAt = "", time.Time{}, false, time.Time{}
 }
@@ -418,6 +424,7 @@ func (f *Fold) ApplyProbe(r ProbeResult) (changed bool) {
 	}
 	if v := f.verdict(p); v != verdict || f.reason(p) != reason || p.egress != egress {
 		f.checksGen++
+		f.markCheck(p)
 		p.checkAt = at
 		if v != verdict {
 			switch v {

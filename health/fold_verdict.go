@@ -91,6 +91,37 @@ func (f *Fold) reason(p *proxyState) string {
 // goes: the publisher writes PROXY_CHECKS when it moved.
 func (f *Fold) ChecksGen() uint64 { return f.checksGen }
 
+// markCheck marks p's check record as possibly changed.
+func (f *Fold) markCheck(p *proxyState) {
+	if f.checksDirty == nil {
+		f.checksDirty = make(map[string]struct{})
+	}
+	f.checksDirty[p.id] = struct{}{}
+}
+
+// TakeChecksDirty calls fn with every id whose check record may have
+// changed, appeared or gone since the last call, and empties the set:
+// what the record is now, CheckState says. O(ids).
+func (f *Fold) TakeChecksDirty(fn func(id string)) {
+	for id := range f.checksDirty {
+		fn(id)
+	}
+	f.checksDirty = nil // not clear: iterating costs a map's capacity
+}
+
+// ChecksDirty is how many ids TakeChecksDirty would give.
+func (f *Fold) ChecksDirty() int { return len(f.checksDirty) }
+
+// CheckState returns id's record as a candidate (Verdict "" while there
+// is nothing to record yet) and whether it is a candidate at all.
+func (f *Fold) CheckState(id string) (messages.CheckRecord, bool) {
+	p := f.proxies[id]
+	if p == nil || p.addr == "" {
+		return messages.CheckRecord{}, false
+	}
+	return f.record(id, p), true
+}
+
 // Checks returns the check records of the candidates that have one (see
 // CheckRecord), sorted by id.
 func (f *Fold) Checks() []messages.CheckRecord {
