@@ -286,7 +286,7 @@ func TestLateSubscriberReachesTheRotation(t *testing.T) {
 	for i := range n {
 		r.publish(next(fmt.Sprintf("p%03d", i), messages.StateRunning, fmt.Sprintf("198.18.%d.%d", i/250, i%250+1)))
 	}
-	waitFor(t, "the rotation filled", func() bool { return h.Metrics().RotationSize == n })
+	poll.Until(t, "the rotation filled", time.Minute, func() bool { return h.Metrics().RotationSize == n })
 
 	// Churn: addresses change, proxies leave and come back, labels
 	// change, until the pages are read.
@@ -340,7 +340,7 @@ func TestLateSubscriberReachesTheRotation(t *testing.T) {
 	// wait for health to have folded them all, then for the late
 	// subscriber, GET /rotation and a fresh read of
 	// the pages to agree on the version, then compare what they hold.
-	waitFor(t, "every event folded", func() bool { return h.Metrics().Events == uint64(published) })
+	poll.Until(t, "every event folded", time.Minute, func() bool { return h.Metrics().Events == uint64(published) })
 	var fresh, pages map[string]messages.RotationEntry
 	waitFor(t, "the late subscriber, GET /rotation and the pages at one version", func() bool {
 		if err := f.catchUp(); err != nil {
@@ -392,9 +392,10 @@ func sameEntry(a, b messages.RotationEntry) bool {
 func TestFeedMessagesBounded(t *testing.T) {
 	r := newRig(t)
 	w := watchFeed(t, r.nc)
-	h := r.start(health.Config{})
+	// Snapshots seldom: the rig decodes each one, up to 1 MiB.
+	h := r.start(health.Config{SnapshotInterval: time.Second})
 	waitPublishing(t, h)
-	const n = 1500
+	const n = 1000
 	labels := map[string]string{}
 	for i := range 8 {
 		labels[fmt.Sprintf("k%d", i)] = strings.Repeat("v", 200)
@@ -407,8 +408,15 @@ func TestFeedMessagesBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "the burst on the feed", func() bool { return h.Metrics().FeedChanges == n })
-	msgs := w.all()
+	var msgs []messages.RotationChanges
+	poll.Until(t, "the burst on the feed", time.Minute, func() bool {
+		msgs = w.all()
+		changes := 0
+		for _, m := range msgs {
+			changes += len(m.Changes)
+		}
+		return changes == n
+	})
 	w.mu.Lock()
 	largest := w.largest
 	w.mu.Unlock()
@@ -438,7 +446,7 @@ func TestFeedBytesPerChange(t *testing.T) {
 		ev.Labels = map[string]string{"team": "a", "region": "eu-west"}
 		r.publish(ev)
 	}
-	waitFor(t, "the proxies on the feed", func() bool { return h.Metrics().FeedChanges == n })
+	poll.Until(t, "the proxies on the feed", time.Minute, func() bool { return h.Metrics().FeedChanges == n })
 	m := h.Metrics()
 	if per := float64(m.FeedBytes) / float64(m.FeedChanges); per > 400 {
 		t.Fatalf("%.0f bytes per change (%d messages, %d bytes)", per, m.Published, m.FeedBytes)
@@ -461,15 +469,29 @@ func TestTakeoverResets(t *testing.T) {
 	if err := r.stop(h1); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "h2 to publish", func() bool { return h2.Metrics().FeedResets == 1 })
-	msgs := w.all()
-	last := msgs[len(msgs)-1]
-	var before uint64
-	for _, m := range msgs[:len(msgs)-1] {
-		before = max(before, m.Version)
+	// The first message of each publisher is a reset (prev 0).
+	var msgs []messages.RotationChanges
+	resets := func() (n int) {
+		msgs = w.all()
+		for _, m := range msgs {
+			if m.Prev == 0 {
+				n++
+			}
+		}
+		return n
 	}
-	if last.Prev != 0 || last.Version <= before || last.Size != 1 {
-		t.Fatalf("the new publisher's first message: %+v after version %d", last, before)
+	waitFor(t, "h2's first message", func() bool { return resets() == 2 })
+	if h2.Metrics().FeedResets != 1 {
+		t.Fatalf("h2's resets: %d", h2.Metrics().FeedResets)
+	}
+	var before uint64
+	for i, m := range msgs {
+		if m.Prev == 0 && i > 0 {
+			if m.Version <= before || m.Size != 1 || len(m.Changes) != 0 {
+				t.Fatalf("the new publisher's first message: %+v after version %d", m, before)
+			}
+		}
+		before = max(before, m.Version)
 	}
 	if pages, _ := readPages(t, r.nc, 0, nil); len(pages) != 1 {
 		t.Fatalf("pages after the takeover: %v", pages)
@@ -485,10 +507,17 @@ func TestHeartbeat(t *testing.T) {
 	h := r.start(health.Config{LeaseTTL: 600 * time.Millisecond})
 	waitPublishing(t, h)
 	r.publishFolded(h, event("p1", 1, messages.StateRunning, "198.18.100.1"))
-	waitFor(t, "a heartbeat", func() bool { return h.Metrics().FeedHeartbeats > 0 })
-	msgs := w.all()
-	hb := msgs[len(msgs)-1]
-	if hb.Prev != hb.Version || len(hb.Changes) != 0 || hb.Size != 1 {
+	var hb messages.RotationChanges
+	waitFor(t, "a heartbeat", func() bool {
+		for _, m := range w.all() {
+			if m.Prev == m.Version {
+				hb = m
+				return true
+			}
+		}
+		return false
+	})
+	if len(hb.Changes) != 0 || hb.Size != 1 || h.Metrics().FeedHeartbeats == 0 {
 		t.Fatalf("heartbeat %+v", hb)
 	}
 }
