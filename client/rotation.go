@@ -61,7 +61,10 @@ func (c *Client) rotationFromFeed(ctx context.Context) (messages.Rotation, error
 	defer func() { _ = sub.Unsubscribe() }()
 	// The subscription is the server's before the first page is asked
 	// for: no message after that page's version is missed.
-	if err := c.nc.FlushWithContext(ctx); err != nil {
+	fctx, cancel := context.WithTimeout(ctx, pageTimeout) // Flush wants a deadline
+	err = c.nc.FlushWithContext(fctx)
+	cancel()
+	if err != nil {
 		return messages.Rotation{}, fmt.Errorf("subscribe to %s: %w", c.subj.RotationChanges(), err)
 	}
 	state := map[string]messages.RotationEntry{}
