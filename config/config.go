@@ -251,6 +251,14 @@ type Health struct {
 	// probes do.
 	ReportInterval time.Duration `yaml:"report_interval"`
 	ReportRate     float64       `yaml:"report_rate"`
+	// SnapshotInterval is the least time between two snapshots of the
+	// whole rotation on <prefix>.rotation (each costs O(fleet) bytes);
+	// every change goes out at once on <prefix>.rotation.changes.
+	SnapshotInterval time.Duration `yaml:"snapshot_interval"`
+	// SnapshotMaxBytes is the largest snapshot sent whole (0: the NATS
+	// server's max_payload); a larger rotation is announced on
+	// <prefix>.rotation with a notice (truncated) instead.
+	SnapshotMaxBytes int `yaml:"snapshot_max_bytes"`
 }
 
 // Gateway is the one address the fleet's clients send traffic to (`proxyfleet
@@ -411,6 +419,7 @@ func (c *Config) SetDefaults() {
 	if hl.ReportRate == 0 {
 		hl.ReportRate = 20
 	}
+	setDur(&hl.SnapshotInterval, time.Second)
 	g := &c.Gateway
 	if g.Strategy == "" {
 		g.Strategy = "round-robin"

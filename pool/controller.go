@@ -161,9 +161,11 @@ func (c *Controller) Run(ctx context.Context) error {
 // bind waits until the streams and buckets the controller uses exist
 // (set-up makes them), then binds them.
 func (c *Controller) bind(ctx context.Context) error {
+	// The rotation is not among them: package rotation follows health's
+	// feed, which needs no stream.
 	names := []string{
 		messages.StreamPoolCommands, topology.BucketStream(messages.BucketPools), topology.BucketStream(messages.BucketLeases),
-		messages.StreamEvents, topology.BucketStream(messages.BucketRotation),
+		messages.StreamEvents,
 	}
 	for _, name := range names {
 		var since, logged time.Time

@@ -218,6 +218,8 @@ func healthConfig(c *config.Config, log *slog.Logger) health.Config {
 		OpenCheckInterval: c.Health.OpenCheckInterval,
 		ReportInterval:    c.Health.ReportInterval,
 		ReportRate:        c.Health.ReportRate,
+		SnapshotInterval:  c.Health.SnapshotInterval,
+		SnapshotMaxBytes:  c.Health.SnapshotMaxBytes,
 	}
 }
 

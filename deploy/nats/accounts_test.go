@@ -130,6 +130,9 @@ type op struct {
 	subject string // the subject a refusal names
 	body    string
 	sub     bool // subscribe to subject instead of requesting on it
+	// followed: subscribers that never answer may take what is
+	// published there (followers of the rotation's feed).
+	followed bool
 	// undo puts back what the op did when admin ran it.
 	undo func(t *testing.T, admin *conn)
 }
@@ -157,6 +160,12 @@ func (o op) do(t *testing.T, c *conn) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_, err := c.nc.RequestWithContext(ctx, o.subject, []byte(o.body))
+	if o.followed && errors.Is(err, context.DeadlineExceeded) {
+		// A follower (the pool controller follows the rotation's
+		// feed) took it without answering: done, unless the server
+		// refused it, which it has said by now.
+		return !c.refusedFor(o.subject)
+	}
 	return err == nil || errors.Is(err, nats.ErrNoResponders)
 }
 
@@ -245,6 +254,8 @@ var (
 	pubState = op{name: "publish a state event", subject: "proxy.state.intruder", body: "{}",
 		undo: undoPurgeSubject(messages.StreamEvents, "proxy.state.intruder")}
 	pubRotation = op{name: "publish the rotation", subject: "proxy.rotation", body: "{}"}
+	pubFeed     = op{name: "publish the rotation's feed", subject: "proxy.rotation.changes", body: "{}", followed: true}
+	subPages    = op{name: "answer the rotation's pages", subject: "proxy.rotation.get", sub: true}
 	pubCommand  = op{name: "publish a command", subject: "proxy.cmd.delete.intruder", body: `{"v":1,"id":"intruder"}`}
 	subWorker   = op{name: "subscribe to the worker's inbox", subject: "_INBOX_worker.>", sub: true}
 	subClient   = op{name: "subscribe to the client's inbox", subject: "_INBOX_client.>", sub: true}
@@ -265,11 +276,11 @@ var (
 
 var forbidden = map[string][]op{
 	"client": {rmIntake, rmWork, rmStream, purgeStream, addStream, editStream, addDurable, getCommand, getDesired,
-		directDesired, putRotation, putChecks, putDesired, pubState, pubRotation, subWorker, subHealth, subWork, putPool, rmPools, subPools},
+		directDesired, putRotation, putChecks, putDesired, pubState, pubRotation, pubFeed, subPages, subWorker, subHealth, subWork, putPool, rmPools, subPools},
 	"pools": {rmIntake, rmWork, rmPools, rmStream, purgeStream, addStream, editStream, addDurable, getCommand, putDesired, putRotation,
-		putChecks, putHost, putHealthLease, pubState, pubRotation, pubWork, subWorker, subClient, subHealth},
+		putChecks, putHost, putHealthLease, pubState, pubRotation, pubFeed, subPages, pubWork, subWorker, subClient, subHealth},
 	"worker": {rmIntake, rmWork, rmStream, purgeStream, addStream, editStream, addDurable, putRotation, putChecks, putLeases,
-		pubRotation, subClient, subHealth, putPool, rmPools},
+		pubRotation, pubFeed, subPages, subClient, subHealth, putPool, rmPools},
 	"health": {rmIntake, rmWork, rmStream, purgeStream, addStream, editStream, addDurable, putDesired, pubState,
 		pubCommand, subWorker, subClient, putPool},
 }
@@ -286,7 +297,8 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 	}
 
 	hc := s.connect("health")
-	h, err := health.New(hc.js, health.Config{Subjects: subj, HTTPAddr: health.NoHTTP, Logger: quiet, LeaseTTL: 3 * time.Second})
+	h, err := health.New(hc.js, health.Config{Subjects: subj, HTTPAddr: health.NoHTTP, Logger: quiet, LeaseTTL: 3 * time.Second,
+		SnapshotInterval: time.Millisecond}) // every version on the snapshot's subject too
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,12 +351,35 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	feed, err := cc.nc.SubscribeSync(subj.RotationChanges())
+	if err != nil {
+		t.Fatal(err)
+	}
 	clientWork(t, ctx, cl, "p1")
 	var snap messages.Rotation
 	poll.Until(t, "a rotation snapshot with p1 on "+subj.Rotation(), 20*time.Second, func() bool {
 		m, err := snapshots.NextMsg(10 * time.Millisecond)
 		return err == nil && json.Unmarshal(m.Data, &snap) == nil && len(snap.Proxies) == 1 && snap.Proxies[0].ID == "p1"
 	})
+	// The client follows the feed and reads the pages, which health
+	// answers to the client's inbox.
+	poll.Until(t, "p1 entering on "+subj.RotationChanges(), 20*time.Second, func() bool {
+		m, err := feed.NextMsg(10 * time.Millisecond)
+		if err != nil {
+			return false
+		}
+		c, err := messages.DecodeRotationChanges(m.Data)
+		return err == nil && len(c.Changes) > 0 && c.Changes[0].ID == "p1" && c.Changes[0].Op == messages.ChangeEntered
+	})
+	pm, err := cc.nc.Request(subj.RotationGet(), []byte(`{"v":1}`), 5*time.Second)
+	if err != nil {
+		t.Fatalf("a page of the rotation as client: %v (refusals: client %v, health %v)", err, cc.refusals(), hc.refusals())
+	}
+	// (p1 may be gone already: clientWork deletes it.)
+	if page, err := messages.DecodeRotationPage(pm.Data); err != nil || page.Version == 0 {
+		t.Fatalf("a page of the rotation as client: %+v %v", page, err)
+	}
+	_ = feed.Unsubscribe()
 
 	// The client (a gateway) reports p1; health, as health, takes the
 	// report (p1 is the sim driver's, never probed: "unknown").
