@@ -192,7 +192,85 @@ func lastOn[T any](ctx context.Context, c *Client, stream, subject string, into 
 // ListOption configures List.
 type ListOption func(*listOptions)
 
-type listOptions struct{ all bool }
+type listOptions struct {
+	all    bool
+	host   string
+	state  string
+	labels map[string]string
+	after  string
+	limit  int
+}
+
+// OnHost makes List return only the proxies on host (the host of their
+// latest event, else of their desired record).
+func OnHost(host string) ListOption { return func(o *listOptions) { o.host = host } }
+
+// InState makes List return only the proxies in state (Status.State:
+// provisioning, running, failed, deleting, deleted, or pending).
+func InState(state string) ListOption { return func(o *listOptions) { o.state = state } }
+
+// WithLabel makes List return only the proxies labelled key=value (in
+// their desired record, else their latest event). Several must all hold.
+func WithLabel(key, value string) ListOption {
+	return func(o *listOptions) {
+		if o.labels == nil {
+			o.labels = map[string]string{}
+		}
+		o.labels[key] = value
+	}
+}
+
+// Page makes List return at most limit proxies (0: no limit) whose ids sort
+// after after (empty: from the first): the next page starts after the last
+// id of this one.
+func Page(after string, limit int) ListOption {
+	return func(o *listOptions) { o.after, o.limit = after, limit }
+}
+
+// Host is the proxy's host: that of its latest event, else of its desired
+// record ("" when neither names one).
+func (s Status) Host() string {
+	if s.Event != nil && s.Event.Host != "" {
+		return s.Event.Host
+	}
+	if s.Desired != nil {
+		return s.Desired.Host
+	}
+	return ""
+}
+
+// Labels are the proxy's labels: its desired record's, else its latest
+// event's.
+func (s Status) Labels() map[string]string {
+	if s.Desired != nil {
+		return s.Desired.Labels
+	}
+	if s.Event != nil {
+		return s.Event.Labels
+	}
+	return nil
+}
+
+// keep reports whether s passes o's filters (not its page).
+func (o *listOptions) keep(s *Status) bool {
+	switch {
+	case !o.all && s.gone():
+		return false
+	case o.host != "" && s.Host() != o.host:
+		return false
+	case o.state != "" && s.State() != o.state:
+		return false
+	}
+	if len(o.labels) > 0 {
+		have := s.Labels()
+		for k, v := range o.labels {
+			if got, ok := have[k]; !ok || got != v {
+				return false
+			}
+		}
+	}
+	return true
+}
 
 // IncludeDeleted makes List return proxies deleted on purpose too. Desired
 // records are never removed (a delete leaves one behind), so by default List
@@ -202,7 +280,10 @@ func IncludeDeleted() ListOption { return func(o *listOptions) { o.all = true } 
 
 // List returns every proxy, sorted by id: the latest event and the latest
 // result of every proxy, joined with the keys of PROXY_DESIRED when this
-// user may read it (see Status.DesiredUnread). See IncludeDeleted.
+// user may read it (see Status.DesiredUnread). See IncludeDeleted, and
+// OnHost, InState, WithLabel and Page, which narrow what it returns (it
+// reads the same: the filters save printing and decoding output, not
+// reads).
 func (c *Client) List(ctx context.Context, opts ...ListOption) ([]Status, error) {
 	var o listOptions
 	for _, f := range opts {
@@ -263,12 +344,15 @@ func (c *Client) List(ctx context.Context, opts ...ListOption) ([]Status, error)
 
 	out := make([]Status, 0, len(byID))
 	for _, s := range byID {
-		if !o.all && s.gone() {
+		if (o.after != "" && s.ID <= o.after) || !o.keep(s) {
 			continue
 		}
 		out = append(out, *s)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	if o.limit > 0 && len(out) > o.limit {
+		out = out[:o.limit]
+	}
 	return out, nil
 }
 

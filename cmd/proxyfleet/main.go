@@ -20,7 +20,7 @@ Usage:
   proxyfleet create   ID [--host H] [--image I] [--cpus N] [--memory-mib M] [--label k=v] [--command-id C] [--wait]
   proxyfleet delete   ID [--command-id C] [--wait]
   proxyfleet get      ID
-  proxyfleet list     [--all]
+  proxyfleet list     [--all] [--host H] [--state S] [--label k=v]... [--after ID] [--limit N]
   proxyfleet watch    [--refresh 1s]
   proxyfleet rotation [--http URL]
   proxyfleet hosts

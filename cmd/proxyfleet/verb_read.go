@@ -35,27 +35,57 @@ func (*getCmd) run(ctx context.Context, in *invocation) error {
 	return in.output(st, func() error { return client.PrintStatus(in.stdout, st) })
 }
 
-// listCmd is `proxyfleet list`: the fleet's proxies.
-type listCmd struct{ all bool }
+// listCmd is `proxyfleet list`: the fleet's proxies, all or those that
+// pass its filters, a page at a time if asked.
+type listCmd struct {
+	all         bool
+	host, state string
+	labels      labelFlags
+	after       string
+	limit       int
+}
 
 func (l *listCmd) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&l.all, "all", false, "include deleted proxies")
+	fs.StringVar(&l.host, "host", "", "only the proxies on this host")
+	fs.StringVar(&l.state, "state", "", "only the proxies in this state (provisioning, running, failed, deleting, deleted, pending)")
+	l.labels = labelFlags{}
+	fs.Var(l.labels, "label", "only the proxies labelled `KEY=VALUE` (repeat: all must hold)")
+	fs.StringVar(&l.after, "after", "", "only the proxies whose ids sort after this one (the next page starts after the last id of a page)")
+	fs.IntVar(&l.limit, "limit", 0, "at most this many proxies (0: all); with more left, a line on stderr says where the next page starts")
 }
 
 func (*listCmd) timeout() time.Duration { return defaultTimeout }
 
 func (l *listCmd) run(ctx context.Context, in *invocation) error {
+	if l.limit < 0 {
+		fmt.Fprintf(in.stderr, "list: --limit %d: want 0 (all) or more\n", l.limit)
+		return exitError{2}
+	}
+	switch l.state {
+	case "", messages.StateProvisioning, messages.StateRunning, messages.StateFailed, messages.StateDeleting, messages.StateDeleted, "pending":
+	default:
+		fmt.Fprintf(in.stderr, "list: --state %q: want provisioning, running, failed, deleting, deleted or pending\n", l.state)
+		return exitError{2}
+	}
 	cl, err := in.client()
 	if err != nil {
 		return err
 	}
-	var opts []client.ListOption
-	if l.all {
+	opts := []client.ListOption{client.OnHost(l.host), client.InState(l.state), client.Page(l.after, 0)}
+	if l.all || l.state == messages.StateDeleted {
 		opts = append(opts, client.IncludeDeleted())
+	}
+	for k, v := range l.labels {
+		opts = append(opts, client.WithLabel(k, v))
 	}
 	sts, err := cl.List(ctx, opts...)
 	if err != nil {
 		return err
+	}
+	if l.limit > 0 && len(sts) > l.limit {
+		sts = sts[:l.limit]
+		fmt.Fprintf(in.stderr, "more proxies: the next page is --after %s\n", sts[len(sts)-1].ID)
 	}
 	return in.output(sts, func() error { return client.PrintStatusTable(in.stdout, sts) })
 }

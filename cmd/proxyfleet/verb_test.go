@@ -87,7 +87,7 @@ func TestClientVerbs(t *testing.T) {
 	want("a bad label", code == 2 && strings.HasPrefix(e, `invalid value "nokv" for flag -label: want key=value, got "nokv"`), o, e)
 	for verb, flags := range map[string][]string{
 		"create": {"-host", "-image", "-cpus", "-memory-mib", "-label", "-command-id", "-wait"},
-		"delete": {"-command-id", "-wait"}, "list": {"-all"}, "watch": {"-refresh"}, "rotation": {"-http"},
+		"delete": {"-command-id", "-wait"}, "list": {"-all", "-host", "-state", "-label", "-after", "-limit"}, "watch": {"-refresh"}, "rotation": {"-http"},
 		"get": {"-server", "-context", "-creds", "-nkey", "-user", "-password", "-tlsca", "-tlscert", "-tlskey", "-prefix", "-config", "-json", "-timeout"},
 	} {
 		o, e, code = cli(verb, "-h")
@@ -138,6 +138,22 @@ func TestClientVerbs(t *testing.T) {
 	o, e, code = cli("list")
 	want("list", code == 0 && strings.HasPrefix(o, "ID  DESIRED  STATE    HOST  ADDR             SOURCE  CHECK  SEQ  AGE  REASON\n") &&
 		strings.Contains(o, "\np1  -        running  h1    198.18.0.1:3128  sim     ok     2 "), o, e)
+	// list's filters and pages (p1 runs on h1; p3's create failed before
+	// any event: pending, on no host).
+	o, e, code = cli("list", "--state", "running")
+	want("list --state running", code == 0 && strings.Contains(o, "\np1 ") && !strings.Contains(o, "\np3 "), o, e)
+	o, e, code = cli("list", "--state", "pending", "--json")
+	var page []client.Status
+	want("list --state pending --json", code == 0 && json.Unmarshal([]byte(o), &page) == nil && len(page) == 1 && page[0].ID == "p3", o, e)
+	o, e, code = cli("list", "--host", "h1")
+	want("list --host h1", code == 0 && strings.Contains(o, "\np1 ") && !strings.Contains(o, "\np3 "), o, e)
+	o, e, code = cli("list", "--limit", "1")
+	want("list --limit 1", code == 0 && strings.Count(o, "\n") == 2 && strings.Contains(o, "\np1 ") &&
+		e == "more proxies: the next page is --after p1\n", o, e)
+	o, e, code = cli("list", "--limit", "1", "--after", "p1")
+	want("list --limit 1 --after p1", code == 0 && strings.Count(o, "\n") == 2 && strings.Contains(o, "\np3 ") && e == "", o, e)
+	o, e, code = cli("list", "--state", "up")
+	want("list --state up", code == 2 && strings.Contains(e, `--state "up"`), o, e)
 	kv, err := js.KeyValue(ctx, messages.BucketRotation)
 	if err != nil {
 		t.Fatal(err)
