@@ -65,7 +65,7 @@ var helps = map[string]helpText{
 		examples: []string{"proxyfleet get p1", "proxyfleet get p1 --json"},
 	},
 	"list": {
-		summary:  "list the fleet's proxies, all or those on a host, in a state or with labels, a page at a time if asked",
+		summary: "list the fleet's proxies, all or those on a host, in a state or with labels, a page at a time if asked",
 		examples: []string{"proxyfleet list", "proxyfleet list --all --json", "proxyfleet list --host h1 --state failed",
 			"proxyfleet list --label pool=eu --limit 100", "proxyfleet list --limit 100 --after p0099"},
 	},
