@@ -161,6 +161,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		ReadHeaderTimeout: g.cfg.HandshakeTimeout,
 		IdleTimeout:       g.cfg.IdleTimeout,
 		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+		BaseContext:       func(net.Listener) context.Context { return g.hard },
 	}
 	errc := make(chan error, 2)
 	var serving sync.WaitGroup
