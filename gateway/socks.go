@@ -107,8 +107,8 @@ func (g *Gateway) serveSocksConn(c net.Conn) (handed bool) {
 	if err != nil {
 		var re *socksRequestError
 		if errors.As(err, &re) {
-			_ = socksReply(c, re.code)
 			g.m.request(kindSocks, outcomeError).Inc()
+			_ = socksReply(c, re.code)
 		} else {
 			g.m.request(kindSocks, outcomeClientGone).Inc()
 		}
@@ -213,10 +213,11 @@ func (g *Gateway) socksAuth(c net.Conn) (*user, options, bool) {
 		offered = offered || m == socksAuthUserPW
 	}
 	if !offered {
-		// Never an open proxy: no method without a password.
-		_, _ = c.Write([]byte{socksVersion, socksNoMethod})
+		// Never an open proxy: no method without a password. (Counted
+		// first: the answer may be read before the count.)
 		g.m.request(kindSocks, outcomeAuth).Inc()
 		g.m.authFailures.WithLabelValues(kindSocks, authMissing).Inc()
+		_, _ = c.Write([]byte{socksVersion, socksNoMethod})
 		return nil, options{}, false
 	}
 	if _, err := c.Write([]byte{socksVersion, socksAuthUserPW}); err != nil {
@@ -243,7 +244,6 @@ func (g *Gateway) socksAuth(c net.Conn) (*user, options, bool) {
 	u, o, err := g.users.check(name, string(pw))
 	clear(b[:]) // the password leaves no copy of ours
 	if err != nil {
-		_, _ = c.Write([]byte{socksAuthVersion, socksAuthFailed})
 		if errors.Is(err, errAuth) {
 			g.m.request(kindSocks, outcomeAuth).Inc()
 			g.m.authFailures.WithLabelValues(kindSocks, authWrong).Inc()
@@ -251,6 +251,7 @@ func (g *Gateway) socksAuth(c net.Conn) (*user, options, bool) {
 			g.m.request(kindSocks, outcomeError).Inc()
 			g.log.Debug("gateway: SOCKS5 user options", "err", err)
 		}
+		_, _ = c.Write([]byte{socksAuthVersion, socksAuthFailed})
 		return nil, options{}, false
 	}
 	if _, err := c.Write([]byte{socksAuthVersion, socksAuthOK}); err != nil {
