@@ -174,6 +174,16 @@ func (g *Gateway) serveConnect(ctx context.Context, w http.ResponseWriter, r *ht
 		}
 	}
 	rw = nil
+	// A connection the lean path handed over: what is left of what it
+	// had read comes next; then the bare TCP connection (pump splices).
+	if pc, ok := client.(*prefixConn); ok {
+		if len(pc.prefix) > 0 {
+			if _, err := up.Write(pc.prefix); err != nil {
+				return fail(err)
+			}
+		}
+		client = pc.Conn
+	}
 	if len(leftover) > 0 {
 		if _, err := client.Write(leftover); err != nil {
 			return fail(err)

@@ -44,6 +44,21 @@ const (
 // serveSocks accepts SOCKS5 clients until ln is closed (stop closed
 // first: then it returns nil).
 func (g *Gateway) serveSocks(ln net.Listener, stop <-chan struct{}) error {
+	return g.accept(ln, stop, "SOCKS5", func(c net.Conn) {
+		g.track.add(c)
+		go func() {
+			if g.serveSocksConn(c) {
+				g.track.done() // c is the tunnel's now
+			} else {
+				g.track.done(c)
+			}
+		}()
+	})
+}
+
+// accept accepts connections on ln and hands each to serve until ln is
+// closed (stop closed first: then it returns nil).
+func (g *Gateway) accept(ln net.Listener, stop <-chan struct{}, name string, serve func(net.Conn)) error {
 	var delay time.Duration
 	for {
 		c, err := ln.Accept()
@@ -58,7 +73,7 @@ func (g *Gateway) serveSocks(ln net.Listener, stop <-chan struct{}) error {
 				// Out of descriptors, or the like: wait and go on, as
 				// net/http does.
 				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-				g.log.Warn("gateway: SOCKS5 accept", "err", err, "retry_in", delay)
+				g.log.Warn("gateway: "+name+" accept", "err", err, "retry_in", delay)
 				select {
 				case <-time.After(delay):
 				case <-stop:
@@ -69,14 +84,7 @@ func (g *Gateway) serveSocks(ln net.Listener, stop <-chan struct{}) error {
 			return err
 		}
 		delay = 0
-		g.track.add(c)
-		go func() {
-			if g.serveSocksConn(c) {
-				g.track.done() // c is the tunnel's now
-			} else {
-				g.track.done(c)
-			}
-		}()
+		serve(c)
 	}
 }
 

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"io"
 	"net"
 	"sync"
 )
@@ -12,18 +13,18 @@ type tracker struct {
 	n      int
 	idle   chan struct{} // made by wait while n > 0, closed when n gets to 0
 	closed bool          // closeAll ran: whatever registers now is closed at once
-	conns  map[net.Conn]struct{}
+	conns  map[io.Closer]struct{}
 }
 
 func newTracker() *tracker {
-	return &tracker{conns: map[net.Conn]struct{}{}}
+	return &tracker{conns: map[io.Closer]struct{}{}}
 }
 
 // closedChan is a closed channel: wait's answer while nothing runs.
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // add counts one more thing running, with its connections.
-func (t *tracker) add(conns ...net.Conn) {
+func (t *tracker) add(conns ...io.Closer) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.n++
@@ -38,7 +39,7 @@ func (t *tracker) add(conns ...net.Conn) {
 
 // done says one thing stopped; its connections are forgotten (their
 // owner closes them).
-func (t *tracker) done(conns ...net.Conn) {
+func (t *tracker) done(conns ...io.Closer) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, c := range conns {
@@ -63,6 +64,18 @@ func (t *tracker) wait() <-chan struct{} {
 		t.idle = make(chan struct{})
 	}
 	return t.idle
+}
+
+// closeIdle closes the lean path's client connections that wait for a
+// request (the drain's start).
+func (t *tracker) closeIdle() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for c := range t.conns {
+		if cc, ok := c.(*clientConn); ok {
+			cc.closeIfIdle()
+		}
+	}
 }
 
 // closeAll closes every connection held, and any registered later.

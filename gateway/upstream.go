@@ -74,6 +74,8 @@ func (g *Gateway) classify(err error) *upstreamError {
 	}
 	var ne net.Error
 	switch {
+	case errors.Is(err, errResponseTimeout):
+		return &upstreamError{causeTimeout, errResponseTimeout.Error()}
 	case errors.As(err, &ne) && ne.Timeout() && strings.Contains(err.Error(), "awaiting response headers"):
 		// http.Transport's ResponseHeaderTimeout: no other way to tell it.
 		return &upstreamError{causeTimeout, "no answer within the response timeout"}
@@ -226,6 +228,9 @@ func (g *Gateway) attempts(ctx context.Context, kind string, o options, try func
 		}
 		if ctx.Err() != nil {
 			return p, ctx.Err()
+		}
+		if errors.Is(err, errClientLeft) {
+			return p, err // nobody's failure
 		}
 		var ta *targetAnswer
 		if errors.As(err, &ta) {
