@@ -203,25 +203,28 @@ func trimOWS(b []byte) []byte {
 	return b
 }
 
-// parse parses raw (a whole head, CRLF CRLF included). request: the
-// first line is a request line, else a status line.
+// parse parses raw (a whole head, its empty line included). request:
+// the first line is a request line, and the head is taken strictly
+// (CRLF line ends, no obs-fold: what is not goes to the slow path);
+// else a status line, taken as http.Transport does (LF line ends too,
+// obs-fold unfolded in place to spaces, RFC 9112 5.2).
 func (h *head) parse(raw []byte, request bool) error {
 	*h = head{fields: h.fields[:0], length: -1}
-	eol := bytes.Index(raw, crlf)
-	if eol < 0 {
+	if !request {
+		unfold(raw)
+	}
+	line, rest, ok := nextLine(raw, request)
+	if !ok {
 		return errHeadSyntax
 	}
-	if err := h.parseFirst(raw[:eol], request); err != nil {
+	if err := h.parseFirst(line, request); err != nil {
 		return err
 	}
-	rest := raw[eol+2:]
 	for {
-		eol := bytes.Index(rest, crlf)
-		if eol < 0 {
+		line, rest, ok = nextLine(rest, request)
+		if !ok {
 			return errHeadSyntax
 		}
-		line := rest[:eol]
-		rest = rest[eol+2:]
 		if len(line) == 0 {
 			break
 		}
@@ -240,7 +243,10 @@ func (h *head) parse(raw []byte, request bool) error {
 		h.fields = append(h.fields, f)
 	}
 	if h.chunked && h.length >= 0 {
-		return errHeadFraming // RFC 9112 6.3: either, never both
+		if request {
+			return errHeadFraming // RFC 9112 6.3: either, never both
+		}
+		h.length = -1 // an answer's chunked wins (as http.Transport)
 	}
 	if h.nTokens > 0 {
 		for i := range h.fields {
@@ -255,7 +261,38 @@ func (h *head) parse(raw []byte, request bool) error {
 	return nil
 }
 
-var crlf = []byte("\r\n")
+// nextLine cuts b's first line (its CRLF, or LF unless strict, off).
+func nextLine(b []byte, strict bool) (line, rest []byte, ok bool) {
+	i := bytes.IndexByte(b, '\n')
+	if i < 0 {
+		return nil, nil, false
+	}
+	line, rest = b[:i], b[i+1:]
+	if len(line) > 0 && line[len(line)-1] == '\r' {
+		line = line[:len(line)-1]
+	} else if strict {
+		return nil, nil, false
+	}
+	return line, rest, true
+}
+
+// unfold turns every obs-fold (a line end followed by SP or HTAB) of a
+// head into spaces.
+func unfold(raw []byte) {
+	for i := bytes.IndexByte(raw, '\n'); i >= 0 && i+1 < len(raw); {
+		if raw[i+1] == ' ' || raw[i+1] == '\t' {
+			raw[i] = ' '
+			if i > 0 && raw[i-1] == '\r' {
+				raw[i-1] = ' '
+			}
+		}
+		j := bytes.IndexByte(raw[i+1:], '\n')
+		if j < 0 {
+			return
+		}
+		i += 1 + j
+	}
+}
 
 func (h *head) parseFirst(line []byte, request bool) error {
 	sp1 := bytes.IndexByte(line, ' ')
@@ -382,21 +419,21 @@ func parseLength(v []byte) (int64, bool) {
 
 // peekHead waits for a whole head in br's buffer and returns it (not
 // consumed: br.Discard(len) once done with it). errHeadTooLarge when it
-// does not fit the buffer; errHeadSyntax for a bare LF line end (which
-// this parser does not take). beforeWait (if not nil) runs once, before
-// the first wait for more of a head begun.
-func peekHead(br *bufio.Reader, beforeWait func() error) ([]byte, error) {
+// does not fit the buffer. strict: a bare LF line end is errHeadSyntax
+// (a request's; an answer's may end its lines so). beforeWait (if not
+// nil) runs once, before the first wait for more of a head begun.
+func peekHead(br *bufio.Reader, strict bool, beforeWait func() error) ([]byte, error) {
 	for {
 		buf, _ := br.Peek(br.Buffered())
-		if i := bytes.Index(buf, []byte("\n\r\n")); i >= 0 {
-			raw := buf[:i+3]
-			if bytes.Contains(raw[:i+1], []byte("\n\n")) || i == 0 || raw[i-1] != '\r' {
-				return nil, errHeadSyntax
-			}
-			return raw, nil
-		}
-		if bytes.Contains(buf, []byte("\n\n")) || len(buf) > 0 && buf[0] == '\n' {
+		i := bytes.Index(buf, []byte("\n\r\n"))
+		j := bytes.Index(buf, []byte("\n\n"))
+		switch {
+		case strict && (j >= 0 && (i < 0 || j < i) || i == 0 || i > 0 && buf[i-1] != '\r'):
 			return nil, errHeadSyntax
+		case j >= 0 && (i < 0 || j < i):
+			return buf[:j+2], nil
+		case i >= 0:
+			return buf[:i+3], nil
 		}
 		if len(buf) == br.Size() {
 			return nil, errHeadTooLarge
@@ -416,8 +453,8 @@ func peekHead(br *bufio.Reader, beforeWait func() error) ([]byte, error) {
 	}
 }
 
-// readLongHead reads a head that does not fit br's buffer, line by line,
-// into *acc (up to limit bytes), and consumes it.
+// readLongHead reads an answer's head that does not fit br's buffer,
+// line by line, into *acc (up to limit bytes), and consumes it.
 func readLongHead(br *bufio.Reader, acc *[]byte, limit int) ([]byte, error) {
 	b := (*acc)[:0]
 	lineStart := 0
@@ -434,11 +471,8 @@ func readLongHead(br *bufio.Reader, acc *[]byte, limit int) ([]byte, error) {
 		case err != nil:
 			return nil, err
 		}
-		l := b[lineStart:]
-		if len(l) < 2 || l[len(l)-2] != '\r' {
-			return nil, errHeadSyntax
-		}
-		if len(l) == 2 && lineStart > 0 {
+		l := bytes.TrimSuffix(b[lineStart:len(b)-1], []byte{'\r'}) // LF line ends too (an answer's)
+		if len(l) == 0 && lineStart > 0 {
 			return b, nil
 		}
 		lineStart = len(b)

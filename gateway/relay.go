@@ -327,7 +327,7 @@ func (cc *clientConn) readAnswerHead(uc *upConn, st *relayState) error {
 	}
 	for {
 		st.headLen = 0
-		raw, err := peekHead(uc.br, nil)
+		raw, err := peekHead(uc.br, false, nil)
 		if errors.Is(err, errHeadTooLarge) {
 			raw, err = readLongHead(uc.br, &cc.acc, maxResponseHead)
 		} else if err == nil {

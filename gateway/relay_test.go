@@ -171,6 +171,11 @@ func TestLeanAnswerFraming(t *testing.T) {
 		"/hop":     "HTTP/1.1 200 OK\r\nConnection: X-Secret\r\nX-Secret: 1\r\nKeep-Alive: timeout=5\r\nX-Proxyfleet-Proxy: fake\r\nProxy-Authenticate: Basic\r\nContent-Length: 2\r\n\r\nok",
 		"/close":   "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil close",
 		"/reason":  "HTTP/1.1 599 Odd Reason Here\r\nContent-Length: 0\r\n\r\n",
+		// Taken as http.Transport takes them: LF line ends, obs-fold,
+		// chunked with a length (chunked wins).
+		"/lf":   "HTTP/1.1 200 OK\nX-L: 1\nContent-Length: 2\n\nok",
+		"/fold": "HTTP/1.1 200 OK\r\nX-F: a\r\n b\r\nContent-Length: 2\r\n\r\nok",
+		"/both": "HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
 	}
 	up := newScriptProxy(t, func(c net.Conn, r *seenRequest) bool {
 		path := strings.TrimPrefix(r.uri, "http://t.example")
@@ -219,6 +224,13 @@ func TestLeanAnswerFraming(t *testing.T) {
 	if r := check("GET", "/reason", 599, ""); r.Status != "599 Odd Reason Here" {
 		t.Fatalf("status line %q", r.Status)
 	}
+	if r := check("GET", "/lf", 200, "ok"); r.Header.Get("X-L") != "1" {
+		t.Fatalf("/lf: %v", r.Header)
+	}
+	if r := check("GET", "/fold", 200, "ok"); strings.Join(strings.Fields(r.Header.Get("X-F")), " ") != "a b" {
+		t.Fatalf("/fold: %q", r.Header.Get("X-F"))
+	}
+	check("GET", "/both", 200, "ok")
 	// Until the proxy closes: chunked to the client, whose connection
 	// goes on.
 	check("GET", "/close", 200, "until close")
@@ -227,7 +239,7 @@ func TestLeanAnswerFraming(t *testing.T) {
 	if conns != 2 {
 		t.Fatalf("the proxy saw %d connections, want 2 (kept alive but after the answer until close)", conns)
 	}
-	poll.Until(t, "10 answers counted ok", 10*time.Second, func() bool { return requests(g, kindHTTP, outcomeOK) == 10 })
+	poll.Until(t, "13 answers counted ok", 10*time.Second, func() bool { return requests(g, kindHTTP, outcomeOK) == 13 })
 }
 
 func TestLeanRequestForwarding(t *testing.T) {

@@ -171,7 +171,7 @@ func (cc *clientConn) serve() {
 		if !cc.state.CompareAndSwap(connIdle, connActive) {
 			return // closed by the drain
 		}
-		raw, err := peekHead(cc.br, func() error {
+		raw, err := peekHead(cc.br, true, func() error {
 			cc.idleUntil = time.Time{}
 			return cc.c.SetReadDeadline(time.Now().Add(g.cfg.HandshakeTimeout))
 		})
