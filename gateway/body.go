@@ -336,8 +336,9 @@ func (cc *clientConn) answer(st *relayState) (keep bool) {
 		return false
 	}
 	g.m.request(kindHTTP, outcomeOK).Inc()
+	cc.lastEnd = time.Now()
 	if upKeep {
-		g.pool.put(uc, time.Now())
+		g.pool.put(uc, cc.lastEnd)
 	} else {
 		uc.c.Close()
 	}

@@ -11,8 +11,8 @@ import (
 
 // connect answers a CONNECT on the lean path: a tunnel through a proxy,
 // as serveConnect does on the slow one. keep: the connection goes on
-// (an answer but 200); tunneled: it became a tunnel, run by this
-// goroutine and one more, and ended.
+// (an answer but 200); tunneled: it became a tunnel, which runs on in
+// goroutines of its own.
 func (cc *clientConn) connect(raw []byte) (keep, tunneled bool) {
 	g := cc.g
 	cc.headLen = len(raw)
@@ -102,8 +102,10 @@ func (cc *clientConn) connect(raw []byte) (keep, tunneled bool) {
 		u.release()
 		g.m.flight(kindConnect).Dec()
 	}}
+	// The tunnel runs in goroutines of its own: this one's stack, grown
+	// by the request, goes (an idle tunnel costs two small stacks).
 	g.track.add(cc.c, up)
-	t.run()
+	go t.run()
 	return false, true
 }
 

@@ -240,8 +240,9 @@ func (cc *clientConn) try(req []byte, st *relayState) (retryable bool, err error
 	g := cc.g
 	for attempt := 0; ; attempt++ {
 		var uc *upConn
+		now := time.Now()
 		if attempt == 0 {
-			uc = g.pool.get(st.p.Addr, time.Now(), !cc.replayable())
+			uc = g.pool.get(st.p.Addr, now, !cc.replayable())
 		}
 		if uc == nil {
 			c, err := g.dial(g.hard, st.p.Addr)
@@ -249,12 +250,13 @@ func (cc *clientConn) try(req []byte, st *relayState) (retryable bool, err error
 				return st.upBytes == 0, err
 			}
 			uc = newUpConn(c, st.p.Addr)
+			now = time.Now() // (the clock is read once a request, but after a dial)
 		}
 		cc.use(uc)
 		uc.client.Store(cc)
 		err = cc.send(uc, req, st)
 		if err == nil {
-			err = cc.readAnswerHead(uc, st)
+			err = cc.readAnswerHead(uc, st, now)
 		}
 		if err == nil {
 			st.uc = uc
@@ -321,8 +323,8 @@ func (cc *clientConn) send(uc *upConn, req []byte, st *relayState) error {
 
 // readAnswerHead reads the proxy's answer's head into cc.rh (1xx
 // interim answers skipped), within the response timeout.
-func (cc *clientConn) readAnswerHead(uc *upConn, st *relayState) error {
-	if err := uc.arm(time.Now(), cc.g.cfg.ResponseTimeout, st.sender != nil); err != nil {
+func (cc *clientConn) readAnswerHead(uc *upConn, st *relayState, now time.Time) error {
+	if err := uc.arm(now, cc.g.cfg.ResponseTimeout, st.sender != nil); err != nil {
 		return err
 	}
 	for {

@@ -60,6 +60,7 @@ type clientConn struct {
 	acc []byte // a head too large for a reader's buffer
 
 	idleUntil time.Time // the read deadline set for the next request
+	lastEnd   time.Time // when the last answer ended (zero: not known)
 
 	// The last credential that passed, and what it gave: a connection
 	// sends the same one with every request.
@@ -156,8 +157,12 @@ func (cc *clientConn) serve() {
 		}
 		if cc.br.Buffered() == 0 {
 			// The deadline is set again only once it is more than a
-			// slack older than IdleTimeout (setting it costs).
-			now := time.Now()
+			// slack older than IdleTimeout (setting it costs; so does
+			// reading the clock: the last answer's end is taken).
+			now := cc.lastEnd
+			if now.IsZero() {
+				now = time.Now()
+			}
 			if cc.idleUntil.Sub(now) < g.cfg.IdleTimeout-min(time.Second, g.cfg.IdleTimeout/8) {
 				cc.idleUntil = now.Add(g.cfg.IdleTimeout)
 				if cc.c.SetReadDeadline(cc.idleUntil) != nil {
@@ -168,6 +173,7 @@ func (cc *clientConn) serve() {
 				return
 			}
 		}
+		cc.lastEnd = time.Time{}
 		if !cc.state.CompareAndSwap(connIdle, connActive) {
 			return // closed by the drain
 		}
@@ -187,10 +193,9 @@ func (cc *clientConn) serve() {
 		case err != nil:
 			return // the client left, or its head's time ran out
 		case string(cc.h.line[0]) == http.MethodConnect:
-			var tunneled bool
-			keep, tunneled = cc.connect(raw)
-			if tunneled {
-				return
+			keep, handed = cc.connect(raw)
+			if handed {
+				return // the tunnel's now
 			}
 		case hasPrefixHTTP(cc.h.line[1]):
 			keep, handed = cc.plain(raw)
