@@ -26,6 +26,10 @@ const (
 	// the client is still there (and whether the response timeout ran
 	// out): the read deadline of the proxy's connection.
 	pollEvery = 250 * time.Millisecond
+	// bodyPollEvery is the same while an answer's body is awaited (a
+	// stream may idle for long: a write to a client that left fails
+	// anyway once the proxy sends more).
+	bodyPollEvery = 5 * time.Second
 	// upReadSize is the buffer an answer's head and chunks are read with.
 	upReadSize = 8 << 10
 )
@@ -83,7 +87,11 @@ func (u *upConn) Read(p []byte) (int, error) {
 		if cc := u.client.Load(); cc != nil && cc.gone() {
 			return n, errClientLeft
 		}
-		if err := u.setDeadline(now.Add(pollEvery)); err != nil {
+		every := pollEvery
+		if u.limit.Load() == 0 {
+			every = bodyPollEvery
+		}
+		if err := u.setDeadline(now.Add(every)); err != nil {
 			return n, err
 		}
 	}
