@@ -172,8 +172,8 @@ gateway:
 		"so the hop costs %.0f µs on top of the straight path's %.0f: a ratio of %.2f where the cores are what limits the rate (0.8 allows the hop %.0f µs). "+
 		"Of the gateway's share its own work (parsing, the credential check, the pick, relaying; nothing allocated a request) is about a tenth (its CPU profile); "+
 		"the rest is the hop's two socket writes and two reads and, above all, Go's poller and scheduler: each wait for the client or the proxy parks a goroutine (a read that finds nothing, an epoll wait, a thread woken). "+
-		"A bare TCP relay on goroutines in the gateway's place costs as much (`go run ./internal/tools/hopcost -hop io`: 24-32 µs a request on this machine, 2026-12); "+
-		"one on an epoll loop of its own, without Go's poller (-hop epoll: 15-18 µs, ratio 0.83-0.93), shows what a gateway on such a loop, its HTTP work on top, could come to.",
+		"A bare TCP relay on goroutines in the gateway's place costs as much (`go run ./internal/tools/hopcost -hop io`: 23-32 µs a request on this machine, 2026-12); "+
+		"one on an epoll loop of its own, without Go's poller and scheduler (-hop epoll), 13-18 µs, and it adds little to this process's share: what a gateway on such a loop, its HTTP work on top, might come to.",
 		gwCPU, viaCPU, directCPU, hop, directCPU, directCPU/(directCPU+hop), directCPU/4)
 	lat := figure{Key: "gateway_added_p99_ms", Section: "gateway", Value: median(added), Unit: "ms", Target: atMost(1), Runs: added,
 		Ours: fmt.Sprintf("p99 %.3f ms through the gateway (median)", median(p99Via)),
