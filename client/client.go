@@ -168,6 +168,21 @@ func (c *Client) send(ctx context.Context, op, id string, body []byte, commandID
 	if err := checkToken(id); err != nil {
 		return Outcome{}, err
 	}
+	return c.sendTo(ctx, target{op: op, id: id, subject: c.subj.Command(op, id), result: c.subj.Result(id), stream: messages.StreamCommands},
+		body, commandID, wait)
+}
+
+// target is where a command goes and where it is answered: a proxy's
+// command to PROXY_CMDS, answered on <prefix>.result.<id>; a pool's to
+// PROXY_POOLCMDS, answered on <prefix>.result.pool.<name>.
+type target struct {
+	op, id          string
+	subject, result string
+	stream          string
+}
+
+func (c *Client) sendTo(ctx context.Context, tg target, body []byte, commandID string, wait bool) (Outcome, error) {
+	op, id := tg.op, tg.id
 	if commandID == "" {
 		commandID = nuid.Next()
 	}
@@ -177,7 +192,7 @@ func (c *Client) send(ctx context.Context, op, id string, body []byte, commandID
 	if wait {
 		// Subscribe before publishing, so no answer can slip past.
 		var err error
-		if sub, err = c.nc.SubscribeSync(c.subj.Result(id)); err != nil {
+		if sub, err = c.nc.SubscribeSync(tg.result); err != nil {
 			return out, fmt.Errorf("subscribe to results of %s: %w", id, err)
 		}
 		defer func() { _ = sub.Unsubscribe() }()
@@ -185,12 +200,12 @@ func (c *Client) send(ctx context.Context, op, id string, body []byte, commandID
 		_ = sub.SetPendingLimits(-1, -1)
 	}
 
-	m := nats.NewMsg(c.subj.Command(op, id))
+	m := nats.NewMsg(tg.subject)
 	m.Data = body
 	m.Header.Set(jetstream.MsgIDHeader, commandID)
-	ack, err := c.js.PublishMsg(ctx, m, jetstream.WithExpectStream(messages.StreamCommands))
+	ack, err := c.js.PublishMsg(ctx, m, jetstream.WithExpectStream(tg.stream))
 	if errors.Is(err, jetstream.ErrNoStreamResponse) {
-		return out, fmt.Errorf("publish %s of %s: no stream answered (is %s there: has `proxyfleet setup` run?): %w", op, id, messages.StreamCommands, err)
+		return out, fmt.Errorf("publish %s of %s: no stream answered (is %s there: has `proxyfleet setup` run?): %w", op, id, tg.stream, err)
 	}
 	if err != nil {
 		return out, fmt.Errorf("publish %s of %s: %w", op, id, err)
@@ -228,7 +243,7 @@ func (c *Client) send(ctx context.Context, op, id string, body []byte, commandID
 	if out.Duplicate {
 		// The command was stored before: its answers may be on record
 		// already and will not be published again.
-		past, err := c.pastResults(ctx, id)
+		past, err := c.pastResults(ctx, tg.result, id)
 		if err != nil {
 			return out, err
 		}
@@ -248,7 +263,7 @@ func (c *Client) send(ctx context.Context, op, id string, body []byte, commandID
 		msg, err := sub.NextMsgWithContext(wctx)
 		cancel()
 		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			if past, err := c.pastResults(ctx, id); err == nil {
+			if past, err := c.pastResults(ctx, tg.result, id); err == nil {
 				for _, r := range past {
 					if take(r) {
 						return out, reused
@@ -279,10 +294,11 @@ func (c *Client) send(ctx context.Context, op, id string, body []byte, commandID
 	}
 }
 
-// pastResults reads every result on record for id from PROXY_RESULTS.
-func (c *Client) pastResults(ctx context.Context, id string) ([]messages.Result, error) {
+// pastResults reads every result on record for id (on subject) from
+// PROXY_RESULTS.
+func (c *Client) pastResults(ctx context.Context, subject, id string) ([]messages.Result, error) {
 	var out []messages.Result
-	err := c.readStream(ctx, messages.StreamResults, c.subj.Result(id), jetstream.DeliverAllPolicy, func(m jetstream.Msg) {
+	err := c.readStream(ctx, messages.StreamResults, subject, jetstream.DeliverAllPolicy, func(m jetstream.Msg) {
 		var r messages.Result
 		if json.Unmarshal(m.Data(), &r) == nil {
 			out = append(out, r)

@@ -34,6 +34,7 @@ var (
 		"$JS.API.STREAM.INFO.KV_PROXY_CHECKS", "$JS.API.DIRECT.GET.KV_PROXY_CHECKS.>",
 		"$JS.API.CONSUMER.CREATE.KV_PROXY_CHECKS.>", "$JS.API.CONSUMER.DELETE.KV_PROXY_CHECKS.*",
 		"$JS.FC.KV_PROXY_CHECKS.>",
+		"proxy.rotation.get",
 	}
 	ClientRoleDeny = []string{
 		"$JS.API.STREAM.CREATE.>", "$JS.API.STREAM.UPDATE.>", "$JS.API.STREAM.DELETE.>",
@@ -41,8 +42,9 @@ var (
 		"$JS.API.CONSUMER.DELETE.PROXY_CMDS.>", "$JS.API.CONSUMER.DELETE.PROXY_WORK.>",
 		"$JS.API.STREAM.MSG.GET.PROXY_CMDS", "$JS.API.DIRECT.GET.PROXY_CMDS", "$JS.API.DIRECT.GET.PROXY_CMDS.>",
 		"$JS.API.STREAM.MSG.GET.KV_PROXY_DESIRED", "$JS.API.DIRECT.GET.KV_PROXY_DESIRED", "$JS.API.DIRECT.GET.KV_PROXY_DESIRED.>",
+		"proxy.rotation", "proxy.rotation.changes",
 	}
-	ClientRoleSubscribe = []string{"proxy.result.>", "proxy.state.>", "proxy.rotation", "_INBOX_client.>"}
+	ClientRoleSubscribe = []string{"proxy.result.>", "proxy.state.>", "proxy.rotation", "proxy.rotation.changes", "_INBOX_client.>"}
 )
 
 // TestClientRolePermissions runs every client verb as a user limited to the

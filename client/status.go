@@ -325,7 +325,8 @@ func (c *Client) checks(ctx context.Context) (map[string]*messages.CheckRecord, 
 func (c *Client) latestResults(ctx context.Context) (map[string]*messages.Result, error) {
 	out := map[string]*messages.Result{}
 	prefix := c.subj.Prefix + ".result."
-	err := c.readStream(ctx, messages.StreamResults, c.subj.ResultAll(), jetstream.DeliverLastPerSubjectPolicy, func(m jetstream.Msg) {
+	// Proxies' results only: a pool's are on result.pool.<name>.
+	err := c.readStream(ctx, messages.StreamResults, c.subj.ResultProxies(), jetstream.DeliverLastPerSubjectPolicy, func(m jetstream.Msg) {
 		var r messages.Result
 		if json.Unmarshal(m.Data(), &r) != nil {
 			return

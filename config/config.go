@@ -23,6 +23,7 @@ type Config struct {
 	Worker       Worker  `yaml:"worker"`
 	Health       Health  `yaml:"health"`
 	Gateway      Gateway `yaml:"gateway"`
+	Pools        Pools   `yaml:"pools"`
 }
 
 // NATS says how to reach the NATS system. An empty URL means the embedded
@@ -176,7 +177,8 @@ type Worker struct {
 	// the default, 20, is a KVM host's default room: a burst of creates
 	// that fills a host boots at once instead of in waves.
 	Concurrency int `yaml:"concurrency"`
-	// DrainTimeout bounds the graceful stop.
+	// DrainTimeout bounds the graceful stop, the whole of it (work in
+	// flight, handing the hosts over), whether NATS answers or not.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
 	// CheckInterval is how often a worker checks that its consumers exist
 	// and are consumed (it also checks at once when a consume reports an
@@ -249,6 +251,14 @@ type Health struct {
 	// probes do.
 	ReportInterval time.Duration `yaml:"report_interval"`
 	ReportRate     float64       `yaml:"report_rate"`
+	// SnapshotInterval is the least time between two snapshots of the
+	// whole rotation on <prefix>.rotation (each costs O(fleet) bytes);
+	// every change goes out at once on <prefix>.rotation.changes.
+	SnapshotInterval time.Duration `yaml:"snapshot_interval"`
+	// SnapshotMaxBytes is the largest snapshot sent whole (0: the NATS
+	// server's max_payload); a larger rotation is announced on
+	// <prefix>.rotation with a notice (truncated) instead.
+	SnapshotMaxBytes int `yaml:"snapshot_max_bytes"`
 }
 
 // Gateway is the one address the fleet's clients send traffic to (`proxyfleet
@@ -409,6 +419,7 @@ func (c *Config) SetDefaults() {
 	if hl.ReportRate == 0 {
 		hl.ReportRate = 20
 	}
+	setDur(&hl.SnapshotInterval, time.Second)
 	g := &c.Gateway
 	if g.Strategy == "" {
 		g.Strategy = "round-robin"
@@ -424,6 +435,7 @@ func (c *Config) SetDefaults() {
 			g.Users[i].MaxConns = 256
 		}
 	}
+	c.Pools.setDefaults()
 }
 
 // defaultMaxProxies is a host's room by driver: what a KVM host of modest

@@ -66,6 +66,7 @@ func (c *Config) Validate() error {
 		{"health.lease_ttl", c.Health.LeaseTTL},
 		{"health.open_check_interval", c.Health.OpenCheckInterval},
 		{"health.report_interval", c.Health.ReportInterval},
+		{"health.snapshot_interval", c.Health.SnapshotInterval},
 		{"gateway.connect_timeout", c.Gateway.ConnectTimeout},
 		{"gateway.response_timeout", c.Gateway.ResponseTimeout},
 		{"gateway.cooldown", c.Gateway.Cooldown},
@@ -200,10 +201,19 @@ func (c *Config) Validate() error {
 			return bad("health.target", "%q: want http(s)://host[:port]/path", t)
 		}
 	}
+	if c.Health.SnapshotInterval > time.Hour {
+		return bad("health.snapshot_interval", "%s is longer than an hour: subscribers of the snapshot would wait that long for a change", c.Health.SnapshotInterval)
+	}
+	if m := c.Health.SnapshotMaxBytes; m < 0 || (m > 0 && m < 4096) {
+		return bad("health.snapshot_max_bytes", "%d: want 0 (the server's max_payload) or at least 4096", m)
+	}
 	if r := c.Health.ReportRate; r < 0 || r > 10000 {
 		return bad("health.report_rate", "%g is out of range [0, 10000] (probes a second)", r)
 	}
 	if err := c.Gateway.validate(); err != nil {
+		return err
+	}
+	if err := c.Pools.validate(); err != nil {
 		return err
 	}
 	if l := c.Health.ProbeListen; l != "" {

@@ -120,7 +120,7 @@ func readManifests(t *testing.T) manifests {
 
 // k8sRoles: each Deployment's role (its name proxyfleet-<role>, its first
 // argument) and the accounts.conf user it connects as.
-var k8sRoles = []struct{ role, natsUser string }{{"setup", "admin"}, {"worker", "worker"}, {"health", "health"}}
+var k8sRoles = []struct{ role, natsUser string }{{"setup", "admin"}, {"worker", "worker"}, {"health", "health"}, {"pools", "pools"}}
 
 // dockerUser is the final stage's USER of the Dockerfile, uid and gid.
 func dockerUser(t *testing.T) (uid, gid int64) {
@@ -380,7 +380,7 @@ func checkK8sSelectors(t *testing.T, m manifests) {
 					if sp.Name != ep.Port {
 						continue
 					}
-					for _, r := range []string{"worker", "health"} {
+					for _, r := range []string{"worker", "health", "pools"} {
 						if !selects(t, &metav1.LabelSelector{MatchLabels: s.Spec.Selector}, podLabels(r)) {
 							continue
 						}
@@ -393,7 +393,7 @@ func checkK8sSelectors(t *testing.T, m manifests) {
 			}
 		}
 	}
-	if !scraped["worker"] || !scraped["health"] {
-		t.Errorf("the ServiceMonitor scrapes /metrics of %v, want worker and health", scraped)
+	if !scraped["worker"] || !scraped["health"] || !scraped["pools"] {
+		t.Errorf("the ServiceMonitor scrapes /metrics of %v, want worker, health and pools", scraped)
 	}
 }

@@ -33,10 +33,10 @@ type startFixture struct {
 func newStartFixture(t *testing.T) startFixture {
 	t.Helper()
 	f := startFixture{passwords: map[string]string{}}
-	for _, u := range []string{"admin", "client", "worker", "health", "sys"} {
+	for _, u := range []string{"admin", "client", "worker", "health", "pools", "sys"} {
 		f.passwords[u] = u + "-secret"
 	}
-	for _, u := range []string{"admin", "client", "worker", "health"} {
+	for _, u := range []string{"admin", "client", "worker", "health", "pools"} {
 		t.Setenv("PROXYFLEET_"+strings.ToUpper(u)+"_PASSWORD", f.passwords[u])
 	}
 	t.Setenv("NATS_SYS_PASSWORD", f.passwords["sys"])

@@ -71,6 +71,7 @@ var roleUnits = []struct{ role, file, natsUser string }{
 	{"worker", "proxyfleet-worker.service", "worker"},
 	{"health", "proxyfleet-health.service", "health"},
 	{"setup", "proxyfleet-setup.service", "admin"},
+	{"pools", "proxyfleet-pools.service", "pools"},
 }
 
 const binPath = "/usr/local/bin/proxyfleet"
@@ -79,7 +80,7 @@ const binPath = "/usr/local/bin/proxyfleet"
 // loader and returns its users.
 func accountsUsers(t *testing.T) map[string]bool {
 	t.Helper()
-	for _, k := range []string{"PROXYFLEET_ADMIN_PASSWORD", "PROXYFLEET_CLIENT_PASSWORD", "PROXYFLEET_WORKER_PASSWORD", "PROXYFLEET_HEALTH_PASSWORD", "NATS_SYS_PASSWORD"} {
+	for _, k := range []string{"PROXYFLEET_ADMIN_PASSWORD", "PROXYFLEET_CLIENT_PASSWORD", "PROXYFLEET_WORKER_PASSWORD", "PROXYFLEET_HEALTH_PASSWORD", "PROXYFLEET_POOLS_PASSWORD", "NATS_SYS_PASSWORD"} {
 		t.Setenv(k, strings.ToLower(k))
 	}
 	opts, err := server.ProcessConfigFile("nats/accounts.conf")

@@ -25,8 +25,10 @@
 //
 // The user name carries options after the configured name:
 // USER-session-KEY, USER-label-KEY-VALUE (repeatable), USER-pool-NAME
-// (label pool=NAME), combinable (alice-session-s1-label-country-de); so
-// user names have no '-', nor do keys and values in this form. HTTP
+// (label pool=NAME: the members of a pool of `proxyfleet pool set`),
+// combinable (alice-session-s1-label-country-de); so user names have no
+// '-', nor do keys and values in this form, but a pool's name may
+// (alice-pool-eu-west-session-s1): it runs to the next option word. HTTP
 // requests may say the same with X-Proxyfleet-Session: KEY and
 // X-Proxyfleet-Labels: k=v,k2=v2 (they win over the user name's, and are
 // removed before forwarding). Options are parsed only once the password

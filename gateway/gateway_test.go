@@ -680,6 +680,13 @@ func TestParseUser(t *testing.T) {
 		{in: "alice-label-a", bad: true},
 		{in: "alice-what-x", bad: true},
 		{in: "alice-session--x", bad: true},
+		// A pool's name may have '-' in it: it runs to the next option.
+		{in: "alice-pool-eu-west", user: "alice", labels: map[string]string{"pool": "eu-west"}},
+		{in: "alice-pool-eu-west-2-session-s1", user: "alice", session: "s1", labels: map[string]string{"pool": "eu-west-2"}},
+		{in: "alice-session-s1-pool-eu-west-label-a-1", user: "alice", session: "s1", labels: map[string]string{"pool": "eu-west", "a": "1"}},
+		{in: "alice-pool", bad: true},
+		{in: "alice-pool-eu--x", bad: true},
+		{in: "alice-pool-session-s1", bad: true},
 	} {
 		u, o, err := parseUser(c.in)
 		if c.bad {

@@ -22,7 +22,8 @@ type options struct {
 // parseUser splits "alice-session-s1-label-country-de-pool-x" into the
 // user ("alice") and its options. Options: session-KEY, label-KEY-VALUE
 // (repeatable), pool-NAME (label pool=NAME). Keys and values have no '-'
-// in this form.
+// in this form, but a pool's name may (pools are named like proxies, "eu-west"):
+// NAME runs to the next option word (session, label, pool) or the end.
 func parseUser(s string) (string, options, error) {
 	parts := strings.Split(s, "-")
 	var o options
@@ -55,14 +56,27 @@ func parseUser(s string) (string, options, error) {
 			if err := need(1); err != nil {
 				return "", o, err
 			}
-			o.setLabel("pool", parts[i+1])
-			i += 2
+			if userOptions[parts[i+1]] {
+				return "", o, fmt.Errorf("user option %q needs a name, not %q", parts[i], parts[i+1])
+			}
+			j := i + 2
+			for j < len(parts) && !userOptions[parts[j]] {
+				if parts[j] == "" {
+					return "", o, fmt.Errorf("user option %q has an empty value", parts[i])
+				}
+				j++
+			}
+			o.setLabel("pool", strings.Join(parts[i+1:j], "-"))
+			i = j
 		default:
 			return "", o, fmt.Errorf("unknown user option %q (want session-KEY, label-KEY-VALUE or pool-NAME)", parts[i])
 		}
 	}
 	return parts[0], o, nil
 }
+
+// userOptions are the option words of a user name.
+var userOptions = map[string]bool{"session": true, "label": true, "pool": true}
 
 func (o *options) setLabel(k, v string) {
 	if o.labels == nil {

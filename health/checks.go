@@ -92,11 +92,16 @@ func (h *Health) writeChecksLoop(ctx context.Context) {
 type checksWriter struct {
 	h *Health
 	// bucket is what PROXY_CHECKS is believed to hold (nil: read it
-	// first), as of lease epoch epoch; written the fold's ChecksGen
-	// it was last brought to.
-	bucket  map[string]messages.CheckRecord
-	epoch   uint64
-	written uint64
+	// first), as of lease epoch epoch.
+	bucket map[string]messages.CheckRecord
+	epoch  uint64
+}
+
+// checkState is one candidate's record as the fold has it now.
+type checkState struct {
+	id   string
+	rec  messages.CheckRecord
+	cand bool // a candidate (rec.Verdict "" while nothing is recorded yet)
 }
 
 // sameRecord reports whether the bucket's record b says what a does: the
@@ -112,8 +117,10 @@ func sameRecord(a, b messages.CheckRecord) bool {
 // yet checked keeps a record of its address: a process that just started
 // or took over does not delete what it has not looked at yet. Writes are
 // made only by the lease holder, caught up, each request ending before
-// the lease's validity; the first write of a lease epoch reads the whole
-// bucket and reconciles it.
+// the lease's validity; the first write of a lease epoch (or after a
+// failure) reads the whole bucket and reconciles it with every candidate,
+// the others look only at the ids whose record the fold marked
+// (TakeChecksDirty): O(changes), not O(fleet).
 func (w *checksWriter) write(ctx context.Context) error {
 	h := w.h
 	h.mu.Lock()
@@ -127,12 +134,25 @@ func (w *checksWriter) write(ctx context.Context) error {
 	if epoch != w.epoch {
 		w.epoch, w.bucket = epoch, nil
 	}
-	gen := h.fold.ChecksGen()
-	if w.bucket != nil && gen == w.written {
+	full := w.bucket == nil
+	if !full && h.fold.ChecksDirty() == 0 {
 		h.mu.Unlock()
 		return nil
 	}
-	recs := h.fold.candidateChecks()
+	var states []checkState
+	if full {
+		// The whole bucket is read and reconciled below: what was
+		// marked is in it.
+		h.fold.TakeChecksDirty(func(string) {})
+		for _, r := range h.fold.candidateChecks() {
+			states = append(states, checkState{id: r.ID, rec: r, cand: true})
+		}
+	} else {
+		h.fold.TakeChecksDirty(func(id string) {
+			rec, cand := h.fold.CheckState(id)
+			states = append(states, checkState{id: id, rec: rec, cand: cand})
+		})
+	}
 	h.mu.Unlock()
 
 	if !h.now().Before(until) {
@@ -164,20 +184,28 @@ func (w *checksWriter) write(ctx context.Context) error {
 
 	var puts []messages.CheckRecord
 	var dels []string
-	cand := make(map[string]messages.CheckRecord, len(recs))
-	for _, r := range recs {
-		cand[r.ID] = r
-		if r.Verdict == "" {
-			continue
-		}
-		if old, ok := w.bucket[r.ID]; !ok || !sameRecord(old, r) {
-			puts = append(puts, r)
+	for _, st := range states {
+		old, ok := w.bucket[st.id]
+		switch {
+		case st.cand && st.rec.Verdict != "":
+			if !ok || !sameRecord(old, st.rec) {
+				puts = append(puts, st.rec)
+			}
+		case ok && (!st.cand || old.Addr != st.rec.Addr):
+			// Gone, or a record of another address that no put
+			// replaces.
+			dels = append(dels, st.id)
 		}
 	}
-	for key, old := range w.bucket {
-		// Gone, or a record of another address that no put replaces.
-		if c, ok := cand[key]; !ok || (c.Verdict == "" && old.Addr != c.Addr) {
-			dels = append(dels, key)
+	if full {
+		cand := make(map[string]bool, len(states))
+		for _, st := range states {
+			cand[st.id] = true
+		}
+		for key := range w.bucket {
+			if !cand[key] {
+				dels = append(dels, key)
+			}
 		}
 	}
 
@@ -219,7 +247,6 @@ func (w *checksWriter) write(ctx context.Context) error {
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	w.written = gen
 	h.mu.Lock()
 	h.checksWrites += uint64(len(puts) + len(dels))
 	h.mu.Unlock()

@@ -131,12 +131,9 @@
 // are admitted on their event with any prober, as they have no address to
 // probe.
 //
-// The snapshot is built from the fold when it is read (published or
-// served), not on every change, and the puts and deletes that bring
-// PROXY_ROTATION to it go out up to 32 at a time; the snapshot is
-// published on the subject once all of them are stored. A change of the
-// egress of a proxy in the rotation is a change of the snapshot (its
-// entry), not of PROXY_ROTATION (whose value is the address).
+// A change of the egress of a proxy in the rotation is a change of its
+// entry (on the feed, in the snapshot), not of PROXY_ROTATION (whose value
+// is the address).
 //
 // # Checks
 //
@@ -160,15 +157,60 @@
 // slow or refused to this process must never hold up the rotation. Every
 // request ends before the lease's validity, as the rotation's do.
 //
+// # Publishing: the feed, its pages, the snapshot
+//
+// The lease holder publishes the rotation three ways, each costing
+// O(change) per change whatever the size of the fleet:
+//
+//   - The feed, <prefix>.rotation.changes (messages.RotationChanges): the
+//     fold marks the ids whose entry may have changed (Fold.TakeDirty);
+//     the loop compares those alone with its view of what it published
+//     (view.go: every entry with its JSON encoding, the ids in sorted
+//     chunks, the encoded size) and sends the changes (entered and changed
+//     with the whole entry, left with the id) in messages of at most
+//     MaxBodySize, each with the version it brings and the one it follows.
+//     Per message: a lease write (its version), the puts and deletes of
+//     PROXY_ROTATION for its changes (up to 32 at a time), then the
+//     message; so the bucket is never behind the feed. The first message
+//     of a lease (and the one after a message that could not be sent)
+//     lists nothing and follows no version (prev 0): the bucket is
+//     reconciled with the whole rotation first (the one O(fleet) step,
+//     per takeover), and consumers read the pages again, since this
+//     process's rotation may differ from what the last publisher said. With
+//     nothing to say for a third of the lease's TTL, a heartbeat repeats the
+//     version (prev = version), so a consumer that lost the last message
+//     learns it. The last 1 MiB of messages are kept for GET
+//     /rotation?since=V.
+//   - The pages, <prefix>.rotation.get (pages.go): request/reply, each page
+//     the published view's proxies after an id, sorted, at most MaxBodySize;
+//     answered only by a holder that has published (the subscription
+//     follows the lease), so with none a request finds no responders at
+//     once. A consumer subscribes to the feed, reads the pages, applies the
+//     kept messages after the first page's version: exact (see
+//     messages.RotationChanges and feed_test.go).
+//   - The snapshot, <prefix>.rotation (messages.Rotation, v1): the view
+//     joined from its encodings, at most once per SnapshotInterval (the
+//     latest version), since it costs O(fleet) bytes. One larger than the
+//     server's max_payload (or SnapshotMaxBytes), as the view's tracked size
+//     says without encoding anything, is replaced by a notice (Truncated,
+//     Size, Bytes, Feed; Proxies null): counted, logged at error level once
+//     when the rotation stops fitting and at info level once when it fits
+//     again, never a silent stale snapshot.
+//
+// PROXY_CHECKS is written the same way: the fold marks the ids whose
+// record may have changed, and the writer looks at those alone, the whole
+// bucket only after taking the lease or a failure.
+//
 // # One publisher at a time
 //
 // Every health process consumes and folds; only the holder of a lease in
-// the KV bucket PROXY_LEASES (key LeaseKey) writes PROXY_ROTATION and
-// publishes <prefix>.rotation. Two publishers would interleave puts and
-// deletes of the bucket from slightly different folds, and their versions
-// would mean nothing. The lease is taken with Create, renewed every third
-// of LeaseTTL with compare-and-set on its revision, and released (deleted
-// at its revision) when Run stops. The bucket's own TTL (1m, set by the
+// the KV bucket PROXY_LEASES (key LeaseKey) writes PROXY_ROTATION,
+// publishes the feed and the snapshot, and answers the pages. Two
+// publishers would interleave puts and deletes of the bucket from slightly
+// different folds, and their versions would mean nothing. The lease is
+// taken with Create, renewed every third of LeaseTTL with
+// compare-and-set on its revision, and released (deleted at its revision)
+// when Run stops. The bucket's own TTL (1m, set by the
 // set-up step that creates it) only clears a lease nobody renews; expiry is read
 // from the lease itself: a standby that sees the same revision for the
 // TTL the holder wrote in the value, by the standby's own clock (so clocks
@@ -191,8 +233,8 @@
 //
 // # Versions
 //
-// A snapshot's version is the revision (the stream sequence) of the lease
-// write that allowed its publish, or one more than the last version the
+// A version (of a feed message, a page, a snapshot) is the revision (the
+// stream sequence) of the lease write that allowed its publish, or one more than the last version the
 // lease's value records if that is higher. Stream sequences only grow, in
 // one process, across processes, across takeovers (the new holder's
 // writes come after the old one's) and across restarts, even after the
@@ -222,21 +264,26 @@
 // caught up with what the stream held when it started (a partial picture
 // would look like proxies leaving); then, if it holds the lease, it
 // reconciles PROXY_ROTATION with the fold (puts what differs, deletes keys
-// of proxies not in the rotation), publishes a snapshot on
-// <prefix>.rotation and, from then on, does both on every change. When
-// publishing falls behind, only the latest snapshot is sent. A failed
-// publish is retried after reading the bucket again. It serves
-// GET /rotation (503 until caught up; this process's fold, whose version
-// is the last one it knows was published, entries with their egress;
-// header X-Proxyfleet-Lease says holder or standby), /checks (this
+// of proxies not in the rotation), publishes the feed's first message and
+// a snapshot and, from then on, publishes every change (see "Publishing").
+// When publishing falls behind, the changes of the ids marked meanwhile go
+// out together, each proxy's latest once. A failed publish is retried
+// after reading the bucket again. It serves GET /rotation (503 until
+// caught up; the holder's published view, a standby's own fold at the
+// last version it knows was published; entries with their egress; the
+// version as ETag, If-None-Match, and ?since=V: see Handler; header
+// X-Proxyfleet-Lease says holder or standby), /checks (this
 // process's check records, sorted by id: which proxies are refused and
 // why), /healthz (liveness: 200 while it serves), /readyz (503 until
 // caught up, while a stream or bucket it needs is gone, or while
 // publishing, writing the check records or reading the lease fails),
 // /metrics (client_golang's exposition of Config.Registry: rotation size,
 // churn, probe outcomes by result and by kind, a probe latency histogram,
+// a histogram of the wait from a running event to admission (latency.go),
 // open checks by result, refused proxies and refusals by verdict, the
-// lease holder flag, consumer repairs) and /probe. No metric is registered
+// lease holder flag, consumer repairs, the feed's changes, bytes, resets,
+// heartbeats and errors, pages by result, the snapshot's size and
+// notices, GET /rotation by answer) and /probe. No metric is registered
 // globally, and none is labelled by proxy.
 //
 // Events are decoded leniently about unknown fields (a newer worker may add

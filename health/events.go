@@ -44,7 +44,6 @@ func (h *Health) handle(gen uint64, msg jetstream.Msg) {
 		h.log.Warn("ignoring a state event", "subject", msg.Subject(), "err", err)
 	default:
 		if h.fold.Apply(ev) {
-			h.changedLocked()
 			if h.caughtUp {
 				h.log.Info("rotation changed", "id", ev.ID, "state", ev.State, "ip", ev.IP, "host", ev.Host, "command_id", ev.CommandID, "seq", ev.Seq, "size", h.fold.Len(), "version", h.version)
 			}

@@ -220,7 +220,7 @@ func (h *Health) startFeed(ctx context.Context, info *jetstream.StreamInfo) erro
 		h.deleteConsumer(name)
 		return fmt.Errorf("consume %s: %w", messages.StreamEvents, err)
 	}
-	h.feed = &feed{name: name, gen: gen, cons: cons, cc: cc}
+	h.events = &feed{name: name, gen: gen, cons: cons, cc: cc}
 	h.streamCreated = info.Created
 	if info.State.Msgs == 0 {
 		// Nothing to catch up with; whatever came in since is new.
@@ -234,11 +234,11 @@ func (h *Health) startFeed(ctx context.Context, info *jetstream.StreamInfo) erro
 // stopFeed stops consuming and deletes the consumer (its own: a health
 // process deletes no consumer it did not make).
 func (h *Health) stopFeed() {
-	f := h.feed
+	f := h.events
 	if f == nil {
 		return
 	}
-	h.feed = nil
+	h.events = nil
 	f.cc.Stop()
 	t := time.NewTimer(h.cfg.OpTimeout)
 	select {
@@ -373,21 +373,21 @@ func (h *Health) look(ctx context.Context) {
 	case anew:
 		h.repair(ctx, info, "the stream was created anew", time.Time{})
 		return
-	case h.feed == nil:
+	case h.events == nil:
 		h.repair(ctx, info, "the stream is back", time.Time{})
 		return
 	case errors.Is(suspect, jetstream.ErrConsumerDeleted), errors.Is(suspect, errGap):
 		h.repair(ctx, info, suspect.Error(), since)
 		return
 	}
-	ci, err := h.feed.cons.Info(octx)
+	ci, err := h.events.cons.Info(octx)
 	switch {
 	case errors.Is(err, jetstream.ErrConsumerNotFound):
 		h.repair(ctx, info, "the consumer is gone", since)
 		return
 	case err != nil:
 		if ctx.Err() == nil {
-			h.log.Warn("looking at the consumer", "consumer", h.feed.name, "err", err)
+			h.log.Warn("looking at the consumer", "consumer", h.events.name, "err", err)
 		}
 		return
 	}
@@ -397,7 +397,7 @@ func (h *Health) look(ctx context.Context) {
 	h.mu.Unlock()
 	// Delivered but never handled, with no progress since the last look:
 	// lost in transit (a reconnect, a slow consumer).
-	f := h.feed
+	f := h.events
 	if ci.Delivered.Consumer > handled && handled == f.handled && f.delivered == ci.Delivered.Consumer {
 		h.repair(ctx, info, errGap.Error()+": delivered events never arrived", time.Time{})
 		return
@@ -409,8 +409,8 @@ func (h *Health) look(ctx context.Context) {
 // repair replaces the consumer and counts it.
 func (h *Health) repair(ctx context.Context, info *jetstream.StreamInfo, why string, since time.Time) {
 	old := ""
-	if h.feed != nil {
-		old = h.feed.name
+	if h.events != nil {
+		old = h.events.name
 	}
 	h.stopFeed()
 	if err := h.startFeed(ctx, info); err != nil {
@@ -422,7 +422,7 @@ func (h *Health) repair(ctx context.Context, info *jetstream.StreamInfo, why str
 	h.mu.Lock()
 	h.repairs++
 	h.mu.Unlock()
-	args := []any{"stream", messages.StreamEvents, "why", why, "old", old, "consumer", h.feed.name}
+	args := []any{"stream", messages.StreamEvents, "why", why, "old", old, "consumer", h.events.name}
 	if !since.IsZero() {
 		args = append(args, "after", time.Since(since).Round(time.Millisecond))
 	}

@@ -3,9 +3,7 @@ package health
 import (
 	"maps"
 	"net"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"proxyfleet/messages"
@@ -95,12 +93,24 @@ type Fold struct {
 	// in the rotation may be before its next probe checks again. Zero:
 	// every probe checks.
 	OpenInterval time.Duration
+	// Admitted, if set, is told how long each proxy waited from its
+	// running event to its admission (latency.go).
+	Admitted func(wait time.Duration)
 
-	proxies   map[string]*proxyState
+	proxies map[string]*proxyState
+	// dirty holds the ids whose rotation entry may have changed since
+	// TakeDirty last emptied it: the publisher looks at those alone.
+	dirty map[string]struct{}
+	// onGrace holds the proxies in the rotation whose grace runs, so
+	// that Tick and NextDeadline look at those alone.
+	onGrace   map[*proxyState]struct{}
 	epochs    uint64
 	stats     FoldStats
 	inRot     int    // proxies in the rotation
 	checksGen uint64 // grows whenever a candidate's check record changes, appears or goes
+	// checksDirty holds the ids whose check record may have changed,
+	// appeared or gone since TakeChecksDirty last emptied it.
+	checksDirty map[string]struct{}
 }
 
 // FoldStats counts what the fold did.
@@ -121,6 +131,7 @@ type FoldStats struct {
 // proxyState is what the fold keeps of one proxy: its last seen event, its
 // probing and its place in the rotation.
 type proxyState struct {
+	id    string
 	seq   uint64
 	state string
 	host  string
@@ -129,6 +140,9 @@ type proxyState struct {
 	ip    string // last address reported, kept through a grace
 	port  int
 	at    time.Time // time of the last event
+	// runningAt is the time of the running event that made addr a
+	// candidate, until its admission is told (latency.go).
+	runningAt time.Time
 	// labels of the proxy's create command, from its last event (never
 	// changed in place: an event with other labels replaces the map)
 	labels map[string]string
@@ -199,7 +213,7 @@ func (f *Fold) get(id string) *proxyState {
 	}
 	p := f.proxies[id]
 	if p == nil {
-		p = &proxyState{}
+		p = &proxyState{id: id}
 		f.proxies[id] = p
 	}
 	return p
@@ -211,6 +225,11 @@ func (f *Fold) Apply(ev messages.StateEvent) (changed bool) {
 	changed, ok := f.apply(ev)
 	if !ok {
 		f.stats.Ignored++
+	}
+	if p := f.proxies[ev.ID]; ok && p != nil && p.inRotation {
+		// Its host, labels or since may have changed without a
+		// change of membership: the publisher compares.
+		f.touch(p)
 	}
 	if changed {
 		f.stats.Changes++
@@ -250,12 +269,13 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 	case ev.State == messages.StateRunning && ev.IP != "" && ev.Port > 0:
 		p.ip, p.port = ev.IP, ev.Port
 		addr := Addr(ev.IP, ev.Port)
-		p.graceUntil = time.Time{}
+		f.setGrace(p, time.Time{})
 		if p.addr != addr || moved {
 			// A new address (or host) is a new proxy for clients:
 			// out, and probed from scratch.
 			changed = f.leave(p)
 			f.candidate(p, addr)
+			p.runningAt = at
 		} else if seeded && p.inRotation && at.Before(p.since) {
 			// Confirmed: date it by the event, as a process that
 			// saw the event live would.
@@ -269,6 +289,7 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 		p.sim = ev.Source == messages.SourceSim
 		if !p.inRotation && (f.Rise <= 0 || p.sim || (p.passes >= f.Rise && f.admissible(p))) {
 			f.enter(p, at)
+			f.admitted(p)
 			changed = true
 		}
 		return changed, true
@@ -293,7 +314,7 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 			return true, true
 		}
 		if p.graceUntil.IsZero() {
-			p.graceUntil = at.Add(f.Grace)
+			f.setGrace(p, at.Add(f.Grace))
 		}
 		if !f.now().Before(p.graceUntil) {
 			f.leave(p)
@@ -335,12 +356,17 @@ func (f *Fold) resetChecks(p *proxyState) {
 	if f.verdict(p) != "" {
 		f.checksGen++
 	}
+	// Marked even without a record: the bucket may hold one of its
+	// address from another process, which goes with it.
+	f.markCheck(p)
 	p.egress, p.reported, p.leak = "", false, ""
 	p.openState, p.openAt, p.openPending, p.checkAt = "", time.Time{}, false, time.Time{}
 }
 
 func (f *Fold) enter(p *proxyState, at time.Time) {
-	p.inRotation, p.since, p.graceUntil = true, at, time.Time{}
+	f.setGrace(p, time.Time{})
+	p.inRotation, p.since = true, at
+	f.touch(p)
 	f.inRot++
 	f.stats.Entries++
 }
@@ -350,7 +376,9 @@ func (f *Fold) leave(p *proxyState) bool {
 	if !p.inRotation {
 		return false
 	}
-	p.inRotation, p.since, p.graceUntil = false, time.Time{}, time.Time{}
+	f.setGrace(p, time.Time{})
+	p.inRotation, p.since = false, time.Time{}
+	f.touch(p)
 	f.inRot--
 	f.stats.Exits++
 	return true
@@ -402,6 +430,7 @@ func (f *Fold) ApplyProbe(r ProbeResult) (changed bool) {
 	}
 	if v := f.verdict(p); v != verdict || f.reason(p) != reason || p.egress != egress {
 		f.checksGen++
+		f.markCheck(p)
 		p.checkAt = at
 		if v != verdict {
 			switch v {
@@ -413,6 +442,9 @@ func (f *Fold) ApplyProbe(r ProbeResult) (changed bool) {
 		}
 	}
 	changed = p.inRotation && p.egress != egress
+	if changed {
+		f.touch(p)
+	}
 	switch {
 	case p.inRotation && (f.refused(p) || (f.Fall > 0 && p.fails >= f.Fall)):
 		// Refused (found open or leaky): out at once, and probed on at
@@ -427,89 +459,13 @@ func (f *Fold) ApplyProbe(r ProbeResult) (changed bool) {
 	case !p.inRotation && f.Rise > 0 && p.passes >= f.Rise && p.state == messages.StateRunning &&
 		p.graceUntil.IsZero() && f.admissible(p):
 		f.enter(p, at)
+		f.admitted(p)
 		changed = true
 	}
 	if changed {
 		f.stats.Changes++
 	}
 	return changed
-}
-
-// findings keeps what a passing probe found.
-func (f *Fold) findings(p *proxyState, r ProbeResult) {
-	if r.Egress != "" {
-		p.egress = r.Egress
-	}
-	if r.Reported {
-		// Only a report clears a leak: a target that reports nothing
-		// (an https one, an external page) says nothing either way.
-		p.reported, p.leak = true, r.Leak
-	}
-	switch r.Open {
-	case OpenRefused, OpenAnswered:
-		p.openState, p.openAt, p.openPending = r.Open, r.At, false
-	case OpenInconclusive:
-		// Admits nothing, changes no verdict: the next probe checks again.
-		p.openPending = true
-	}
-}
-
-// refused reports whether p's checks keep it out of the rotation.
-func (f *Fold) refused(p *proxyState) bool {
-	return p.openState == OpenAnswered || p.leak != ""
-}
-
-// admissible reports whether p's checks let it enter the rotation: not
-// refused, and with CheckOpen, the last open check was conclusive and
-// found it refusing. A sim proxy is never checked.
-func (f *Fold) admissible(p *proxyState) bool {
-	if p.sim {
-		return true
-	}
-	if f.refused(p) {
-		return false
-	}
-	return !f.CheckOpen || (p.openState == OpenRefused && !p.openPending)
-}
-
-// needOpen reports whether p's next probe must check that it refuses a
-// request without credentials: with CheckOpen, for a candidate not in the
-// rotation (the check admits it), and for one in it whose last conclusive
-// check is OpenInterval old, or whose last check was inconclusive.
-func (f *Fold) needOpen(p *proxyState, now time.Time) bool {
-	if !f.CheckOpen || p.sim {
-		return false
-	}
-	return !p.inRotation || p.openState != OpenRefused || p.openPending || !now.Before(p.openAt.Add(f.OpenInterval))
-}
-
-// verdict is the verdict of p's check record, "" while there is nothing
-// to record: no finding yet, or (with CheckOpen) no conclusive open check
-// and no leak.
-func (f *Fold) verdict(p *proxyState) string {
-	switch {
-	case p.addr == "":
-		return ""
-	case p.openState == OpenAnswered:
-		return messages.VerdictOpen
-	case p.leak != "":
-		return messages.VerdictLeaky
-	case f.CheckOpen && p.openState == "":
-		return "" // not known to refuse: nothing to call ok yet
-	case p.openState != "" || p.reported || p.egress != "":
-		return messages.VerdictOK
-	}
-	return ""
-}
-
-func (f *Fold) reason(p *proxyState) string {
-	switch {
-	case p.openState == OpenAnswered && p.leak != "":
-		return ReasonOpen + "; " + p.leak
-	case p.openState == OpenAnswered:
-		return ReasonOpen
-	}
-	return p.leak
 }
 
 // Seed puts id in the rotation at addr as a proxy that has already risen,
@@ -564,6 +520,7 @@ func (f *Fold) Adopt(id, addr string, now time.Time) bool {
 		return false
 	}
 	p.passes, p.fails = max(p.passes, f.Rise), 0
+	p.runningAt = time.Time{} // not an admission of its running event (latency.go)
 	f.enter(p, now.UTC())
 	f.stats.Changes++
 	return true
@@ -572,7 +529,7 @@ func (f *Fold) Adopt(id, addr string, now time.Time) bool {
 // Tick demotes the proxies whose grace has passed by now and reports
 // whether the rotation changed.
 func (f *Fold) Tick(now time.Time) (changed bool) {
-	for _, p := range f.proxies {
+	for p := range f.onGrace {
 		if p.inRotation && !p.graceUntil.IsZero() && !now.Before(p.graceUntil) {
 			f.leave(p)
 			f.forget(p)
@@ -589,7 +546,7 @@ func (f *Fold) Tick(now time.Time) (changed bool) {
 // time Tick should next be called.
 func (f *Fold) NextDeadline() (time.Time, bool) {
 	var next time.Time
-	for _, p := range f.proxies {
+	for p := range f.onGrace {
 		if p.inRotation && !p.graceUntil.IsZero() && (next.IsZero() || p.graceUntil.Before(next)) {
 			next = p.graceUntil
 		}
@@ -610,84 +567,7 @@ func (f *Fold) InRotation(id string) bool {
 }
 
 // GraceLen is how many proxies in the rotation are on grace.
-func (f *Fold) GraceLen() int {
-	n := 0
-	for _, p := range f.proxies {
-		if p.inRotation && !p.graceUntil.IsZero() {
-			n++
-		}
-	}
-	return n
-}
+func (f *Fold) GraceLen() int { return len(f.onGrace) }
 
 // Len is the size of the rotation.
 func (f *Fold) Len() int { return f.inRot }
-
-// Snapshot returns the rotation sorted by id. It never returns nil, so it
-// encodes as [] and not null.
-func (f *Fold) Snapshot() []messages.RotationEntry {
-	out := make([]messages.RotationEntry, 0, f.inRot)
-	for id, p := range f.proxies {
-		if p.inRotation {
-			out = append(out, messages.RotationEntry{ID: id, Addr: p.addr, Host: p.host, Since: p.since, Egress: p.egress, Labels: p.labels})
-		}
-	}
-	slices.SortFunc(out, func(a, b messages.RotationEntry) int { return strings.Compare(a.ID, b.ID) })
-	return out
-}
-
-// ChecksGen grows whenever a check record (Checks) appears, changes or
-// goes: the publisher writes PROXY_CHECKS when it moved.
-func (f *Fold) ChecksGen() uint64 { return f.checksGen }
-
-// Checks returns the check records of the candidates that have one (see
-// CheckRecord), sorted by id.
-func (f *Fold) Checks() []messages.CheckRecord {
-	out := make([]messages.CheckRecord, 0)
-	for _, c := range f.candidateChecks() {
-		if c.Verdict != "" {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
-// Check returns id's check record, if it has one.
-func (f *Fold) Check(id string) (messages.CheckRecord, bool) {
-	p := f.proxies[id]
-	if p == nil || f.verdict(p) == "" {
-		return messages.CheckRecord{}, false
-	}
-	return f.record(id, p), true
-}
-
-// candidateChecks returns a record for every candidate, sorted by id;
-// Verdict "" for one with nothing to record yet.
-func (f *Fold) candidateChecks() []messages.CheckRecord {
-	out := make([]messages.CheckRecord, 0, len(f.proxies))
-	for id, p := range f.proxies {
-		if p.addr != "" {
-			out = append(out, f.record(id, p))
-		}
-	}
-	slices.SortFunc(out, func(a, b messages.CheckRecord) int { return strings.Compare(a.ID, b.ID) })
-	return out
-}
-
-func (f *Fold) record(id string, p *proxyState) messages.CheckRecord {
-	return messages.CheckRecord{V: messages.Version, ID: id, Addr: p.addr, Egress: p.egress,
-		Verdict: f.verdict(p), Reason: f.reason(p), At: p.checkAt}
-}
-
-// Refused returns how many candidates are refused, by verdict.
-func (f *Fold) Refused() (open, leaky int) {
-	for _, p := range f.proxies {
-		switch f.verdict(p) {
-		case messages.VerdictOpen:
-			open++
-		case messages.VerdictLeaky:
-			leaky++
-		}
-	}
-	return open, leaky
-}

@@ -60,12 +60,37 @@ func (f *Fold) Target(id string) (Target, bool) {
 }
 
 // TargetsLen is len(Targets()), without making them.
-func (f *Fold) TargetsLen() int {
-	n := 0
+func (f *Fold) TargetsLen() int { return f.Counts().Targets }
+
+// FoldCounts are the fold's gauges, counted in one pass without
+// allocating (a scrape of the metrics).
+type FoldCounts struct {
+	Targets     int // proxies being probed
+	Checks      int // candidates with a check record
+	Open, Leaky int // candidates refused, by verdict
+}
+
+// Counts counts the fold's gauges: O(proxies), per scrape, not per change.
+func (f *Fold) Counts() FoldCounts {
+	var c FoldCounts
 	for _, p := range f.proxies {
-		if p.addr != "" && !p.sim {
-			n++
+		if p.addr == "" {
+			continue
+		}
+		if !p.sim {
+			c.Targets++
+		}
+		switch f.verdict(p) {
+		case "":
+		case messages.VerdictOpen:
+			c.Open++
+			c.Checks++
+		case messages.VerdictLeaky:
+			c.Leaky++
+			c.Checks++
+		default:
+			c.Checks++
 		}
 	}
-	return n
+	return c
 }

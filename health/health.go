@@ -115,6 +115,18 @@ type Config struct {
 	ReportInterval time.Duration
 	ReportRate     float64
 
+	// SnapshotInterval is the least time between two snapshots published
+	// on <prefix>.rotation (default 1s): a snapshot costs O(fleet) bytes,
+	// so under churn it is sent at this pace, the latest version each
+	// time, while the feed carries every change as it happens. The first
+	// change after a quiet interval goes out at once.
+	SnapshotInterval time.Duration
+	// SnapshotMaxBytes is the largest snapshot published whole on
+	// <prefix>.rotation (0: the server's max_payload, 1 MiB by default);
+	// a larger rotation is announced there with a notice (truncated,
+	// its size, the feed's subject) instead of its proxies.
+	SnapshotMaxBytes int
+
 	// LeaseTTL is how long the publisher's lease in PROXY_LEASES lasts
 	// without a renewal (default 15s); the holder renews every third of
 	// it, a standby takes over once the lease's revision has not changed
@@ -135,6 +147,12 @@ type Config struct {
 
 // DefaultLeaseTTL is Config.LeaseTTL's default.
 const DefaultLeaseTTL = 15 * time.Second
+
+// DefaultSnapshotInterval is Config.SnapshotInterval's default.
+const DefaultSnapshotInterval = time.Second
+
+// feedRingBytes bounds the feed messages kept for GET /rotation?since=V.
+const feedRingBytes = 1 << 20
 
 // DefaultOpenCheckInterval is Config.OpenCheckInterval's default.
 const DefaultOpenCheckInterval = time.Minute
@@ -169,6 +187,7 @@ func (cfg Config) WithDefaults() Config {
 	def(&cfg.Interval, 2*time.Second)
 	def(&cfg.Timeout, cfg.Interval*8/10)
 	def(&cfg.LeaseTTL, DefaultLeaseTTL)
+	def(&cfg.SnapshotInterval, DefaultSnapshotInterval)
 	def(&cfg.OpenCheckInterval, DefaultOpenCheckInterval)
 	def(&cfg.ReportInterval, DefaultReportInterval)
 	if cfg.ReportRate <= 0 {
@@ -206,14 +225,29 @@ type Health struct {
 	repairs            uint64                   // consumers made anew
 	caughtUp           bool
 	caughtUpCh         chan struct{}
-	version            uint64
-	snap               messages.Rotation // built from the fold when read (snapLocked)
-	snapDirty          bool              // the fold changed since snap was built
-	snapAt             time.Time         // when it changed
+	version            uint64 // the last version known to be published (by anyone)
 	publishErrors      uint64
 	publishCount       uint64
 	publishErr         error  // of the last attempt to publish, nil if it worked
-	published          uint64 // version of the last snapshot published
+	published          uint64 // the last version this process published
+
+	// The published rotation (see view.go, publish.go): the view, the
+	// ids the fold marked that may differ from it (by the drain that
+	// marked them), whether the next message is a reset, the last
+	// messages for ?since, and whether the feed carried a message since
+	// the last heartbeat's turn.
+	view        *view
+	pending     map[string]uint64
+	pendingPeak int // the most ids pending since pending was made
+	drains      uint64
+	feedReset   bool
+	ring        feedRing
+	feedSent    bool
+	feed        feedStats
+	snap        snapState
+	pages       map[string]uint64 // page requests by outcome
+	http        httpCache
+	httpAnswers map[string]uint64 // GET /rotation by answer
 
 	wake chan struct{}
 
@@ -238,7 +272,7 @@ type Health struct {
 	// Owned by Run's start, then by the keeper (see feed.go).
 	bound         bool
 	seeded        int
-	feed          *feed
+	events        *feed
 	feedSeq       uint64
 	streamCreated time.Time
 	bindLogged    time.Time
@@ -249,16 +283,16 @@ type Health struct {
 	sched      *probeSched // set by Run's start when probing, before it binds
 	probeLn    net.Listener
 	probeSrv   *http.Server
-	lease      *lease // owned by the loop
-	holder     bool   // mirror of lease.holding, under mu
+	lease      *lease             // owned by the loop
+	pageSub    *nats.Subscription // owned by the loop: answering page requests while serving
+	holder     bool               // mirror of lease.holding, under mu
 	takeovers  uint64
 	leaseErr   error
-	pubGen     uint64 // generation of the fold last published
-	gen        uint64 // generation of the fold: grows on every change once caught up
 	probeStats probeStats
 	// probeLatency is the histogram of probe durations; registry what
 	// /metrics serves.
 	probeLatency prometheus.Histogram
+	admission    prometheus.Histogram // latency.go
 	registry     *prometheus.Registry
 
 	// PROXY_CHECKS: checksKV is set (under mu) once the bucket is bound;
@@ -298,6 +332,9 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 	case cfg.Timeout > cfg.Interval:
 		return nil, fmt.Errorf("health: probe timeout %v is longer than the interval %v", cfg.Timeout, cfg.Interval)
 	}
+	if cfg.SnapshotMaxBytes < 0 {
+		return nil, fmt.Errorf("health: snapshot max bytes %d is negative", cfg.SnapshotMaxBytes)
+	}
 	if cfg.ProxyUser == "" && cfg.ProxyPassword != "" {
 		return nil, errors.New("health: a proxy password without a user")
 	}
@@ -309,17 +346,23 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 	h := &Health{
 		cfg: cfg, js: js, nc: js.Conn(), subj: cfg.Subjects,
 		log: cfg.Logger.With("component", "health", "instance", cfg.Instance), now: cfg.Now,
-		fold:       NewFold(cfg.Grace, cfg.Now),
-		caughtUpCh: make(chan struct{}),
-		started:    make(chan struct{}),
-		serveErr:   make(chan error, 2),
-		wake:       make(chan struct{}, 1),
-		boundCh:    make(chan struct{}),
-		check:      make(chan struct{}, 1),
-		checksWake: make(chan struct{}, 1),
-		missing:    make(map[string]*missingSince),
-		probeStats: newProbeStats(),
-		reports:    newReports(cfg.ReportRate),
+		fold:        NewFold(cfg.Grace, cfg.Now),
+		caughtUpCh:  make(chan struct{}),
+		started:     make(chan struct{}),
+		serveErr:    make(chan error, 2),
+		wake:        make(chan struct{}, 1),
+		boundCh:     make(chan struct{}),
+		check:       make(chan struct{}, 1),
+		checksWake:  make(chan struct{}, 1),
+		missing:     make(map[string]*missingSince),
+		probeStats:  newProbeStats(),
+		view:        newView(),
+		pending:     make(map[string]uint64),
+		feedReset:   true, // the first message of a lease is a reset
+		ring:        feedRing{max: feedRingBytes},
+		pages:       map[string]uint64{PageServed: 0, PageInvalid: 0, PageStandby: 0},
+		httpAnswers: map[string]uint64{HTTPSnapshot: 0, HTTPChanges: 0, HTTPNotModified: 0},
+		reports:     newReports(cfg.ReportRate),
 
 		probeLatency: newProbeLatency(),
 		registry:     cfg.Registry,
@@ -354,6 +397,9 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 		h.registry = prometheus.NewRegistry()
 	}
 	if err := h.registry.Register(collector{h}); err != nil {
+		return nil, fmt.Errorf("health: register metrics: %w", err)
+	}
+	if err := h.initLatency(); err != nil {
 		return nil, fmt.Errorf("health: register metrics: %w", err)
 	}
 	return h, nil
@@ -409,12 +455,29 @@ func (h *Health) Holder() bool {
 // CaughtUp is closed once the events the stream held at start are folded.
 func (h *Health) CaughtUp() <-chan struct{} { return h.caughtUpCh }
 
-// Rotation returns the current snapshot and whether it is complete (caught
-// up); before that it is empty.
+// Rotation returns the rotation this process serves and whether it is
+// complete (caught up; before that it is empty): the lease holder's last
+// published version, a standby's own fold (see viewLocked). O(fleet).
 func (h *Health) Rotation() (messages.Rotation, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.snapLocked(), h.caughtUp
+	if !h.caughtUp {
+		return messages.Rotation{V: messages.Version, Proxies: []messages.RotationEntry{}}, false
+	}
+	return h.viewLocked().rotation(), true
+}
+
+// viewLocked returns the view to serve: the lease holder's published one
+// as it is; a standby's (or a holder's before its first message) brought
+// up to its fold, at the last version it knows to be published. Only the
+// loop publishes, and only when it holds the lease, so this never brings
+// forward what a message being published has yet to carry.
+func (h *Health) viewLocked() *view {
+	if !h.holder || h.feedReset {
+		h.materializeLocked()
+		h.view.version = max(h.view.version, h.version)
+	}
+	return h.view
 }
 
 // Ready reports whether the process has caught up and its last attempt to
@@ -443,29 +506,6 @@ func (h *Health) Ready() error {
 	return nil
 }
 
-// changedLocked makes a new generation of the rotation once caught up.
-// Before that, the fold is a partial picture and nothing is published. The
-// snapshot served over HTTP carries the last version known to be
-// published; a published snapshot gets its version when it is published.
-func (h *Health) changedLocked() {
-	if !h.caughtUp {
-		return
-	}
-	h.gen++
-	// The snapshot is built when it is read (published or served): a
-	// burst of changes between two reads builds it once, not per change.
-	h.snapDirty, h.snapAt = true, h.now().UTC()
-}
-
-// snapLocked returns the snapshot of the current generation.
-func (h *Health) snapLocked() messages.Rotation {
-	if h.snapDirty {
-		h.snap = messages.Rotation{V: messages.Version, Version: h.version, Proxies: h.fold.Snapshot(), At: h.snapAt}
-		h.snapDirty = false
-	}
-	return h.snap
-}
-
 func (h *Health) caughtUpLocked(why string) {
 	if h.caughtUp {
 		return
@@ -475,7 +515,6 @@ func (h *Health) caughtUpLocked(why string) {
 	if h.fold.DropUnseen() {
 		h.log.Info("dropped proxies of the published rotation that no event knows")
 	}
-	h.changedLocked()
 	h.log.Info("caught up", "why", why, "rotation", h.fold.Len(), "events", h.fold.Stats().Events+h.undecodable)
 	h.signal()
 }

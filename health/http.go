@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strconv"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -12,7 +14,9 @@ import (
 
 // Handler serves:
 //
-//	GET /rotation  the current snapshot (messages.Rotation JSON); 503 until caught up
+//	GET /rotation  the rotation (messages.Rotation JSON), with an ETag; with
+//	               ?since=V the changes after version V if they are still
+//	               known (see serveRotation); 503 until caught up
 //	GET /checks    the check records of this process's fold (a JSON list of
 //	               messages.CheckRecord, sorted by id): why a proxy is
 //	               refused, and every egress; 503 until caught up
@@ -45,14 +49,106 @@ func (h *Health) role() string {
 	return "standby"
 }
 
-func (h *Health) serveRotation(w http.ResponseWriter, _ *http.Request) {
-	snap, ok := h.Rotation()
-	if !ok {
+// httpCache is the body of GET /rotation for one state of the view (its
+// ETag): built when first asked for, not per change.
+type httpCache struct {
+	etag string
+	body []byte
+}
+
+// Answers of GET /rotation (proxyfleet_rotation_http_total).
+const (
+	HTTPSnapshot    = "snapshot"
+	HTTPChanges     = "changes"
+	HTTPNotModified = "not_modified"
+)
+
+var httpAnswers = []string{HTTPSnapshot, HTTPChanges, HTTPNotModified}
+
+// serveRotation answers GET /rotation: the whole rotation
+// (messages.Rotation), or with ?since=V the changes after version V
+// (messages.RotationChanges from V to the current version) when this
+// process publishes, still keeps them and they fit in one message, else
+// the whole rotation; the header X-Proxyfleet-Rotation says which
+// (snapshot or changes). The ETag is the version ("V"; on a standby,
+// whose rotation changes between versions, "V-sG"); a request whose
+// If-None-Match holds it is answered 304.
+func (h *Health) serveRotation(w http.ResponseWriter, r *http.Request) {
+	var since uint64
+	sinceStr := r.URL.Query().Get("since")
+	if sinceStr != "" {
+		v, err := strconv.ParseUint(sinceStr, 10, 64)
+		if err != nil {
+			http.Error(w, "since: want a version (an unsigned integer)", http.StatusBadRequest)
+			return
+		}
+		since = v
+	}
+	h.mu.Lock()
+	if !h.caughtUp {
+		h.mu.Unlock()
 		// A partial picture would look like proxies leaving.
 		http.Error(w, "catching up", http.StatusServiceUnavailable)
 		return
 	}
-	h.writeJSON(w, snap)
+	v := h.viewLocked()
+	published := h.holder && !h.feedReset // the view is a published version
+	etag := `"` + strconv.FormatUint(v.version, 10) + `"`
+	if !published {
+		etag = `"` + strconv.FormatUint(v.version, 10) + "-s" + strconv.FormatUint(v.gen, 10) + `"`
+	}
+	role := "standby"
+	if h.holder {
+		role = "holder"
+	}
+	if etagMatch(r.Header.Get("If-None-Match"), etag) {
+		h.httpAnswers[HTTPNotModified]++
+		h.mu.Unlock()
+		w.Header().Set("ETag", etag)
+		w.Header().Set("X-Proxyfleet-Lease", role)
+		w.WriteHeader(http.StatusNotModified)
+		return
+	}
+	var body []byte
+	kind := HTTPSnapshot
+	if sinceStr != "" && published && since != 0 {
+		var changes []change
+		ok := since == v.version
+		if !ok {
+			changes, ok = h.ring.since(since)
+		}
+		if ok {
+			if b := appendFeed(nil, v.version, since, v.Len(), changes, v.at); len(b) <= messages.MaxBodySize {
+				body, kind = b, HTTPChanges
+			}
+		}
+	}
+	if body == nil {
+		if h.http.etag != etag {
+			h.http = httpCache{etag: etag, body: v.appendSnapshot(make([]byte, 0, v.snapshotSize()))}
+		}
+		body = h.http.body
+	}
+	h.httpAnswers[kind]++
+	h.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set("ETag", etag)
+	w.Header().Set("X-Proxyfleet-Lease", role)
+	w.Header().Set("X-Proxyfleet-Rotation", kind)
+	w.Write(body)
+	w.Write([]byte{'\n'})
+}
+
+// etagMatch reports whether an If-None-Match header holds etag (or *).
+func etagMatch(header, etag string) bool {
+	for _, t := range strings.Split(header, ",") {
+		t = strings.TrimPrefix(strings.TrimSpace(t), "W/")
+		if t == etag || t == "*" {
+			return true
+		}
+	}
+	return false
 }
 
 // writeJSON answers v as JSON, never cached, saying this process's role.

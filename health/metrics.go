@@ -51,6 +51,35 @@ type Metrics struct {
 	// Reports counts the reports of proxies received, by outcome
 	// (ReportProbed, ...).
 	Reports map[string]uint64
+
+	// The feed (<prefix>.rotation.changes): messages with changes (and
+	// resets, which follow no version), the changes and bytes they
+	// carried, heartbeats, and messages that could not be sent.
+	FeedMessages, FeedChanges, FeedBytes, FeedResets, FeedHeartbeats, FeedErrors uint64
+	// Pages counts the page requests (<prefix>.rotation.get) by outcome
+	// (PageServed, ...).
+	Pages map[string]uint64
+	// Snapshots counts the snapshots published on <prefix>.rotation
+	// (whole or notices), SnapshotsTooLarge the notices sent instead of
+	// a snapshot too large for a message; SnapshotTooLarge is whether
+	// the last one was such a notice; SnapshotBytes the size of the
+	// whole snapshot (tracked as entries change, also while it does not
+	// fit).
+	Snapshots, SnapshotsTooLarge uint64
+	SnapshotTooLarge             bool
+	SnapshotBytes                int
+	// HTTP counts GET /rotation by answer (HTTPSnapshot, ...).
+	HTTP map[string]uint64
+}
+
+// feedStats counts the feed's messages.
+type feedStats struct {
+	messages   uint64 // messages with changes (or resets)
+	changes    uint64
+	bytes      uint64
+	resets     uint64 // messages that follow no version (prev 0)
+	heartbeats uint64
+	errors     uint64 // messages that could not be sent
 }
 
 // ProbeBuckets are the upper bounds of the probe latency histogram
@@ -98,7 +127,7 @@ func (h *Health) Metrics() Metrics {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st := h.fold.Stats()
-	open, leaky := h.fold.Refused()
+	c := h.fold.Counts()
 	m := Metrics{
 		RotationSize:    h.fold.Len(),
 		InGrace:         h.fold.GraceLen(),
@@ -116,16 +145,25 @@ func (h *Health) Metrics() Metrics {
 		ConsumerRepairs: h.repairs,
 		Missing:         len(h.missing),
 		Probing:         h.prober != nil && !h.tcpOnly,
-		Targets:         h.fold.TargetsLen(),
+		Targets:         c.Targets,
 		Probes:          make(map[string]uint64, len(h.probeStats.results)),
 		ProbesIgnored:   st.ProbesIgnored,
 		ProbeKinds:      maps.Clone(h.probeStats.kinds),
 		OpenChecks:      maps.Clone(h.probeStats.open),
-		Refused:         map[string]int{messages.VerdictOpen: open, messages.VerdictLeaky: leaky},
+		Refused:         map[string]int{messages.VerdictOpen: c.Open, messages.VerdictLeaky: c.Leaky},
 		Refusals:        map[string]uint64{messages.VerdictOpen: st.RefusedOpen, messages.VerdictLeaky: st.RefusedLeaky},
-		Checks:          len(h.fold.Checks()),
+		Checks:          c.Checks,
 		CheckWrites:     h.checksWrites,
 		Reports:         maps.Clone(h.reports.outcomes),
+
+		FeedMessages: h.feed.messages, FeedChanges: h.feed.changes, FeedBytes: h.feed.bytes,
+		FeedResets: h.feed.resets, FeedHeartbeats: h.feed.heartbeats, FeedErrors: h.feed.errors,
+		Pages:             maps.Clone(h.pages),
+		Snapshots:         h.snap.count,
+		SnapshotsTooLarge: h.snap.truncated,
+		SnapshotTooLarge:  h.snap.tooLarge,
+		SnapshotBytes:     h.view.snapshotSize(),
+		HTTP:              maps.Clone(h.httpAnswers),
 	}
 	for k, v := range h.probeStats.results {
 		m.Probes[k] = v
@@ -168,8 +206,26 @@ var (
 			func(m Metrics) float64 { return float64(m.Events) }},
 		{prometheus.NewDesc("proxyfleet_events_ignored_total", "State events ignored: stale, duplicate or not understood.", nil, nil), prometheus.CounterValue,
 			func(m Metrics) float64 { return float64(m.Ignored) }},
-		{prometheus.NewDesc("proxyfleet_rotation_published_total", "Snapshots this process published.", nil, nil), prometheus.CounterValue,
+		{prometheus.NewDesc("proxyfleet_rotation_published_total", "Versions of the rotation this process published (feed messages with changes, and resets).", nil, nil), prometheus.CounterValue,
 			func(m Metrics) float64 { return float64(m.Published) }},
+		{prometheus.NewDesc("proxyfleet_rotation_feed_changes_total", "Changes of proxies sent on the rotation's feed.", nil, nil), prometheus.CounterValue,
+			func(m Metrics) float64 { return float64(m.FeedChanges) }},
+		{prometheus.NewDesc("proxyfleet_rotation_feed_bytes_total", "Bytes of the messages sent on the rotation's feed (heartbeats aside).", nil, nil), prometheus.CounterValue,
+			func(m Metrics) float64 { return float64(m.FeedBytes) }},
+		{prometheus.NewDesc("proxyfleet_rotation_feed_resets_total", "Messages of the rotation's feed that follow no version (a new lease, or after a failure): every consumer reads the pages again.", nil, nil), prometheus.CounterValue,
+			func(m Metrics) float64 { return float64(m.FeedResets) }},
+		{prometheus.NewDesc("proxyfleet_rotation_feed_heartbeats_total", "Heartbeats sent on the rotation's feed (nothing else to say for a third of the lease's TTL).", nil, nil), prometheus.CounterValue,
+			func(m Metrics) float64 { return float64(m.FeedHeartbeats) }},
+		{prometheus.NewDesc("proxyfleet_rotation_feed_errors_total", "Messages of the rotation's feed that could not be sent.", nil, nil), prometheus.CounterValue,
+			func(m Metrics) float64 { return float64(m.FeedErrors) }},
+		{prometheus.NewDesc("proxyfleet_rotation_snapshots_total", "Snapshots published on the v1 rotation subject (whole, or notices that it is too large).", nil, nil), prometheus.CounterValue,
+			func(m Metrics) float64 { return float64(m.Snapshots) }},
+		{prometheus.NewDesc("proxyfleet_rotation_snapshot_too_large_total", "Notices published on the v1 rotation subject instead of a snapshot too large for one message.", nil, nil), prometheus.CounterValue,
+			func(m Metrics) float64 { return float64(m.SnapshotsTooLarge) }},
+		{prometheus.NewDesc("proxyfleet_rotation_snapshot_too_large", "1 while the rotation does not fit in one snapshot: the v1 rotation subject carries a notice instead of the proxies.", nil, nil), prometheus.GaugeValue,
+			func(m Metrics) float64 { return b2f(m.SnapshotTooLarge) }},
+		{prometheus.NewDesc("proxyfleet_rotation_snapshot_bytes", "Size of the rotation's whole snapshot, in bytes.", nil, nil), prometheus.GaugeValue,
+			func(m Metrics) float64 { return float64(m.SnapshotBytes) }},
 		{prometheus.NewDesc("proxyfleet_rotation_publish_errors_total", "Failed attempts to publish the rotation.", nil, nil), prometheus.CounterValue,
 			func(m Metrics) float64 { return float64(m.PublishErrors) }},
 		{prometheus.NewDesc("proxyfleet_health_caught_up", "1 once the initial events are folded.", nil, nil), prometheus.GaugeValue,
@@ -195,6 +251,8 @@ var (
 	descRefused    = prometheus.NewDesc("proxyfleet_health_refused", "Candidates kept out of the rotation by their checks, by verdict (open, leaky).", []string{"verdict"}, nil)
 	descRefusals   = prometheus.NewDesc("proxyfleet_health_refusals_total", "Times a candidate's verdict became open or leaky.", []string{"verdict"}, nil)
 	descReports    = prometheus.NewDesc("proxyfleet_health_reports_total", "Reports of proxies by consumers of the rotation, by outcome: probed (at once), limited (dropped by the per-proxy interval or the rate), stale (an old address), unknown (no such proxy being probed), invalid.", []string{"outcome"}, nil)
+	descPages      = prometheus.NewDesc("proxyfleet_rotation_pages_total", "Requests for a page of the rotation, by result: served, invalid (the request refused), standby (asked of a process that no longer publishes).", []string{"result"}, nil)
+	descHTTP       = prometheus.NewDesc("proxyfleet_rotation_http_total", "GET /rotation by answer: snapshot (the whole rotation; also for ?since=V when the changes since V are no longer kept), changes, not_modified.", []string{"answer"}, nil)
 	descReady      = prometheus.NewDesc("proxyfleet_health_ready", "1 while the health process is ready (as /readyz): caught up, publishing or standing by, its streams and buckets there.", nil, nil)
 )
 
@@ -208,6 +266,8 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descRefused
 	ch <- descRefusals
 	ch <- descReports
+	ch <- descPages
+	ch <- descHTTP
 	ch <- descReady
 	c.h.probeLatency.Describe(ch)
 }
@@ -234,6 +294,12 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, o := range reportOutcomes {
 		ch <- prometheus.MustNewConstMetric(descReports, prometheus.CounterValue, float64(m.Reports[o]), o)
+	}
+	for _, r := range pageResults {
+		ch <- prometheus.MustNewConstMetric(descPages, prometheus.CounterValue, float64(m.Pages[r]), r)
+	}
+	for _, a := range httpAnswers {
+		ch <- prometheus.MustNewConstMetric(descHTTP, prometheus.CounterValue, float64(m.HTTP[a]), a)
 	}
 	ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, b2f(c.h.Ready() == nil))
 	c.h.probeLatency.Collect(ch)

@@ -14,7 +14,7 @@ import (
 // The collector exports the counters and the probe histogram in the text
 // format Prometheus parses.
 func TestMetricsFormat(t *testing.T) {
-	h := &Health{fold: NewFold(0, time.Now), probeStats: newProbeStats(), probeLatency: newProbeLatency(), holder: true}
+	h := &Health{fold: NewFold(0, time.Now), probeStats: newProbeStats(), probeLatency: newProbeLatency(), holder: true, view: newView()}
 	h.cfg.Prober = ProberFunc(nil)
 	h.prober = h.cfg.Prober
 	for _, p := range []struct {

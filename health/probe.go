@@ -224,7 +224,6 @@ func (h *Health) reportProbe(ctx context.Context, o probeOutcome) {
 	before, had := h.fold.Check(o.ID)
 	checksGen := h.fold.ChecksGen()
 	if h.fold.ApplyProbe(o.ProbeResult) {
-		h.changedLocked()
 		in := h.fold.InRotation(o.ID)
 		if h.caughtUp {
 			h.log.Info("rotation changed by a probe", "id", o.ID, "result", o.Result, "entered", in, "err", o.Err, "size", h.fold.Len())

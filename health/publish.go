@@ -2,18 +2,14 @@ package health
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"sync"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
-	"golang.org/x/sync/errgroup"
 
 	"proxyfleet/messages"
 )
 
-// loop owns the lease, publishing and the grace timer.
+// loop owns the lease, publishing (PROXY_ROTATION, the feed, the
+// snapshot), the pages' subscription and the grace timer.
 func (h *Health) loop(ctx context.Context) {
 	select {
 	case <-ctx.Done():
@@ -21,16 +17,18 @@ func (h *Health) loop(ctx context.Context) {
 	case <-h.boundCh: // the keeper (or Run's start) bound the buckets
 	}
 	defer h.releaseLease()
+	defer h.stopPages()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	snapTimer := time.NewTimer(time.Hour)
+	defer snapTimer.Stop()
 	renew := time.NewTicker(h.cfg.LeaseTTL / 3)
 	defer renew.Stop()
-	leaseDue := true
+	leaseDue, beat := true, false
 	var retry <-chan time.Time
 	for {
 		h.mu.Lock()
 		if h.fold.Tick(h.now()) {
-			h.changedLocked()
 			h.log.Info("grace over: proxies demoted", "size", h.fold.Len())
 		}
 		deadline, graceRunning := h.fold.NextDeadline()
@@ -59,6 +57,15 @@ func (h *Health) loop(ctx context.Context) {
 			h.bucket = nil
 			h.log.Warn("publishing the rotation", "err", err)
 			retry = time.After(h.cfg.RetryInterval)
+		} else if beat {
+			h.heartbeat()
+		}
+		beat = false
+		h.syncPages()
+		var snapC <-chan time.Time
+		if due := h.snapshot(); !due.IsZero() {
+			snapTimer.Reset(max(time.Until(due), time.Millisecond))
+			snapC = snapTimer.C
 		}
 		var graceC <-chan time.Time
 		if graceRunning {
@@ -71,8 +78,9 @@ func (h *Health) loop(ctx context.Context) {
 		case <-h.wake:
 		case <-graceC:
 		case <-retry:
+		case <-snapC:
 		case <-renew.C:
-			leaseDue = true
+			leaseDue, beat = true, true
 		}
 	}
 }
@@ -94,6 +102,9 @@ func (h *Health) tickLease(ctx context.Context) {
 	if was && !h.lease.holding {
 		h.log.Warn("lost the lease: standing by", "err", err)
 		h.bucket = nil
+		h.mu.Lock()
+		h.feedReset = true
+		h.mu.Unlock()
 	}
 	h.mu.Lock()
 	h.leaseErr = err
@@ -108,7 +119,11 @@ func (h *Health) tickLease(ctx context.Context) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.takeovers++
-	h.pubGen = 0 // publish at once, whatever this process published before
+	// The first message of this lease follows no version a consumer
+	// holds (theirs came from another publisher, or from this one before
+	// it lost the lease): it says so, and the bucket is reconciled with
+	// this process's rotation.
+	h.feedReset = true
 	adopted := 0
 	if err == nil {
 		h.bucket = b
@@ -116,9 +131,6 @@ func (h *Health) tickLease(ctx context.Context) {
 			if h.fold.Adopt(id, addr, h.now()) {
 				adopted++
 			}
-		}
-		if adopted > 0 {
-			h.changedLocked()
 		}
 	}
 	h.log.Info("took the lease: publishing", "revision", h.lease.rev, "last_version", h.lease.version, "adopted", adopted, "bucket_err", err)
@@ -157,25 +169,46 @@ func (h *Health) mirrorLeaseLocked(took bool) {
 	h.signalChecks()
 }
 
-// publish brings PROXY_ROTATION and <prefix>.rotation to the latest
-// snapshot, if this process holds the lease and the fold changed since it
-// last published. First it renews the lease with compare-and-set: that
-// proves it still holds it, and the revision of that write is the
-// snapshot's version (see the package doc). Every request then ends
-// before the lease's validity does, so a holder that lost the lease
-// without knowing (paused, partitioned) stops writing before a standby may
-// take over. Snapshots that came and went while it was busy are skipped:
-// versions published only grow, possibly by more than one.
+// publish brings PROXY_ROTATION and the feed up to the fold, a message at
+// a time, if this process holds the lease: see publishOnce.
 func (h *Health) publish(ctx context.Context) error {
+	for {
+		more, err := h.publishOnce(ctx)
+		if err != nil || !more || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// publishOnce publishes one message of the feed: the changes of the ids
+// the fold marked since the last one (at most a message's worth; more
+// reports that others wait), after writing PROXY_ROTATION for them. First
+// it renews the lease with compare-and-set: that proves it still holds
+// it, and the revision of that write is the message's version (see the
+// package doc). Every request then ends before the lease's validity does,
+// so a holder that lost the lease without knowing (paused, partitioned)
+// stops writing before a standby may take over. The first message of a
+// lease (or after a failure) is a reset: it lists no changes and follows
+// no version (prev 0); the bucket is reconciled with the whole rotation
+// first, and consumers read the pages again. Everything here is
+// O(changes), but for that reset.
+func (h *Health) publishOnce(ctx context.Context) (more bool, err error) {
 	h.mu.Lock()
-	gen, ready, done := h.gen, h.caughtUp, h.pubGen
-	var snap messages.Rotation
-	if ready && gen != done && h.lease.holding {
-		snap = h.snapLocked()
+	if !h.caughtUp || !h.lease.holding {
+		h.mu.Unlock()
+		return false, nil
+	}
+	h.drainLocked()
+	reset := h.feedReset
+	var chunk []change
+	if reset {
+		h.materializeLocked()
+	} else {
+		chunk, more = h.chunkLocked()
 	}
 	h.mu.Unlock()
-	if !ready || gen == done || !h.lease.holding {
-		return nil
+	if !reset && len(chunk) == 0 {
+		return false, nil
 	}
 	rev, err := h.lease.write(ctx)
 	h.mu.Lock()
@@ -184,10 +217,13 @@ func (h *Health) publish(ctx context.Context) error {
 	if err != nil {
 		if !h.lease.holding {
 			h.bucket = nil
+			h.mu.Lock()
+			h.feedReset = true
+			h.mu.Unlock()
 			h.log.Warn("lost the lease: standing by", "err", err)
-			return nil
+			return false, nil
 		}
-		return err
+		return false, err
 	}
 	version := max(rev, h.lease.version+1)
 	until, _ := h.lease.valid()
@@ -198,133 +234,178 @@ func (h *Health) publish(ctx context.Context) error {
 		}
 		return context.WithDeadline(ctx, d)
 	}
-	if h.bucket == nil {
-		octx, cancel := opCtx()
-		b, err := h.readBucket(octx)
-		cancel()
-		if err != nil {
-			return err
+	var puts []kvPut
+	var dels []string
+	if h.bucket == nil || reset {
+		if h.bucket == nil {
+			octx, cancel := opCtx()
+			b, err := h.readBucket(octx)
+			cancel()
+			if err != nil {
+				return false, err
+			}
+			h.bucket = b
 		}
-		h.bucket = b
+		h.mu.Lock()
+		want := make(map[string]string, h.view.Len()+len(chunk))
+		for id, e := range h.view.entries {
+			want[id] = e.e.Addr
+		}
+		h.mu.Unlock()
+		for _, c := range chunk {
+			if c.op == messages.ChangeLeft {
+				delete(want, c.id)
+			} else {
+				want[c.id] = c.e.Addr
+			}
+		}
+		puts, dels = h.reconcileWrites(want)
+	} else {
+		puts, dels = h.bucketWrites(chunk)
 	}
-	if err := h.writeBucket(snap, opCtx); err != nil {
-		return err
+	if err := h.writeBucket(puts, dels, opCtx); err != nil {
+		return false, err
 	}
 	if _, ok := h.lease.valid(); !ok {
-		return fmt.Errorf("the lease ran out while publishing version %d", version)
+		return false, fmt.Errorf("the lease ran out while publishing version %d", version)
 	}
-	snap.Version = version
-	body, err := json.Marshal(snap)
-	if err != nil {
-		return err
-	}
-	if err := h.nc.Publish(h.subj.Rotation(), body); err != nil {
-		return fmt.Errorf("publish %s: %w", h.subj.Rotation(), err)
-	}
-	h.lease.version = version
+
 	h.mu.Lock()
-	h.pubGen = gen
+	prev := h.view.version
+	if reset {
+		prev = 0
+	}
+	at := h.now().UTC()
+	body := appendFeed(nil, version, prev, h.view.sizeAfter(chunk), chunk, at)
+	for _, c := range chunk {
+		h.view.apply(c, at)
+		if h.pending[c.id] == c.mark {
+			delete(h.pending, c.id) // not marked again since
+		}
+	}
+	h.shrinkPendingLocked()
+	if reset {
+		h.view.at = at
+	}
+	h.view.version = version
+	h.ring.add(version, prev, chunk)
+	h.feedReset = false
+	h.feedSent = true
+	h.lease.version = version
 	h.published = version
 	h.publishCount++
 	h.version = max(h.version, version)
-	if h.gen == gen {
-		h.snap.Version = version
+	h.feed.messages++
+	h.feed.changes += uint64(len(chunk))
+	h.feed.bytes += uint64(len(body))
+	if reset {
+		h.feed.resets++
 	}
+	size := h.view.Len()
 	h.mu.Unlock()
-	h.log.Debug("rotation published", "version", version, "size", len(snap.Proxies))
-	return nil
+	if err := h.nc.Publish(h.subj.RotationChanges(), body); err != nil {
+		// Consumers miss this version: the next message follows none
+		// they can hold, and they read the pages again.
+		h.mu.Lock()
+		h.feed.errors++
+		h.feedReset = true
+		h.mu.Unlock()
+		return false, fmt.Errorf("publish %s: %w", h.subj.RotationChanges(), err)
+	}
+	h.log.Debug("rotation published", "version", version, "prev", prev, "changes", len(chunk), "size", size, "bytes", len(body))
+	return more, nil
 }
 
-// bucketWriters bounds the puts and deletes of PROXY_ROTATION in flight
-// while publishing: each is a request the server stores (and, with
-// sync_always, fsyncs) before it answers, so one at a time costs a round
-// trip and a disk write per changed proxy.
-const bucketWriters = 32
-
-// writeBucket puts the entries of snap that the bucket lacks or holds at
-// another address and deletes the keys of proxies not in snap, at most
-// bucketWriters at a time, and records in h.bucket what was written. Keys
-// are independent: no key is both put and deleted, so their order does not
-// matter; the snapshot is published on the subject only after all of them.
-func (h *Health) writeBucket(snap messages.Rotation, opCtx func() (context.Context, context.CancelFunc)) error {
-	want := make(map[string]string, len(snap.Proxies))
-	for _, e := range snap.Proxies {
-		want[e.ID] = e.Addr
+// drainLocked moves the ids the fold marked into pending, each marked with
+// the drain that moved it (so that publishing an older computation of its
+// change does not forget a newer one).
+func (h *Health) drainLocked() {
+	if h.fold.Dirty() == 0 {
+		return
 	}
-	var puts []messages.RotationEntry
-	var dels []string
-	for _, e := range snap.Proxies {
-		if addr, ok := h.bucket[e.ID]; !ok || addr != e.Addr {
-			puts = append(puts, e)
-		}
-	}
-	for key := range h.bucket {
-		if _, ok := want[key]; !ok {
-			dels = append(dels, key)
-		}
-	}
-	var mu sync.Mutex
-	var g errgroup.Group
-	g.SetLimit(bucketWriters)
-	for _, e := range puts {
-		g.Go(func() error {
-			octx, cancel := opCtx()
-			_, err := h.kv.PutString(octx, e.ID, e.Addr)
-			cancel()
-			if err != nil {
-				return fmt.Errorf("put %s in %s: %w", e.ID, messages.BucketRotation, err)
-			}
-			mu.Lock()
-			h.bucket[e.ID] = e.Addr
-			mu.Unlock()
-			return nil
-		})
-	}
-	for _, key := range dels {
-		g.Go(func() error {
-			octx, cancel := opCtx()
-			err := h.kv.Delete(octx, key)
-			cancel()
-			if err != nil {
-				return fmt.Errorf("delete %s from %s: %w", key, messages.BucketRotation, err)
-			}
-			mu.Lock()
-			delete(h.bucket, key)
-			mu.Unlock()
-			return nil
-		})
-	}
-	return g.Wait()
+	h.drains++
+	h.fold.TakeDirty(func(id string) { h.pending[id] = h.drains })
+	h.pendingPeak = max(h.pendingPeak, len(h.pending))
 }
 
-// readBucket returns every key and value of PROXY_ROTATION.
-func (h *Health) readBucket(ctx context.Context) (map[string]string, error) {
-	out := make(map[string]string)
-	err := h.readKV(ctx, h.kv, messages.BucketRotation, func(key string, value []byte) { out[key] = string(value) })
-	if err != nil {
-		return nil, err
+// shrinkPendingLocked makes pending a new map once it holds far fewer ids
+// than it once did: iterating a map costs its capacity, so after a burst
+// every chunk would walk the burst's empty slots.
+func (h *Health) shrinkPendingLocked() {
+	if n := len(h.pending); h.pendingPeak > 1024 && n*8 < h.pendingPeak {
+		// Not maps.Clone, which keeps the capacity.
+		m := make(map[string]uint64, n)
+		for id, mark := range h.pending {
+			m[id] = mark
+		}
+		h.pending, h.pendingPeak = m, n
 	}
-	return out, nil
 }
 
-// readKV calls put with every key and value of the bucket kv (named name).
-func (h *Health) readKV(ctx context.Context, kv jetstream.KeyValue, name string, put func(key string, value []byte)) error {
-	octx, cancel := context.WithTimeout(ctx, h.cfg.OpTimeout)
-	defer cancel()
-	w, err := kv.WatchAll(octx, jetstream.IgnoreDeletes())
-	if err != nil {
-		return fmt.Errorf("read %s: %w", name, err)
-	}
-	defer w.Stop()
-	for {
-		select {
-		case e := <-w.Updates():
-			if e == nil {
-				return nil
-			}
-			put(e.Key(), e.Value())
-		case <-octx.Done():
-			return fmt.Errorf("read %s: %w", name, octx.Err())
+// chunkLocked computes the changes of the pending ids against the view,
+// as many as one feed message holds (more: others wait), forgetting the
+// ids whose entry did not change.
+func (h *Health) chunkLocked() (out []change, more bool) {
+	budget := messages.MaxBodySize - feedOverhead
+	for id, mark := range h.pending {
+		cur, in := h.fold.Entry(id)
+		c, ok := h.view.diff(id, cur, in)
+		if !ok {
+			delete(h.pending, id)
+			continue
 		}
+		if len(out) > 0 && len(c.wire)+1 > budget {
+			return out, true
+		}
+		c.mark = mark
+		out = append(out, c)
+		budget -= len(c.wire) + 1
+	}
+	return out, false
+}
+
+// materializeLocked brings the view to the fold without a message: what
+// a standby serves, and what a reset starts from.
+func (h *Health) materializeLocked() {
+	h.drainLocked()
+	if len(h.pending) == 0 {
+		return
+	}
+	at := h.now().UTC()
+	for id := range h.pending {
+		cur, in := h.fold.Entry(id)
+		if c, ok := h.view.diff(id, cur, in); ok {
+			h.view.apply(c, at)
+		}
+	}
+	h.pending, h.pendingPeak = make(map[string]uint64), 0
+}
+
+// servingLocked reports whether this process answers for the rotation:
+// it holds the lease and has published on it (the pages and the snapshot
+// are its published view).
+func (h *Health) servingLocked() bool {
+	return h.caughtUp && h.holder && !h.feedReset && h.view.version > 0
+}
+
+// heartbeat sends, if this process serves and sent nothing on the feed
+// since the last heartbeat's turn, a message that repeats the version: a
+// consumer that lost the last message learns so within a third of the
+// lease's TTL.
+func (h *Health) heartbeat() {
+	h.mu.Lock()
+	if !h.servingLocked() || h.feedSent {
+		h.feedSent = false
+		h.mu.Unlock()
+		return
+	}
+	body := appendFeed(nil, h.view.version, h.view.version, h.view.Len(), nil, h.view.at)
+	h.feed.heartbeats++
+	h.mu.Unlock()
+	if err := h.nc.Publish(h.subj.RotationChanges(), body); err != nil {
+		h.mu.Lock()
+		h.feed.errors++
+		h.mu.Unlock()
+		h.log.Warn("publishing the rotation's heartbeat", "subject", h.subj.RotationChanges(), "err", err)
 	}
 }

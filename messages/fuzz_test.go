@@ -22,6 +22,10 @@ func FuzzDecodeCommand(f *testing.F) {
 		`{"v":1,"id":"p1","cpus":0}`, `{"v":1,"id":"p1","cpus":-0}`, `{"v":1,"id":"p1","cpus":1e0}`,
 		`{"v":1,"id":"p1","cpuſ":1}`, `{"v":1,"Id":"p1"}`, `{"v":1,"id":"p1","labels":{"k":"` + strings.Repeat("é", 128) + `"}}`,
 		`{"v":1,"id":"p1"`, `[]`, `{"v":1,"id":"p1","x":1}`, `{"v":1,"id":"p1","cpus":"2"}`, ``, ` {"v":1,"id":"p1"} `,
+		// Pool commands (the same decoding, nested under spec).
+		`{"v":1,"name":"p1","size":2,"min_ready":1,"surge":2,"max_age":"6h","ready_timeout":"90s","spec":{"image":"img","cpus":1,"labels":{"a":"b"},"hosts":["h1"]}}`,
+		`{"v":1,"name":"p1","size":2,"spec":{"Image":"x"}}`, `{"v":1,"name":"p1","size":2,"spec":{"x":1}}`, `{"v":1,"name":"p1","ids":["p1-abcdef"]}`,
+		`{"v":1,"name":"p1","all":true}`, `{"v":1,"name":"p1","size":2,"spec":null}`,
 	} {
 		f.Add([]byte(s), "p1")
 	}
@@ -51,6 +55,7 @@ func FuzzDecodeCommand(f *testing.F) {
 				t.Fatalf("decoded command does not validate: %v", err)
 			}
 		}
+		checkPoolDecoding(t, body, sid)
 		d, err := DecodeDelete(body, sid)
 		if err != nil {
 			checkFieldError(t, body, err)
@@ -64,6 +69,58 @@ func FuzzDecodeCommand(f *testing.F) {
 			t.Fatalf("delete round trip %s: %+v, %v; want %+v", b, d2, err, d)
 		}
 	})
+}
+
+// checkPoolDecoding: the pool commands decode like the others (every
+// error names a field; an unknown field of spec is named spec.<as spelled>),
+// and a set that validates re-encodes and decodes to the same.
+func checkPoolDecoding(t *testing.T, body []byte, sid string) {
+	t.Helper()
+	p, err := DecodePoolSet(body, sid)
+	if err != nil {
+		fe, ok := AsFieldError(err)
+		if ok {
+			if k, nested := strings.CutPrefix(fe.Field, "spec."); nested && fe.Reason == "unknown field" {
+				var m map[string]json.RawMessage
+				var spec map[string]json.RawMessage
+				if json.NewDecoder(bytes.NewReader(body)).Decode(&m) != nil || json.Unmarshal(m["spec"], &spec) != nil {
+					t.Fatalf("unknown field %q of a spec that is no object: %s", fe.Field, body)
+				}
+				if _, ok := spec[k]; !ok {
+					t.Fatalf("unknown field %q is not a key of the spec of %s", fe.Field, body)
+				}
+				return
+			}
+		}
+		checkFieldError(t, body, err)
+	} else {
+		if !ValidPoolName(sid) || p.Name != sid {
+			t.Fatalf("accepted %+v published with subject name %q", p, sid)
+		}
+		b, err := json.Marshal(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p2, err := DecodePoolSet(b, sid)
+		if err != nil {
+			t.Fatalf("re-encoded %s: %v", b, err)
+		}
+		if len(p.Spec.Labels) == 0 {
+			p.Spec.Labels = nil
+		}
+		if len(p.Spec.Hosts) == 0 {
+			p.Spec.Hosts = nil
+		}
+		if !reflect.DeepEqual(p2, p) {
+			t.Fatalf("pool set round trip\n%#v\n!=\n%#v", p2, p)
+		}
+	}
+	if _, err := DecodePoolDelete(body, sid); err != nil {
+		checkFieldError(t, body, err)
+	}
+	if _, err := DecodePoolRecycle(body, sid); err != nil {
+		checkFieldError(t, body, err)
+	}
 }
 
 // checkFieldError: err names a field, and an unknown field is named as the
@@ -119,6 +176,20 @@ func FuzzSubjects(f *testing.F) {
 				if !token(gid) || s.State(gid) != subject {
 					t.Fatalf("ParseState(%q) = %q", subject, gid)
 				}
+			}
+			if gop, gname, err := s.ParsePoolCommand(subject); err == nil {
+				if !token(gname) || s.PoolCommand(gop, gname) != subject {
+					t.Fatalf("ParsePoolCommand(%q) = %q, %q", subject, gop, gname)
+				}
+			}
+		}
+		for _, pop := range []string{OpPoolSet, OpPoolDelete, OpPoolRecycle} {
+			if !ValidPrefix(s.Prefix) {
+				break
+			}
+			gop, gname, err := s.ParsePoolCommand(s.PoolCommand(pop, id))
+			if token(id) != (err == nil) || (err == nil && (gop != pop || gname != id)) {
+				t.Fatalf("ParsePoolCommand(PoolCommand(%q, %q)) = %q, %q, %v", pop, id, gop, gname, err)
 			}
 		}
 

@@ -161,12 +161,30 @@ type CheckRecord struct {
 	At      time.Time `json:"at"`
 }
 
-// Rotation is the snapshot published on <prefix>.rotation on every change.
+// Rotation is the whole rotation at one version: the snapshot published on
+// <prefix>.rotation (at most once per health.snapshot_interval, see
+// RotationTruncated) and served on GET /rotation. Proxies are sorted by id.
 type Rotation struct {
 	V       int             `json:"v"`
 	Version uint64          `json:"version"`
 	Proxies []RotationEntry `json:"proxies"`
 	At      time.Time       `json:"at"`
+	// Truncated says that the snapshot did not fit in one message (NATS's
+	// max_payload, or health.snapshot_max_bytes): Proxies is null, Size
+	// and Bytes say how large it is, and Feed names the subject of the
+	// rotation's changes, which a subscriber follows instead (see
+	// RotationChanges). Added to the contract: optional, absent on a
+	// whole snapshot.
+	Truncated bool `json:"truncated,omitempty"`
+	// Size is the number of proxies in the rotation (on a truncated
+	// snapshot).
+	Size int `json:"size,omitempty"`
+	// Bytes is the size the whole snapshot would have (on a truncated
+	// snapshot).
+	Bytes int `json:"bytes,omitempty"`
+	// Feed is the subject of the rotation's changes (on a truncated
+	// snapshot).
+	Feed string `json:"feed,omitempty"`
 }
 
 // Report says that a proxy failed a consumer of the rotation (a gateway,

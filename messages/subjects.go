@@ -120,3 +120,11 @@ func (s Subjects) ParseReport(subject string) (string, error) {
 	}
 	return id, nil
 }
+
+// RotationChanges is <prefix>.rotation.changes, the rotation's feed of
+// changes (RotationChanges).
+func (s Subjects) RotationChanges() string { return s.join("rotation", "changes") }
+
+// RotationGet is <prefix>.rotation.get, where the publishing health process
+// answers the rotation in pages (RotationGet, RotationPage).
+func (s Subjects) RotationGet() string { return s.join("rotation", "get") }

@@ -7,7 +7,7 @@ import (
 )
 
 // benchRotation is a Rotation of n proxies, each with the labels region
-// (one of 4) and n (its own), filled through the index as the sources do:
+// (one of 4) and n (its own), filled through the index as the feed does:
 // a pick touches nothing else, so no server is needed to measure it.
 func benchRotation(b *testing.B, n int, s Strategy) *Rotation {
 	b.Helper()
@@ -20,8 +20,8 @@ func benchRotation(b *testing.B, n int, s Strategy) *Rotation {
 	since := time.Now()
 	for i := range n {
 		id := fmt.Sprintf("p%d", i)
-		r.idx.putEvent(id, "h1", map[string]string{"region": fmt.Sprint(i % 4), "n": fmt.Sprint(i)}, 1)
-		r.idx.putMember(id, fmt.Sprintf("10.%d.%d.%d:3128", i>>16, (i>>8)&255, i&255), since, 1)
+		r.idx.put(Proxy{ID: id, Addr: fmt.Sprintf("198.18.%d.%d:3128", (i>>8)&255, i&255), Host: "h1", Since: since,
+			Labels: map[string]string{"region": fmt.Sprint(i % 4), "n": fmt.Sprint(i)}}, 1)
 	}
 	return r
 }
@@ -112,8 +112,8 @@ func BenchmarkChange(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		r.mu.Lock()
-		r.idx.putMember("p0", "198.18.9.9:3128", since, 1)
-		r.idx.delMember("p0")
+		r.idx.put(Proxy{ID: "p0", Addr: "198.18.9.9:3128", Since: since, Labels: map[string]string{"region": "1"}}, 1)
+		r.idx.del("p0")
 		r.mu.Unlock()
 	}
 }

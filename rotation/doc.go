@@ -8,42 +8,47 @@
 //
 // # What it follows
 //
-// Three sources, each watched rather than polled (client.Rotation reads the
-// same three once):
+// The rotation's feed and its pages, both answered by the health process
+// that holds the publisher's lease (see messages.RotationChanges):
 //
-//   - the KV bucket PROXY_ROTATION, the membership (key = proxy id, value =
-//     ip:port), written by the publishing health process; a proxy is in the
-//     rotation exactly while its key is there, and its Since is when the key
-//     was written;
-//   - the stream PROXY_EVENTS, through an ordered consumer that delivers the
-//     last event of every proxy and then new ones: a proxy's Host and Labels
-//     are its latest event's;
-//   - the KV bucket PROXY_CHECKS (messages.CheckRecord): a proxy's Egress is
-//     its record's, when the record is of the address the proxy has now.
+//   - it subscribes to <prefix>.rotation.changes, keeping what arrives;
+//   - it reads the whole rotation in pages on <prefix>.rotation.get, each
+//     at most 64 KiB, whose versions may grow from one page to the next
+//     while the rotation moves on;
+//   - it applies the kept messages after the first page's version, in
+//     order: every change is the whole entry of one proxy (or its
+//     leaving), so applying one again is harmless, and once the version
+//     held reaches the last page's the members are exactly the rotation
+//     at that version (their number is then checked against each
+//     message's size);
+//   - from then on it applies each message whose prev is the version it
+//     holds. A proxy's Host, Labels, Egress and Since come with its entry.
 //
-// Ready is closed once all three have delivered their initial values, so a
-// program that waits for it never picks from a half-read rotation. Only
-// PROXY_ROTATION decides membership: a proxy whose event or check is
-// missing (the stream or bucket gone, a consumer being remade) is still
-// picked, with no host, labels or egress known; it is only passed over by a
-// Selector that asks for labels, since it cannot be shown to have them.
+// Ready is closed once the pages have been read, so a program that waits
+// for it never picks from a half-read rotation. The cost per change is one
+// small message (a proxy's entry, about 200 bytes) whatever the size of
+// the fleet; only a read of the pages is O(fleet), and it happens at the
+// start and after a gap.
 //
-// # Repairs
+// # Gaps
 //
-// A source that breaks is made anew: a KV watcher whose channel closes, an
-// ordered consumer that reports missed heartbeats or a deleted consumer, or
-// a stream or bucket found missing or created anew by the look at it every
-// Config.CheckInterval (a stream info request; the only periodic request,
-// needed because a bucket deleted and created again between two
-// heartbeats would otherwise be resumed at a sequence of the old one). A
-// new watcher or consumer reads every initial value again; at its end,
-// what the new one did not deliver is dropped (a delete missed while
-// broken). Each remake waits a backoff that grows to Config.RetryMax, is
-// logged at error level and counted (Stats.Restarts). A stream or bucket
-// that is missing (at start, or after a delete) is waited for, logged at
-// error level once and then every 30 s, as health does: roles other than
-// set-up never create them. Membership read before a break is kept until
-// the remade watcher says otherwise.
+// A message whose prev is not the version held means one was lost (a
+// reconnect, a slow subscription) or a new publisher speaks (prev 0: a
+// takeover of the lease, whose rotation may differ from the old
+// publisher's in ways no message says): the rotation is read again, and
+// what the pages no longer hold is dropped. When the feed is silent for
+// Config.CheckInterval (health repeats its version every third of its
+// lease's TTL, 5s by default, when it has nothing else to say), one page
+// of one proxy is asked for: its version is the publisher's, and one that
+// the feed has not brought by the next look means a lost message. Each
+// read again is counted (Stats.Restarts): at info level for a new
+// publisher, at warn level for a gap. With no health process answering
+// (none runs, or none holds the lease yet), the rotation is kept as it is,
+// and the pages are asked for again with a backoff that grows to
+// Config.RetryMax, logged at info level at first and at error level once
+// that lasts 30 s (then every 30 s). It depends neither on the snapshot
+// subject (<prefix>.rotation, which a large rotation outgrows) nor on
+// PROXY_ROTATION, PROXY_EVENTS or PROXY_CHECKS.
 //
 // # Picking
 //
@@ -60,7 +65,7 @@
 // never takes a proxy out by itself).
 //
 // The fleet may reach 50,000 proxies, so the work per change is O(1) (a
-// proxy's index entries are updated in place) and a pick copies and sorts
+// proxy's index entries are updated in place: O(its labels)) and a pick copies and sorts
 // nothing: the rotation is held as a slice of members with positions (for
 // round robin) and, per label key and value, a set of the same kind; a
 // pick with labels walks the smallest set that one of its labels names.
@@ -68,6 +73,6 @@
 // is for listing, not for the request path.
 //
 // Of proxyfleet it imports only messages, the wire contract; it needs no
-// more than the client role of deploy/nats/accounts.conf (reading
-// PROXY_ROTATION, PROXY_EVENTS and PROXY_CHECKS, publishing reports).
+// more than the client role of deploy/nats/accounts.conf (subscribing to
+// the feed, asking for its pages, publishing reports).
 package rotation

@@ -2,11 +2,14 @@ package rotation_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"testing"
 	"time"
 
+	"proxyfleet/health"
 	"proxyfleet/internal/natstest"
 	"proxyfleet/messages"
 	"proxyfleet/rotation"
@@ -14,8 +17,9 @@ import (
 )
 
 // Example follows the rotation of an embedded nats-server, with the
-// topology set up as `proxyfleet setup` does, one proxy put in
-// PROXY_ROTATION as health would, and picks it.
+// topology set up as `proxyfleet setup` does and a health process
+// publishing it, one proxy of a sim host reported running as a worker
+// would, and picks it.
 func Example() {
 	t := &exampleTB{}
 	defer t.done()
@@ -23,12 +27,23 @@ func Example() {
 	nc, js := srv.Connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := (topology.Topology{Subjects: messages.NewSubjects("")}).Setup(ctx, js); err != nil {
+	subj := messages.NewSubjects("")
+	if _, err := (topology.Topology{Subjects: subj}).Setup(ctx, js); err != nil {
 		fmt.Println(err)
 		return
 	}
-	kv, _ := js.KeyValue(ctx, messages.BucketRotation)
-	if _, err := kv.Put(ctx, "p1", []byte("198.18.100.32:3128")); err != nil {
+	h, err := health.New(js, health.Config{HTTPAddr: health.NoHTTP, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	hctx, stop := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- h.Run(hctx) }()
+	defer func() { stop(); <-ran }()
+	ev, _ := json.Marshal(messages.StateEvent{V: 1, ID: "p1", State: messages.StateRunning, Host: "h1",
+		IP: "198.18.100.32", Port: 3128, Source: messages.SourceSim, Seq: 1, At: time.Now()})
+	if _, err := js.Publish(ctx, subj.State("p1"), ev); err != nil {
 		fmt.Println(err)
 		return
 	}
@@ -41,6 +56,18 @@ func Example() {
 	}
 	defer rot.Close()
 
+	for { // until health has published p1
+		ch := rot.Changed()
+		if rot.Len() > 0 {
+			break
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			fmt.Println(ctx.Err())
+			return
+		}
+	}
 	p, err := rot.Pick(rotation.Selector{})
 	if err != nil {
 		fmt.Println(err)

@@ -6,390 +6,317 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/messages"
 )
 
-// Errors that break a source, so it is made anew.
+// Why the rotation is read whole again.
 var (
-	errWatcherClosed = errors.New("watcher closed")
-	errRecreated     = errors.New("created anew")
-	errGone          = errors.New("gone")
+	errGap      = errors.New("a gap in the feed")
+	errReset    = errors.New("a new publisher")
+	errOverflow = errors.New("the feed came faster than it was applied")
 )
 
-// kvStream is the stream behind KV bucket b.
-func kvStream(b string) string { return "KV_" + b }
+// maxQueued bounds the bytes of feed messages kept while the pages are
+// read (or before the follower takes them); past it they are dropped and
+// the rotation is read whole again.
+const maxQueued = 64 << 20
 
-// sourceRun is one life of a source: it reads from a watcher or consumer
-// of generation gen on the stream whose creation time is created, until it
-// breaks (its error) or ctx ends (nil). caughtUp is called once its initial
-// values are in.
-type sourceRun func(ctx context.Context, gen uint64, created time.Time) error
+// feedQueue keeps the feed's messages from the subscription's goroutine
+// until the follower takes them.
+type feedQueue struct {
+	mu       sync.Mutex
+	msgs     []*nats.Msg
+	bytes    int
+	overflow bool
+	wake     chan struct{} // a message is waiting
+}
 
-// supervise runs a source, making it anew with a backoff whenever it
-// breaks, until ctx ends (nil) or the connection is closed (its error).
-// kind and name ("bucket", "PROXY_ROTATION") are for the logs; stream is
-// the stream looked up.
-func (r *Rotation) supervise(ctx context.Context, kind, name, stream string, run sourceRun) error {
-	log := r.log.With(kind, name)
+func newFeedQueue() *feedQueue { return &feedQueue{wake: make(chan struct{}, 1)} }
+
+func (q *feedQueue) push(m *nats.Msg) {
+	q.mu.Lock()
+	if q.bytes+len(m.Data) > maxQueued {
+		q.msgs, q.bytes, q.overflow = nil, 0, true
+	} else {
+		q.msgs = append(q.msgs, m)
+		q.bytes += len(m.Data)
+	}
+	q.mu.Unlock()
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take returns the messages kept and whether some were dropped.
+func (q *feedQueue) take() ([]*nats.Msg, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	msgs, overflow := q.msgs, q.overflow
+	q.msgs, q.bytes, q.overflow = nil, 0, false
+	return msgs, overflow
+}
+
+// follower is the state of the one goroutine that follows the feed.
+type follower struct {
+	q       *feedQueue
+	version uint64 // the version held
+	exact   uint64 // the last page's version: from there on the members are the rotation at version
+	gen     uint64 // of the last read of the pages
+	read    bool   // the pages were read and the kept messages applied
+	// expect is a version the first page announced at a look, which the
+	// feed has not brought yet; 0 if none.
+	expect uint64
+	// waitingSince is when reading the pages started failing (zero if it
+	// does not), waitingLogged when that was last logged.
+	waitingSince, waitingLogged time.Time
+}
+
+// followFeed follows the rotation until ctx ends (nil) or the connection
+// is closed (its error): it subscribes to the feed, reads the pages, then
+// applies each message that follows the version it holds, and reads the
+// pages again on a gap, a new publisher, or a look (after CheckInterval
+// of silence) that finds the publisher at a version the feed never
+// brought.
+func (r *Rotation) followFeed(ctx context.Context) error {
+	f := &follower{q: newFeedQueue()}
+	sub, err := r.nc.Subscribe(r.subj.RotationChanges(), f.q.push)
+	if err != nil {
+		return fmt.Errorf("rotation: subscribe to %s: %w", r.subj.RotationChanges(), err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	// The subscription is the server's before the first page is asked
+	// for: no message after that page's version is missed.
+	if err := r.nc.Flush(); err != nil && r.nc.IsClosed() {
+		return fmt.Errorf("rotation: %w", nats.ErrConnectionClosed)
+	}
+	look := time.NewTimer(r.cfg.CheckInterval)
+	defer look.Stop()
 	wait := r.cfg.RetryMax / 50
-	var gen uint64
-	var missingSince, missingLogged time.Time
 	for {
 		if ctx.Err() != nil {
 			return nil
 		}
 		if r.nc.IsClosed() {
-			return fmt.Errorf("rotation: %s %s: %w", kind, name, nats.ErrConnectionClosed)
+			return fmt.Errorf("rotation: %w", nats.ErrConnectionClosed)
 		}
-		octx, cancel := context.WithTimeout(ctx, opTimeout)
-		st, err := r.js.Stream(octx, stream)
-		cancel()
-		var broke error
-		if err == nil {
-			if !missingSince.IsZero() {
-				log.Warn(kind+" "+name+" is back", "after", time.Since(missingSince).Round(time.Millisecond))
-				missingSince = time.Time{}
-			}
-			gen++
-			began := time.Now()
-			broke = run(ctx, gen, st.CachedInfo().Created)
+		if !f.read {
+			err := r.readPages(ctx, f)
 			if ctx.Err() != nil {
 				return nil
 			}
-			if r.nc.IsClosed() {
-				return fmt.Errorf("rotation: %s %s: %w", kind, name, nats.ErrConnectionClosed)
-			}
-			if time.Since(began) > r.cfg.RetryMax {
-				wait = r.cfg.RetryMax / 50 // it ran well for a while: start over
-			}
-			r.restarts.Add(1)
-			log.Error("following "+kind+" "+name+" broke: making it anew", "err", broke, "generation", gen, "retry_in", wait)
-		} else if errors.Is(err, jetstream.ErrStreamNotFound) {
-			now := time.Now()
-			if missingSince.IsZero() {
-				missingSince = now
-			}
-			if missingLogged.IsZero() || now.Sub(missingLogged) >= missingRepeat {
-				missingLogged = now
-				log.Error(kind+" "+name+" is missing: waiting for it (proxyfleet setup creates it); the rotation is kept meanwhile",
-					"for", now.Sub(missingSince).Round(time.Second))
-			}
-		} else {
-			log.Warn("looking up "+kind+" "+name, "err", err, "retry_in", wait)
-		}
-		// Wait, with jitter, then longer next time.
-		t := time.NewTimer(wait + rand.N(wait/5+1))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
-		wait = min(wait*2, r.cfg.RetryMax)
-	}
-}
-
-// checkStream looks stream up: gone or created anew is an error that
-// breaks the source; a lookup that fails otherwise (a timeout, no
-// responders for a moment) is not.
-func (r *Rotation) checkStream(ctx context.Context, stream string, created time.Time) error {
-	octx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	st, err := r.js.Stream(octx, stream)
-	switch {
-	case errors.Is(err, jetstream.ErrStreamNotFound):
-		return fmt.Errorf("stream %s: %w", stream, errGone)
-	case err != nil:
-		if ctx.Err() == nil {
-			r.log.Debug("looking at a stream", "stream", stream, "err", err)
-		}
-		return nil
-	case !st.CachedInfo().Created.Equal(created):
-		return fmt.Errorf("stream %s: %w at %s", stream, errRecreated, st.CachedInfo().Created.UTC().Format(time.RFC3339Nano))
-	}
-	return nil
-}
-
-// watchKV follows bucket with a KV watcher of every key (deletes
-// included): apply is called with r.mu held for each entry, in batches,
-// and sweep once the initial values are in.
-func (r *Rotation) watchKV(ctx context.Context, bucket string, gen uint64, created time.Time,
-	apply func(e jetstream.KeyValueEntry, gen uint64) bool, sweep func(gen uint64) int, src int) error {
-	octx, cancel := context.WithTimeout(ctx, opTimeout)
-	kv, err := r.js.KeyValue(octx, bucket)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("bind: %w", err)
-	}
-	wctx, stop := context.WithCancel(ctx)
-	defer stop()
-	w, err := kv.WatchAll(wctx)
-	if err != nil {
-		return fmt.Errorf("watch: %w", err)
-	}
-	defer func() { _ = w.Stop() }()
-	if r.watchHook != nil {
-		r.watchHook(bucket, w)
-	}
-	tick := time.NewTicker(r.cfg.CheckInterval)
-	defer tick.Stop()
-	updates := w.Updates()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-			if err := r.checkStream(ctx, kvStream(bucket), created); err != nil {
-				return err
-			}
-		case e, ok := <-updates:
-			if !ok {
-				return errWatcherClosed
-			}
-			// Apply what is there in one hold of the lock: the initial
-			// values of a large bucket come in a burst.
-			r.mu.Lock()
-			for more := true; more; {
-				if e == nil {
-					if n := sweep(gen); n > 0 {
-						r.log.Warn("dropped what a remade watcher no longer has", "bucket", bucket, "entries", n)
-					}
-					r.readyLocked(src)
-				} else if apply(e, gen) {
-					r.changedLocked()
-				}
+			if err != nil {
+				r.noteWaiting(f, err)
+				t := time.NewTimer(wait + rand.N(wait/5+1))
 				select {
-				case e, ok = <-updates:
-					more = ok
-				default:
-					more = false
+				case <-ctx.Done():
+					t.Stop()
+					return nil
+				case <-t.C:
 				}
+				wait = min(wait*2, r.cfg.RetryMax)
+				continue
 			}
-			r.mu.Unlock()
-			if !ok {
-				return errWatcherClosed
-			}
+			wait = r.cfg.RetryMax / 50
+			f.expect = 0
+			look.Reset(r.cfg.CheckInterval)
 		}
-	}
-}
-
-// followRotation follows PROXY_ROTATION, the membership.
-func (r *Rotation) followRotation(ctx context.Context) error {
-	b := messages.BucketRotation
-	return r.supervise(ctx, "bucket", b, kvStream(b), func(ctx context.Context, gen uint64, created time.Time) error {
-		return r.watchKV(ctx, b, gen, created, r.applyRotationLocked, func(gen uint64) int {
-			n := r.idx.sweepMembers(gen)
-			for range n {
-				r.changedLocked()
-			}
-			return n
-		}, srcRotation)
-	})
-}
-
-// applyRotationLocked applies one entry of PROXY_ROTATION.
-func (r *Rotation) applyRotationLocked(e jetstream.KeyValueEntry, gen uint64) bool {
-	id := e.Key()
-	if e.Operation() != jetstream.KeyValuePut {
-		return r.idx.delMember(id)
-	}
-	addr := string(e.Value())
-	if !messages.ValidID(id) {
-		r.log.Warn("ignoring a rotation key that is no proxy id", "key", id)
-		return false
-	}
-	if _, _, err := net.SplitHostPort(addr); err != nil {
-		r.log.Warn("ignoring a rotation entry that is no ip:port", "id", id, "value", addr, "err", err)
-		return r.idx.delMember(id)
-	}
-	return r.idx.putMember(id, addr, e.Created().UTC(), gen)
-}
-
-// followChecks follows PROXY_CHECKS, health's check records.
-func (r *Rotation) followChecks(ctx context.Context) error {
-	b := messages.BucketChecks
-	return r.supervise(ctx, "bucket", b, kvStream(b), func(ctx context.Context, gen uint64, created time.Time) error {
-		return r.watchKV(ctx, b, gen, created, r.applyCheckLocked, func(gen uint64) int {
-			n := r.idx.sweepChecks(gen)
-			for range n {
-				r.changedLocked()
-			}
-			return n
-		}, srcChecks)
-	})
-}
-
-// applyCheckLocked applies one entry of PROXY_CHECKS.
-func (r *Rotation) applyCheckLocked(e jetstream.KeyValueEntry, gen uint64) bool {
-	id := e.Key()
-	if e.Operation() != jetstream.KeyValuePut {
-		return r.idx.delCheck(id)
-	}
-	var c messages.CheckRecord
-	if err := json.Unmarshal(e.Value(), &c); err != nil {
-		r.log.Warn("ignoring a check record that does not decode", "id", id, "err", err)
-		return r.idx.delCheck(id)
-	}
-	return r.idx.putCheck(id, c.Addr, c.Egress, gen)
-}
-
-// followEvents follows PROXY_EVENTS with an ordered consumer: the last
-// event of every proxy, then new ones.
-func (r *Rotation) followEvents(ctx context.Context) error {
-	s := messages.StreamEvents
-	return r.supervise(ctx, "stream", s, s, r.consumeEvents)
-}
-
-// consumeEvents is one life of the events source. The ordered consumer
-// repairs some breaks itself (a gap), but it resumes at the next stream
-// sequence, which is wrong for a stream created anew; so on missed
-// heartbeats or a deleted consumer this makes a new one from scratch,
-// which reads the last event of every proxy again.
-func (r *Rotation) consumeEvents(ctx context.Context, gen uint64, created time.Time) error {
-	octx, cancel := context.WithTimeout(ctx, opTimeout)
-	cons, err := r.js.OrderedConsumer(octx, messages.StreamEvents, jetstream.OrderedConsumerConfig{
-		FilterSubjects:    []string{r.subj.StateAll()},
-		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
-		InactiveThreshold: 2 * time.Minute,
-	})
-	cancel()
-	if err != nil {
-		return fmt.Errorf("ordered consumer: %w", err)
-	}
-	r.eventsGen.Store(gen)
-	if cons.CachedInfo().NumPending == 0 {
-		r.eventsCaughtUp(gen)
-	}
-	broke := make(chan error, 1)
-	hb := min(max(r.cfg.CheckInterval, 500*time.Millisecond), 15*time.Second)
-	cc, err := cons.Consume(func(msg jetstream.Msg) { r.handleEvent(gen, msg) },
-		jetstream.PullHeartbeat(hb), jetstream.PullExpiry(5*hb),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			switch {
-			case errors.Is(err, jetstream.ErrNoHeartbeat), errors.Is(err, jetstream.ErrConsumerDeleted),
-				errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, nats.ErrNoResponders),
-				errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, jetstream.ErrConnectionClosed):
-				select {
-				case broke <- err:
-				default:
-				}
-			default:
-				r.log.Warn("consuming state events", "err", err)
-			}
-		}))
-	if err != nil {
-		return fmt.Errorf("consume: %w", err)
-	}
-	defer func() {
-		cc.Stop()
-		t := time.NewTimer(opTimeout)
-		select {
-		case <-cc.Closed():
-		case <-t.C:
-		}
-		t.Stop()
-		// The ordered consumer is ephemeral and memory-backed: delete it
-		// now rather than leave it to its inactivity threshold.
-		if name := cons.CachedInfo().Name; name != "" && !r.nc.IsClosed() {
-			dctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-			_ = r.js.DeleteConsumer(dctx, messages.StreamEvents, name)
-			cancel()
-		}
-	}()
-	tick := time.NewTicker(r.cfg.CheckInterval)
-	defer tick.Stop()
-	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case err := <-broke:
-			return fmt.Errorf("consumer: %w", err)
-		case <-tick.C:
-			if err := r.checkStream(ctx, messages.StreamEvents, created); err != nil {
-				return err
+		case <-f.q.wake:
+			msgs, overflow := f.q.take()
+			err := errOverflow
+			if !overflow {
+				err = r.apply(f, msgs)
 			}
+			if err != nil {
+				r.readAgain(f, err)
+			}
+			look.Reset(r.cfg.CheckInterval)
+		case <-look.C:
+			r.look(ctx, f)
+			look.Reset(r.cfg.CheckInterval)
 		}
 	}
 }
 
-// handleEvent folds one message of PROXY_EVENTS from the consumer of
-// generation gen (called from one goroutine at a time).
-func (r *Rotation) handleEvent(gen uint64, msg jetstream.Msg) {
-	if r.eventsGen.Load() != gen {
-		return // a consumer replaced since
-	}
-	md, mdErr := msg.Metadata()
-	id, err := r.subj.ParseState(msg.Subject())
-	var ev messages.StateEvent
-	marker := msg.Headers().Get(jetstream.MarkerReasonHeader) != ""
-	if err == nil && !marker {
-		err = decodeEvent(id, msg.Data(), &ev)
-	}
-	r.mu.Lock()
-	switch {
-	case err != nil:
-		r.log.Warn("ignoring a state event", "subject", msg.Subject(), "err", err)
-	case marker:
-		// The server removed the proxy's last event (aged out).
-		if r.idx.delEvent(id) {
-			r.changedLocked()
-		}
-	default:
-		if r.idx.putEvent(id, ev.Host, ev.Labels, gen) {
-			r.changedLocked()
-		}
-	}
-	r.mu.Unlock()
-	if mdErr == nil && md.NumPending == 0 {
-		r.eventsCaughtUp(gen)
-	}
-}
-
-// eventsCaughtUp is called when the events consumer of generation gen has
-// delivered the last event of every proxy.
-func (r *Rotation) eventsCaughtUp(gen uint64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.eventsSwept >= gen {
+// readAgain marks the rotation to be read whole again, and says why.
+func (r *Rotation) readAgain(f *follower, why error) {
+	f.read = false
+	r.restarts.Add(1)
+	if errors.Is(why, errReset) {
+		// A takeover or a restart of health: expected now and then.
+		r.log.Info("reading the rotation again: "+why.Error(), "version", f.version)
 		return
 	}
-	r.eventsSwept = gen
-	if n := r.idx.sweepEvents(gen); n > 0 {
-		r.log.Warn("dropped the events a remade consumer no longer has", "proxies", n)
-		for range n {
-			r.changedLocked()
-		}
-	}
-	r.readyLocked(srcEvents)
+	r.log.Warn("reading the rotation again", "why", why, "version", f.version)
 }
 
-// decodeEvent reads a state event leniently about fields it does not know
-// (a newer worker may add some) and strictly about the version and the
-// id against the subject's.
-func decodeEvent(id string, body []byte, ev *messages.StateEvent) error {
-	if !messages.ValidID(id) {
-		return fmt.Errorf("invalid id %q", id)
+// look asks the publisher for its version (a page of one proxy) after a
+// silence of the feed: the version held is current, or the feed brings
+// the one announced before the next look; else a message was lost, and
+// the rotation is read again. A publisher that does not answer changes
+// nothing: the rotation is kept as it is.
+func (r *Rotation) look(ctx context.Context, f *follower) {
+	page, err := r.page(ctx, "", 1)
+	switch {
+	case err != nil:
+		r.log.Debug("looking at the rotation's version", "err", err)
+	case page.Version == f.version:
+		f.expect = 0
+	case page.Version < f.version:
+		r.readAgain(f, fmt.Errorf("%w: the publisher is at version %d, before %d", errReset, page.Version, f.version))
+	case f.expect != 0 && f.version < f.expect:
+		r.readAgain(f, fmt.Errorf("%w: version %d was announced, the feed is still at %d", errGap, f.expect, f.version))
+	default:
+		f.expect = page.Version
 	}
-	if len(body) > messages.MaxBodySize {
-		return fmt.Errorf("body of %d bytes, more than %d", len(body), messages.MaxBodySize)
+}
+
+// readPages reads the whole rotation in pages (each at a version no
+// earlier than the one before: the rotation may move on between them),
+// drops the members no page had, and applies the messages kept since the
+// subscription that come after the first page's version. Because each
+// change is the whole state of one proxy, the result is exactly the
+// rotation at the last version applied (see messages.RotationChanges).
+func (r *Rotation) readPages(ctx context.Context, f *follower) error {
+	f.gen++
+	var first, last uint64
+	after, n := "", 0
+	for {
+		page, err := r.page(ctx, after, 0)
+		if err != nil {
+			return err
+		}
+		if n > 0 && page.Version < last {
+			return fmt.Errorf("%w: a page at version %d after one at %d", errReset, page.Version, last)
+		}
+		if n == 0 {
+			first = page.Version
+		}
+		last = page.Version
+		n++
+		r.mu.Lock()
+		for _, e := range page.Proxies {
+			if r.idx.put(proxyOf(e), f.gen) {
+				r.changedLocked()
+			}
+		}
+		r.mu.Unlock()
+		if page.Next == "" {
+			break
+		}
+		after = page.Next
 	}
-	if err := json.Unmarshal(body, ev); err != nil {
-		return fmt.Errorf("malformed: %w", err)
+	r.mu.Lock()
+	for range r.idx.sweep(f.gen) {
+		r.changedLocked()
 	}
-	if ev.V != messages.Version {
-		return fmt.Errorf("version %d, want %d", ev.V, messages.Version)
+	r.mu.Unlock()
+	f.version, f.exact = first, last
+	r.version.Store(first)
+	msgs, overflow := f.q.take()
+	if overflow {
+		return errOverflow
 	}
-	if ev.ID != id {
-		return fmt.Errorf("body id %q does not match the subject's %q", ev.ID, id)
+	if err := r.apply(f, msgs); err != nil {
+		return err
 	}
-	if len(ev.Labels) == 0 {
-		ev.Labels = nil
+	f.read = true
+	if !f.waitingSince.IsZero() {
+		r.log.Info("the rotation's publisher answers again", "after", time.Since(f.waitingSince).Round(time.Millisecond))
+		f.waitingSince, f.waitingLogged = time.Time{}, time.Time{}
+	}
+	r.mu.Lock()
+	r.readyLocked()
+	size := len(r.idx.all.items)
+	r.mu.Unlock()
+	r.log.Debug("read the rotation", "pages", n, "versions", fmt.Sprintf("%d..%d", first, last), "version", f.version, "proxies", size)
+	return nil
+}
+
+// apply applies the feed's messages in order: those at or before the
+// version held are known already (or heartbeats); each other one must
+// follow the version held, else it is a gap (or, from a new publisher, a
+// reset) and nothing more is applied. Once the version held is at least
+// the last page's, the number of members must be the message's size.
+func (r *Rotation) apply(f *follower, msgs []*nats.Msg) error {
+	for _, msg := range msgs {
+		m, err := messages.DecodeRotationChanges(msg.Data)
+		if err != nil {
+			r.log.Warn("ignoring a message of the rotation's feed that does not decode", "err", err)
+			continue
+		}
+		switch {
+		case m.Version <= f.version:
+			continue
+		case m.Prev == 0:
+			return fmt.Errorf("%w (version %d)", errReset, m.Version)
+		case m.Prev != f.version:
+			return fmt.Errorf("%w: version %d follows %d, this process holds %d", errGap, m.Version, m.Prev, f.version)
+		}
+		r.mu.Lock()
+		for _, c := range m.Changes {
+			var changed bool
+			if c.Op == messages.ChangeLeft {
+				changed = r.idx.del(c.ID)
+			} else {
+				changed = r.idx.put(proxyOf(*c.Proxy), f.gen)
+			}
+			if changed {
+				r.changedLocked()
+			}
+		}
+		size := len(r.idx.all.items)
+		r.mu.Unlock()
+		f.version = m.Version
+		r.version.Store(m.Version)
+		if f.version >= f.exact && size != m.Size {
+			return fmt.Errorf("%w: %d proxies at version %d, the publisher has %d", errGap, size, m.Version, m.Size)
+		}
 	}
 	return nil
+}
+
+// page asks the publishing health process for the page after after.
+func (r *Rotation) page(ctx context.Context, after string, limit int) (messages.RotationPage, error) {
+	body, err := json.Marshal(messages.RotationGet{V: messages.Version, After: after, Limit: limit})
+	if err != nil {
+		return messages.RotationPage{}, err
+	}
+	octx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	msg, err := r.nc.RequestWithContext(octx, r.subj.RotationGet(), body)
+	if err != nil {
+		return messages.RotationPage{}, fmt.Errorf("ask %s: %w", r.subj.RotationGet(), err)
+	}
+	page, err := messages.DecodeRotationPage(msg.Data)
+	if err != nil {
+		return messages.RotationPage{}, fmt.Errorf("a page of %s: %w", r.subj.RotationGet(), err)
+	}
+	return page, nil
+}
+
+// noteWaiting says that the pages could not be read: at info level at
+// first (a health process may be starting, or taking over), at error
+// level once that lasts missingRepeat, and again every missingRepeat.
+// The rotation is kept as it is meanwhile.
+func (r *Rotation) noteWaiting(f *follower, err error) {
+	now := time.Now()
+	if f.waitingSince.IsZero() {
+		f.waitingSince, f.waitingLogged = now, now
+		r.log.Info("waiting for the rotation's publisher (a health process holding the lease) to answer", "subject", r.subj.RotationGet(), "err", err)
+		return
+	}
+	if now.Sub(f.waitingLogged) >= missingRepeat {
+		f.waitingLogged = now
+		r.log.Error("no health process answers for the rotation: is one running, and holding the lease? The rotation is kept meanwhile",
+			"subject", r.subj.RotationGet(), "for", now.Sub(f.waitingSince).Round(time.Second), "err", err)
+	}
 }

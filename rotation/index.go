@@ -3,7 +3,8 @@ package rotation
 import (
 	"maps"
 	"sync/atomic"
-	"time"
+
+	"proxyfleet/messages"
 )
 
 // member is one proxy in the rotation: the Proxy a pick returns, and what
@@ -13,12 +14,10 @@ type member struct {
 	idHash uint64 // hash of the id, for PickSession
 	// inflight counts requests on it (Acquire), for least-busy.
 	inflight atomic.Int64
-	// gen is the generation of the PROXY_ROTATION watcher that last
-	// delivered its key: after a remade watcher's initial values, members
-	// of older generations are gone.
+	// gen is the generation of the last read of the pages that found it
+	// (or of a message after it): after a read, members of older
+	// generations are gone.
 	gen uint64
-	// labelled is whether its labels are indexed (known from an event).
-	labelled bool
 }
 
 // set is a set of members that supports O(1) add, remove and pick by
@@ -63,33 +62,14 @@ func (s *set) remove(m *member) {
 	delete(s.pos, m)
 }
 
-// eventInfo is what a proxy's latest state event says that the rotation
-// shows: its host and labels.
-type eventInfo struct {
-	host   string
-	labels map[string]string
-	gen    uint64
-}
-
-// checkInfo is what health's check record of a proxy says: the address it
-// checked and the egress its probe target saw.
-type checkInfo struct {
-	addr, egress string
-	gen          uint64
-}
-
-// index is the rotation as this process knows it: the members, the
-// secondary sources' records by id (kept also for ids not in the rotation,
-// so a proxy that enters shows its host and labels at once), and the label
-// sets. Every method is O(1) in the size of the fleet (O(labels of one
-// proxy)), except the sweeps, which run once per remade source.
+// index is the rotation as this process knows it: the members and the
+// label sets. Every method is O(1) in the size of the fleet (O(labels of
+// one proxy)), except the sweep, which runs once per read of the pages.
 type index struct {
 	members map[string]*member
 	all     *set
 	// labels[k][v] is the set of members whose labels have k = v.
 	labels map[string]map[string]*set
-	events map[string]*eventInfo
-	checks map[string]*checkInfo
 }
 
 func newIndex() *index {
@@ -97,55 +77,40 @@ func newIndex() *index {
 		members: map[string]*member{},
 		all:     newSet(),
 		labels:  map[string]map[string]*set{},
-		events:  map[string]*eventInfo{},
-		checks:  map[string]*checkInfo{},
 	}
 }
 
-// build makes the Proxy of member m at addr since since from the secondary
-// sources, and indexes its labels. It reports whether the Proxy changed.
-func (x *index) build(m *member, addr string, since time.Time) bool {
-	old := m.p
-	p := Proxy{ID: old.ID, Addr: addr, Since: since}
-	ev := x.events[p.ID]
-	if ev != nil {
-		p.Host, p.Labels = ev.host, ev.labels
+// proxyOf is the Proxy of a rotation entry.
+func proxyOf(e messages.RotationEntry) Proxy {
+	p := Proxy{ID: e.ID, Addr: e.Addr, Host: e.Host, Egress: e.Egress, Since: e.Since}
+	if len(e.Labels) > 0 {
+		p.Labels = e.Labels
 	}
-	if c := x.checks[p.ID]; c != nil && c.addr == p.Addr {
-		p.Egress = c.egress
-	}
-	if p.Host == old.Host && p.Egress == old.Egress && p.Addr == old.Addr && p.Since.Equal(old.Since) &&
-		maps.Equal(p.Labels, old.Labels) && m.labelled == (ev != nil) {
-		return false
-	}
-	x.unindexLabels(m)
-	m.p = p
-	if ev != nil {
-		m.labelled = true
-		for k, v := range p.Labels {
-			byValue := x.labels[k]
-			if byValue == nil {
-				byValue = map[string]*set{}
-				x.labels[k] = byValue
-			}
-			s := byValue[v]
-			if s == nil {
-				s = newSet()
-				byValue[v] = s
-			}
-			s.add(m)
+	return p
+}
+
+func sameProxy(a, b Proxy) bool {
+	return a.ID == b.ID && a.Addr == b.Addr && a.Host == b.Host && a.Egress == b.Egress &&
+		a.Since.Equal(b.Since) && maps.Equal(a.Labels, b.Labels)
+}
+
+func (x *index) indexLabels(m *member) {
+	for k, v := range m.p.Labels {
+		byValue := x.labels[k]
+		if byValue == nil {
+			byValue = map[string]*set{}
+			x.labels[k] = byValue
 		}
+		s := byValue[v]
+		if s == nil {
+			s = newSet()
+			byValue[v] = s
+		}
+		s.add(m)
 	}
-	return true
 }
-
-// refresh rebuilds m after a secondary source changed.
-func (x *index) refresh(m *member) bool { return x.build(m, m.p.Addr, m.p.Since) }
 
 func (x *index) unindexLabels(m *member) {
-	if !m.labelled {
-		return
-	}
 	for k, v := range m.p.Labels {
 		byValue := x.labels[k]
 		if s := byValue[v]; s != nil {
@@ -158,24 +123,29 @@ func (x *index) unindexLabels(m *member) {
 			}
 		}
 	}
-	m.labelled = false
 }
 
-// putMember records that id is in the rotation at addr since since (its
-// key's write), as delivered by watcher generation gen. It reports whether
-// what Pick sees changed.
-func (x *index) putMember(id, addr string, since time.Time, gen uint64) bool {
-	m := x.members[id]
+// put records that p is in the rotation, as read by the read of the
+// pages of generation gen (or a message of the feed after it). It
+// reports whether what Pick sees changed.
+func (x *index) put(p Proxy, gen uint64) bool {
+	m := x.members[p.ID]
 	if m == nil {
-		m = &member{p: Proxy{ID: id}, idHash: hashString(id)}
-		x.members[id] = m
+		m = &member{p: Proxy{ID: p.ID}, idHash: hashString(p.ID)}
+		x.members[p.ID] = m
 		x.all.add(m)
+	} else if sameProxy(m.p, p) {
+		m.gen = gen
+		return false
 	}
 	m.gen = gen
-	return x.build(m, addr, since)
+	x.unindexLabels(m)
+	m.p = p
+	x.indexLabels(m)
+	return true
 }
 
-func (x *index) delMember(id string) bool {
+func (x *index) del(id string) bool {
 	m := x.members[id]
 	if m == nil {
 		return false
@@ -186,94 +156,13 @@ func (x *index) delMember(id string) bool {
 	return true
 }
 
-func (x *index) putEvent(id, host string, labels map[string]string, gen uint64) bool {
-	ev := x.events[id]
-	existed := ev != nil
-	if !existed {
-		ev = &eventInfo{}
-		x.events[id] = ev
-	}
-	ev.gen = gen
-	if existed && ev.host == host && maps.Equal(ev.labels, labels) {
-		return false
-	}
-	ev.host, ev.labels = host, labels
-	if m := x.members[id]; m != nil {
-		return x.refresh(m)
-	}
-	return false
-}
-
-func (x *index) delEvent(id string) bool {
-	if _, ok := x.events[id]; !ok {
-		return false
-	}
-	delete(x.events, id)
-	if m := x.members[id]; m != nil {
-		return x.refresh(m)
-	}
-	return false
-}
-
-func (x *index) putCheck(id, addr, egress string, gen uint64) bool {
-	c := x.checks[id]
-	existed := c != nil
-	if !existed {
-		c = &checkInfo{}
-		x.checks[id] = c
-	}
-	c.gen = gen
-	if existed && c.addr == addr && c.egress == egress {
-		return false
-	}
-	c.addr, c.egress = addr, egress
-	if m := x.members[id]; m != nil {
-		return x.refresh(m)
-	}
-	return false
-}
-
-func (x *index) delCheck(id string) bool {
-	if _, ok := x.checks[id]; !ok {
-		return false
-	}
-	delete(x.checks, id)
-	if m := x.members[id]; m != nil {
-		return x.refresh(m)
-	}
-	return false
-}
-
-// The sweeps drop what a remade source did not deliver among its initial
-// values (generation gen): O(fleet), once per remake.
-
-func (x *index) sweepMembers(gen uint64) (n int) {
+// sweep drops the members a read of the pages of generation gen did not
+// find: O(fleet), once per read.
+func (x *index) sweep(gen uint64) (n int) {
 	for id, m := range x.members {
 		if m.gen < gen {
-			x.delMember(id)
+			x.del(id)
 			n++
-		}
-	}
-	return n
-}
-
-func (x *index) sweepEvents(gen uint64) (n int) {
-	for id, ev := range x.events {
-		if ev.gen < gen {
-			if x.delEvent(id) {
-				n++
-			}
-		}
-	}
-	return n
-}
-
-func (x *index) sweepChecks(gen uint64) (n int) {
-	for id, c := range x.checks {
-		if c.gen < gen {
-			if x.delCheck(id) {
-				n++
-			}
 		}
 	}
 	return n

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/messages"
 )
@@ -22,18 +21,17 @@ import (
 type Proxy struct {
 	ID   string
 	Addr string // ip:port, where it listens
-	// Host is the KVM host it runs on, from its latest state event ("" while
-	// no event of it is known).
+	// Host is the KVM host it runs on.
 	Host string
 	// Egress is the address its requests leave from, as health's probe
-	// target saw them (PROXY_CHECKS), when the check is of Addr; else "".
+	// target saw them, when known; else "".
 	Egress string
-	// Labels are the labels of its latest state event (nil when it has
-	// none, or while no event is known). The map is shared by every copy of
-	// this Proxy: read it, never write it.
+	// Labels are its labels, from its create command (nil when it has
+	// none). The map is shared by every copy of this Proxy: read it,
+	// never write it.
 	Labels map[string]string
-	// Since is when its key was written in PROXY_ROTATION (when it entered,
-	// or its address last changed).
+	// Since is when it entered the rotation (or its address last
+	// changed).
 	Since time.Time
 }
 
@@ -82,11 +80,13 @@ type Config struct {
 	// Reporter names this process in its reports (Report.By); default
 	// <hostname>-<pid>.
 	Reporter string
-	// CheckInterval is how often each source's stream or bucket is looked
-	// up, to find one deleted or created anew (default 5s).
+	// CheckInterval is how long the feed may be silent before the
+	// publisher is asked for its version (one page of one proxy), to
+	// find a lost message (default 5s; health sends a heartbeat every
+	// third of its lease's TTL, 5s by default).
 	CheckInterval time.Duration
-	// RetryMax bounds the backoff between attempts to remake a broken
-	// source (default 5s; the first waits RetryMax/50).
+	// RetryMax bounds the backoff between attempts to read the rotation's
+	// pages (default 5s; the first waits RetryMax/50).
 	RetryMax time.Duration
 	Logger   *slog.Logger
 	// Now is the clock of cooldowns and reports (default time.Now).
@@ -95,8 +95,11 @@ type Config struct {
 
 // Stats are counters of a Rotation's life.
 type Stats struct {
-	// Restarts counts sources made anew after breaking.
+	// Restarts counts the times the rotation was read whole again after
+	// the first: a gap in the feed, a new publisher (a takeover).
 	Restarts uint64
+	// Version is the version of the rotation held.
+	Version uint64
 	// Changes counts changes of the rotation (a proxy in, out, or its
 	// address, host, labels or egress changed).
 	Changes uint64
@@ -115,7 +118,6 @@ var ErrEmpty = errors.New("rotation: no proxy matches")
 // safe for concurrent use.
 type Rotation struct {
 	nc   *nats.Conn
-	js   jetstream.JetStream
 	cfg  Config
 	subj messages.Subjects
 	log  *slog.Logger
@@ -127,13 +129,8 @@ type Rotation struct {
 	nextPrune time.Time
 	changed   chan struct{}
 	taken     bool // someone holds changed: close it at the next change
-	readyMask int  // sources whose initial values are in
-	// eventsGen is the generation of the current events consumer, read
-	// from the consumer's goroutine.
-	eventsGen atomic.Uint64
-	// eventsSwept is the last events generation whose catch-up ended
-	// (what it did not deliver was dropped).
-	eventsSwept uint64
+	isReady   bool // the rotation was read once
+	version   atomic.Uint64
 
 	ready chan struct{}
 
@@ -143,22 +140,11 @@ type Rotation struct {
 	runDone   chan struct{}
 	runErr    error
 
-	// watchHook, if set (by tests), is given each KV watcher made.
-	watchHook func(bucket string, w jetstream.KeyWatcher)
-
 	restarts, changes, picks, emptyPicks, reports, reportErrors atomic.Uint64
 }
 
-// The sources, as bits of readyMask.
-const (
-	srcRotation = 1 << iota
-	srcEvents
-	srcChecks
-	srcAll = srcRotation | srcEvents | srcChecks
-)
-
 // New returns a Rotation that follows nothing yet: Run follows. Its
-// picks find nothing until the sources are read (Ready).
+// picks find nothing until the rotation is read (Ready).
 func New(nc *nats.Conn, cfg Config) (*Rotation, error) {
 	if nc == nil {
 		return nil, errors.New("rotation: no NATS connection")
@@ -166,9 +152,6 @@ func New(nc *nats.Conn, cfg Config) (*Rotation, error) {
 	r, err := newRotation(cfg)
 	if err != nil {
 		return nil, err
-	}
-	if r.js, err = jetstream.New(nc); err != nil {
-		return nil, fmt.Errorf("rotation: jetstream: %w", err)
 	}
 	r.nc = nc
 	return r, nil
@@ -218,11 +201,11 @@ func newRotation(cfg Config) (*Rotation, error) {
 	}, nil
 }
 
-// Run follows the three sources until ctx ends (or Close), then returns
-// nil, having stopped every goroutine it started. A source that breaks is
-// made anew (see the package doc); Run returns an error only for what
-// keeps it from following at all: it is already running, or the NATS
-// connection is closed.
+// Run follows the rotation until ctx ends (or Close), then returns nil,
+// having stopped every goroutine it started. A gap in the feed makes it
+// read the rotation again (see the package doc); Run returns an error
+// only for what keeps it from following at all: it is already running,
+// or the NATS connection is closed.
 func (r *Rotation) Run(ctx context.Context) error {
 	ctx, err := r.begin(ctx)
 	if err != nil {
@@ -250,19 +233,8 @@ func (r *Rotation) follow(ctx context.Context) error {
 	cancel, done := r.runCancel, r.runDone
 	r.runMu.Unlock()
 
-	var wg sync.WaitGroup
-	errs := make([]error, 3)
-	for i, follow := range []func(context.Context) error{r.followRotation, r.followEvents, r.followChecks} {
-		wg.Go(func() {
-			if err := follow(ctx); err != nil {
-				errs[i] = err
-				cancel() // the others cannot do better
-			}
-		})
-	}
-	wg.Wait()
+	err := r.followFeed(ctx)
 	cancel()
-	err := errors.Join(errs...)
 
 	r.runMu.Lock()
 	r.running, r.runErr = false, err
@@ -271,8 +243,8 @@ func (r *Rotation) follow(ctx context.Context) error {
 	return err
 }
 
-// Ready is closed once every source has delivered its initial values (the
-// first time: a source remade later does not reopen it).
+// Ready is closed once the rotation has been read (the first time: a
+// read again later does not reopen it).
 func (r *Rotation) Ready() <-chan struct{} { return r.ready }
 
 // Follow is New, then Run in a goroutine of its own; it returns once the
@@ -320,7 +292,7 @@ func (r *Rotation) Close() error {
 // Stats returns the counters.
 func (r *Rotation) Stats() Stats {
 	return Stats{
-		Restarts: r.restarts.Load(), Changes: r.changes.Load(),
+		Restarts: r.restarts.Load(), Version: r.version.Load(), Changes: r.changes.Load(),
 		Picks: r.picks.Load(), EmptyPicks: r.emptyPicks.Load(),
 		Reports: r.reports.Load(), ReportErrors: r.reportErrors.Load(),
 	}
@@ -382,15 +354,12 @@ func (r *Rotation) changedLocked() {
 	}
 }
 
-// readyLocked records that source src has delivered its initial values;
-// with r.mu held.
-func (r *Rotation) readyLocked(src int) {
-	if r.readyMask == srcAll {
+// readyLocked records that the rotation has been read; with r.mu held.
+func (r *Rotation) readyLocked() {
+	if r.isReady {
 		return
 	}
-	r.readyMask |= src
-	if r.readyMask == srcAll {
-		close(r.ready)
-		r.log.Info("rotation ready", "proxies", len(r.idx.all.items))
-	}
+	r.isReady = true
+	close(r.ready)
+	r.log.Info("rotation ready", "proxies", len(r.idx.all.items))
 }

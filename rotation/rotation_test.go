@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math/rand/v2"
+	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,7 +22,6 @@ import (
 	"proxyfleet/internal/natstest"
 	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
-	"proxyfleet/topology"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -30,21 +32,40 @@ const bound = 15 * time.Second
 
 var subj = messages.NewSubjects("")
 
-// rig is an embedded nats-server with the topology set up, and an admin
-// connection that plays health and the workers.
+// rig is an embedded nats-server and a publisher of the rotation that
+// plays health on the wire: it sends each change on the feed
+// (messages.RotationChanges, each message following the one before) and
+// answers the pages (messages.RotationPage). A proxy's entry is made, as
+// health makes it, from its address (put), its latest event's host and
+// labels (event) and its check's egress when the check is of its address
+// (check); those are kept for proxies not in the rotation too.
 type rig struct {
 	t   *testing.T
 	srv *natstest.Server
 	nc  *nats.Conn
 	js  jetstream.JetStream
+
+	mu      sync.Mutex
+	addrs   map[string]string // the rotation: id -> address
+	since   map[string]time.Time
+	hosts   map[string]string
+	labels  map[string]map[string]string
+	checks  map[string][2]string // id -> address checked, egress
+	sent    map[string]messages.RotationEntry
+	version uint64
+	pageMax int  // proxies per page
+	drop    bool // the next message is lost
+	reset   bool // the next message follows no version
 }
 
-func newRig(t *testing.T, setup bool) *rig {
+func newRig(t *testing.T, serve bool) *rig {
 	t.Helper()
 	srv := natstest.Start(t)
 	nc, js := srv.Connect(t)
-	r := &rig{t: t, srv: srv, nc: nc, js: js}
-	if setup {
+	r := &rig{t: t, srv: srv, nc: nc, js: js, addrs: map[string]string{}, since: map[string]time.Time{},
+		hosts: map[string]string{}, labels: map[string]map[string]string{}, checks: map[string][2]string{},
+		sent: map[string]messages.RotationEntry{}, version: 100, pageMax: 100}
+	if serve {
 		r.setup()
 	}
 	return r
@@ -56,59 +77,140 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// setup creates every stream and bucket, as proxyfleet setup does.
+// setup starts answering the pages, as a health process holding the
+// lease does.
 func (r *rig) setup() {
 	r.t.Helper()
-	if _, err := (topology.Topology{Subjects: subj}).Setup(ctxFor(r.t, bound), r.js); err != nil {
-		r.t.Fatal(err)
-	}
-}
-
-func (r *rig) kv(bucket string) jetstream.KeyValue {
-	r.t.Helper()
-	kv, err := r.js.KeyValue(ctxFor(r.t, bound), bucket)
+	sub, err := r.nc.Subscribe(subj.RotationGet(), r.answer)
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	return kv
+	if err := r.nc.Flush(); err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { _ = sub.Unsubscribe() })
+}
+
+func (r *rig) answer(msg *nats.Msg) {
+	req, err := messages.DecodeRotationGet(msg.Data)
+	if err != nil {
+		r.t.Errorf("page request: %v", err)
+		return
+	}
+	r.mu.Lock()
+	ids := slices.Sorted(maps.Keys(r.sent))
+	page := messages.RotationPage{V: 1, Version: r.version, Size: len(ids), Proxies: []messages.RotationEntry{}}
+	limit := r.pageMax
+	if req.Limit > 0 {
+		limit = min(limit, req.Limit)
+	}
+	i, _ := slices.BinarySearch(ids, req.After)
+	for ; i < len(ids); i++ {
+		if ids[i] == req.After {
+			continue
+		}
+		if len(page.Proxies) == limit {
+			page.Next = page.Proxies[len(page.Proxies)-1].ID
+			break
+		}
+		page.Proxies = append(page.Proxies, r.sent[ids[i]])
+	}
+	r.mu.Unlock()
+	body, _ := json.Marshal(page)
+	_ = msg.Respond(body)
+}
+
+// entryLocked is id's entry as health would make it.
+func (r *rig) entryLocked(id string) (messages.RotationEntry, bool) {
+	addr, ok := r.addrs[id]
+	if !ok {
+		return messages.RotationEntry{}, false
+	}
+	e := messages.RotationEntry{ID: id, Addr: addr, Host: r.hosts[id], Since: r.since[id], Labels: r.labels[id]}
+	if c := r.checks[id]; c[0] == addr {
+		e.Egress = c[1]
+	}
+	return e, true
+}
+
+// publishLocked sends what changed of id's entry, if anything did.
+func (r *rig) publishLocked(id string) {
+	r.t.Helper()
+	e, in := r.entryLocked(id)
+	old, was := r.sent[id]
+	var c messages.RotationChange
+	switch {
+	case !in && !was:
+		return
+	case !in:
+		c = messages.RotationChange{Op: messages.ChangeLeft, ID: id}
+		delete(r.sent, id)
+	case was && reflect.DeepEqual(old, e):
+		return
+	default:
+		c = messages.RotationChange{Op: messages.ChangeEntered, ID: id, Proxy: &e}
+		if was {
+			c.Op = messages.ChangeChanged
+		}
+		r.sent[id] = e
+	}
+	prev := r.version
+	r.version += 1 + uint64(rand.IntN(3)) // versions skip, as health's do
+	if r.reset {
+		prev, r.reset = 0, false
+	}
+	m := messages.RotationChanges{V: 1, Version: r.version, Prev: prev, Size: len(r.sent),
+		Changes: []messages.RotationChange{c}, At: time.Now().UTC()}
+	if r.drop {
+		r.drop = false
+		return
+	}
+	body, _ := json.Marshal(m)
+	if err := r.nc.Publish(subj.RotationChanges(), body); err != nil {
+		r.t.Fatal(err)
+	}
 }
 
 // put puts id in the rotation at addr, as health does.
 func (r *rig) put(id, addr string) {
-	r.t.Helper()
-	if _, err := r.kv(messages.BucketRotation).Put(ctxFor(r.t, bound), id, []byte(addr)); err != nil {
-		r.t.Fatal(err)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.addrs[id] != addr {
+		r.since[id] = time.Now().UTC()
 	}
+	r.addrs[id] = addr
+	r.publishLocked(id)
 }
 
 func (r *rig) del(id string) {
-	r.t.Helper()
-	if err := r.kv(messages.BucketRotation).Delete(ctxFor(r.t, bound), id); err != nil {
-		r.t.Fatal(err)
-	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.addrs, id)
+	r.publishLocked(id)
 }
 
-// event publishes a running event of id on host with labels, as a worker
-// does.
+// event records id's host and labels, as its latest state event says.
 func (r *rig) event(id, host string, labels map[string]string) {
-	r.t.Helper()
-	body, _ := json.Marshal(messages.StateEvent{
-		V: 1, ID: id, State: messages.StateRunning, Host: host, IP: "198.18.100.1", Port: 3128,
-		Source: messages.SourceLease, Seq: 1, At: time.Now().UTC(), Labels: labels,
-	})
-	if _, err := r.js.Publish(ctxFor(r.t, bound), subj.State(id), body); err != nil {
-		r.t.Fatal(err)
-	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.hosts[id], r.labels[id] = host, labels
+	r.publishLocked(id)
 }
 
-// check writes health's check record of id.
+// check records health's check of id at addr.
 func (r *rig) check(id, addr, egress string) {
-	r.t.Helper()
-	body, _ := json.Marshal(messages.CheckRecord{V: 1, ID: id, Addr: addr, Egress: egress, Verdict: messages.VerdictOK, At: time.Now().UTC()})
-	if _, err := r.kv(messages.BucketChecks).Put(ctxFor(r.t, bound), id, body); err != nil {
-		r.t.Fatal(err)
-	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.checks[id] = [2]string{addr, egress}
+	r.publishLocked(id)
 }
+
+// dropNext loses the next message of the feed (the rotation moves on).
+func (r *rig) dropNext() { r.mu.Lock(); r.drop = true; r.mu.Unlock() }
+
+// resetNext makes the next message follow no version, as a new
+// publisher's first does.
+func (r *rig) resetNext() { r.mu.Lock(); r.reset = true; r.mu.Unlock() }
 
 // testLogger writes to the test's log, and nothing once it has ended.
 type testLogger struct {
@@ -182,10 +284,10 @@ func (r *rig) fleet(rot *Rotation, n int, labels func(i int) map[string]string) 
 	return rot.Proxies()
 }
 
-// TestFollowsSources: a proxy put in PROXY_ROTATION appears; its event's
-// host and labels show, and its check's egress when the address matches;
-// a change closes the Changed channel; a delete removes it.
-func TestFollowsSources(t *testing.T) {
+// TestFollowsTheFeed: a proxy that enters appears; its host, labels and
+// egress come with its entry and change with it; a change closes the
+// Changed channel; one that leaves is removed.
+func TestFollowsTheFeed(t *testing.T) {
 	r := newRig(t, true)
 	rot := r.follow(config(t))
 	if rot.Len() != 0 {
@@ -243,9 +345,8 @@ func TestFollowsSources(t *testing.T) {
 	}
 }
 
-// TestReadyAfterCatchUp: Follow returns with everything already in the
-// sources read (no proxy without its labels or egress); with the buckets
-// missing at start, Ready waits for them.
+// TestReadyAfterCatchUp: Follow returns with the whole rotation read from
+// the pages (no proxy without its labels or egress).
 func TestReadyAfterCatchUp(t *testing.T) {
 	r := newRig(t, true)
 	const n = 300
@@ -273,7 +374,9 @@ func TestReadyAfterCatchUp(t *testing.T) {
 	}
 }
 
-func TestReadyWaitsForMissingTopology(t *testing.T) {
+// TestReadyWaitsForAPublisher: with no health process answering for the
+// rotation, Ready waits; once one answers, it is read.
+func TestReadyWaitsForAPublisher(t *testing.T) {
 	r := newRig(t, false)
 	nc, _ := r.srv.Connect(t)
 	rot, err := New(nc, config(t))
@@ -291,7 +394,7 @@ func TestReadyWaitsForMissingTopology(t *testing.T) {
 	go func() { done <- rot.Run(ctx) }()
 	select {
 	case <-rot.Ready():
-		t.Fatal("ready without any stream or bucket")
+		t.Fatal("ready without a publisher")
 	case <-time.After(time.Second):
 	}
 	r.setup()
@@ -299,7 +402,7 @@ func TestReadyWaitsForMissingTopology(t *testing.T) {
 	select {
 	case <-rot.Ready():
 	case <-time.After(bound):
-		t.Fatal("not ready once the topology exists")
+		t.Fatal("not ready once a publisher answers")
 	}
 	poll.Until(t, "p1", bound, func() bool { return rot.Len() == 1 })
 	if err := rot.Run(ctx); err == nil {
@@ -315,7 +418,7 @@ func TestFollowTimesOut(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	if _, err := Follow(ctx, nc, config(t)); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Follow without a topology: %v, want the deadline", err)
+		t.Fatalf("Follow without a publisher: %v, want the deadline", err)
 	}
 }
 
@@ -489,7 +592,7 @@ func TestSelector(t *testing.T) {
 		}
 		return map[string]string{"region": region, "tier": fmt.Sprint(i % 2)}
 	})
-	r.put("p7", "127.0.0.1:1007") // no event: labels unknown
+	r.put("p7", "127.0.0.1:1007") // no labels
 	poll.Until(t, "p7", bound, func() bool { return rot.Len() == 7 })
 
 	eu := Selector{Labels: map[string]string{"region": "eu"}}
@@ -533,7 +636,7 @@ func TestSelector(t *testing.T) {
 		all[p.ID] = true
 	}
 	if len(all) != 7 || !all["p7"] {
-		t.Fatalf("no selector picked %v (p7, labels unknown, must be among them)", all)
+		t.Fatalf("no selector picked %v (p7, with no labels, must be among them)", all)
 	}
 	// A label change moves a proxy between sets.
 	r.event("p1", "h1", map[string]string{"region": "us", "tier": "1"})
@@ -623,129 +726,79 @@ func TestReport(t *testing.T) {
 	}
 }
 
-// TestEventsStreamRecreated: PROXY_EVENTS deleted and created anew is
-// noticed, its consumer made anew, the new stream's events read, and what
-// the new stream does not have dropped; membership stays throughout.
-func TestEventsStreamRecreated(t *testing.T) {
+// TestGapReadsAgain: a message that does not follow the version held (one
+// was lost) makes the follower read the rotation again, which brings what
+// the lost one carried.
+func TestGapReadsAgain(t *testing.T) {
 	r := newRig(t, true)
 	rot := r.follow(config(t))
-	r.fleet(rot, 2, func(i int) map[string]string { return map[string]string{"gen": "old"} })
-
-	if err := r.js.DeleteStream(ctxFor(t, bound), messages.StreamEvents); err != nil {
-		t.Fatal(err)
+	r.fleet(rot, 2, nil)
+	r.dropNext()
+	r.put("p3", "127.0.0.1:1003") // lost
+	r.put("p4", "127.0.0.1:1004")
+	poll.Until(t, "p3 and p4 after reading again", bound, func() bool { return rot.Len() == 4 })
+	if _, ok := rot.Get("p3"); !ok || rot.Stats().Restarts != 1 {
+		t.Fatalf("after the gap: p3 %v, stats %+v", ok, rot.Stats())
 	}
-	poll.Until(t, "the events source to break", bound, func() bool { return rot.Stats().Restarts >= 1 })
-	if rot.Len() != 2 {
-		t.Fatalf("membership lost with the events stream: %d", rot.Len())
+	r.del("p1")
+	poll.Until(t, "p1 out: the feed followed again", bound, func() bool { return rot.Len() == 3 })
+	if rot.Stats().Restarts != 1 {
+		t.Fatalf("stats %+v", rot.Stats())
 	}
-	if _, err := rot.Pick(Selector{}); err != nil {
-		t.Fatalf("pick while events are gone: %v", err)
-	}
-	r.setup()
-	r.event("p1", "h2", map[string]string{"gen": "new"})
-	poll.Until(t, "p1's event from the new stream, p2's old one dropped", bound, func() bool {
-		p1, _ := rot.Get("p1")
-		p2, _ := rot.Get("p2")
-		return p1.Host == "h2" && p1.Labels["gen"] == "new" && p2.Host == "" && p2.Labels == nil
-	})
-	if rot.Len() != 2 {
-		t.Fatalf("membership after the events stream came back: %d", rot.Len())
-	}
-	// New events keep flowing.
-	r.event("p2", "h3", nil)
-	poll.Until(t, "p2's new event", bound, func() bool { p, _ := rot.Get("p2"); return p.Host == "h3" })
 }
 
-// TestEventsConsumerDeleted: the ordered consumer deleted on the server is
-// made anew.
-func TestEventsConsumerDeleted(t *testing.T) {
+// TestResetReadsAgain: a new publisher's first message follows no
+// version; the follower reads the rotation again, which may differ from
+// the old publisher's in ways no message said.
+func TestResetReadsAgain(t *testing.T) {
+	r := newRig(t, true)
+	rot := r.follow(config(t))
+	r.fleet(rot, 2, nil)
+	// The new publisher has p2 elsewhere, and says so in no message.
+	r.mu.Lock()
+	r.addrs["p2"] = "127.0.0.1:2002"
+	r.sent["p2"], _ = r.entryLocked("p2")
+	r.mu.Unlock()
+	r.resetNext()
+	r.put("p3", "127.0.0.1:1003")
+	poll.Until(t, "p2's new address after reading again", bound, func() bool {
+		p, _ := rot.Get("p2")
+		return p.Addr == "127.0.0.1:2002" && rot.Len() == 3
+	})
+	if st := rot.Stats(); st.Restarts != 1 || st.Version != r.version {
+		t.Fatalf("stats %+v, publisher at %d", st, r.version)
+	}
+}
+
+// TestLostLastMessageFound: a lost message that no other follows is found
+// by a look at the publisher's version after the feed is silent for
+// CheckInterval: the follower reads the rotation again.
+func TestLostLastMessageFound(t *testing.T) {
+	r := newRig(t, true)
+	rot := r.follow(config(t))
+	r.fleet(rot, 2, nil)
+	r.dropNext()
+	r.put("p3", "127.0.0.1:1003")
+	poll.Until(t, "p3 found by a look", bound, func() bool { return rot.Len() == 3 })
+	if st := rot.Stats(); st.Restarts != 1 || st.Version != r.version {
+		t.Fatalf("stats %+v, publisher at %d", st, r.version)
+	}
+}
+
+// TestBadMessageIgnored: a message of the feed that does not decode is
+// ignored; the next one applies.
+func TestBadMessageIgnored(t *testing.T) {
 	r := newRig(t, true)
 	rot := r.follow(config(t))
 	r.fleet(rot, 1, nil)
-	st, err := r.js.Stream(ctxFor(t, bound), messages.StreamEvents)
-	if err != nil {
+	if err := r.nc.Publish(subj.RotationChanges(), []byte(`{"v":1,"version":"x"}`)); err != nil {
 		t.Fatal(err)
 	}
-	names := st.ConsumerNames(ctxFor(t, bound))
-	n := 0
-	for name := range names.Name() {
-		if err := st.DeleteConsumer(ctxFor(t, bound), name); err != nil {
-			t.Fatal(err)
-		}
-		n++
+	r.put("p2", "127.0.0.1:1002")
+	poll.Until(t, "p2", bound, func() bool { return rot.Len() == 2 })
+	if st := rot.Stats(); st.Restarts != 0 {
+		t.Fatalf("stats %+v", st)
 	}
-	if n == 0 {
-		t.Fatal("no consumer on PROXY_EVENTS")
-	}
-	r.event("p1", "h9", nil)
-	poll.Until(t, "p1's event after its consumer was deleted", bound, func() bool { p, _ := rot.Get("p1"); return p.Host == "h9" })
-}
-
-// TestRotationBucketRecreated: PROXY_ROTATION deleted keeps the membership
-// known; created anew, what it holds is the rotation.
-func TestRotationBucketRecreated(t *testing.T) {
-	r := newRig(t, true)
-	rot := r.follow(config(t))
-	r.fleet(rot, 2, nil)
-	if err := r.js.DeleteKeyValue(ctxFor(t, bound), messages.BucketRotation); err != nil {
-		t.Fatal(err)
-	}
-	poll.Until(t, "the rotation source to break", bound, func() bool { return rot.Stats().Restarts >= 1 })
-	time.Sleep(300 * time.Millisecond) // a few looks at a missing bucket
-	if rot.Len() != 2 {
-		t.Fatalf("membership while the bucket is missing: %d", rot.Len())
-	}
-	r.setup()
-	r.put("p2", "127.0.0.1:2002")
-	poll.Until(t, "the new bucket's rotation", bound, func() bool {
-		ps := rot.Proxies()
-		return len(ps) == 1 && ps[0].ID == "p2" && ps[0].Addr == "127.0.0.1:2002" && ps[0].Host == "h1"
-	})
-}
-
-// TestKVWatcherStops: a KV watcher whose updates channel closes (the
-// subscription ended under it) is made anew, and reads every key again.
-func TestKVWatcherStops(t *testing.T) {
-	r := newRig(t, true)
-	cfg := config(t)
-	rot, err := New(r.nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	watchers := make(chan jetstream.KeyWatcher, 16)
-	rot.watchHook = func(bucket string, w jetstream.KeyWatcher) {
-		if bucket == messages.BucketRotation {
-			watchers <- w
-		}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- rot.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
-	<-rot.Ready()
-	r.fleet(rot, 2, nil)
-	w := <-watchers
-	if err := w.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	poll.Until(t, "the watcher made anew", bound, func() bool { return rot.Stats().Restarts == 1 })
-	select {
-	case <-watchers:
-	case <-time.After(bound):
-		t.Fatal("no new watcher")
-	}
-	r.del("p1")
-	r.put("p3", "127.0.0.1:1003")
-	poll.Until(t, "changes seen by the new watcher", bound, func() bool {
-		_, p1 := rot.Get("p1")
-		_, p3 := rot.Get("p3")
-		return !p1 && p3 && rot.Len() == 2
-	})
 }
 
 // TestRunEndsWithClosedConnection: a closed connection keeps Run from

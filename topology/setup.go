@@ -138,6 +138,13 @@ func firstSeq(ctx context.Context, js jetstream.JetStream, name string, floor ui
 		}
 		floor = max(floor, seq)
 	}
+	if name == messages.StreamPoolCommands {
+		seq, err := maxPoolSeq(ctx, js)
+		if err != nil {
+			return 0, err
+		}
+		floor = max(floor, seq)
+	}
 	if floor == 0 {
 		return 0, nil
 	}
@@ -147,16 +154,22 @@ func firstSeq(ctx context.Context, js jetstream.JetStream, name string, floor ui
 // maxDesiredSeq is the highest command sequence recorded in PROXY_DESIRED
 // (0 if it is empty or missing).
 func maxDesiredSeq(ctx context.Context, js jetstream.JetStream) (uint64, error) {
-	kv, err := js.KeyValue(ctx, messages.BucketDesired)
+	return maxRecordSeq(ctx, js, messages.BucketDesired)
+}
+
+// maxRecordSeq is the highest "seq" (or "applied") of the JSON records in
+// bucket (0 if it is empty or missing).
+func maxRecordSeq(ctx context.Context, js jetstream.JetStream, bucket string) (uint64, error) {
+	kv, err := js.KeyValue(ctx, bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("bind bucket %s: %w", messages.BucketDesired, err)
+		return 0, fmt.Errorf("bind bucket %s: %w", bucket, err)
 	}
 	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
-		return 0, fmt.Errorf("read bucket %s: %w", messages.BucketDesired, err)
+		return 0, fmt.Errorf("read bucket %s: %w", bucket, err)
 	}
 	defer func() { _ = w.Stop() }()
 	var top uint64
@@ -164,17 +177,20 @@ func maxDesiredSeq(ctx context.Context, js jetstream.JetStream) (uint64, error) 
 		select {
 		case e, ok := <-w.Updates():
 			if !ok {
-				return 0, fmt.Errorf("read bucket %s: watcher closed", messages.BucketDesired)
+				return 0, fmt.Errorf("read bucket %s: watcher closed", bucket)
 			}
 			if e == nil {
 				return top, nil
 			}
-			var d messages.Desired
+			var d struct {
+				Seq     uint64 `json:"seq"`
+				Applied uint64 `json:"applied"` // a pool record's
+			}
 			if json.Unmarshal(e.Value(), &d) == nil {
-				top = max(top, d.Seq)
+				top = max(top, d.Seq, d.Applied)
 			}
 		case <-ctx.Done():
-			return 0, fmt.Errorf("read bucket %s: %w", messages.BucketDesired, ctx.Err())
+			return 0, fmt.Errorf("read bucket %s: %w", bucket, ctx.Err())
 		}
 	}
 }

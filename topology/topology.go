@@ -60,7 +60,7 @@ func (t Topology) maxDeliver() int { return 2*t.MaxAttempts + 5 }
 func (t Topology) Streams() []jetstream.StreamConfig {
 	t = t.WithDefaults()
 	s := t.Subjects
-	return []jetstream.StreamConfig{{
+	return append([]jetstream.StreamConfig{{
 		Name:        messages.StreamCommands,
 		Description: "proxy commands, a work queue drained by intake",
 		Subjects:    []string{s.CreateAll(), s.DeleteAll()},
@@ -106,13 +106,13 @@ func (t Topology) Streams() []jetstream.StreamConfig {
 		Replicas:    t.Replicas,
 		MaxAge:      t.DeadMaxAge,
 		Duplicates:  t.DuplicateWindow,
-	}}
+	}}, t.poolStreams()...)
 }
 
 // Buckets returns the configuration of every KV bucket.
 func (t Topology) Buckets() []jetstream.KeyValueConfig {
 	t = t.WithDefaults()
-	return []jetstream.KeyValueConfig{
+	return append([]jetstream.KeyValueConfig{
 		{Bucket: messages.BucketDesired, Description: "desired state per proxy", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas},
 		{Bucket: messages.BucketCommands, Description: "command ids seen, for effect-once", History: 1, TTL: t.CommandIDMaxAge, Storage: jetstream.FileStorage, Replicas: t.Replicas},
 		{Bucket: messages.BucketRotation, Description: "the rotation: proxy id to ip:port", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas},
@@ -120,7 +120,7 @@ func (t Topology) Buckets() []jetstream.KeyValueConfig {
 		{Bucket: messages.BucketWorkers, Description: "worker heartbeats: the membership hosts are shared over", History: 1, TTL: WorkersTTL, Storage: jetstream.FileStorage, Replicas: t.Replicas},
 		{Bucket: messages.BucketHosts, Description: "per-host records: room reserved, quarantine", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas},
 		{Bucket: messages.BucketChecks, Description: "what health's probes found per proxy: egress, refusals", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas},
-	}
+	}, t.poolBuckets()...)
 }
 
 // BucketStream is the name of the stream behind KV bucket b.

@@ -47,8 +47,8 @@ func TestSetupCreatesThenUpdates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(changes) != 12 {
-		t.Fatalf("first setup made %d changes, want 12 creations: %v", len(changes), changes)
+	if len(changes) != 14 {
+		t.Fatalf("first setup made %d changes, want 14 creations: %v", len(changes), changes)
 	}
 	for _, c := range changes {
 		if !c.Created {
@@ -74,10 +74,11 @@ func TestSetupCreatesThenUpdates(t *testing.T) {
 		got[c.Name] = c.String()
 	}
 	want := map[string]string{
-		messages.StreamCommands: "updated stream PROXY_CMDS: duplicate_window 2m0s → 1m0s",
-		messages.StreamResults:  "updated stream PROXY_RESULTS: max_age 24h0m0s → 2h0m0s, duplicate_window 2m0s → 1m0s",
-		messages.StreamDead:     "updated stream PROXY_DEAD: duplicate_window 2m0s → 1m0s",
-		messages.BucketCommands: "updated bucket PROXY_CMDIDS: ttl 168h0m0s → 48h0m0s",
+		messages.StreamCommands:     "updated stream PROXY_CMDS: duplicate_window 2m0s → 1m0s",
+		messages.StreamResults:      "updated stream PROXY_RESULTS: max_age 24h0m0s → 2h0m0s, duplicate_window 2m0s → 1m0s",
+		messages.StreamDead:         "updated stream PROXY_DEAD: duplicate_window 2m0s → 1m0s",
+		messages.StreamPoolCommands: "updated stream PROXY_POOLCMDS: duplicate_window 2m0s → 1m0s",
+		messages.BucketCommands:     "updated bucket PROXY_CMDIDS: ttl 168h0m0s → 48h0m0s",
 	}
 	if len(got) != len(want) {
 		t.Fatalf("changes %v, want %v", got, want)

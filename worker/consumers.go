@@ -27,7 +27,9 @@ const setupHint = "run `proxyfleet setup` with this config, or fix the config"
 // workerStreams are the streams and buckets (by the stream behind them) a
 // worker uses, as the config (t) wants them.
 func workerStreams(t topology.Topology) []jetstream.StreamConfig {
-	out := t.Streams()
+	// The pools' stream is the pool controllers' alone: a worker neither
+	// waits for it nor checks it.
+	out := slices.DeleteFunc(t.Streams(), func(sc jetstream.StreamConfig) bool { return sc.Name == messages.StreamPoolCommands })
 	for _, kc := range t.Buckets() {
 		if kc.Bucket == messages.BucketDesired || kc.Bucket == messages.BucketCommands || kc.Bucket == messages.BucketHosts || kc.Bucket == messages.BucketWorkers {
 			out = append(out, topology.BucketStreamConfig(kc))

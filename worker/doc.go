@@ -34,15 +34,16 @@
 //
 // # Lifecycle
 //
-// A Worker runs as one call, Run(ctx) error: it starts (waiting for the
-// topology, creating its consumers), consumes until ctx is done, then
-// drains (says so in its record, stops pulling, lets in-flight work finish
-// within DrainTimeout holding its pins, hands back the rest, unpins its
-// hosts, deletes its record) and returns nil; it returns the error that
-// kept it from starting, or, after draining, its NATS connection closed for
-// good. The defaults of Config live
-// in one place, its WithDefaults, which takes those of the settings it
-// shares with its consumers from Topology.WithDefaults.
+// A Worker runs as one call, Run(ctx) error: it
+// starts (waiting for the topology, creating its consumers), consumes
+// until ctx is done, then drains (says so in its record, stops pulling,
+// lets in-flight work finish holding its pins, hands back the rest, unpins
+// its hosts, deletes its record, all within DrainTimeout whether NATS
+// answers or not) and
+// returns nil; it returns the error that kept it from starting, or, after
+// draining, its NATS connection closed for good. The defaults of Config
+// live in one place, its WithDefaults, which takes those of the settings
+// it shares with its consumers from Topology.WithDefaults.
 //
 // # Files
 //

@@ -97,7 +97,7 @@ func (e *executor) handle(ctx context.Context, msg jetstream.Msg) {
 		// Never act on a record older than the command that made this
 		// work: it may say delete where a newer create is recorded, and
 		// the work item, one per subject, would be acked and gone.
-		e.retryOrFail(ctx, msg, meta, nil, id, err)
+		e.retryOrFail(ctx, msg, meta, nil, id, err, time.Time{})
 		return
 	}
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -105,11 +105,19 @@ func (e *executor) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	if err != nil {
-		e.retryOrFail(ctx, msg, meta, nil, id, err)
+		e.retryOrFail(ctx, msg, meta, nil, id, err, time.Time{})
 		return
 	}
-	if err := e.converge(ctx, d, itemReason(msg.Data(), d)); err != nil {
-		e.retryOrFail(ctx, msg, meta, d, id, err)
+	why := itemReason(msg.Data(), d)
+	// When intake accepted the command, for the latency of its answer
+	// (commandSeconds); none for a re-drive, whose command was answered
+	// long ago.
+	accepted := d.At
+	if why != "" {
+		accepted = time.Time{}
+	}
+	if err := e.converge(ctx, d, why, accepted); err != nil {
+		e.retryOrFail(ctx, msg, meta, d, id, err, accepted)
 		return
 	}
 	if err := msg.Ack(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
@@ -124,8 +132,9 @@ func (e *executor) owns(d *messages.Desired) bool {
 }
 
 // converge makes the host match d. why, if set, is the reason of the
-// provisioning event of a create (a re-drive's).
-func (e *executor) converge(ctx context.Context, d *messages.Desired, why string) error {
+// provisioning event of a create (a re-drive's); accepted is when intake
+// accepted d's command (zero: its answer is not timed).
+func (e *executor) converge(ctx context.Context, d *messages.Desired, why string, accepted time.Time) error {
 	obs, err := e.prov.Get(ctx, d.ID)
 	present := err == nil
 	if err != nil && !isNotFound(err) {
@@ -143,9 +152,9 @@ func (e *executor) converge(ctx context.Context, d *messages.Desired, why string
 			if err := e.publish(ctx, d, messages.StateRunning, obs, ""); err != nil {
 				return err
 			}
-			return e.done(ctx, d)
+			return e.done(ctx, d, accepted)
 		}
-		return e.awaitRunning(ctx, d)
+		return e.awaitRunning(ctx, d, accepted, time.Time{})
 	}
 	// Only a proxy holding room here gets a domain here.
 	if err := e.ensureRoom(ctx, d, present); err != nil {
@@ -168,10 +177,11 @@ func (e *executor) converge(ctx context.Context, d *messages.Desired, why string
 			return fmt.Errorf("delete %s for replacement: %w", d.ID, err)
 		}
 		e.w.stats.creates.Add(1)
+		created := time.Now()
 		if err := e.create(ctx, d); err != nil {
 			return err // the provider's error names the create and the id
 		}
-		return e.awaitRunning(ctx, d)
+		return e.awaitRunning(ctx, d, accepted, created)
 	}
 	// Nothing is there: "provisioning" is published while the create
 	// runs, and stored before "running" is (that one waits for it). A
@@ -180,6 +190,7 @@ func (e *executor) converge(ctx context.Context, d *messages.Desired, why string
 	published := make(chan error, 1)
 	go func() { published <- e.publish(ctx, d, messages.StateProvisioning, fleet.Instance{}, reason) }()
 	e.w.stats.creates.Add(1)
+	created := time.Now()
 	err = e.create(ctx, d)
 	if perr := <-published; err == nil {
 		err = perr
@@ -187,7 +198,7 @@ func (e *executor) converge(ctx context.Context, d *messages.Desired, why string
 	if err != nil {
 		return err // the provider's error names the create and the id
 	}
-	return e.awaitRunning(ctx, d)
+	return e.awaitRunning(ctx, d, accepted, created)
 }
 
 // create runs the provider's Create, turning what it reports of long work
@@ -241,7 +252,11 @@ const firstPoll = 50 * time.Millisecond
 // a fast boot), and a long boot costs no more reads than at PollInterval
 // alone, give or take a few. The address is seen at most one pause (and
 // at most twice the time waited so far) after it shows.
-func (e *executor) awaitRunning(ctx context.Context, d *messages.Desired) error {
+//
+// created is when this attempt's Create began (zero if it made none): the
+// time from then until the proxy is seen running is observed
+// (createRunningSeconds). accepted is as for converge.
+func (e *executor) awaitRunning(ctx context.Context, d *messages.Desired, accepted, created time.Time) error {
 	w := e.w
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.ReadyTimeout)
 	defer cancel()
@@ -258,10 +273,13 @@ func (e *executor) awaitRunning(ctx context.Context, d *messages.Desired) error 
 		case err != nil:
 			return fmt.Errorf("get %s: %w", d.ID, err)
 		case obs.State == messages.StateRunning && obs.IP != "":
+			if !created.IsZero() {
+				w.metrics.createRunning.Observe(time.Since(created).Seconds())
+			}
 			if err := e.publish(ctx, d, messages.StateRunning, obs, ""); err != nil {
 				return err
 			}
-			return e.done(ctx, d)
+			return e.done(ctx, d, accepted)
 		case obs.State == messages.StateFailed:
 			return fleet.Transient(fmt.Errorf("proxy %s stopped while starting: %s", d.ID, nonEmpty(obs.Reason, "domain is not running")))
 		}
@@ -304,11 +322,12 @@ func (e *executor) remove(ctx context.Context, d *messages.Desired, present bool
 	if err := e.publish(ctx, d, messages.StateDeleted, fleet.Instance{}, ""); err != nil {
 		return err
 	}
-	return e.done(ctx, d)
+	return e.done(ctx, d, d.At)
 }
 
-func (e *executor) done(ctx context.Context, d *messages.Desired) error {
-	err := e.w.publishResult(ctx, messages.Result{ID: d.ID, CommandID: d.CommandID, Op: d.Op, Outcome: messages.OutcomeDone})
+// done answers d's command done; accepted is as for converge.
+func (e *executor) done(ctx context.Context, d *messages.Desired, accepted time.Time) error {
+	err := e.w.answer(ctx, messages.Result{ID: d.ID, CommandID: d.CommandID, Op: d.Op, Outcome: messages.OutcomeDone}, accepted)
 	return fleet.Transient(err) // NATS trouble is worth a retry
 }
 
@@ -338,8 +357,9 @@ func (e *executor) publish(ctx context.Context, d *messages.Desired, state strin
 
 // retryOrFail hands a transiently failed work item back with a backoff
 // delay, or fails the command: at once for a permanent error, after
-// MaxAttempts for a transient one (with a dead letter).
-func (e *executor) retryOrFail(ctx context.Context, msg jetstream.Msg, meta *jetstream.MsgMetadata, d *messages.Desired, id string, cause error) {
+// MaxAttempts for a transient one (with a dead letter). accepted is as for
+// converge.
+func (e *executor) retryOrFail(ctx context.Context, msg jetstream.Msg, meta *jetstream.MsgMetadata, d *messages.Desired, id string, cause error, accepted time.Time) {
 	w := e.w
 	attempt := int(meta.NumDelivered)
 	class := classOf(cause)
@@ -361,7 +381,7 @@ func (e *executor) retryOrFail(ctx context.Context, msg jetstream.Msg, meta *jet
 	}
 	w.log.Error("failed", "host", e.host, "id", id, "attempt", attempt, "class", class, "err", cause)
 	if d != nil {
-		e.fail(ctx, d, attempt, class, cause)
+		e.fail(ctx, d, attempt, class, cause, accepted)
 	}
 	w.stats.failed.Add(1)
 	_ = msg.Term()
@@ -379,7 +399,7 @@ func (e *executor) retryOrFail(ctx context.Context, msg jetstream.Msg, meta *jet
 //     that cannot be read keeps its last state (a read error is not news);
 //   - the result says failed, with the class and reason; a transient cause
 //     also leaves a dead letter.
-func (e *executor) fail(ctx context.Context, d *messages.Desired, attempt int, class fleet.Class, cause error) {
+func (e *executor) fail(ctx context.Context, d *messages.Desired, attempt int, class fleet.Class, cause error, accepted time.Time) {
 	w := e.w
 	id := d.ID
 	publishState := true
@@ -395,11 +415,11 @@ func (e *executor) fail(ctx context.Context, d *messages.Desired, attempt int, c
 	}
 	if class == fleet.ClassTransient {
 		body, _ := json.Marshal(d)
-		w.deadLetter(ctx, id, d.CommandID, d.Op, d.Seq, attempt, cause, body)
+		w.deadLetter(ctx, id, d.CommandID, d.Op, d.Seq, attempt, cause, body, accepted)
 		return
 	}
-	if err := w.publishResult(ctx, messages.Result{ID: id, CommandID: d.CommandID, Op: d.Op,
-		Outcome: messages.OutcomeFailed, Reason: cause.Error(), Class: string(class)}); err != nil {
+	if err := w.answer(ctx, messages.Result{ID: id, CommandID: d.CommandID, Op: d.Op,
+		Outcome: messages.OutcomeFailed, Reason: cause.Error(), Class: string(class)}, accepted); err != nil {
 		w.log.Error("publish failed result", "id", id, "err", err)
 	}
 }

@@ -119,6 +119,24 @@ func (c *consumerRun) acquire(ctx context.Context) {
 	c.claim(ctx)
 }
 
+// stopPulling ends the run's pulls. While the connection is up it drains
+// the consume context: the messages already delivered to the worker still
+// reach the handler. With the connection down it stops it instead: a
+// drain waits for the server to answer a flush (nats.go gives it 10s),
+// which would hold up a stop that must fit the drain timeout, and the
+// messages it drops could not be acked anyway (the server delivers them
+// again after AckWait).
+func (c *consumerRun) stopPulling() {
+	if c.cc == nil {
+		return
+	}
+	if c.w.js.Conn().Status() == nats.CONNECTED {
+		c.cc.Drain()
+		return
+	}
+	c.cc.Stop()
+}
+
 // begin starts an active period: the context the handlers of its
 // deliveries run under.
 func (c *consumerRun) begin() {
@@ -136,9 +154,7 @@ func (c *consumerRun) release(ctx context.Context) {
 	if c.changed != nil {
 		c.changed()
 	}
-	if c.cc != nil {
-		c.cc.Drain()
-	}
+	c.stopPulling()
 	stop := c.holdPin()
 	defer stop()
 	if !c.awaitIdle(ctx, w.cfg.DrainTimeout) {
@@ -257,18 +273,30 @@ func (c *consumerRun) holdPin() (stop func()) {
 // unpin releases the host's pin if the worker holds it, so the server pins
 // the next worker that pulls it now instead of after PinnedTTL.
 func (c *consumerRun) unpin() {
-	pin := c.getPin()
-	if pin == "" || c.w.js.Conn().IsClosed() {
+	if c.getPin() == "" || c.w.js.Conn().IsClosed() {
 		return // it expires after PinnedTTL
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), unpinTimeout)
 	defer cancel()
 	st, err := c.w.js.Stream(ctx, c.stream)
-	if err == nil {
-		err = st.UnpinConsumer(ctx, c.name(), topology.PriorityGroup)
-	}
 	if err != nil {
 		c.w.log.Warn("unpin host", "host", c.host, "err", err)
+		return
+	}
+	c.unpinOn(ctx, st)
+}
+
+// unpinOn is unpin on st, the host's stream, within ctx (at most
+// unpinTimeout).
+func (c *consumerRun) unpinOn(ctx context.Context, st jetstream.Stream) {
+	pin := c.getPin()
+	if pin == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, unpinTimeout)
+	defer cancel()
+	if err := st.UnpinConsumer(ctx, c.name(), topology.PriorityGroup); err != nil {
+		c.w.log.Warn("unpin host (the pin expires after pinned_ttl)", "host", c.host, "err", err)
 	}
 	c.dropPin(pin)
 }

@@ -32,6 +32,11 @@ var errNoChange = errors.New("no change")
 // errStopped answers a change asked of a stopped worker.
 var errStopped = errors.New("worker stopped")
 
+// hostBatch is the most changes a writer takes into one write, and the
+// changes that wait for it: a burst of creates spreads over the hosts, and
+// every worker has a writer for each host of the catalog.
+const hostBatch = 64
+
 // maxHostWrites bounds the compare-and-set attempts of one batch.
 const maxHostWrites = 100
 
@@ -64,7 +69,7 @@ func (w *Worker) startWriters() {
 	w.writersStop, w.writersDone = cancel, make(chan struct{})
 	w.writers = map[string]*hostWriter{}
 	for _, h := range w.catalog.Hosts {
-		hw := &hostWriter{w: w, host: h, reqs: make(chan hostEdit, 256)}
+		hw := &hostWriter{w: w, host: h, reqs: make(chan hostEdit, hostBatch)}
 		w.writers[h] = hw
 		w.writersWG.Add(1)
 		go func() {
@@ -219,6 +224,17 @@ func (w *Worker) readHost(ctx context.Context, host string) (messages.HostRecord
 		return rec, 0, fmt.Errorf("read host record of %s: %w", host, err)
 	}
 	hw := w.writers[host]
+	if viewed, ok := w.hostView.at(host, e.Revision()); ok {
+		// Decoded by the view already: no decode, and no copy kept here
+		// (with 500 hosts of 100 proxies, a second copy of every record
+		// in every worker).
+		if hw != nil {
+			hw.readMu.Lock()
+			hw.readRec, hw.readRaw = messages.HostRecord{}, nil
+			hw.readMu.Unlock()
+		}
+		return viewed, e.Revision(), nil
+	}
 	if hw != nil {
 		hw.readMu.Lock()
 		cached, ok := hw.readRec, hw.readRaw != nil && bytes.Equal(hw.readRaw, e.Value())

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/messages"
@@ -33,6 +34,7 @@ import (
 // before.
 type hostView struct {
 	kv    jetstream.KeyValue
+	nc    *nats.Conn // kv's, for stopWatcher
 	retry time.Duration
 	log   *slog.Logger
 
@@ -46,8 +48,22 @@ type viewedHost struct {
 	rec messages.HostRecord
 }
 
-func newHostView(kv jetstream.KeyValue, retry time.Duration, log *slog.Logger) *hostView {
-	return &hostView{kv: kv, retry: retry, log: log, recs: map[string]viewedHost{}}
+func newHostView(kv jetstream.KeyValue, nc *nats.Conn, retry time.Duration, log *slog.Logger) *hostView {
+	return &hostView{kv: kv, nc: nc, retry: retry, log: log, recs: map[string]viewedHost{}}
+}
+
+// stopWatcher stops kw, a KV watcher made on a context its caller cancels
+// once it returns. While nc is connected it stops it now, which deletes
+// the watch's consumer at once; while nc is not, it leaves the watcher to
+// that context's end: a stop waits for the server to answer the deletion,
+// up to JetStream's request timeout (5s), which a worker stopping with
+// NATS gone cannot spare (its whole stop fits the drain timeout). nats.go
+// then unsubscribes on its own, and the consumer, ephemeral, goes with
+// its inactivity threshold if nobody deletes it.
+func stopWatcher(nc *nats.Conn, kw jetstream.KeyWatcher) {
+	if nc.Status() == nats.CONNECTED {
+		_ = kw.Stop()
+	}
 }
 
 // run keeps the view until ctx is done; a watch that ends is begun anew
@@ -67,7 +83,7 @@ func (v *hostView) follow(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", messages.BucketHosts, err)
 	}
-	defer func() { _ = kw.Stop() }()
+	defer stopWatcher(v.nc, kw)
 	for {
 		select {
 		case <-ctx.Done():
@@ -81,6 +97,9 @@ func (v *hostView) follow(ctx context.Context) error {
 				v.ready = true
 				v.mu.Unlock()
 				continue
+			}
+			if v.holds(e.Key(), e.Revision()) {
+				continue // this worker's own write, put in as it was stored
 			}
 			rec := messages.HostRecord{V: messages.Version, Host: e.Key(), State: messages.HostOK}
 			if e.Operation() == jetstream.KeyValuePut {
@@ -106,6 +125,57 @@ func (v *hostView) put(host string, rec messages.HostRecord, rev uint64) {
 		return
 	}
 	v.recs[host] = viewedHost{rev: rev, rec: rec}
+}
+
+// each calls fn, under one hold of the view's lock, with what the view
+// holds of each of hosts for a create of id: how many proxies hold room
+// there, whether id is one, whether it is quarantined. It reports false,
+// calling nothing, while the view has not caught up.
+func (v *hostView) each(hosts []string, id string, fn func(host string, n int, held, quarantined bool)) bool {
+	if v == nil {
+		return false
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.ready {
+		return false
+	}
+	for _, h := range hosts {
+		r, ok := v.recs[h]
+		if !ok {
+			fn(h, 0, false, false)
+			continue
+		}
+		_, held := r.rec.Proxies[id]
+		fn(h, len(r.rec.Proxies), held, r.rec.Quarantined())
+	}
+	return true
+}
+
+// holds reports whether the view has host's record of revision rev or a
+// later one.
+func (v *hostView) holds(host string, rev uint64) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	r, ok := v.recs[host]
+	return ok && r.rev >= rev
+}
+
+// at returns host's record of revision rev if the view holds that one (a
+// record a KV revision names is always the same): a read of the record
+// need not decode it again, nor keep a copy of its own. The record is
+// shared: read it, never change it.
+func (v *hostView) at(host string, rev uint64) (messages.HostRecord, bool) {
+	if v == nil {
+		return messages.HostRecord{}, false
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	r, ok := v.recs[host]
+	if !ok || r.rev != rev {
+		return messages.HostRecord{}, false
+	}
+	return r.rec, true
 }
 
 // errViewNotReady: the watcher has not delivered every record yet.

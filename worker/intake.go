@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -340,7 +341,7 @@ func (in *intake) retry(ctx context.Context, msg jetstream.Msg, meta *jetstream.
 	if attempt >= w.cfg.MaxAttempts {
 		w.log.Error("intake: giving up", "subject", msg.Subject(), "attempts", attempt, "err", cause)
 		op, id, _ := w.subj.ParseCommand(msg.Subject())
-		w.deadLetter(ctx, id, commandID(msg, meta.Sequence.Stream), op, meta.Sequence.Stream, attempt, cause, msg.Data())
+		w.deadLetter(ctx, id, commandID(msg, meta.Sequence.Stream), op, meta.Sequence.Stream, attempt, cause, msg.Data(), time.Time{})
 		_ = msg.Term()
 		return
 	}
@@ -366,6 +367,13 @@ func (w *Worker) dispatch(ctx context.Context, host, id string, seq uint64) erro
 // publishResult answers a command. The message id makes a redelivered
 // command's identical answer a duplicate JetStream drops.
 func (w *Worker) publishResult(ctx context.Context, r messages.Result) error {
+	return w.answer(ctx, r, time.Time{})
+}
+
+// answer is publishResult for a command intake accepted at accepted (zero:
+// not timed): an answer the stream stores (not a duplicate of one stored
+// before) is observed in commandSeconds, from accepted to its own time.
+func (w *Worker) answer(ctx context.Context, r messages.Result, accepted time.Time) error {
 	r.V = messages.Version
 	r.At = w.now().UTC()
 	b, err := json.Marshal(r)
@@ -374,16 +382,19 @@ func (w *Worker) publishResult(ctx context.Context, r messages.Result) error {
 	}
 	ctx, cancel := request(ctx, w.js)
 	defer cancel()
-	_, err = w.js.Publish(ctx, w.subj.Result(r.ID), b, jetstream.WithMsgID(r.CommandID+"|"+r.Op+"|"+r.Outcome))
+	ack, err := w.js.Publish(ctx, w.subj.Result(r.ID), b, jetstream.WithMsgID(r.CommandID+"|"+r.Op+"|"+r.Outcome))
 	if err != nil {
 		return fmt.Errorf("publish result of %s: %w", r.ID, err)
 	}
 	w.metrics.commands.WithLabelValues(opLabel(r.Op), r.Outcome).Inc()
+	if !accepted.IsZero() && !ack.Duplicate {
+		w.metrics.observeCommand(r.Op, r.Outcome, r.At.Sub(accepted))
+	}
 	return nil
 }
 
 // deadLetter records a command that ran out of attempts and answers failed.
-func (w *Worker) deadLetter(ctx context.Context, id, cmdID, op string, seq uint64, attempts int, cause error, body []byte) {
+func (w *Worker) deadLetter(ctx context.Context, id, cmdID, op string, seq uint64, attempts int, cause error, body []byte, accepted time.Time) {
 	dl := messages.DeadLetter{
 		V: messages.Version, ID: id, CommandID: cmdID, Op: op, Seq: seq, Attempts: attempts,
 		LastError: cause.Error(), Class: string(classOf(cause)), At: w.now().UTC(),
@@ -399,8 +410,8 @@ func (w *Worker) deadLetter(ctx context.Context, id, cmdID, op string, seq uint6
 	}
 	w.stats.dead.Add(1)
 	w.metrics.dead.WithLabelValues(string(classOf(cause))).Inc()
-	if err := w.publishResult(ctx, messages.Result{ID: id, CommandID: cmdID, Op: op, Outcome: messages.OutcomeFailed,
-		Reason: fmt.Sprintf("gave up after %d attempts: %v", attempts, cause), Class: string(classOf(cause))}); err != nil {
+	if err := w.answer(ctx, messages.Result{ID: id, CommandID: cmdID, Op: op, Outcome: messages.OutcomeFailed,
+		Reason: fmt.Sprintf("gave up after %d attempts: %v", attempts, cause), Class: string(classOf(cause))}, accepted); err != nil {
 		w.log.Error("publish failed result", "id", id, "err", err)
 	}
 }

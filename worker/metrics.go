@@ -26,7 +26,19 @@ type metrics struct {
 	swept    *prometheus.CounterVec // kind: things sweeps removed
 	redrives prometheus.Counter
 	repairs  prometheus.Counter // consumers made anew or consumed again
+
+	// Latencies, in LatencyBuckets: a command from its acceptance to its
+	// answer (done, failed), by op and outcome; a create from the start
+	// of its provider call to its proxy seen running with an address.
+	commandSeconds *prometheus.HistogramVec
+	createRunning  prometheus.Histogram
 }
+
+// LatencyBuckets are the upper bounds, in seconds, of the worker's latency
+// histograms: from 10ms (a sim host) to 10 minutes (a create that waits
+// for a slot behind a host's whole room booting, a base image upload).
+// health's running-to-rotation histogram has the same.
+var LatencyBuckets = []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 25, 60, 120, 300, 600}
 
 func newMetrics() *metrics {
 	return &metrics{
@@ -62,7 +74,22 @@ func newMetrics() *metrics {
 			Name: "proxyfleet_worker_consumer_repairs_total",
 			Help: "Consumers this worker made anew, or consumed again, after they were deleted or their consume stopped.",
 		}),
+		commandSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "proxyfleet_command_duration_seconds",
+			Help:    "Commands from their acceptance by intake (their desired record's time) to their answer by this worker's executor, by op (create, delete) and outcome (done, failed); each answer once (not a duplicate of one stored before), re-drives not counted.",
+			Buckets: LatencyBuckets,
+		}, []string{"op", "outcome"}),
+		createRunning: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "proxyfleet_create_running_seconds",
+			Help:    "Creates from the start of the provider's create call to their proxy seen running with an address (the boot, and the executor's polls).",
+			Buckets: LatencyBuckets,
+		}),
 	}
+}
+
+// observeCommand times an answer of a command intake accepted d ago.
+func (m *metrics) observeCommand(op, outcome string, d time.Duration) {
+	m.commandSeconds.WithLabelValues(opLabel(op), outcome).Observe(max(d, 0).Seconds())
 }
 
 // init makes the series of every known label value, so that they are
@@ -71,6 +98,9 @@ func (m *metrics) init(hosts []string) {
 	for _, op := range []string{messages.OpCreate, messages.OpDelete} {
 		for _, o := range []string{messages.OutcomeAccepted, messages.OutcomeRejected, messages.OutcomeSuperseded, messages.OutcomeDone, messages.OutcomeFailed} {
 			m.commands.WithLabelValues(op, o)
+		}
+		for _, o := range []string{messages.OutcomeDone, messages.OutcomeFailed} {
+			m.commandSeconds.WithLabelValues(op, o)
 		}
 	}
 	m.retries.WithLabelValues(string(fleet.ClassTransient), "work")
@@ -96,7 +126,7 @@ func opLabel(op string) string {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.commands, m.retries, m.dead, m.inFlight, m.sweeps, m.swept, m.redrives, m.repairs}
+	return []prometheus.Collector{m.commands, m.retries, m.dead, m.inFlight, m.sweeps, m.swept, m.redrives, m.repairs, m.commandSeconds, m.createRunning}
 }
 
 // register registers the worker's metrics on r: the counters, and a

@@ -26,12 +26,17 @@ const observeToken = "_observe"
 // The tick travels as a work item, proxy.work.<host>._observe, so the
 // worker pinned to the host, and only that one, runs the pass: ownership
 // needs no second mechanism. Every worker publishes ticks for the hosts it
-// can execute; the message id names the interval window, so JetStream
-// stores one tick per window however many workers publish it, and the work
-// stream's one-message-per-subject rule collapses a backlog.
+// pulls (its share, any backup, all of them without a view of the
+// membership: the owner is among the pullers); the message id names the
+// interval window, so JetStream stores one tick per window however many
+// workers publish it, and the work stream's one-message-per-subject rule
+// collapses a backlog. (Every worker published the ticks of every host it
+// can execute before: with 500 hosts and 10 workers, 5,000 publishes an
+// interval, ten for each tick stored, and a goroutine per host in each.)
 
-// tickLoop publishes observation ticks for host until ctx is done.
-func (w *Worker) tickLoop(ctx context.Context, host string) {
+// tickLoop publishes, every ObserveInterval, an observation tick for each
+// host of runs the worker pulls then, until ctx is done.
+func (w *Worker) tickLoop(ctx context.Context, runs []*consumerRun) {
 	t := time.NewTicker(w.cfg.ObserveInterval)
 	defer t.Stop()
 	for {
@@ -40,12 +45,17 @@ func (w *Worker) tickLoop(ctx context.Context, host string) {
 			return
 		case <-t.C:
 		}
-		window := w.now().UnixNano() / int64(w.cfg.ObserveInterval)
-		m := nats.NewMsg(w.subj.Work(host, observeToken))
-		m.Header.Set(jetstream.MsgIDHeader, "observe-"+host+"-"+strconv.FormatInt(window, 10))
+		window := strconv.FormatInt(w.now().UnixNano()/int64(w.cfg.ObserveInterval), 10)
 		pctx, cancel := context.WithTimeout(ctx, w.cfg.ObserveInterval)
-		if _, err := w.js.PublishMsg(pctx, m); err != nil && ctx.Err() == nil {
-			w.log.Debug("publish observation tick", "host", host, "err", err)
+		for _, c := range runs {
+			if !c.pulling.Load() || pctx.Err() != nil {
+				continue
+			}
+			m := nats.NewMsg(w.subj.Work(c.host, observeToken))
+			m.Header.Set(jetstream.MsgIDHeader, "observe-"+c.host+"-"+window)
+			if _, err := w.js.PublishMsg(pctx, m); err != nil && ctx.Err() == nil {
+				w.log.Debug("publish observation tick", "host", c.host, "err", err)
+			}
 		}
 		cancel()
 	}
@@ -103,6 +113,9 @@ func (e *executor) observe(ctx context.Context) error {
 	for _, id := range ids {
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if ev, ok := events[id]; ok && e.unchanged(ctx, id, ev) {
+			continue
 		}
 		ok, err := e.observeOne(ctx, id)
 		if err != nil {
@@ -194,6 +207,44 @@ func (e *executor) sweepOne(ctx context.Context, id string) (bool, error) {
 	w.metrics.swept.WithLabelValues("domain").Inc()
 	w.log.Info("swept an orphan", "host", e.host, "id", id, "desired", d.Op, "desired_host", d.Host)
 	return true, nil
+}
+
+// unchanged reports whether id's domain shows what its last event, as the
+// view has it, says, so that observeOne would publish nothing: running at
+// the event's address, or provisioning, for an event of either; present in
+// any state, or unreadable, for a failed one (observeOne looks at a proxy
+// an observation reported failed only to re-drive it when its domain is
+// gone). Such a proxy costs the pass one read of its domain, and no read of
+// its desired record and last event (two NATS reads a proxy an interval,
+// 100,000 for a pass over 50,000); one that differs, or whose domain is
+// gone, is looked at under its lock, its record and last event read
+// afresh. The view may lag behind the stream: a change it has not seen yet
+// is looked at on the next pass.
+//
+// The read runs under id's lock, as every provider call on a proxy does
+// (work for one id never overlaps, reads included); a proxy whose lock is
+// taken is being converged, which reports what it finds, and counts as
+// unchanged for this pass.
+func (e *executor) unchanged(ctx context.Context, id string, ev viewedEvent) bool {
+	unlock, ok := e.w.locks.tryLock(id)
+	if !ok {
+		return true
+	}
+	obs, err := e.prov.Get(ctx, id)
+	unlock()
+	switch {
+	case isNotFound(err):
+		return false
+	case err != nil:
+		return true // unreadable is not changed (H3): observeOne would publish nothing
+	case ev.State == messages.StateFailed:
+		return true
+	}
+	ip := ""
+	if obs.State == messages.StateRunning {
+		ip = obs.IP
+	}
+	return obs.State == ev.State && ip == ev.IP
 }
 
 // observeOne re-reads one proxy under its lock and publishes what changed.

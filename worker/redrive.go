@@ -178,7 +178,7 @@ func (r *ranMemo) forget(id string) {
 }
 
 // prune forgets every id whose last event is not the one remembered.
-func (r *ranMemo) prune(last map[string]messages.StateEvent) {
+func (r *ranMemo) prune(last map[string]viewedEvent) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for id, seq := range r.m {

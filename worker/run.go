@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -104,7 +105,7 @@ func (w *Worker) start(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
 	w.draining = make(chan struct{})
-	w.hostView = newHostView(w.hosts, w.cfg.CheckInterval, w.log)
+	w.hostView = newHostView(w.hosts, w.js.Conn(), w.cfg.CheckInterval, w.log)
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
@@ -188,13 +189,15 @@ func (w *Worker) start(ctx context.Context) error {
 		}()
 	}
 	if w.cfg.ObserveInterval > 0 {
+		ticked := make([]*consumerRun, 0, len(hostRuns))
 		for _, h := range hosts {
-			w.wg.Add(1)
-			go func() {
-				defer w.wg.Done()
-				w.tickLoop(runCtx, h)
-			}()
+			ticked = append(ticked, hostRuns[h])
 		}
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			w.tickLoop(runCtx, ticked)
+		}()
 	}
 	w.log.Info("worker started", "id", w.cfg.ID, "hosts", hosts, "intake", !w.cfg.NoIntake,
 		"pulling", w.members.share, "heartbeat", w.cfg.Heartbeat, "liveness", w.cfg.Liveness)
@@ -217,16 +220,28 @@ func (w *Worker) newRun(runCtx context.Context, stream string, cfg jetstream.Con
 // Its record says it is draining first, so the others start pulling its
 // hosts at once; it keeps each host's pin until the host's in-flight work
 // has ended (see holdPin), and deletes its record last.
+//
+// The whole stop fits within DrainTimeout, however many hosts the worker
+// owns: work in flight gets the timeout less the hand-over's share
+// (handoverShare), and every NATS call of the stop (the draining record,
+// the unpins, made concurrently, and the record's deletion) ends at the
+// one deadline. A call that cannot finish by then (NATS unreachable) is
+// given up: nothing is lost, only the time a takeover waits, since the
+// server moves a pin nobody renews after PinnedTTL and the others count a
+// record nobody renews dead after Liveness.
 func (w *Worker) drain() {
 	if w.cancel == nil {
 		return // it never got as far as consuming
 	}
+	stopBy := time.Now().Add(w.cfg.DrainTimeout)
+	stopCtx, stopCancel := context.WithDeadline(context.Background(), stopBy)
+	defer stopCancel()
 	if w.memCancel != nil {
 		w.memCancel()
 		w.memWG.Wait()
 	}
 	if w.members != nil && !w.js.Conn().IsClosed() {
-		w.members.beat(context.Background(), messages.WorkerDraining)
+		w.members.beat(stopCtx, messages.WorkerDraining)
 	}
 	// First the supervisors, so nothing restarts a consume behind us.
 	if w.superCancel != nil {
@@ -238,9 +253,7 @@ func (w *Worker) drain() {
 	var holds []func()
 	for _, c := range w.runs {
 		c.pulling.Store(false)
-		if c.cc != nil {
-			c.cc.Drain() // stop pulling; what was delivered still runs
-		}
+		c.stopPulling() // what was delivered still runs
 		if c.host != "" {
 			holds = append(holds, c.holdPin())
 		}
@@ -262,7 +275,7 @@ func (w *Worker) drain() {
 		}
 		close(done)
 	}()
-	t := time.NewTimer(w.cfg.DrainTimeout)
+	t := time.NewTimer(time.Until(stopBy.Add(-handoverShare(w.cfg.DrainTimeout))))
 	defer t.Stop()
 	select {
 	case <-done:
@@ -276,13 +289,62 @@ func (w *Worker) drain() {
 	for _, stop := range holds {
 		stop()
 	}
-	for _, c := range w.runs {
-		if c.host != "" {
-			c.unpin()
-		}
-	}
+	w.unpinHosts(stopCtx)
 	if w.members != nil {
-		w.members.leave()
+		w.members.leave(stopCtx)
+	}
+	if stopCtx.Err() != nil {
+		w.log.Warn("stop: NATS calls given up at the drain timeout (pins expire after pinned_ttl, the record after liveness)",
+			"timeout", w.cfg.DrainTimeout)
 	}
 	w.runs = nil
+}
+
+// handoverShare is the part of the drain timeout kept for handing the
+// hosts over once the work in flight has ended or been cancelled: a tenth,
+// at least a second, at most half. With NATS up the unpins take
+// milliseconds; the share only bounds how long they may wait for it.
+func handoverShare(drain time.Duration) time.Duration {
+	return min(drain/2, max(drain/10, time.Second))
+}
+
+// unpinAtOnce bounds the unpins a stopping worker has in flight.
+const unpinAtOnce = 16
+
+// unpinTimeout bounds each NATS call of an unpin (within the stop's
+// deadline): a server that does not answer (its JetStream off) costs the
+// stop that long, not the whole drain timeout.
+const unpinTimeout = 2 * time.Second
+
+// unpinHosts releases the pins the worker holds, at most unpinAtOnce at a
+// time, on one lookup of the work stream, giving up when ctx ends (each
+// call after unpinTimeout).
+func (w *Worker) unpinHosts(ctx context.Context) {
+	var pinned []*consumerRun
+	for _, c := range w.runs {
+		if c.host != "" && c.getPin() != "" {
+			pinned = append(pinned, c)
+		}
+	}
+	if len(pinned) == 0 || w.js.Conn().IsClosed() {
+		return // they expire after PinnedTTL
+	}
+	lctx, cancel := context.WithTimeout(ctx, unpinTimeout)
+	st, err := w.js.Stream(lctx, messages.StreamWork)
+	cancel()
+	if err != nil {
+		w.log.Warn("unpin hosts: look up stream "+messages.StreamWork+" (the pins expire after pinned_ttl)", "hosts", len(pinned), "err", err)
+		return
+	}
+	sem := make(chan struct{}, unpinAtOnce)
+	var wg sync.WaitGroup
+	for _, c := range pinned {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			c.unpinOn(ctx, st)
+		}()
+	}
+	wg.Wait()
 }

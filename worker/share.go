@@ -24,6 +24,9 @@ type member struct {
 	// stored is the server's time of the KV entry: the backstop of a
 	// record whose own time is wrong (see liveMembers).
 	stored time.Time
+	// pulls is the set of the hosts the record says it pulls or owns
+	// (nil: look in the record).
+	pulls map[string]struct{}
 }
 
 // liveMembers returns the records hosts are shared over at now, sorted by

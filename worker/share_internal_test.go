@@ -2,6 +2,7 @@ package worker
 
 import (
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -100,5 +101,95 @@ func TestLiveMembers(t *testing.T) {
 	}
 	if want := []string{"fresh", "me"}; !slices.Equal(ids, want) {
 		t.Errorf("live: %v, want %v", ids, want)
+	}
+}
+
+// benchMembership is the membership of worker 0 of workers, each
+// executing every one of hosts and pulling its share, as their records
+// say, at now.
+func benchMembership(workers, hosts int, now time.Time) *membership {
+	w := &Worker{cfg: Config{Liveness: 6 * time.Second, Heartbeat: 2 * time.Second}, now: func() time.Time { return now },
+		log: slog.New(slog.DiscardHandler)}
+	names := hostNames(hosts)
+	runs := map[string]*consumerRun{}
+	for _, h := range names {
+		runs[h] = &consumerRun{w: w, host: h, kick: make(chan struct{}, 1)}
+	}
+	ms := members(workers, names)
+	owners := assign(ms)
+	m := &membership{w: w, runs: runs, kick: make(chan struct{}, 1), recs: map[string]member{}, idle: map[string]idleOwner{},
+		self: ms[0], viewed: true}
+	for _, r := range ms {
+		for _, h := range names {
+			if owners[h] == r.ID {
+				r.Pulling = append(r.Pulling, h)
+				r.Owned = append(r.Owned, h)
+			}
+		}
+		r.At = now
+		m.recs[r.ID] = member{rec: r, stored: now, pulls: pullSet(r)}
+	}
+	return m
+}
+
+// BenchmarkMembershipReconcile: what a worker does on every heartbeat of
+// every worker (each renews its record every Heartbeat): with 500 hosts
+// and 10 workers, 5 reconciles a second of a membership that has not
+// changed.
+func BenchmarkMembershipReconcile(b *testing.B) {
+	m := benchMembership(10, 500, time.Unix(1_000_000, 0))
+	m.reconcile()
+	b.ReportAllocs()
+	for b.Loop() {
+		m.reconcile()
+	}
+}
+
+// The assignment is computed again when, and only when, the live members
+// or their hosts change: a heartbeat reuses it, a worker gone or a host
+// added makes it anew, and the share follows.
+func TestAssignmentFollowsTheMembership(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	m := benchMembership(3, 12, now)
+	shareOf := func(owners map[string]string) []string {
+		var s []string
+		for h, id := range owners {
+			if id == m.self.ID {
+				s = append(s, h)
+			}
+		}
+		slices.Sort(s)
+		return s
+	}
+	live := func() []messages.WorkerRecord { return liveMembers(m.recs, m.self, now, m.w.cfg.Liveness) }
+	m.reconcile()
+	first := m.assignedOwners
+	if want := shareOf(assign(live())); !slices.Equal(m.share, want) || len(want) != 4 {
+		t.Fatalf("share %v, want %v (4 of 12)", m.share, want)
+	}
+	// A heartbeat: a newer record, the same members and hosts.
+	id := fmt.Sprintf("host%d-%d", 1, 1001)
+	mem := m.recs[id]
+	mem.rec.At = now.Add(time.Millisecond)
+	mem.rec.Hosts = slices.Clone(mem.rec.Hosts) // decoded anew, equal
+	m.recs[id] = mem
+	m.reconcile()
+	if fmt.Sprintf("%p", m.assignedOwners) != fmt.Sprintf("%p", first) {
+		t.Error("a heartbeat computed the assignment again")
+	}
+	// A worker gone: its hosts are shared over the other two.
+	delete(m.recs, id)
+	m.reconcile()
+	if want := shareOf(assign(live())); !slices.Equal(m.share, want) || len(want) != 6 {
+		t.Fatalf("after a worker left: share %v, want %v (6 of 12)", m.share, want)
+	}
+	// The other one can execute a host more: computed again.
+	other := fmt.Sprintf("host%d-%d", 2, 1002)
+	mem = m.recs[other]
+	mem.rec.Hosts = append(slices.Clone(mem.rec.Hosts), "h13")
+	m.recs[other] = mem
+	m.reconcile()
+	if got := m.assignedOwners["h13"]; got != other {
+		t.Errorf("h13 assigned to %q, want %s, the only worker that executes it", got, other)
 	}
 }

@@ -42,6 +42,8 @@ type Config struct {
 	PollInterval time.Duration // the longest pause between reads of a booting proxy (they start at 50ms and double)
 	PinnedTTL    time.Duration
 	Concurrency  int // work items run at once per host (default 20; a create holds one until its proxy runs)
+	// DrainTimeout bounds the whole stop: work in flight, then handing
+	// the hosts over and deleting the record (see drain).
 	DrainTimeout time.Duration
 	// CheckInterval is how often the worker checks that its consumers
 	// exist and are consumed (besides when a consume reports an error),

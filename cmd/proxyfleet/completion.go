@@ -13,7 +13,7 @@ import (
 // commandNames are the words completion offers after proxyfleet, as
 // "dead ls" for a sub-verb.
 func commandNames() []string {
-	names := []string{"serve", "setup", "worker", "health", "gateway"}
+	names := []string{"serve", "setup", "worker", "health", "gateway", "pools"}
 	for _, v := range verbs {
 		names = append(names, v.name)
 	}
@@ -88,6 +88,12 @@ _proxyfleet() {
         return
       fi
       cmd=dead_${COMP_WORDS[2]} ;;
+    pool)
+      if [[ $COMP_CWORD -eq 2 ]]; then
+        COMPREPLY=($(compgen -W "set get ls rm recycle" -- "$cur"))
+        return
+      fi
+      cmd=pool_${COMP_WORDS[2]} ;;
     completion) COMPREPLY=($(compgen -W "bash zsh" -- "$cur")); return ;;
     help) COMPREPLY=($(compgen -W "@COMMANDS@" -- "$cur")); return ;;
   esac
@@ -121,6 +127,12 @@ _proxyfleet() {
         return
       fi
       cmd=dead_${words[3]} ;;
+    pool)
+      if (( CURRENT == 3 )); then
+        compadd -- set get ls rm recycle
+        return
+      fi
+      cmd=pool_${words[3]} ;;
     completion) compadd -- bash zsh; return ;;
     help) compadd -- @COMMANDS@; return ;;
   esac

@@ -64,6 +64,8 @@ func TestConfigDefaultsAreTheRoles(t *testing.T) {
 		{"health.open_check_interval", hg.OpenCheckInterval, hw.OpenCheckInterval},
 		{"health.report_interval", hg.ReportInterval, hw.ReportInterval},
 		{"health.report_rate", hg.ReportRate, hw.ReportRate},
+		{"health.snapshot_interval", hg.SnapshotInterval, hw.SnapshotInterval},
+		{"health.snapshot_max_bytes", hg.SnapshotMaxBytes, hw.SnapshotMaxBytes},
 	} {
 		if d.file != d.role {
 			t.Errorf("%s defaults to %v in the file, %v in the role", d.field, d.file, d.role)

@@ -147,12 +147,15 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 }
 
 // registerRotationMetrics exports what the gateway's follower of the
-// rotation counts: its size, and the sources it had to make anew.
+// rotation counts: its size and version, and the times it read the
+// rotation whole again.
 func registerRotationMetrics(reg prometheus.Registerer, rot *rotation.Rotation) error {
 	for _, c := range []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "proxyfleet_gateway_rotation_size", Help: "Proxies in the rotation as the gateway follows it."},
 			func() float64 { return float64(rot.Len()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "proxyfleet_gateway_rotation_restarts_total", Help: "Sources of the rotation (PROXY_ROTATION, PROXY_EVENTS, PROXY_CHECKS) the gateway's follower made anew after they broke."},
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "proxyfleet_gateway_rotation_version", Help: "Version of the rotation the gateway holds (health's proxyfleet_rotation_version when it is current)."},
+			func() float64 { return float64(rot.Stats().Version) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "proxyfleet_gateway_rotation_restarts_total", Help: "Times the gateway's follower read the rotation whole again after the first: a gap in the feed, or a new publisher (a takeover of health's lease)."},
 			func() float64 { return float64(rot.Stats().Restarts) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "proxyfleet_gateway_report_errors_total", Help: "Reports of failing proxies the gateway could not publish."},
 			func() float64 { return float64(rot.Stats().ReportErrors) }),

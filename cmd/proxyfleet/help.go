@@ -34,7 +34,7 @@ var helps = map[string]helpText{
 	"worker": {
 		args:     "--config F",
 		summary:  "run the worker role: intake of commands and execution on the configured hosts (--config is required)",
-		more:     "--http serves /metrics, /healthz (liveness) and /readyz (ready: consuming and owning or ready to own hosts).",
+		more:     "--http serves /metrics, /healthz (liveness) and /readyz (ready: consuming and owning or ready to own hosts); with --pprof also Go's profiles under /debug/pprof/.",
 		examples: []string{"proxyfleet worker --config proxyfleet.yaml --id wk-1 --http 127.0.0.1:9090", "NATS_CONTEXT=worker proxyfleet worker --config proxyfleet.yaml"},
 	},
 	"health": {
@@ -93,6 +93,42 @@ var helps = map[string]helpText{
 		more: "A dead letter whose proxy has had a later command is skipped (replaying it would undo that command)\n" +
 			"unless --force is given.",
 		examples: []string{"proxyfleet dead replay p1", "proxyfleet dead replay --all --wait"},
+	},
+	"pools": {
+		args:    "--config F",
+		summary: "run the pool controller: keep each pool at its size in the rotation, recycle its members by age, replace the broken",
+		more: "Every pool controller applies pool commands; the one holding the pools' lease runs the passes, the others stand by.\n" +
+			"--http serves /metrics, /healthz (liveness) and /readyz (ready: consuming pool commands, the rotation and the pools read).",
+		examples: []string{"proxyfleet pools --config proxyfleet.yaml --http 127.0.0.1:9093"},
+	},
+	"pool": {
+		args: "set | get | ls | rm | recycle", summary: "keep pools of proxies: N ready proxies of one spec, recycled by age, the broken replaced",
+		examples: []string{"proxyfleet pool set eu --size 20 --max-age 6h --wait", "proxyfleet pool ls"},
+	},
+	"pool set": {
+		args: "NAME", summary: "create pool NAME, or replace its whole spec (a flag left out takes its default)",
+		more: "Members are proxies NAME-xxxxxx labelled pool=NAME, made by ordinary create commands on the hosts with the\n" +
+			"fewest members of the pool, then the most room. With --wait, exits once the pool is at its size in the\n" +
+			"rotation (done), or 1 when it is degraded (its creates keep failing) or the set is rejected.",
+		examples: []string{"proxyfleet pool set eu --size 20 --min-ready 18 --surge 2 --max-age 6h --label country=de --wait",
+			"proxyfleet pool set eu --size 0"},
+	},
+	"pool get": {
+		args: "NAME", summary: "show pool NAME: its settings, state and members",
+		examples: []string{"proxyfleet pool get eu", "proxyfleet pool get eu --json"},
+	},
+	"pool ls": {
+		summary:  "list the pools: size, members ready, creating, recycling and retiring, the oldest's age, state",
+		examples: []string{"proxyfleet pool ls", "proxyfleet pool ls --json"},
+	},
+	"pool rm": {
+		args: "NAME", summary: "delete pool NAME: every member is deleted, then the pool",
+		examples: []string{"proxyfleet pool rm eu --wait"},
+	},
+	"pool recycle": {
+		args: "NAME (ID... | --all)", summary: "replace the members named (or all) now, make-before-break, as if they were old",
+		more:     "Fresh addresses on demand. With --wait, exits once every member named was replaced and deleted.",
+		examples: []string{"proxyfleet pool recycle eu --all --wait", "proxyfleet pool recycle eu eu-a1b2c3 eu-d4e5f6"},
 	},
 	"version": {
 		summary:  "print proxyfleet's version, commit and Go version",

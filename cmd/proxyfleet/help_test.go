@@ -15,7 +15,7 @@ import (
 // flag names left out; --timeout says what it does for that verb.
 func TestHelpOfEveryCommand(t *testing.T) {
 	ctx := context.Background()
-	for _, name := range append(commandNames(), "dead") {
+	for _, name := range append(commandNames(), "dead", "pool") {
 		if name == "help" {
 			continue
 		}
@@ -39,7 +39,8 @@ func TestHelpOfEveryCommand(t *testing.T) {
 		}
 	}
 	for name, want := range map[string]string{"create": timeoutSend, "delete": timeoutSend, "dead replay": timeoutSend,
-		"get": timeoutRead, "list": timeoutRead, "hosts": timeoutRead, "rotation": timeoutRead, "dead ls": timeoutRead, "watch": timeoutWatch} {
+		"get": timeoutRead, "list": timeoutRead, "hosts": timeoutRead, "rotation": timeoutRead, "dead ls": timeoutRead, "watch": timeoutWatch,
+		"pool set": timeoutSend, "pool rm": timeoutSend, "pool recycle": timeoutSend, "pool get": timeoutRead, "pool ls": timeoutRead} {
 		o, _, _ := runCLI(ctx, append(strings.Fields(name), "--help")...)
 		if !strings.Contains(o, "\n  --timeout duration\n    \t"+want+"\n") {
 			t.Errorf("%s --help: want --timeout %q\n%s", name, want, o)
@@ -48,7 +49,7 @@ func TestHelpOfEveryCommand(t *testing.T) {
 			t.Errorf("%s --help: --wait listed %v", name, hasWait)
 		}
 	}
-	for _, name := range []string{"serve", "setup", "worker", "health"} {
+	for _, name := range []string{"serve", "setup", "worker", "health", "pools"} {
 		o, _, _ := runCLI(ctx, name, "--help")
 		for _, f := range []string{"--server", "--context", "--creds", "--nkey", "--user", "--password", "--tlscert", "--tlskey", "--tlsca", "--prefix", "--log-level", "--log-format"} {
 			if !strings.Contains(o, "\n  "+f+" ") {
@@ -114,6 +115,8 @@ func TestBashCompletion(t *testing.T) {
 		{[]string{"proxyfleet", "de"}, "delete dead"},
 		{[]string{"proxyfleet", "dead", "re"}, "replay"},
 		{[]string{"proxyfleet", "dead", "replay", "--f"}, "--force"},
+		{[]string{"proxyfleet", "pool", "r"}, "rm recycle"},
+		{[]string{"proxyfleet", "pool", "set", "eu", "--max"}, "--max-age"},
 		{[]string{"proxyfleet", "create", "p1", "--wa"}, "--wait"},
 		{[]string{"proxyfleet", "get", "--wa"}, ""},
 		{[]string{"proxyfleet", "worker", "--log-"}, "--log-format --log-level"},
@@ -126,7 +129,7 @@ func TestBashCompletion(t *testing.T) {
 	}
 	o, _, code = runCLI(context.Background(), "completion", "zsh")
 	if code != 0 || !strings.HasPrefix(o, "#compdef proxyfleet\n") || !strings.Contains(o, "    dead_replay) flags=\"--all ") ||
-		!strings.Contains(o, "compadd -- serve setup worker health gateway create delete get list watch rotation hosts dead version completion help\n") {
+		!strings.Contains(o, "compadd -- serve setup worker health gateway pools create delete get list watch rotation hosts dead pool version completion help\n") {
 		t.Errorf("completion zsh: exit %d\n%s", code, o)
 	}
 	if _, e, code := runCLI(context.Background(), "completion", "fish"); code != 2 || !strings.HasPrefix(e, "usage: proxyfleet completion bash | zsh") {

@@ -40,3 +40,29 @@ func crashHooks(log *slog.Logger) kvm.Hooks {
 	}
 	return kvm.Hooks{}
 }
+
+// poolCrashHook is the pool controller's kill points: with
+// PROXYFLEET_TEST_KILL_AT=pool-after-intent (a pass stored new members in
+// a pool's record and published none of their creates) or
+// pool-after-publish (it published them and has not recorded so), the
+// process SIGKILLs itself there, once per marker file
+// PROXYFLEET_TEST_KILL_ONCE.
+func poolCrashHook(log *slog.Logger) func(point, pool string, ids []string) {
+	at, once := os.Getenv("PROXYFLEET_TEST_KILL_AT"), os.Getenv("PROXYFLEET_TEST_KILL_ONCE")
+	if (at != "pool-after-intent" && at != "pool-after-publish") || once == "" {
+		return nil
+	}
+	return func(point, pool string, ids []string) {
+		if "pool-"+point != at {
+			return
+		}
+		f, err := os.OpenFile(once, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+		if err != nil {
+			return // someone died here already
+		}
+		f.WriteString(pool + "\n")
+		f.Close()
+		log.Warn("test seam: SIGKILL", "at", at, "pool", pool, "members", len(ids))
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	}
+}

@@ -13,9 +13,10 @@ const usage = `proxyfleet runs a fleet of proxy VMs on KVM hosts, driven by NATS
 Usage:
   proxyfleet serve    --config F [--data-dir D] [--listen ADDR] [--server URL] [--http ADDR] [--repair] [--id ID]
   proxyfleet setup    [--config F] [--repair [--interval 5s]]
-  proxyfleet worker   --config F [--id ID]
+  proxyfleet worker   --config F [--id ID] [--http ADDR] [--pprof]
   proxyfleet health   [--config F] [--http ADDR]
   proxyfleet gateway  --config F [--http ADDR]
+  proxyfleet pools    --config F [--id ID] [--http ADDR]
   proxyfleet create   ID [--host H] [--image I] [--cpus N] [--memory-mib M] [--label k=v] [--command-id C] [--wait]
   proxyfleet delete   ID [--command-id C] [--wait]
   proxyfleet get      ID
@@ -24,6 +25,11 @@ Usage:
   proxyfleet rotation [--http URL]
   proxyfleet hosts
   proxyfleet dead     ls | replay (ID | --all) [--force] [--wait]
+  proxyfleet pool     set NAME --size N [--min-ready N] [--surge N] [--max-age D] [--label k=v] [--host H] [--wait]
+  proxyfleet pool     get NAME
+  proxyfleet pool     ls [--json]
+  proxyfleet pool     rm NAME [--wait]
+  proxyfleet pool     recycle NAME (ID... | --all) [--wait]
   proxyfleet version
   proxyfleet completion bash|zsh
 
@@ -80,13 +86,15 @@ func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.
 		return runHealth(ctx, args, stdout, stderr)
 	case "gateway":
 		return runGateway(ctx, args, stdout, stderr)
-	case "dead":
+	case "pools":
+		return runPools(ctx, args, stdout, stderr)
+	case "dead", "pool":
 		if len(args) > 0 {
-			if v, ok := findVerb("dead " + args[0]); ok {
+			if v, ok := findVerb(cmd + " " + args[0]); ok {
 				return runVerb(ctx, v, args[1:], stdout, stderr)
 			}
 		}
-		fs := newFlags("dead", stderr)
+		fs := newFlags(cmd, stderr)
 		if err := parseFlags(fs, args, stdout); err != nil {
 			return err
 		}

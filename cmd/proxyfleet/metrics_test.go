@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -151,13 +152,13 @@ var (
 		"proxyfleet_work_in_flight", "proxyfleet_work_pending", "proxyfleet_host_proxies", "proxyfleet_host_max_proxies",
 		"proxyfleet_host_quarantined", "proxyfleet_sweeps_total", "proxyfleet_swept_total", "proxyfleet_redrives_total",
 		"proxyfleet_worker_consumer_repairs_total", "proxyfleet_worker_host_owned", "proxyfleet_worker_host_pulling",
-		"proxyfleet_worker_ready",
+		"proxyfleet_worker_ready", "proxyfleet_command_duration_seconds", "proxyfleet_create_running_seconds",
 	}
 	healthNames = []string{
 		"proxyfleet_rotation_size", "proxyfleet_rotation_changes_total", "proxyfleet_rotation_entries_total",
 		"proxyfleet_rotation_exits_total", "proxyfleet_events_total", "proxyfleet_rotation_published_total",
 		"proxyfleet_rotation_publish_errors_total", "proxyfleet_health_lease_holder", "proxyfleet_health_ready",
-		"proxyfleet_probes_total", "proxyfleet_probe_duration_seconds",
+		"proxyfleet_probes_total", "proxyfleet_probe_duration_seconds", "proxyfleet_rotation_admission_seconds",
 	}
 )
 
@@ -280,6 +281,11 @@ func TestRolesServeMetrics(t *testing.T) {
 		{"proxyfleet_commands_total", 1, []string{"op", "delete", "outcome", "done"}},
 		{"proxyfleet_retries_total", 1, []string{"class", "transient", "stage", "work"}},
 		{"proxyfleet_dead_letters_total", 1, []string{"class", "transient"}},
+		// The latency histograms (their sample counts).
+		{"proxyfleet_command_duration_seconds", 1, []string{"op", "create", "outcome", "done"}},
+		{"proxyfleet_command_duration_seconds", 1, []string{"op", "create", "outcome", "failed"}},
+		{"proxyfleet_command_duration_seconds", 1, []string{"op", "delete", "outcome", "done"}},
+		{"proxyfleet_create_running_seconds", 1, nil},
 	} {
 		moved("workers'", w0, w1, m.name, m.min, m.labels...)
 	}
@@ -294,6 +300,10 @@ func TestRolesServeMetrics(t *testing.T) {
 		{"proxyfleet_rotation_published_total", 2},
 	} {
 		moved("health processes'", h0, h1, m.name, m.min)
+	}
+	// m1's admission, timed by the publishing health process alone.
+	if n := sum(h1, "proxyfleet_rotation_admission_seconds") - sum(h0, "proxyfleet_rotation_admission_seconds"); n != 1 {
+		t.Errorf("%v admissions timed by the health processes, want 1 (m1's, by the lease holder)", n)
 	}
 	if n := sum(h1, "proxyfleet_health_lease_holder"); n != 1 {
 		t.Errorf("%v lease holders, want 1", n)
@@ -352,5 +362,24 @@ func TestWorkerNotReadyWithoutTopology(t *testing.T) {
 	mfs := scrape(t, addr)
 	if v := value(mfs, "proxyfleet_worker_ready"); v != 0 {
 		t.Fatalf("proxyfleet_worker_ready = %v, want 0", v)
+	}
+}
+
+// `worker --pprof` adds Go's profiles to the ops listener, which serves
+// the rest as before; without it there are none.
+func TestPprofOnlyWhenAsked(t *testing.T) {
+	reg := newRegistry("worker")
+	ready := func() error { return nil }
+	for _, c := range []struct {
+		h     http.Handler
+		pprof int
+	}{{opsHandler(reg, ready), http.StatusNotFound}, {pprofHandler(opsHandler(reg, ready)), http.StatusOK}} {
+		for path, want := range map[string]int{"/debug/pprof/": c.pprof, "/debug/pprof/heap?debug=1": c.pprof, "/metrics": 200, "/readyz": 200} {
+			rec := httptest.NewRecorder()
+			c.h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+			if rec.Code != want {
+				t.Errorf("GET %s = %d, want %d", path, rec.Code, want)
+			}
+		}
 	}
 }

@@ -25,6 +25,8 @@ const monitoringDir = "../../deploy/monitoring"
 func exportedNames(t *testing.T) map[string]bool {
 	t.Helper()
 	r := startRoles(t)
+	// A pool, so that the pool controller's per-pool families exist.
+	withPool(t, r)
 	names := map[string]bool{}
 	for _, addr := range []string{r.serve, r.worker, r.health} {
 		for n := range scrape(t, addr) {

@@ -176,6 +176,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	cfgPath := fs.String("config", "", "config file (YAML); required")
 	id := fs.String("id", "", "this worker's id, stable and readable (default hostname-pid)")
 	httpAddr := fs.String("http", "", "address of /metrics, /healthz and /readyz (default from config worker.http; none if empty)")
+	withPprof := fs.Bool("pprof", false, "also serve Go's profiles (net/http/pprof) under /debug/pprof/ on the --http listener")
 	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
 	}
@@ -215,7 +216,13 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if err != nil {
 			return fmt.Errorf("--http: %w", err)
 		}
-		comps = append(comps, opsComponent(ln, opsHandler(reg, ready), log))
+		h := opsHandler(reg, ready)
+		if *withPprof {
+			h = pprofHandler(h)
+		}
+		comps = append(comps, opsComponent(ln, h, log))
+	} else if *withPprof {
+		return errors.New("--pprof needs an --http listener (or worker.http)")
 	}
 	return runAll(ctx, log, comps...)
 }

@@ -23,8 +23,9 @@ import (
 
 // serve runs everything in one process: an embedded nats-server with
 // JetStream unless --nats-url names a cluster, set-up and a repairer of the
-// streams and buckets (with the embedded server, or --repair), a worker and
-// the health consumer, each role on its own connection. Each is a
+// streams and buckets (with the embedded server, or --repair), a worker,
+// the health consumer and a pool controller, each role on its own
+// connection. Each is a
 // component (see runAll): when one fails, the others stop and serve
 // returns its error.
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -104,7 +105,7 @@ func serveWith(ctx context.Context, args []string, stdout, stderr io.Writer, hoo
 		}
 		comps = append(comps, rep)
 	}
-	var workerReady func() error // set below, before anything runs
+	var workerReady, poolsReady func() error // set below, before anything runs
 	gatewayReady := func() error { return nil }
 	hlog := log.With("role", "health")
 	hnc, err := nf.connect("proxyfleet-serve-health", inboxHealth, hlog)
@@ -115,6 +116,9 @@ func serveWith(ctx context.Context, args []string, stdout, stderr io.Writer, hoo
 	h, err := healthComponent(hnc, c, hlog, reg, func() error {
 		if err := workerReady(); err != nil {
 			return fmt.Errorf("worker: %w", err)
+		}
+		if err := poolsReady(); err != nil {
+			return err
 		}
 		return gatewayReady()
 	})
@@ -132,6 +136,17 @@ func serveWith(ctx context.Context, args []string, stdout, stderr io.Writer, hoo
 		return err
 	}
 	comps = append(comps, w, h)
+	plog := log.With("role", "pools")
+	pnc, err := nf.connect("proxyfleet-serve-pools", inboxPools, plog)
+	if err != nil {
+		return err
+	}
+	defer pnc.Close()
+	p, poolsReady, err := poolsComponent(pnc, c, *id, plog, reg)
+	if err != nil {
+		return err
+	}
+	comps = append(comps, p)
 	if gatewayEnabled(c) {
 		glog := log.With("role", "gateway")
 		gnc, err := nf.connect("proxyfleet-serve-gateway", inboxClient, glog)
@@ -203,6 +218,8 @@ func healthConfig(c *config.Config, log *slog.Logger) health.Config {
 		OpenCheckInterval: c.Health.OpenCheckInterval,
 		ReportInterval:    c.Health.ReportInterval,
 		ReportRate:        c.Health.ReportRate,
+		SnapshotInterval:  c.Health.SnapshotInterval,
+		SnapshotMaxBytes:  c.Health.SnapshotMaxBytes,
 	}
 }
 

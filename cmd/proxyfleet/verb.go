@@ -20,6 +20,7 @@ type verb struct {
 	name       string
 	id         bool // takes exactly one proxy ID
 	optionalID bool // takes at most one (the command checks the rest)
+	more       bool // takes one ID (a pool's name) and any number more (in.args)
 	timeout    string
 	new        func() command
 }
@@ -53,6 +54,12 @@ var verbs = []verb{
 	{name: "hosts", timeout: timeoutRead, new: func() command { return &hostsCmd{} }},
 	{name: "dead ls", timeout: timeoutRead, new: func() command { return &deadLsCmd{} }},
 	{name: "dead replay", optionalID: true, timeout: timeoutSend, new: func() command { return &deadReplayCmd{} }},
+	// Pools (verb_pool.go): the ID is the pool's name.
+	{name: "pool set", id: true, timeout: timeoutSend, new: func() command { return &poolSetCmd{labels: labelFlags{}} }},
+	{name: "pool get", id: true, timeout: timeoutRead, new: func() command { return &poolGetCmd{} }},
+	{name: "pool ls", timeout: timeoutRead, new: func() command { return &poolLsCmd{} }},
+	{name: "pool rm", id: true, timeout: timeoutSend, new: func() command { return &poolRmCmd{} }},
+	{name: "pool recycle", more: true, timeout: timeoutSend, new: func() command { return &poolRecycleCmd{} }},
 }
 
 // findVerb returns the client verb called name.
@@ -71,7 +78,8 @@ const defaultTimeout = 10 * time.Second
 // invocation is what every verb's run shares: its proxy ID, --json, the
 // NATS settings, the outputs, and the connection once made.
 type invocation struct {
-	id             string // the proxy ID, for verbs that take one
+	id             string   // the proxy ID, for verbs that take one
+	args           []string // the positional arguments after the ID, for verbs that take more
 	asJSON         bool
 	nats           natsFlags
 	stdout, stderr io.Writer
@@ -123,11 +131,12 @@ func runVerb(ctx context.Context, v verb, args []string, stdout, stderr io.Write
 		rest = fs.Args()[1:]
 	}
 	switch {
-	case v.id && len(pos) != 1, v.optionalID && len(pos) > 1, !v.id && !v.optionalID && len(pos) != 0:
+	case v.id && len(pos) != 1, v.optionalID && len(pos) > 1, v.more && len(pos) < 1,
+		!v.id && !v.optionalID && !v.more && len(pos) != 0:
 		fmt.Fprintf(stderr, "usage: %s\n", usageLine(v.name))
 		return exitError{2}
-	case len(pos) == 1:
-		in.id = pos[0]
+	case len(pos) >= 1:
+		in.id, in.args = pos[0], pos[1:]
 	}
 	var c *config.Config
 	if *cfgPath != "" {

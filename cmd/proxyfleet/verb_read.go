@@ -60,12 +60,13 @@ func (l *listCmd) run(ctx context.Context, in *invocation) error {
 	return in.output(sts, func() error { return client.PrintStatusTable(in.stdout, sts) })
 }
 
-// rotationCmd is `proxyfleet rotation`: the proxies clients may use, from
-// the KV bucket or from a health process's HTTP side.
+// rotationCmd is `proxyfleet rotation`: the proxies clients may use, as
+// the publishing health process has them (its pages and feed; the KV
+// bucket when none answers), or from a health process's HTTP side.
 type rotationCmd struct{ httpURL string }
 
 func (r *rotationCmd) flags(fs *flag.FlagSet) {
-	fs.StringVar(&r.httpURL, "http", "", "read from a health process's HTTP address (e.g. http://127.0.0.1:8080) instead of the KV bucket")
+	fs.StringVar(&r.httpURL, "http", "", "read from a health process's HTTP address (e.g. http://127.0.0.1:8080) instead of over NATS")
 }
 
 func (*rotationCmd) timeout() time.Duration { return defaultTimeout }

@@ -28,6 +28,7 @@ import (
 	"proxyfleet/internal/poll"
 	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
+	"proxyfleet/pool"
 	"proxyfleet/sim"
 	"proxyfleet/topology"
 	"proxyfleet/worker"
@@ -94,7 +95,7 @@ func (s *suite) connect(user string) *conn {
 func startServer(t *testing.T) *server.Server {
 	for k, v := range map[string]string{
 		"PROXYFLEET_ADMIN_PASSWORD": "admin-pass", "PROXYFLEET_CLIENT_PASSWORD": "client-pass",
-		"PROXYFLEET_WORKER_PASSWORD": "worker-pass", "PROXYFLEET_HEALTH_PASSWORD": "health-pass",
+		"PROXYFLEET_WORKER_PASSWORD": "worker-pass", "PROXYFLEET_HEALTH_PASSWORD": "health-pass", "PROXYFLEET_POOLS_PASSWORD": "pools-pass",
 		"NATS_SYS_PASSWORD": "sys-pass",
 	} {
 		t.Setenv(k, v)
@@ -129,6 +130,9 @@ type op struct {
 	subject string // the subject a refusal names
 	body    string
 	sub     bool // subscribe to subject instead of requesting on it
+	// followed: subscribers that never answer may take what is
+	// published there (followers of the rotation's feed).
+	followed bool
 	// undo puts back what the op did when admin ran it.
 	undo func(t *testing.T, admin *conn)
 }
@@ -156,6 +160,12 @@ func (o op) do(t *testing.T, c *conn) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_, err := c.nc.RequestWithContext(ctx, o.subject, []byte(o.body))
+	if o.followed && errors.Is(err, context.DeadlineExceeded) {
+		// A follower (the pool controller follows the rotation's
+		// feed) took it without answering: done, unless the server
+		// refused it, which it has said by now.
+		return !c.refusedFor(o.subject)
+	}
 	return err == nil || errors.Is(err, nats.ErrNoResponders)
 }
 
@@ -244,20 +254,35 @@ var (
 	pubState = op{name: "publish a state event", subject: "proxy.state.intruder", body: "{}",
 		undo: undoPurgeSubject(messages.StreamEvents, "proxy.state.intruder")}
 	pubRotation = op{name: "publish the rotation", subject: "proxy.rotation", body: "{}"}
+	pubFeed     = op{name: "publish the rotation's feed", subject: "proxy.rotation.changes", body: "{}", followed: true}
+	subPages    = op{name: "answer the rotation's pages", subject: "proxy.rotation.get", sub: true}
 	pubCommand  = op{name: "publish a command", subject: "proxy.cmd.delete.intruder", body: `{"v":1,"id":"intruder"}`}
 	subWorker   = op{name: "subscribe to the worker's inbox", subject: "_INBOX_worker.>", sub: true}
 	subClient   = op{name: "subscribe to the client's inbox", subject: "_INBOX_client.>", sub: true}
 	subHealth   = op{name: "subscribe to health's inbox", subject: "_INBOX_health.>", sub: true}
 	subWork     = op{name: "subscribe to work items", subject: "proxy.work.>", sub: true}
+	subPools    = op{name: "subscribe to the pools' inbox", subject: "_INBOX_pools.>", sub: true}
+	putPool     = op{name: "kv put PROXY_POOLS", subject: "$KV.PROXY_POOLS.intruder", body: "{}",
+		undo: undoKey(messages.BucketPools, "intruder")}
+	putHost = op{name: "kv put PROXY_HOSTS", subject: "$KV.PROXY_HOSTS.intruder", body: "{}",
+		undo: undoKey(messages.BucketHosts, "intruder")}
+	putHealthLease = op{name: "kv put PROXY_LEASES health", subject: "$KV.PROXY_LEASES.health", body: "{}",
+		undo: undoKey(messages.BucketLeases, "health")}
+	rmPools = op{name: "consumer rm PROXY_POOLCMDS pools", subject: "$JS.API.CONSUMER.DELETE.PROXY_POOLCMDS.pools",
+		undo: undoConsumer(messages.StreamPoolCommands, topology.PoolsConsumer)}
+	pubWork = op{name: "publish a work item", subject: "proxy.work.h1.intruder", body: "{}",
+		undo: undoPurgeSubject(messages.StreamWork, "proxy.work.h1.intruder")}
 )
 
 var forbidden = map[string][]op{
 	"client": {rmIntake, rmWork, rmStream, purgeStream, addStream, editStream, addDurable, getCommand, getDesired,
-		directDesired, putRotation, putChecks, putDesired, pubState, pubRotation, subWorker, subHealth, subWork},
+		directDesired, putRotation, putChecks, putDesired, pubState, pubRotation, pubFeed, subPages, subWorker, subHealth, subWork, putPool, rmPools, subPools},
+	"pools": {rmIntake, rmWork, rmPools, rmStream, purgeStream, addStream, editStream, addDurable, getCommand, putDesired, putRotation,
+		putChecks, putHost, putHealthLease, pubState, pubRotation, pubFeed, subPages, pubWork, subWorker, subClient, subHealth},
 	"worker": {rmIntake, rmWork, rmStream, purgeStream, addStream, editStream, addDurable, putRotation, putChecks, putLeases,
-		pubRotation, subClient, subHealth},
+		pubRotation, pubFeed, subPages, subClient, subHealth, putPool, rmPools},
 	"health": {rmIntake, rmWork, rmStream, purgeStream, addStream, editStream, addDurable, putDesired, pubState,
-		pubCommand, subWorker, subClient},
+		pubCommand, subWorker, subClient, putPool},
 }
 
 func TestRolesRunUnderTheirPermissions(t *testing.T) {
@@ -272,7 +297,8 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 	}
 
 	hc := s.connect("health")
-	h, err := health.New(hc.js, health.Config{Subjects: subj, HTTPAddr: health.NoHTTP, Logger: quiet, LeaseTTL: 3 * time.Second})
+	h, err := health.New(hc.js, health.Config{Subjects: subj, HTTPAddr: health.NoHTTP, Logger: quiet, LeaseTTL: 3 * time.Second,
+		SnapshotInterval: time.Millisecond}) // every version on the snapshot's subject too
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,6 +329,19 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 		}
 	}()
 
+	pc := s.connect("pools")
+	ctl, err := pool.New(pc.nc, pool.Config{Subjects: subj, Hosts: []pool.Host{{Name: "h1", MaxProxies: 10}}, Images: []string{"img"},
+		DefaultImage: "img", Interval: 100 * time.Millisecond, LeaseTTL: 2 * time.Second, CheckInterval: 200 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := runtest.Start(t, ctl.Run, ctl.Started(), time.Minute)
+	defer func() {
+		if err := pr.Stop(); err != nil {
+			t.Errorf("pools as pools: %v", err)
+		}
+	}()
+
 	cc := s.connect("client")
 	cl, err := client.New(cc.nc, "")
 	if err != nil {
@@ -312,12 +351,35 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	feed, err := cc.nc.SubscribeSync(subj.RotationChanges())
+	if err != nil {
+		t.Fatal(err)
+	}
 	clientWork(t, ctx, cl, "p1")
 	var snap messages.Rotation
 	poll.Until(t, "a rotation snapshot with p1 on "+subj.Rotation(), 20*time.Second, func() bool {
 		m, err := snapshots.NextMsg(10 * time.Millisecond)
 		return err == nil && json.Unmarshal(m.Data, &snap) == nil && len(snap.Proxies) == 1 && snap.Proxies[0].ID == "p1"
 	})
+	// The client follows the feed and reads the pages, which health
+	// answers to the client's inbox.
+	poll.Until(t, "p1 entering on "+subj.RotationChanges(), 20*time.Second, func() bool {
+		m, err := feed.NextMsg(10 * time.Millisecond)
+		if err != nil {
+			return false
+		}
+		c, err := messages.DecodeRotationChanges(m.Data)
+		return err == nil && len(c.Changes) > 0 && c.Changes[0].ID == "p1" && c.Changes[0].Op == messages.ChangeEntered
+	})
+	pm, err := cc.nc.Request(subj.RotationGet(), []byte(`{"v":1}`), 5*time.Second)
+	if err != nil {
+		t.Fatalf("a page of the rotation as client: %v (refusals: client %v, health %v)", err, cc.refusals(), hc.refusals())
+	}
+	// (p1 may be gone already: clientWork deletes it.)
+	if page, err := messages.DecodeRotationPage(pm.Data); err != nil || page.Version == 0 {
+		t.Fatalf("a page of the rotation as client: %+v %v", page, err)
+	}
+	_ = feed.Unsubscribe()
 
 	// The client (a gateway) reports p1; health, as health, takes the
 	// report (p1 is the sim driver's, never probed: "unknown").
@@ -343,6 +405,10 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 		return fleet.ClassOf(err) == fleet.ClassNotFound
 	})
 
+	// The client keeps a pool; the controller, as pools, makes, recycles
+	// and deletes its member.
+	poolWork(t, ctx, cl)
+
 	// Admin reads what the client may not: the desired records.
 	acl, err := client.New(admin.nc, "")
 	if err != nil {
@@ -356,7 +422,7 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 
 	// Every forbidden operation succeeds for admin (and is undone)...
 	done := map[string]bool{}
-	for _, role := range []string{"client", "worker", "health"} {
+	for _, role := range []string{"client", "worker", "health", "pools"} {
 		for _, o := range forbidden[role] {
 			if done[o.name] {
 				continue
@@ -371,7 +437,7 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 		}
 	}
 	// ... and is refused to the role, on a connection of its own.
-	for _, role := range []string{"client", "worker", "health"} {
+	for _, role := range []string{"client", "worker", "health", "pools"} {
 		probe := s.connect(role)
 		ops := forbidden[role]
 		answered := make([]bool, len(ops))
@@ -400,7 +466,7 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 	// consumers admin deleted, under the worker's permissions.
 	clientWork(t, ctx, cl, "p2")
 
-	for _, c := range []*conn{admin, hc, wc, cc} {
+	for _, c := range []*conn{admin, hc, wc, cc, pc} {
 		if r := c.refusals(); len(r) > 0 {
 			t.Errorf("%s's own work was refused: %v", c.user, r)
 		}
@@ -482,4 +548,27 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// poolWork runs the pool verbs as the client user: set a pool of one and
+// wait for it, list it, recycle its member and wait, delete it and wait.
+func poolWork(t *testing.T, ctx context.Context, cl *client.Client) {
+	t.Helper()
+	o, err := cl.PoolSet(ctx, messages.PoolSet{Name: "eu", Size: 1}, "", true)
+	if err != nil || o.Final == nil || o.Final.Outcome != messages.OutcomeDone {
+		t.Fatalf("pool set as client: %+v %v", o, err)
+	}
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	pools, err := cl.Pools(lctx)
+	cancel()
+	if err != nil || len(pools) != 1 || pools[0].Summary.Ready != 1 || pools[0].Record.State != messages.PoolReady {
+		t.Fatalf("pool ls as client: %+v %v", pools, err)
+	}
+	if o, err := cl.PoolRecycle(ctx, messages.PoolRecycle{Name: "eu", All: true}, "", true); err != nil || o.Final == nil ||
+		o.Final.Outcome != messages.OutcomeDone {
+		t.Fatalf("pool recycle as client: %+v %v", o, err)
+	}
+	if o, err := cl.PoolDelete(ctx, "eu", "", true); err != nil || o.Final == nil || o.Final.Outcome != messages.OutcomeDone {
+		t.Fatalf("pool rm as client: %+v %v", o, err)
+	}
 }

@@ -19,10 +19,10 @@ import (
 )
 
 // passwords are the variables accounts.conf reads.
-var passwords = []string{"PROXYFLEET_ADMIN_PASSWORD", "PROXYFLEET_CLIENT_PASSWORD", "PROXYFLEET_WORKER_PASSWORD", "PROXYFLEET_HEALTH_PASSWORD", "NATS_SYS_PASSWORD"}
+var passwords = []string{"PROXYFLEET_ADMIN_PASSWORD", "PROXYFLEET_CLIENT_PASSWORD", "PROXYFLEET_WORKER_PASSWORD", "PROXYFLEET_HEALTH_PASSWORD", "PROXYFLEET_POOLS_PASSWORD", "NATS_SYS_PASSWORD"}
 
 // roleUsers are the users proxyfleet's roles connect as.
-var roleUsers = []string{"admin", "client", "worker", "health"}
+var roleUsers = []string{"admin", "client", "worker", "health", "pools"}
 
 // checkAccounts checks that opts hold accounts.conf's users, each in the
 // PROXYFLEET account with permissions, and the system account.

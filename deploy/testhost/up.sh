@@ -68,6 +68,21 @@ rm -f /etc/libvirt/qemu/networks/autostart/default.xml
 
 # ensure_daemon NAME PIDFILE CMD...: keep a live daemon that runs in our
 # namespace; otherwise stop it (by its pid file) and start a fresh one.
+#
+# detached CMD… runs CMD with no descriptor above 2 open: a daemon must
+# not keep a lock its caller holds (this script's own on fd 9, or one that
+# a caller of `make testhost` took with flock(1) on a descriptor of its
+# choosing), or it holds the lock for as long as it runs and every later
+# `flock` waits forever.
+detached() {
+	(
+		for fd in /proc/$BASHPID/fd/*; do
+			fd=${fd##*/}
+			if [ "$fd" -gt 2 ] 2>/dev/null; then eval "exec $fd>&-"; fi
+		done
+		exec "$@"
+	)
+}
 ensure_daemon() {
 	local name=$1 pidfile=$2; shift 2
 	local pid
@@ -77,7 +92,7 @@ ensure_daemon() {
 	fi
 	kill_pidfile "$pidfile" "$name"
 	log "starting $name in netns $NS"
-	ip netns exec "$NS" "$@" 9>&-
+	detached ip netns exec "$NS" "$@"
 }
 ensure_daemon virtlogd /run/virtlogd.pid env LIBVIRT_LOG_OUTPUTS="3:file:$STATE/logs/virtlogd.log" virtlogd -d
 wait_until 10 test -S /run/libvirt/virtlogd-sock || die "virtlogd did not start"
@@ -88,7 +103,7 @@ else
 	kill_pidfile /run/libvirtd.pid libvirtd
 	rm -f /etc/libvirt/qemu/networks/autostart/default.xml
 	log "starting libvirtd in netns $NS"
-	ip netns exec "$NS" env LIBVIRT_LOG_OUTPUTS="3:file:$STATE/logs/libvirtd.log" libvirtd -d 9>&-
+	detached ip netns exec "$NS" env LIBVIRT_LOG_OUTPUTS="3:file:$STATE/logs/libvirtd.log" libvirtd -d
 fi
 wait_until 30 libvirt_up || die "libvirtd is not answering on $URI after 30s"
 log "libvirtd answers"
@@ -232,12 +247,12 @@ else
 	# 60 s on a lock that one killed session leaves behind; each ssh command
 	# then took a minute and CI failed on "does not answer". So sshd runs in a
 	# mount namespace of its own where those files read as empty.
-	ip netns exec "$NS" unshare --mount --propagation private sh -c '
+	detached ip netns exec "$NS" unshare --mount --propagation private sh -c '
 		home=$(getent passwd root | cut -d: -f6)
 		for f in .bashrc .bash_profile .bash_login .profile; do
 			[ -f "$home/$f" ] && mount --bind /dev/null "$home/$f"
 		done
-		exec /usr/sbin/sshd -f "$1" -E "$2"' sh "$sshd_conf" "$STATE/logs/sshd.log" 9>&-
+		exec /usr/sbin/sshd -f "$1" -E "$2"' sh "$sshd_conf" "$STATE/logs/sshd.log"
 fi
 ssh_ok() {
 	timeout 10 ssh -q -i "$clientkey" -o UserKnownHostsFile="$known" -o StrictHostKeyChecking=yes \

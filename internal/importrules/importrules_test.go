@@ -56,6 +56,10 @@ var rules = []rule{
 	// it declares (package rotation implements it), never health's or
 	// the worker's insides.
 	{pkg: "gateway", allow: []string{"messages", "rotation"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	// The pool controller keeps pools by the commands any client may
+	// send, reading the rotation through its library: nothing of the
+	// worker's or health's insides.
+	{pkg: "pool", allow: []string{"messages", "rotation", "topology"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// The guest's program stands alone.
 	{pkg: "testguest"},
 }

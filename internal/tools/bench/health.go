@@ -38,7 +38,7 @@ const (
 )
 
 // runHealth measures the health process: how long a running event takes to
-// reach a published rotation snapshot (probes passing), and how fast it
+// reach the rotation's feed (probes passing), and how fast it
 // probes 5,000 loopback proxies against plain TCP connects to them.
 func runHealth(ctx context.Context, b *bench) (sectionResult, error) {
 	nofile := raiseNofile()
@@ -116,9 +116,9 @@ func runHealth(ctx context.Context, b *bench) (sectionResult, error) {
 		How: fmt.Sprintf("one embedded nats-server (file store, sync_always, as `serve` runs it) set up as `proxyfleet setup` does; one health process (health.Run with the defaults of `serve`: interval 2s, rise 2, fall 3, concurrency 64; probe target its own /probe on 127.0.0.1); "+
 			"%d loopback proxy listeners that pass the probe (each reads the forward-proxy request for the /probe target and answers 200 with its nonce, as a proxy forwarding to /probe would); "+
 			"%d writers publish a `running` state event (messages.StateEvent on <prefix>.state.<id>, JetStream publish, with the listener's address) every %d ms each; "+
-			"for each proxy, the time from just before its event's publish to the first snapshot on <prefix>.rotation that holds it. p99 over the %d proxies, median over runs.",
+			"for each proxy, the time from just before its event's publish to the first message of the rotation's feed (<prefix>.rotation.changes) that holds it. p99 over the %d proxies, median over runs.",
 			rotationProxies, rotationWriters, rotationPace, rotationProxies),
-		Bound: fmt.Sprintf("stored writes and the wait for a CPU. On the way into the rotation a proxy waits for three stored writes one after another (its event; the publisher's lease renewal, whose revision is the snapshot's version and which proves it still holds the lease before it writes; its bucket put, up to 32 at a time, which the stream stores one after another), and, when it arrives during a publish, for the rest of that one first; every step also waits for a CPU. "+
+		Bound: fmt.Sprintf("stored writes and the wait for a CPU. On the way into the rotation a proxy waits for three stored writes one after another (its event; the publisher's lease renewal, whose revision is the message's version and which proves it still holds the lease before it writes; its bucket put, up to 32 at a time, which the stream stores one after another), and, when it arrives during a publish, for the rest of that one first; every step also waits for a CPU. "+
 			"In the same runs one stored write (an event's publish, acknowledged) took p50 %.1f ms, p99 %.1f ms, and a 1 ms sleep woke up to %.1f ms late (p99), with a load average of %s on %d cores (medians over runs; other work shared the machine). "+
 			"The same measurement on a server that does not fsync each write (sync_always off): p50 %.1f ms, p99 %.1f ms.",
 			median(ack50s), median(ack99s), median(late99s), strings.Join(loads, ", "), runtime.NumCPU(), median(nosync50s), median(nosync99s)),
@@ -235,9 +235,10 @@ func startHealth(ctx context.Context, dir string, fsync bool, cfg health.Config)
 		s.Shutdown()
 		return nil, fmt.Errorf("health stopped: %v", err)
 	}
-	// Wait for the lease: only its holder publishes.
+	// Wait for the lease and its first message (which lists nothing: a
+	// reset): only its holder publishes, each change after that one.
 	deadline := time.Now().Add(30 * time.Second)
-	for !h.Holder() {
+	for !h.Holder() || h.Metrics().FeedResets == 0 {
 		if time.Now().After(deadline) {
 			hs.stop()
 			return nil, errors.New("health never took the lease")
@@ -261,7 +262,7 @@ func runningEvent(id, addr string) (messages.StateEvent, error) {
 }
 
 // rotationRun times, for each proxy, its running event's publish to the
-// first rotation snapshot that holds it.
+// first message of the rotation's feed that holds it.
 //
 // With fsync (as `serve` runs its server) every stored write is fsync'd
 // before it is acknowledged; without, the same run shows what the disk's
@@ -289,16 +290,18 @@ func rotationRun(ctx context.Context, b *bench, run int, addrs []string, fsync b
 		}
 		return i
 	}
-	sub, err := hs.nc.Subscribe(subj.Rotation(), func(m *nats.Msg) {
+	// The feed carries every change as it is published (the snapshot
+	// subject, <prefix>.rotation, at most one a second).
+	sub, err := hs.nc.Subscribe(subj.RotationChanges(), func(m *nats.Msg) {
 		at := time.Now()
-		var rot messages.Rotation
-		if json.Unmarshal(m.Data, &rot) != nil {
+		var feed messages.RotationChanges
+		if json.Unmarshal(m.Data, &feed) != nil {
 			return
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		for _, e := range rot.Proxies {
-			if i := idx(e.ID); i >= 0 && seen[i].IsZero() {
+		for _, c := range feed.Changes {
+			if i := idx(c.ID); c.Proxy != nil && i >= 0 && seen[i].IsZero() {
 				seen[i] = at
 				if left--; left == 0 {
 					close(done)
@@ -387,7 +390,7 @@ func rotationRun(ctx context.Context, b *bench, run int, addrs []string, fsync b
 		lat[i] = seen[i].Sub(sent[i])
 		ack[i] = acked[i].Sub(sent[i])
 	}
-	b.log.Printf("health run %d (fsync %v): event publish acked p50 %.1f ms p99 %.1f ms; %d snapshots published; a 1 ms sleep woke late by p50 %.2f ms, p99 %.1f ms",
+	b.log.Printf("health run %d (fsync %v): event publish acked p50 %.1f ms p99 %.1f ms; %d versions published; a 1 ms sleep woke late by p50 %.2f ms, p99 %.1f ms",
 		run+1, fsync, ms(percentile(ack, 0.5)), ms(percentile(ack, 0.99)), hs.h.Metrics().Published, ms(percentile(lateness, 0.5)), ms(percentile(lateness, 0.99)))
 	return lat, ack, lateness, nil
 }

@@ -147,7 +147,7 @@ func runLifecycle(ctx context.Context, b *bench) (sectionResult, error) {
 			Key: "create_to_rotation_overhead_s", Value: median(rot), Unit: "s", Target: atMost(2), Runs: rot,
 			Ours: fmt.Sprintf("create to rotation %.1f s, of which the guest's boot-to-lease %.1f s (medians)", median(rotTotal), median(rotBoot)),
 			Peer: "the guest's own boot-to-lease time",
-			How:  fmt.Sprintf("the same processes; one create command for a real guest, timed from its publish to the first proxy.rotation snapshot that holds it, minus the guest's own boot-to-lease time: from the domain first seen running to its DHCP lease first seen (both polled in the bench every %s through libvirt's local socket).", observePoll),
+			How:  fmt.Sprintf("the same processes; one create command for a real guest, timed from its publish to the first message of the rotation's feed (proxy.rotation.changes) that holds it, minus the guest's own boot-to-lease time: from the domain first seen running to its DHCP lease first seen (both polled in the bench every %s through libvirt's local socket).", observePoll),
 		},
 	}
 	// The real guest (make guest-image: Debian's cloud-init, agent and
@@ -208,7 +208,7 @@ type fleet struct {
 	mu         sync.Mutex
 	results    map[string]messages.Result // by command id, final ones
 	events     map[string][]timedEvent
-	inRotation map[string]time.Time // id -> first snapshot that held it
+	inRotation map[string]time.Time // id -> first feed message that held it
 
 	peerXML, peerOverlay string // from the first run, for the virsh peer
 	peerSeed             string // path of the seed ISO proxyfleet made
@@ -328,12 +328,14 @@ func (f *fleet) record(m *nats.Msg) {
 		if json.Unmarshal(m.Data, &r) == nil && r.Outcome != messages.OutcomeAccepted {
 			f.results[r.CommandID] = r
 		}
-	case m.Subject == "proxy.rotation":
-		var snap messages.Rotation
-		if json.Unmarshal(m.Data, &snap) == nil {
-			for _, p := range snap.Proxies {
-				if _, ok := f.inRotation[p.ID]; !ok {
-					f.inRotation[p.ID] = now
+	case m.Subject == "proxy.rotation.changes":
+		// The feed carries each change as it is published (the
+		// snapshot, on proxy.rotation, at most one a second).
+		var feed messages.RotationChanges
+		if json.Unmarshal(m.Data, &feed) == nil {
+			for _, c := range feed.Changes {
+				if _, ok := f.inRotation[c.ID]; !ok && c.Proxy != nil {
+					f.inRotation[c.ID] = now
 				}
 			}
 		}

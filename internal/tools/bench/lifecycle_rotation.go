@@ -21,7 +21,7 @@ type guestRotation struct {
 	started  time.Time // the domain first seen running
 	lease    time.Time // its DHCP lease first seen
 	running  time.Time // the `running` event
-	rotation time.Time // the first rotation snapshot holding it
+	rotation time.Time // the first message of the rotation's feed holding it
 }
 
 // overhead is what the system adds to the guest's own boot.

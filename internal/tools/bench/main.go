@@ -42,6 +42,7 @@ type sectionResult struct {
 var sections = []section{
 	{name: "control-plane", run: runControlPlane},
 	{name: "fleet", run: runFleet},
+	{name: "fleet50k", run: runFleet50k},
 	{name: "health", run: runHealth},
 	{name: "gateway", run: runGateway},
 	{name: "upload", host: true, run: runUpload},
@@ -54,6 +55,8 @@ type bench struct {
 	n    int    // commands per control-plane measurement
 	dir  string // scratch directory, removed at the end
 	log  *log.Logger
+
+	fleet50k fleet50kOpts
 }
 
 func main() {
@@ -64,6 +67,17 @@ func main() {
 	merge := flag.Bool("merge", false, "keep the figures of the sections not run from the -json file of an earlier run (same machine) and write them with this run's")
 	runs := flag.Int("runs", 3, "repetitions of each figure; the median is reported")
 	n := flag.Int("n", 2000, "commands (and raw publishes) per control-plane measurement")
+	var f50 fleet50kOpts
+	sizes := flag.String("fleet-sizes", "2000,12000,50000", "fleet50k: the fleet sizes to run, one run each")
+	flag.IntVar(&f50.hosts, "fleet-hosts", 500, "fleet50k: sim hosts")
+	flag.IntVar(&f50.workers, "fleet-workers", 10, "fleet50k: worker processes")
+	flag.IntVar(&f50.healths, "fleet-healths", 2, "fleet50k: health processes")
+	flag.DurationVar(&f50.deadline, "fleet-deadline", 10*time.Minute, "fleet50k: a size fails if its fleet is not all in the rotation within this")
+	flag.DurationVar(&f50.settle, "fleet-settle", 10*time.Second, "fleet50k: how long after the last proxy entered the burst counts as settled")
+	flag.DurationVar(&f50.quiet, "fleet-quiet", 30*time.Second, "fleet50k: how long after it settled the logs are watched for warnings")
+	flag.BoolVar(&f50.syncAlways, "fleet-sync-always", false, "fleet50k: run the server with sync_always (as nats.conf for a single node)")
+	flag.StringVar(&f50.profileDir, "fleet-profile", "", "fleet50k: write the workers' profiles here (CPU of w01 during the burst, every heap after); workers run with --pprof")
+	flag.DurationVar(&f50.profileFor, "fleet-profile-for", 20*time.Second, "fleet50k: how long the CPU profile lasts")
 	flag.Parse()
 	log.SetFlags(log.Ltime)
 	log.SetPrefix("bench: ")
@@ -75,7 +89,13 @@ func main() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	b := &bench{runs: max(*runs, 1), n: *n, dir: dir, log: log.Default()}
+	b := &bench{runs: max(*runs, 1), n: *n, dir: dir, log: log.Default(), fleet50k: f50}
+	if b.fleet50k.sizes, err = parseSizes(*sizes); err != nil {
+		log.Fatal(err)
+	}
+	if f50.workers < 1 || f50.healths < 1 || f50.hosts < 1 {
+		log.Fatal("-fleet-workers, -fleet-healths and -fleet-hosts must be at least 1")
+	}
 
 	var want []string
 	if *only != "" {

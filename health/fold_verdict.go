@@ -1,0 +1,175 @@
+package health
+
+import (
+	"slices"
+	"strings"
+	"time"
+
+	"proxyfleet/messages"
+)
+
+// What the probes of a candidate found, and its check record (see the
+// package doc, "What a probe verifies", and "Checks").
+// findings keeps what a passing probe found.
+func (f *Fold) findings(p *proxyState, r ProbeResult) {
+	if r.Egress != "" {
+		p.egress = r.Egress
+	}
+	if r.Reported {
+		// Only a report clears a leak: a target that reports nothing
+		// (an https one, an external page) says nothing either way.
+		p.reported, p.leak = true, r.Leak
+	}
+	switch r.Open {
+	case OpenRefused, OpenAnswered:
+		p.openState, p.openAt, p.openPending = r.Open, r.At, false
+	case OpenInconclusive:
+		// Admits nothing, changes no verdict: the next probe checks again.
+		p.openPending = true
+	}
+}
+
+// refused reports whether p's checks keep it out of the rotation.
+func (f *Fold) refused(p *proxyState) bool {
+	return p.openState == OpenAnswered || p.leak != ""
+}
+
+// admissible reports whether p's checks let it enter the rotation: not
+// refused, and with CheckOpen, the last open check was conclusive and
+// found it refusing. A sim proxy is never checked.
+func (f *Fold) admissible(p *proxyState) bool {
+	if p.sim {
+		return true
+	}
+	if f.refused(p) {
+		return false
+	}
+	return !f.CheckOpen || (p.openState == OpenRefused && !p.openPending)
+}
+
+// needOpen reports whether p's next probe must check that it refuses a
+// request without credentials: with CheckOpen, for a candidate not in the
+// rotation (the check admits it), and for one in it whose last conclusive
+// check is OpenInterval old, or whose last check was inconclusive.
+func (f *Fold) needOpen(p *proxyState, now time.Time) bool {
+	if !f.CheckOpen || p.sim {
+		return false
+	}
+	return !p.inRotation || p.openState != OpenRefused || p.openPending || !now.Before(p.openAt.Add(f.OpenInterval))
+}
+
+// verdict is the verdict of p's check record, "" while there is nothing
+// to record: no finding yet, or (with CheckOpen) no conclusive open check
+// and no leak.
+func (f *Fold) verdict(p *proxyState) string {
+	switch {
+	case p.addr == "":
+		return ""
+	case p.openState == OpenAnswered:
+		return messages.VerdictOpen
+	case p.leak != "":
+		return messages.VerdictLeaky
+	case f.CheckOpen && p.openState == "":
+		return "" // not known to refuse: nothing to call ok yet
+	case p.openState != "" || p.reported || p.egress != "":
+		return messages.VerdictOK
+	}
+	return ""
+}
+
+func (f *Fold) reason(p *proxyState) string {
+	switch {
+	case p.openState == OpenAnswered && p.leak != "":
+		return ReasonOpen + "; " + p.leak
+	case p.openState == OpenAnswered:
+		return ReasonOpen
+	}
+	return p.leak
+}
+
+// ChecksGen grows whenever a check record (Checks) appears, changes or
+// goes: the publisher writes PROXY_CHECKS when it moved.
+func (f *Fold) ChecksGen() uint64 { return f.checksGen }
+
+// markCheck marks p's check record as possibly changed.
+func (f *Fold) markCheck(p *proxyState) {
+	if f.checksDirty == nil {
+		f.checksDirty = make(map[string]struct{})
+	}
+	f.checksDirty[p.id] = struct{}{}
+}
+
+// TakeChecksDirty calls fn with every id whose check record may have
+// changed, appeared or gone since the last call, and empties the set:
+// what the record is now, CheckState says. O(ids).
+func (f *Fold) TakeChecksDirty(fn func(id string)) {
+	for id := range f.checksDirty {
+		fn(id)
+	}
+	f.checksDirty = nil // not clear: iterating costs a map's capacity
+}
+
+// ChecksDirty is how many ids TakeChecksDirty would give.
+func (f *Fold) ChecksDirty() int { return len(f.checksDirty) }
+
+// CheckState returns id's record as a candidate (Verdict "" while there
+// is nothing to record yet) and whether it is a candidate at all.
+func (f *Fold) CheckState(id string) (messages.CheckRecord, bool) {
+	p := f.proxies[id]
+	if p == nil || p.addr == "" {
+		return messages.CheckRecord{}, false
+	}
+	return f.record(id, p), true
+}
+
+// Checks returns the check records of the candidates that have one (see
+// CheckRecord), sorted by id.
+func (f *Fold) Checks() []messages.CheckRecord {
+	out := make([]messages.CheckRecord, 0)
+	for _, c := range f.candidateChecks() {
+		if c.Verdict != "" {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Check returns id's check record, if it has one.
+func (f *Fold) Check(id string) (messages.CheckRecord, bool) {
+	p := f.proxies[id]
+	if p == nil || f.verdict(p) == "" {
+		return messages.CheckRecord{}, false
+	}
+	return f.record(id, p), true
+}
+
+// candidateChecks returns a record for every candidate, sorted by id;
+// Verdict "" for one with nothing to record yet.
+func (f *Fold) candidateChecks() []messages.CheckRecord {
+	out := make([]messages.CheckRecord, 0, len(f.proxies))
+	for id, p := range f.proxies {
+		if p.addr != "" {
+			out = append(out, f.record(id, p))
+		}
+	}
+	slices.SortFunc(out, func(a, b messages.CheckRecord) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+func (f *Fold) record(id string, p *proxyState) messages.CheckRecord {
+	return messages.CheckRecord{V: messages.Version, ID: id, Addr: p.addr, Egress: p.egress,
+		Verdict: f.verdict(p), Reason: f.reason(p), At: p.checkAt}
+}
+
+// Refused returns how many candidates are refused, by verdict.
+func (f *Fold) Refused() (open, leaky int) {
+	for _, p := range f.proxies {
+		switch f.verdict(p) {
+		case messages.VerdictOpen:
+			open++
+		case messages.VerdictLeaky:
+			leaky++
+		}
+	}
+	return open, leaky
+}

@@ -1,0 +1,413 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/messages"
+)
+
+// The fleet50k section: the fleet at internet scale. For each size of
+// -fleet-sizes, on a fresh embedded nats-server, -fleet-workers `proxyfleet
+// worker` and -fleet-healths `proxyfleet health` processes over
+// -fleet-hosts sim hosts with the fleet section's delays take that many
+// creates published at once; then each figure is measured against its
+// bound (issue 18): the time until all are in the rotation, the peak RSS of
+// each process, the largest message and the bytes per change on the
+// rotation subjects, the warnings logged once the burst has settled, and
+// the client verbs at that size.
+
+// fleet50kOpts are the section's flags (main.go).
+type fleet50kOpts struct {
+	sizes      []int
+	hosts      int
+	workers    int
+	healths    int
+	deadline   time.Duration // all in the rotation within this, or the size fails
+	settle     time.Duration // after the last entry, before warnings count
+	quiet      time.Duration // the window warnings are looked for in
+	syncAlways bool
+	profileDir string // worker profiles (CPU during the burst, heap after), if set
+	profileFor time.Duration
+}
+
+// Bounds of issue 18, at every size.
+const (
+	boundInRotationS  = 60
+	boundWorkerRSSMiB = 64
+	boundHealthRSSMiB = 160
+	boundMaxMsgKiB    = 64
+	boundBytesChange  = 1024
+	boundVerbS        = 3
+)
+
+// sizeName is 2k, 12k, 50k, or the count.
+func sizeName(n int) string {
+	if n%1000 == 0 {
+		return strconv.Itoa(n/1000) + "k"
+	}
+	return strconv.Itoa(n)
+}
+
+// parseSizes reads "2000,12000,50000".
+func parseSizes(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("-fleet-sizes: %q is not a positive count", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// fleet50kResult is what one size measured.
+type fleet50kResult struct {
+	n                    int
+	inRotation           time.Duration
+	stages               string
+	workerHWM, healthHWM []float64 // MiB, per process
+	maxMsg, rotBytes     int64     // on the rotation subjects
+	rotMsgs              int64
+	changes              int64 // entries put or deleted in PROXY_ROTATION
+	meterLost            string
+	warnings             []string // WARN and ERROR lines after the settle, by process
+	verbs                map[string]float64
+	verbErrs             []string
+	workerStats          string
+	cpu                  string // where the CPU went during the burst
+}
+
+func runFleet50k(ctx context.Context, b *bench) (sectionResult, error) {
+	o := b.fleet50k
+	raiseNoFile(b)
+	bin := filepath.Join(b.dir, "proxyfleet")
+	if err := buildBinary(ctx, bin); err != nil {
+		return sectionResult{}, err
+	}
+	var results []fleet50kResult
+	var errs []error
+	for _, n := range o.sizes {
+		start := time.Now()
+		r, err := fleet50kRun(ctx, b, bin, n)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%d proxies: %w", n, err))
+			if ctx.Err() != nil {
+				break
+			}
+			continue
+		}
+		b.log.Printf("fleet50k %d: done in %s", n, time.Since(start).Round(time.Second))
+		results = append(results, r)
+	}
+	res := fleet50kFigures(o, results)
+	return res, errors.Join(errs...)
+}
+
+// buildBinary builds proxyfleet once for the section.
+func buildBinary(ctx context.Context, bin string) error {
+	if _, err := os.Stat(bin); err == nil {
+		return nil
+	}
+	return goBuild(ctx, bin)
+}
+
+// raiseNoFile lifts the soft limit of open files to the hard one: the
+// processes the section starts inherit it.
+func raiseNoFile(b *bench) {
+	var l syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+		return
+	}
+	if l.Cur < l.Max {
+		l.Cur = l.Max
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+			b.log.Printf("fleet50k: raising RLIMIT_NOFILE: %v", err)
+			return
+		}
+	}
+	b.log.Printf("fleet50k: RLIMIT_NOFILE %d", l.Cur)
+}
+
+// fleet50kRun is one size on its own server, store and sim directories.
+func fleet50kRun(ctx context.Context, b *bench, bin string, n int) (res fleet50kResult, err error) {
+	o := b.fleet50k
+	res.n = n
+	dir := filepath.Join(b.dir, "fleet50k-"+sizeName(n))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return res, err
+	}
+	defer func() {
+		if err != nil {
+			keepLogs(dir, &err)
+		}
+		os.RemoveAll(dir)
+	}()
+	s, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir + "/js", NoLog: true, NoSigs: true,
+		SyncAlways: o.syncAlways, // max_payload stays the default, 1 MiB
+	})
+	if err != nil {
+		return res, err
+	}
+	go s.Start()
+	defer s.Shutdown()
+	if !s.ReadyForConnections(10 * time.Second) {
+		return res, errors.New("nats-server not ready")
+	}
+	cfg, err := fleet50kConfig(dir, s.ClientURL(), n, o.hosts)
+	if err != nil {
+		return res, err
+	}
+	if out, err := runCmd(ctx, time.Minute, bin, "setup", "--config", cfg); err != nil {
+		return res, fmt.Errorf("proxyfleet setup: %w: %s", err, out)
+	}
+	procs, err := startFleetProcs(ctx, b, bin, dir, cfg, o)
+	if err != nil {
+		return res, err
+	}
+	defer procs.stop(b)
+	b.log.Printf("fleet50k %d: %d workers and %d health processes ready", n, len(procs.workers), len(procs.healths))
+
+	nc, js := connect(s.ClientURL())
+	defer nc.Close()
+	meter, err := newRotationMeter(s.ClientURL(), messages.NewSubjects(""))
+	if err != nil {
+		return res, err
+	}
+	defer meter.close()
+	kv, err := js.KeyValue(ctx, messages.BucketRotation)
+	if err != nil {
+		return res, err
+	}
+	watch, err := kv.WatchAll(ctx)
+	if err != nil {
+		return res, err
+	}
+	defer watch.Stop()
+	subj := messages.NewSubjects("")
+	stages := newStages(n)
+	for _, sub := range []string{subj.ResultAll(), subj.StateAll()} {
+		sb, err := nc.Subscribe(sub, stages.observe)
+		if err != nil {
+			return res, err
+		}
+		_ = sb.SetPendingLimits(-1, -1)
+		defer sb.Unsubscribe()
+	}
+
+	cpu0 := procs.cpu()
+	start := time.Now()
+	stages.start = start
+	var profiles sync.WaitGroup
+	if o.profileDir != "" {
+		profiles.Add(2)
+		go func() {
+			defer profiles.Done()
+			procs.profileCPU(b, o, n)
+		}()
+		go func() {
+			defer profiles.Done()
+			profileSelf(ctx, b, o, n)
+		}()
+	}
+	if err := publishCreates(ctx, js, subj, n); err != nil {
+		return res, err
+	}
+	b.log.Printf("fleet50k %d: %d creates stored after %.1fs", n, n, time.Since(start).Seconds())
+	in, changes, err := awaitRotation(ctx, watch, n, o.deadline, start, procs, b)
+	res.changes = changes
+	if err != nil {
+		b.log.Printf("fleet50k %d: %s", n, stages)
+		return res, err
+	}
+	lastEntry := time.Now()
+	res.inRotation = lastEntry.Sub(start)
+	res.cpu = cpuSummary(cpu0, procs.cpu(), res.inRotation)
+	res.stages = stages.String()
+	b.log.Printf("fleet50k %d: all %d in the rotation after %.1fs; %s; %s", n, in, res.inRotation.Seconds(), res.stages, res.cpu)
+	profiles.Wait()
+
+	// The burst has settled once the last proxy entered and settle
+	// passed; warnings from then on, over quiet, count.
+	quietFrom := lastEntry.Add(o.settle)
+	if err := sleepCtx(ctx, time.Until(quietFrom.Add(o.quiet))); err != nil {
+		return res, err
+	}
+	res.changes += drainChanges(watch)
+	res.stages = stages.String() // the results that came after the last entry too
+	res.maxMsg, res.rotBytes, res.rotMsgs, res.meterLost = meter.read()
+	res.verbs, res.verbErrs = timeVerbs(ctx, bin, cfg, n)
+	res.warnings = procs.warningsSince(quietFrom)
+	for _, p := range procs.workers {
+		res.workerHWM = append(res.workerHWM, hwmMiB(p.cmd.Process.Pid))
+	}
+	for _, p := range procs.healths {
+		res.healthHWM = append(res.healthHWM, hwmMiB(p.cmd.Process.Pid))
+	}
+	res.workerStats = scrapeStats("http://" + procs.workerAddrs[0] + "/metrics")
+	if o.profileDir != "" {
+		procs.profileHeaps(b, o, n)
+	}
+	b.log.Printf("fleet50k %d: worker peak RSS %v MiB, health %v MiB; rotation subjects: %d messages, %d bytes, largest %d; %d changes; %d warnings; verbs %v",
+		n, res.workerHWM, res.healthHWM, res.rotMsgs, res.rotBytes, res.maxMsg, res.changes, len(res.warnings), res.verbs)
+	return res, nil
+}
+
+// fleet50kConfig writes the config of n proxies over hosts sim hosts:
+// the fleet section's delays, room for all with a tenth to spare, every
+// worker and health setting at its default.
+func fleet50kConfig(dir, url string, n, hosts int) (string, error) {
+	room := (n + hosts - 1) / hosts
+	room += max(room/10, 1)
+	var b strings.Builder
+	fmt.Fprintf(&b, "nats: {url: %q}\nhosts:\n", url)
+	for h := range hosts {
+		fmt.Fprintf(&b, "  - {name: h%03d, driver: sim, max_proxies: %d, sim: {dir: %q, delay: %s, boot_delay: %s}}\n",
+			h+1, room, filepath.Join(dir, "sim", fmt.Sprintf("h%03d", h+1)), fleetCallDelay, fleetBootDelay)
+	}
+	b.WriteString(`images:
+  - {name: img, url: "file:///dev/null", sha256: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", format: raw}
+`)
+	path := filepath.Join(dir, "config.yaml")
+	return path, os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// publishCreates publishes n creates at once (async, each with its
+// Nats-Msg-Id), waiting out the client's stalls, until the server stored
+// every one.
+func publishCreates(ctx context.Context, js jetstream.JetStream, subj messages.Subjects, n int) error {
+	for i := 0; i < n; {
+		id := fmt.Sprintf("f%05d", i)
+		m := nats.NewMsg(subj.Command(messages.OpCreate, id))
+		m.Data = []byte(`{"v":1,"id":"` + id + `"}`)
+		m.Header.Set(jetstream.MsgIDHeader, "fleet50k-"+id)
+		if _, err := js.PublishMsgAsync(m); errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+			select {
+			case <-js.PublishAsyncComplete():
+			case <-time.After(time.Minute):
+				return fmt.Errorf("%d commands not acknowledged within a minute", js.PublishAsyncPending())
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			continue
+		} else if err != nil {
+			return err
+		}
+		i++
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(5 * time.Minute):
+		return fmt.Errorf("%d of %d commands not acknowledged after 5 minutes", js.PublishAsyncPending(), n)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+// awaitRotation follows PROXY_ROTATION until n keys are in it, within
+// deadline of start, or a process exits. It returns the keys in and the
+// puts and deletes seen.
+func awaitRotation(ctx context.Context, watch jetstream.KeyWatcher, n int, deadline time.Duration, start time.Time, procs *fleetProcs, b *bench) (int, int64, error) {
+	in := map[string]bool{}
+	var changes int64
+	limit := time.NewTimer(time.Until(start.Add(deadline)))
+	defer limit.Stop()
+	progress := time.NewTicker(15 * time.Second)
+	defer progress.Stop()
+	look := time.NewTicker(time.Second)
+	defer look.Stop()
+	for len(in) < n {
+		select {
+		case e := <-watch.Updates():
+			if e == nil {
+				continue
+			}
+			changes++
+			if e.Operation() == jetstream.KeyValuePut {
+				in[e.Key()] = true
+			} else {
+				delete(in, e.Key())
+			}
+		case <-progress.C:
+			b.log.Printf("fleet50k %d: %d in the rotation after %.0fs", n, len(in), time.Since(start).Seconds())
+		case <-look.C:
+			if err := procs.exited(); err != nil {
+				return len(in), changes, err
+			}
+		case <-limit.C:
+			return len(in), changes, fmt.Errorf("%d of %d proxies in the rotation after %s: aborted", len(in), n, deadline)
+		case <-ctx.Done():
+			return len(in), changes, ctx.Err()
+		}
+	}
+	return len(in), changes, nil
+}
+
+// drainChanges counts the watch's updates already delivered.
+func drainChanges(watch jetstream.KeyWatcher) int64 {
+	var n int64
+	for {
+		select {
+		case e := <-watch.Updates():
+			if e != nil {
+				n++
+			}
+		default:
+			return n
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// keepLogs moves the logs and config of a failed run to a directory that
+// stays, and says where in *err.
+func keepLogs(dir string, err *error) {
+	keep, kerr := os.MkdirTemp("", "proxyfleet-bench-fleet50k")
+	if kerr != nil {
+		return
+	}
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".log") || e.Name() == "config.yaml" {
+			_ = os.Rename(filepath.Join(dir, e.Name()), filepath.Join(keep, e.Name()))
+		}
+	}
+	*err = fmt.Errorf("%w (logs in %s)", *err, keep)
+}
+
+// maxOf is the largest of vs (0 for none).
+func maxOf(vs []float64) float64 {
+	if len(vs) == 0 {
+		return 0
+	}
+	return slices.Max(vs)
+}

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+)
+
+// fleet50kFigures turns each size's measurements into figures, each with
+// its bound, and a note with how every figure grows with the fleet.
+func fleet50kFigures(o fleet50kOpts, results []fleet50kResult) sectionResult {
+	sync := "at the server's default sync interval, as a 3-node cluster runs it (nats.conf's `sync_interval: always` is for a single node: with it every stored write waits for its own fsync, which is what bounds `fleet_2000_s`)"
+	if o.syncAlways {
+		sync = "with sync_always, as nats.conf"
+	}
+	how := fmt.Sprintf("one embedded nats-server in the bench process (not a 3-node cluster; file store %s, default limits: max_payload 1 MiB), `proxyfleet setup`, then %d `proxyfleet worker` and %d `proxyfleet health` processes (the binary built once), all started at once, on a config of %d hosts of driver `sim` (%s per call, %s from create to an address; max_proxies the fleet's share of each host plus a tenth) with every worker and health setting at its default (health probes nothing on sim hosts: a `running` event with an address puts a proxy in the rotation). The size's create commands (no host named) are published at once (async, each with a Nats-Msg-Id) from the first publish on; RLIMIT_NOFILE raised to its hard limit for every process; one run per size.",
+		sync, o.workers, o.healths, o.hosts, fleetCallDelay, fleetBootDelay)
+	var figs []figure
+	type row struct {
+		key, label, unit string
+		vals             map[int]string
+	}
+	var rows []*row
+	rowOf := map[string]*row{}
+	add := func(f figure, label string, n int) {
+		figs = append(figs, f)
+		suffix := strings.TrimPrefix(f.Key, "fleet_"+sizeName(n)+"_")
+		r := rowOf[suffix]
+		if r == nil {
+			r = &row{key: suffix, label: label, unit: f.Unit, vals: map[int]string{}}
+			rowOf[suffix] = r
+			rows = append(rows, r)
+		}
+		f.check()
+		mark := ""
+		if !f.Met {
+			mark = " (over)"
+		}
+		r.vals[n] = fmt.Sprintf("%.3g%s", f.Value, mark)
+	}
+	var notes strings.Builder
+	for _, r := range results {
+		n, k := r.n, "fleet_"+sizeName(r.n)+"_"
+		secs := r.inRotation.Seconds()
+		f := figure{Key: k + "in_rotation_s", Value: secs, Unit: "s", Target: atMost(boundInRotationS),
+			Ours: fmt.Sprintf("%.0f proxies/s into the rotation", float64(n)/secs),
+			Peer: fmt.Sprintf("%d × (%s boot + 2 calls of %s) over %d hosts", n, fleetBootDelay, fleetCallDelay, o.hosts),
+			How:  how + " The time from the first publish until a watcher of PROXY_ROTATION has seen every proxy put."}
+		if !f.met() {
+			f.Bound = "when every proxy had reached each stage: " + r.stages + "."
+		}
+		add(f, "all in the rotation (s)", n)
+		add(figure{Key: k + "worker_rss_mib", Value: maxOf(r.workerHWM), Unit: "MiB", Target: atMost(boundWorkerRSSMiB),
+			Ours: fmt.Sprintf("the largest of %d workers (%s MiB), %d proxies each", len(r.workerHWM), mibs(r.workerHWM), n/max(o.workers, 1)),
+			How:  how + " Each worker process's VmHWM (/proc/PID/status) once the burst has settled; the largest."}, "worker peak RSS (MiB)", n)
+		add(figure{Key: k + "health_rss_mib", Value: maxOf(r.healthHWM), Unit: "MiB", Target: atMost(boundHealthRSSMiB),
+			Ours: fmt.Sprintf("the largest of %d health processes (%s MiB)", len(r.healthHWM), mibs(r.healthHWM)),
+			How:  how + " Each health process's VmHWM once the burst has settled; the largest."}, "health peak RSS (MiB)", n)
+		lost := ""
+		if r.meterLost != "" {
+			lost = " (" + r.meterLost + ": the figures are a floor)"
+		}
+		add(figure{Key: k + "rotation_max_msg_kib", Value: float64(r.maxMsg) / 1024, Unit: "KiB", Target: atMost(boundMaxMsgKiB),
+			Ours: fmt.Sprintf("%d messages on the rotation subjects, %.1f MiB in all%s", r.rotMsgs, float64(r.rotBytes)/(1<<20), lost),
+			How:  how + " A core subscriber of `<prefix>.rotation` and `<prefix>.rotation.>` on a connection of its own, from before the first publish until the end of the quiet window: the largest message (payload and headers)."}, "largest rotation message (KiB)", n)
+		perChange := 0.0
+		if r.changes > 0 {
+			perChange = float64(r.rotBytes) / float64(r.changes)
+		}
+		add(figure{Key: k + "rotation_bytes_per_change", Value: perChange, Unit: "B", Target: atMost(boundBytesChange),
+			Ours: fmt.Sprintf("%.1f MiB over %d changes%s", float64(r.rotBytes)/(1<<20), r.changes, lost),
+			How:  how + " The bytes on the rotation subjects (as above) divided by the changes of the rotation: the puts and deletes a watcher of PROXY_ROTATION saw over the same time (each proxy entering or leaving, or changing address)."}, "rotation bytes per change (B)", n)
+		wf := figure{Key: k + "warnings", Value: float64(len(r.warnings)), Unit: "lines", Target: atMost(0),
+			Ours: fmt.Sprintf("WARN or ERROR records in the %d processes' logs", o.workers+o.healths),
+			How:  how + fmt.Sprintf(" Every process's log (JSON) from %s after the last proxy entered the rotation until %s later: the records at level WARN or ERROR.", o.settle, o.quiet)}
+		if len(r.warnings) > 0 {
+			wf.Bound = "the first of them: " + strings.Join(r.warnings[:min(len(r.warnings), 5)], "; ")
+		}
+		add(wf, "warnings after the burst settled", n)
+		for _, v := range []struct{ name, what string }{
+			{"list", "`proxyfleet list` (every proxy)"}, {"get", "`proxyfleet get ID`"}, {"hosts", "`proxyfleet hosts`"},
+			{"rotation", "`proxyfleet rotation` (from PROXY_ROTATION)"}, {"watch", "`proxyfleet watch` until its first output"},
+		} {
+			add(figure{Key: k + v.name + "_s", Value: r.verbs[v.name], Unit: "s", Target: atMost(boundVerbS),
+				Ours: v.what + " as a process, wall time",
+				How:  how + " Once the burst has settled, " + v.what + " run as a process with `--config` and `--timeout 2m`, from its start until it exited (watch: until its first byte of output). The bound of `list` (3s) for all."},
+				"`"+v.name+"` (s)", n)
+		}
+		fmt.Fprintf(&notes, "At %d proxies: %s. %s. The first worker at the end: %s.", n, r.stages, r.cpu, r.workerStats)
+		if len(r.verbErrs) > 0 {
+			fmt.Fprintf(&notes, " Verbs that failed or printed too little: %s.", strings.Join(r.verbErrs, "; "))
+		}
+		if len(r.warnings) > 0 {
+			fmt.Fprintf(&notes, " %d warnings after the burst settled, the first: %s.", len(r.warnings), strings.Join(r.warnings[:min(len(r.warnings), 10)], "; "))
+		}
+		notes.WriteString("\n\n")
+	}
+	if len(results) > 0 {
+		notes.WriteString("How each figure grows with the fleet (one run per size):\n\n| figure |")
+		for _, r := range results {
+			fmt.Fprintf(&notes, " %d |", r.n)
+		}
+		notes.WriteString("\n|---|" + strings.Repeat("---|", len(results)) + "\n")
+		for _, rw := range rows {
+			fmt.Fprintf(&notes, "| %s |", rw.label)
+			for _, r := range results {
+				fmt.Fprintf(&notes, " %s |", rw.vals[r.n])
+			}
+			notes.WriteString("\n")
+		}
+	}
+	return sectionResult{figures: figs, notes: notes.String()}
+}
+
+func mibs(vs []float64) string {
+	s := make([]string, len(vs))
+	for i, v := range vs {
+		s[i] = fmt.Sprintf("%.0f", v)
+	}
+	return strings.Join(s, ", ")
+}

@@ -1,0 +1,140 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/internal/natstest"
+	"proxyfleet/internal/poll"
+	"proxyfleet/messages"
+)
+
+// placementRig is a worker's placement over hosts on an embedded server:
+// the first full of them hold 5 proxies of their 5, the others have room
+// for a billion; its host view has caught up.
+func placementRig(tb testing.TB, hosts, full int) *Worker {
+	tb.Helper()
+	srv := natstest.Start(tb)
+	_, js := srv.Connect(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: messages.BucketHosts})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	names := hostNames(hosts)
+	room := map[string]int{}
+	for i, h := range names {
+		room[h] = 1 << 30
+		if i < full {
+			room[h] = 5
+			rec := messages.HostRecord{V: messages.Version, Host: h, MaxProxies: 5, State: messages.HostOK, Proxies: map[string]uint64{}}
+			for p := range 5 {
+				rec.Proxies[fmt.Sprintf("%s-p%d", h, p)] = 1
+			}
+			b, _ := json.Marshal(rec)
+			if _, err := kv.Put(ctx, h, b); err != nil {
+				tb.Fatal(err)
+			}
+		}
+	}
+	log := slog.New(slog.DiscardHandler)
+	w := &Worker{js: js, hosts: kv, log: log, catalog: Catalog{Hosts: names, MaxProxies: room}}
+	w.startWriters()
+	tb.Cleanup(w.stopWriters)
+	w.hostView = newHostView(kv, js.Conn(), time.Second, log)
+	viewCtx, stopView := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.hostView.run(viewCtx)
+	}()
+	tb.Cleanup(func() { stopView(); <-done })
+	poll.Until(tb, "the host view to catch up", 30*time.Second, func() bool {
+		_, err := w.hostView.record(names[0])
+		return err == nil
+	})
+	return w
+}
+
+// BenchmarkPlaceByRoomNearlyFull: a create placed on a fleet whose hosts
+// are nearly all full (450 of 500), as every create of a burst that fills
+// the fleet meets towards its end.
+func BenchmarkPlaceByRoomNearlyFull(b *testing.B) {
+	w := placementRig(b, 500, 450)
+	ctx := context.Background()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		host, ferr, err := w.placeByRoom(ctx, fmt.Sprintf("p%d", i), uint64(i))
+		if err != nil || ferr != nil || host == "" {
+			b.Fatalf("placed on %q: %v %v", host, ferr, err)
+		}
+	}
+}
+
+// A create placed on a fleet that is nearly full reads the record of the
+// host it reserves on, not those of the hosts the view shows full (each
+// of which placement read afresh, for every create, before); with every
+// host full in the view, it reads them all before it turns the create
+// away.
+func TestPlacementReadsNoFullHostWhileOneHasRoom(t *testing.T) {
+	w := placementRig(t, 50, 45)
+	var reads atomic.Int64
+	sub, err := w.js.Conn().Subscribe("$JS.API.DIRECT.GET.KV_"+messages.BucketHosts+".>", func(*nats.Msg) { reads.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := w.js.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	fullHosts := hostNames(45)
+	for i := range 10 {
+		host, ferr, err := w.placeByRoom(ctx, fmt.Sprintf("p%d", i), uint64(i+1))
+		if err != nil || ferr != nil || host == "" || slices.Contains(fullHosts, host) {
+			t.Fatalf("p%d placed on %q: %v %v", i, host, ferr, err)
+		}
+	}
+	_ = w.js.Conn().Flush()
+	if n := reads.Load(); n > 20 {
+		t.Errorf("%d reads of host records for 10 creates with 45 of 50 hosts full; want at most 2 each", n)
+	}
+
+	full := placementRig(t, 5, 5)
+	_, ferr, err := full.placeByRoom(ctx, "q", 1)
+	if err != nil || ferr == nil || ferr.Field != "host" || !strings.Contains(ferr.Reason, "h5 full (5 of 5)") {
+		t.Fatalf("a create with every host full: %v, %v; want rejected, field host, each host named full", ferr, err)
+	}
+}
+
+// BenchmarkRankHosts: what ranking the hosts and choosing the best costs
+// every create a worker places, with 500 hosts of room in its view (the
+// reservation aside).
+func BenchmarkRankHosts(b *testing.B) {
+	w := placementRig(b, 500, 0)
+	ctx := context.Background()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		id := fmt.Sprintf("p%d", i)
+		cands, _, _, err := w.rankHosts(ctx, w.catalog.Hosts, id, false)
+		if err != nil || len(cands) != 500 {
+			b.Fatalf("%d candidates, %v", len(cands), err)
+		}
+		_ = bestOf(cands, id)
+	}
+}
