@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 
 	"proxyfleet/messages"
 	"proxyfleet/topology"
@@ -74,13 +76,18 @@ func runGateway(ctx context.Context, b *bench) (sectionResult, error) {
 	if _, err := (topology.Topology{Subjects: messages.NewSubjects("")}).Setup(ctx, js); err != nil {
 		return sectionResult{}, fmt.Errorf("setup: %w", err)
 	}
-	kv, err := js.KeyValue(ctx, messages.BucketRotation)
+	// The rotation, as health publishes it (the gateway follows the feed
+	// and reads the pages): one proxy, its pages answered here.
+	page, err := json.Marshal(messages.RotationPage{V: messages.Version, Version: 1, Size: 1,
+		Proxies: []messages.RotationEntry{{ID: "up1", Addr: up.addr(), Host: "h1", Since: time.Now().UTC()}}})
 	if err != nil {
 		return sectionResult{}, err
 	}
-	if _, err := kv.Put(ctx, "up1", []byte(up.addr())); err != nil {
+	pages, err := nc.Subscribe(messages.NewSubjects("").RotationGet(), func(m *nats.Msg) { _ = m.Respond(page) })
+	if err != nil {
 		return sectionResult{}, err
 	}
+	defer pages.Unsubscribe()
 
 	fleetPW, gwPW := filepath.Join(dir, "fleet-password"), filepath.Join(dir, "gateway-password")
 	for p, v := range map[string]string{fleetPW: gwFleetPass, gwPW: gwPass} {
@@ -160,7 +167,7 @@ gateway:
 	}
 	b.log.Printf("gateway: %d idle tunnels: %.1f KiB of the gateway's RSS each", tunnels, kib)
 
-	setup := ("one `proxyfleet gateway` process (the binary built from this tree, defaults but max_conns) following an embedded nats-server's PROXY_ROTATION, which holds one proxy: a loopback forward proxy in the bench process (Go: plain requests through an http.Transport, CONNECT by hijack and io.Copy; Basic credential required, as the guests' squid), and a loopback HTTP target answering 2 bytes. Client: Go's http.Client with keep-alive")
+	setup := ("one `proxyfleet gateway` process (the binary built from this tree, defaults but max_conns) following the rotation's feed on an embedded nats-server, its pages answered by the bench as health answers them, with one proxy: a loopback forward proxy in the bench process (Go: plain requests through an http.Transport, CONNECT by hijack and io.Copy; Basic credential required, as the guests' squid), and a loopback HTTP target answering 2 bytes. Client: Go's http.Client with keep-alive")
 	rate := figure{Key: "gateway_ratio", Section: "gateway", Value: median(ratios), Unit: "ratio", Target: atLeast(0.8), Runs: ratios,
 		Ours: fmt.Sprintf("%.0f requests/s through the gateway (median)", median(rateVia)),
 		Peer: fmt.Sprintf("the same client straight to the proxy: %.0f requests/s", median(rateDirect)),
