@@ -42,12 +42,30 @@
 // proxy answers 200, the client gets 200 with X-Proxyfleet-Proxy: <id>,
 // and the tunnel is piped both ways by two goroutines of the gateway
 // with io.Copy between *net.TCPConn (splice on Linux: no buffer of ours;
-// the handler returns, so the HTTP server's buffers go too). A plain
-// request is forwarded as an absolute-URI request through an
-// http.Transport whose proxy is the picked one (keep-alive per proxy,
-// compression left to the client and target), its answer streamed back
-// with X-Proxyfleet-Proxy; hop-by-hop headers and the client's
-// Proxy-Authorization never go on.
+// the request's buffers go first). A plain request (absolute http://
+// URI) is forwarded as such over a keep-alive connection to the picked
+// proxy (pooled per proxy), with Host from the URI, the client's fields
+// but the hop-by-hop ones (and those its Connection names), the
+// client's Proxy-Authorization and the gateway's own X-Proxyfleet-*
+// removed, and the fleet's credential added; the answer comes back with
+// X-Proxyfleet-Proxy, by its length, or chunked (what came chunked or
+// until the proxy closed), written as it comes.
+//
+// # Two paths
+//
+// The HTTP proxy's connections are served by a lean loop of the
+// gateway's own (serve.go): a strict HTTP/1.x parser without
+// allocation, one goroutine per connection, one write for a request's
+// head (and a small body) to the proxy and one for the answer's head
+// (and what came of its body) to the client, no goroutine per request
+// unless a body must go up while the answer is awaited; 1xx interim
+// answers are dropped, Expect: 100-continue is answered by the gateway,
+// a client that leaves while its answer is awaited is noticed within
+// 250ms. What it does not take (an https:// or origin-form target, a
+// head it does not parse or larger than 8 KiB) goes, with the
+// connection and what was read of it, to a net/http.Server whose handler
+// is ServeHTTP (the slow path, an http.Transport to the proxies), which
+// answers as it always has.
 //
 // # Failover and reports
 //
@@ -60,7 +78,11 @@
 // is tried on another proxy (Selector.Exclude the ones tried), up to
 // Retries more times; a session moves then, and the answer names the
 // proxy that carried it. A plain request with a body is tried again only
-// if the failed proxy took none of it. What speaks for the target is
+// if the failed proxy took none of it. A kept-alive connection the proxy
+// closed meanwhile is nobody's failure: one idle for over a second, or
+// taken for a request that could not be sent again, is looked at first
+// (a peek); a request without a body and of an idempotent method that
+// finds it closed goes once more on a new connection to the same proxy. What speaks for the target is
 // passed on and held against no proxy: every plain answer but 407, and an
 // answer to CONNECT that carries squid's X-Squid-Error (the target did
 // not answer, its name did not resolve), 407 aside. When nothing matches

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,8 +26,11 @@ type Gateway struct {
 	retries      int
 	upstreamAuth string // the Proxy-Authorization value of the fleet's credential
 	dialer       net.Dialer
-	transport    *http.Transport
+	transport    *http.Transport // the slow path's
 	track        *tracker
+	pool         *pool         // the lean path's connections to proxies
+	slow         *chanListener // where the lean path hands connections to the slow one
+	draining     atomic.Bool   // Run is stopping: no connection is kept alive
 
 	// hard ends when the drain ran out: what is in flight stops.
 	hard       context.Context
@@ -65,6 +69,7 @@ func New(picker Picker, cfg Config) (*Gateway, error) {
 		m:       m,
 		retries: max(cfg.Retries, 0),
 		track:   newTracker(),
+		pool:    newPool(),
 		started: make(chan struct{}),
 	}
 	g.dialer = net.Dialer{KeepAlive: 30 * time.Second}
@@ -156,25 +161,46 @@ func (g *Gateway) Run(ctx context.Context) error {
 	g.httpLn, g.socksLn = httpLn, socksLn
 	g.mu.Unlock()
 
+	// The lean path serves httpLn and hands what it does not take to
+	// srv (the slow path) through g.slow.
 	srv := &http.Server{
 		Handler:           g,
 		ReadHeaderTimeout: g.cfg.HandshakeTimeout,
 		IdleTimeout:       g.cfg.IdleTimeout,
 		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+		BaseContext:       func(net.Listener) context.Context { return g.hard },
 	}
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	var serving sync.WaitGroup
+	stop := make(chan struct{})
 	if httpLn != nil {
+		g.slow = newChanListener(httpLn.Addr())
 		serving.Go(func() {
-			if err := srv.Serve(httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := srv.Serve(g.slow); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("gateway: serve HTTP (slow path): %w", err)
+			}
+		})
+		serving.Go(func() {
+			if err := g.serveHTTP(httpLn, stop); err != nil {
 				errc <- fmt.Errorf("gateway: serve HTTP: %w", err)
 			}
 		})
+		serving.Go(func() {
+			t := time.NewTicker(idleConnTimeout / 3)
+			defer t.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case now := <-t.C:
+					g.pool.sweep(now)
+				}
+			}
+		})
 	}
-	stopSocks := make(chan struct{})
 	if socksLn != nil {
 		serving.Go(func() {
-			if err := g.serveSocks(socksLn, stopSocks); err != nil {
+			if err := g.serveSocks(socksLn, stop); err != nil {
 				errc <- fmt.Errorf("gateway: serve SOCKS5: %w", err)
 			}
 		})
@@ -189,10 +215,15 @@ func (g *Gateway) Run(ctx context.Context) error {
 	}
 
 	// Stop accepting, close idle, drain for DrainTimeout, then close.
-	close(stopSocks)
-	if socksLn != nil {
-		socksLn.Close()
+	close(stop)
+	for _, ln := range []net.Listener{httpLn, socksLn} {
+		if ln != nil {
+			ln.Close()
+		}
 	}
+	g.draining.Store(true)
+	g.track.closeIdle()
+	g.pool.close()
 	drain, cancel := context.WithTimeout(context.Background(), g.cfg.DrainTimeout)
 	defer cancel()
 	shut := make(chan struct{})

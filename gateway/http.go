@@ -32,7 +32,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !u.acquire() {
-		g.m.requests.WithLabelValues(kind, outcomeLimit).Inc()
+		g.m.request(kind, outcomeLimit).Inc()
 		http.Error(w, fmt.Sprintf("too many connections at once for this user (at most %d)", u.max), http.StatusTooManyRequests)
 		return
 	}
@@ -43,25 +43,23 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	if err := o.withHeaders(r.Header.Get(HeaderSession), r.Header.Get(HeaderLabels)); err != nil {
-		g.m.requests.WithLabelValues(kind, outcomeError).Inc()
+		g.m.request(kind, outcomeError).Inc()
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	// What is in flight stops when the request ends or the drain runs out.
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	stop := context.AfterFunc(g.hard, cancel)
-	defer stop()
+	// What is in flight stops when the request ends or the drain runs
+	// out (the server's BaseContext is g.hard).
+	ctx := r.Context()
 
-	g.m.inFlight.WithLabelValues(kind).Inc()
+	g.m.flight(kind).Inc()
 	if kind == kindConnect {
 		handed = g.serveConnect(ctx, w, r, u, o)
 		if !handed {
-			g.m.inFlight.WithLabelValues(kind).Dec()
+			g.m.flight(kind).Dec()
 		}
 		return
 	}
-	defer g.m.inFlight.WithLabelValues(kind).Dec()
+	defer g.m.flight(kind).Dec()
 	g.servePlain(ctx, w, r, o)
 }
 
@@ -78,13 +76,13 @@ func (g *Gateway) authHTTP(w http.ResponseWriter, r *http.Request, kind string) 
 				return u, o, true
 			}
 			if !errors.Is(err, errAuth) {
-				g.m.requests.WithLabelValues(kind, outcomeError).Inc()
+				g.m.request(kind, outcomeError).Inc()
 				http.Error(w, err.Error(), http.StatusBadRequest)
 				return nil, o, false
 			}
 		}
 	}
-	g.m.requests.WithLabelValues(kind, outcomeAuth).Inc()
+	g.m.request(kind, outcomeAuth).Inc()
 	g.m.authFailures.WithLabelValues(kind, reason).Inc()
 	g.log.Debug("gateway: authentication failed", "kind", kind, "reason", reason, "remote", r.RemoteAddr)
 	w.Header().Set("Proxy-Authenticate", realm)
@@ -99,16 +97,16 @@ func (g *Gateway) answerFailure(w http.ResponseWriter, kind string, err error) {
 	var failed *allFailed
 	switch {
 	case errors.As(err, &empty):
-		g.m.requests.WithLabelValues(kind, outcomeEmpty).Inc()
+		g.m.request(kind, outcomeEmpty).Inc()
 		w.Header().Set("Retry-After", strconv.Itoa(int(math.Max(1, math.Ceil(g.cfg.RetryAfter.Seconds())))))
 		http.Error(w, empty.Error(), http.StatusServiceUnavailable)
 	case errors.As(err, &failed):
-		g.m.requests.WithLabelValues(kind, outcomeUpstreamFailed).Inc()
+		g.m.request(kind, outcomeUpstreamFailed).Inc()
 		http.Error(w, failed.Error(), http.StatusBadGateway)
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
-		g.m.requests.WithLabelValues(kind, outcomeClientGone).Inc()
+		g.m.request(kind, outcomeClientGone).Inc()
 	default:
-		g.m.requests.WithLabelValues(kind, outcomeError).Inc()
+		g.m.request(kind, outcomeError).Inc()
 		g.log.Error("gateway: request failed", "kind", kind, "err", err)
 		http.Error(w, err.Error(), http.StatusBadGateway)
 	}
@@ -121,7 +119,7 @@ func (g *Gateway) answerFailure(w http.ResponseWriter, kind string, err error) {
 func (g *Gateway) serveConnect(ctx context.Context, w http.ResponseWriter, r *http.Request, u *user, o options) bool {
 	target := r.Host
 	if _, port, err := net.SplitHostPort(target); err != nil || port == "" {
-		g.m.requests.WithLabelValues(kindConnect, outcomeError).Inc()
+		g.m.request(kindConnect, outcomeError).Inc()
 		http.Error(w, fmt.Sprintf("CONNECT %q: want host:port", target), http.StatusBadRequest)
 		return false
 	}
@@ -134,7 +132,7 @@ func (g *Gateway) serveConnect(ctx context.Context, w http.ResponseWriter, r *ht
 	})
 	var ta *targetAnswer
 	if errors.As(err, &ta) {
-		g.m.requests.WithLabelValues(kindConnect, outcomeOK).Inc()
+		g.m.request(kindConnect, outcomeOK).Inc()
 		w.Header().Set(HeaderProxy, p.ID)
 		w.Header().Set("X-Squid-Error", ta.squidError)
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -149,7 +147,7 @@ func (g *Gateway) serveConnect(ctx context.Context, w http.ResponseWriter, r *ht
 	client, rw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		up.Close()
-		g.m.requests.WithLabelValues(kindConnect, outcomeError).Inc()
+		g.m.request(kindConnect, outcomeError).Inc()
 		g.log.Error("gateway: hijack", "err", err)
 		http.Error(w, "cannot tunnel on this connection", http.StatusInternalServerError)
 		return false
@@ -157,7 +155,7 @@ func (g *Gateway) serveConnect(ctx context.Context, w http.ResponseWriter, r *ht
 	fail := func(err error) bool {
 		client.Close()
 		up.Close()
-		g.m.requests.WithLabelValues(kindConnect, outcomeClientGone).Inc()
+		g.m.request(kindConnect, outcomeClientGone).Inc()
 		g.log.Debug("gateway: client left as its tunnel opened", "err", err)
 		return false
 	}
@@ -176,17 +174,27 @@ func (g *Gateway) serveConnect(ctx context.Context, w http.ResponseWriter, r *ht
 		}
 	}
 	rw = nil
+	// A connection the lean path handed over: what is left of what it
+	// had read comes next; then the bare TCP connection (pump splices).
+	if pc, ok := client.(*prefixConn); ok {
+		if len(pc.prefix) > 0 {
+			if _, err := up.Write(pc.prefix); err != nil {
+				return fail(err)
+			}
+		}
+		client = pc.Conn
+	}
 	if len(leftover) > 0 {
 		if _, err := client.Write(leftover); err != nil {
 			return fail(err)
 		}
 	}
-	g.m.requests.WithLabelValues(kindConnect, outcomeOK).Inc()
+	g.m.request(kindConnect, outcomeOK).Inc()
 	release := g.picker.Acquire(p)
 	t := &tunnel{g: g, client: client, up: up, onDone: func() {
 		release()
 		u.release()
-		g.m.inFlight.WithLabelValues(kindConnect).Dec()
+		g.m.flight(kindConnect).Dec()
 	}}
 	g.track.add(client, up)
 	go t.run()
@@ -233,7 +241,7 @@ func (b *trackedBody) Close() error { return nil }
 // answer back with the proxy's id.
 func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http.Request, o options) {
 	if !r.URL.IsAbs() || r.URL.Host == "" || (r.URL.Scheme != "http" && r.URL.Scheme != "https") {
-		g.m.requests.WithLabelValues(kindHTTP, outcomeError).Inc()
+		g.m.request(kindHTTP, outcomeError).Inc()
 		http.Error(w, "this is a proxy: send CONNECT or an absolute http:// URI", http.StatusBadRequest)
 		return
 	}
@@ -274,7 +282,7 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 		resp = rsp
 		return true, nil
 	})
-	g.m.bytes.WithLabelValues("up").Add(float64(up))
+	g.m.bytesUp.Add(float64(up))
 	if err != nil {
 		g.answerFailure(w, kindHTTP, err)
 		return
@@ -290,12 +298,12 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 	h.Set(HeaderProxy, p.ID)
 	w.WriteHeader(resp.StatusCode)
 	n, err := copyFlush(w, resp.Body)
-	g.m.bytes.WithLabelValues("down").Add(float64(n))
+	g.m.bytesDown.Add(float64(n))
 	if err != nil && ctx.Err() != nil {
-		g.m.requests.WithLabelValues(kindHTTP, outcomeClientGone).Inc()
+		g.m.request(kindHTTP, outcomeClientGone).Inc()
 		return
 	}
-	g.m.requests.WithLabelValues(kindHTTP, outcomeOK).Inc()
+	g.m.request(kindHTTP, outcomeOK).Inc()
 }
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}

@@ -41,7 +41,47 @@ type metrics struct {
 	inFlight     *prometheus.GaugeVec
 	bytes        *prometheus.CounterVec
 	connectDur   prometheus.Histogram
+
+	// The children of the vectors above, bound once: a request counts
+	// without a label lookup (hashing and a lock each).
+	req                  [len(kinds)][len(outcomes)]prometheus.Counter
+	inFlightOf           [len(kinds)]prometheus.Gauge
+	retryOf              [len(kinds)]prometheus.Counter
+	bytesUp, bytesDown   prometheus.Counter
+	failOf               [len(causes)]prometheus.Counter
+	reportOK, reportFail prometheus.Counter
 }
+
+var (
+	kinds    = [...]string{kindConnect, kindHTTP, kindSocks}
+	outcomes = [...]string{outcomeOK, outcomeAuth, outcomeLimit, outcomeEmpty, outcomeUpstreamFailed, outcomeClientGone, outcomeError}
+	causes   = [...]string{causeRefused, causeTimeout, causeStatus, causeReset, causeOther}
+)
+
+func index[T ~string](names []T, s T) int {
+	for i, n := range names {
+		if n == s {
+			return i
+		}
+	}
+	panic("gateway: unknown metric label " + string(s))
+}
+
+// request is the requests counter of kind and outcome.
+func (m *metrics) request(kind, outcome string) prometheus.Counter {
+	return m.req[index(kinds[:], kind)][index(outcomes[:], outcome)]
+}
+
+// flight is the in-flight gauge of kind.
+func (m *metrics) flight(kind string) prometheus.Gauge { return m.inFlightOf[index(kinds[:], kind)] }
+
+// retry is the retries counter of kind.
+func (m *metrics) retry(kind string) prometheus.Counter {
+	return m.retryOf[index(kinds[:], kind)]
+}
+
+// failure is the upstream failures counter of cause.
+func (m *metrics) failure(cause string) prometheus.Counter { return m.failOf[index(causes[:], cause)] }
 
 func newMetrics(r prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
@@ -84,22 +124,23 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			return nil, err
 		}
 	}
-	// Known series exist from the start (at 0), so rates and alerts see them.
-	for _, k := range []string{kindConnect, kindHTTP, kindSocks} {
-		for _, o := range []string{outcomeOK, outcomeAuth, outcomeLimit, outcomeEmpty, outcomeUpstreamFailed, outcomeClientGone, outcomeError} {
-			m.requests.WithLabelValues(k, o)
+	// Known series exist from the start (at 0), so rates and alerts see
+	// them; bound once here.
+	for i, k := range kinds {
+		for j, o := range outcomes {
+			m.req[i][j] = m.requests.WithLabelValues(k, o)
 		}
-		m.retries.WithLabelValues(k)
-		m.inFlight.WithLabelValues(k)
+		m.retryOf[i] = m.retries.WithLabelValues(k)
+		m.inFlightOf[i] = m.inFlight.WithLabelValues(k)
 		m.authFailures.WithLabelValues(k, authMissing)
 		m.authFailures.WithLabelValues(k, authWrong)
 	}
-	for _, c := range []string{causeRefused, causeTimeout, causeStatus, causeReset, causeOther} {
-		m.upstreamFail.WithLabelValues(c)
+	for i, c := range causes {
+		m.failOf[i] = m.upstreamFail.WithLabelValues(c)
 	}
-	m.reports.WithLabelValues("ok")
-	m.reports.WithLabelValues("error")
-	m.bytes.WithLabelValues("up")
-	m.bytes.WithLabelValues("down")
+	m.reportOK = m.reports.WithLabelValues("ok")
+	m.reportFail = m.reports.WithLabelValues("error")
+	m.bytesUp = m.bytes.WithLabelValues("up")
+	m.bytesDown = m.bytes.WithLabelValues("down")
 	return m, nil
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -78,4 +79,52 @@ func queued(rc syscall.RawConn) (int, error) {
 		return 0, err
 	}
 	return avail, ferr
+}
+
+// peekResult is what a look at a socket without a read found.
+type peekResult int
+
+const (
+	peekNothing peekResult = iota // nothing to read: open and quiet
+	peekData                      // bytes wait to be read
+	peekEOF                       // the peer closed
+	peekError                     // reset, or the look failed
+)
+
+// peek looks at rc without waiting and without taking a byte (buf: one
+// byte of the caller's, so nothing is allocated for it).
+func peek(rc syscall.RawConn, buf []byte) peekResult {
+	res := peekError
+	if rc.Control(func(fd uintptr) { res = peekFD(fd, buf) }) != nil {
+		return peekError
+	}
+	return res
+}
+
+// waitReadable waits (in the poller, with the connection's read
+// deadline) until rc has something to read, or its EOF, and says which;
+// peekError when the deadline passed or the connection failed.
+func waitReadable(rc syscall.RawConn, buf []byte) peekResult {
+	res := peekError
+	err := rc.Read(func(fd uintptr) bool {
+		res = peekFD(fd, buf)
+		return res != peekNothing
+	})
+	if err != nil {
+		return peekError
+	}
+	return res
+}
+
+func peekFD(fd uintptr, buf []byte) peekResult {
+	n, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&buf[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+	switch {
+	case errno == unix.EAGAIN:
+		return peekNothing
+	case errno != 0:
+		return peekError
+	case n == 0:
+		return peekEOF
+	}
+	return peekData
 }

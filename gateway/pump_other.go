@@ -5,7 +5,26 @@ package gateway
 import (
 	"io"
 	"net"
+	"syscall"
 )
 
 // pump copies src to dst until src's EOF.
 func pump(dst, src net.Conn) (int64, error) { return io.Copy(dst, src) }
+
+// peekResult is what a look at a socket without a read found.
+type peekResult int
+
+const (
+	peekNothing peekResult = iota // nothing to read: open and quiet
+	peekData                      // bytes wait to be read
+	peekEOF                       // the peer closed
+	peekError                     // reset, or the look failed
+)
+
+// peek cannot look without a read here: it says nothing is there (an
+// idle connection is taken as usable, a waiting client as present).
+func peek(syscall.RawConn, []byte) peekResult { return peekNothing }
+
+// waitReadable cannot wait without a read here: it says the client is
+// there.
+func waitReadable(syscall.RawConn, []byte) peekResult { return peekData }

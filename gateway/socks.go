@@ -44,6 +44,21 @@ const (
 // serveSocks accepts SOCKS5 clients until ln is closed (stop closed
 // first: then it returns nil).
 func (g *Gateway) serveSocks(ln net.Listener, stop <-chan struct{}) error {
+	return g.accept(ln, stop, "SOCKS5", func(c net.Conn) {
+		g.track.add(c)
+		go func() {
+			if g.serveSocksConn(c) {
+				g.track.done() // c is the tunnel's now
+			} else {
+				g.track.done(c)
+			}
+		}()
+	})
+}
+
+// accept accepts connections on ln and hands each to serve until ln is
+// closed (stop closed first: then it returns nil).
+func (g *Gateway) accept(ln net.Listener, stop <-chan struct{}, name string, serve func(net.Conn)) error {
 	var delay time.Duration
 	for {
 		c, err := ln.Accept()
@@ -58,7 +73,7 @@ func (g *Gateway) serveSocks(ln net.Listener, stop <-chan struct{}) error {
 				// Out of descriptors, or the like: wait and go on, as
 				// net/http does.
 				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-				g.log.Warn("gateway: SOCKS5 accept", "err", err, "retry_in", delay)
+				g.log.Warn("gateway: "+name+" accept", "err", err, "retry_in", delay)
 				select {
 				case <-time.After(delay):
 				case <-stop:
@@ -69,14 +84,7 @@ func (g *Gateway) serveSocks(ln net.Listener, stop <-chan struct{}) error {
 			return err
 		}
 		delay = 0
-		g.track.add(c)
-		go func() {
-			if g.serveSocksConn(c) {
-				g.track.done() // c is the tunnel's now
-			} else {
-				g.track.done(c)
-			}
-		}()
+		serve(c)
 	}
 }
 
@@ -107,15 +115,15 @@ func (g *Gateway) serveSocksConn(c net.Conn) (handed bool) {
 	if err != nil {
 		var re *socksRequestError
 		if errors.As(err, &re) {
+			g.m.request(kindSocks, outcomeError).Inc()
 			_ = socksReply(c, re.code)
-			g.m.requests.WithLabelValues(kindSocks, outcomeError).Inc()
 		} else {
-			g.m.requests.WithLabelValues(kindSocks, outcomeClientGone).Inc()
+			g.m.request(kindSocks, outcomeClientGone).Inc()
 		}
 		return false
 	}
 	if !u.acquire() {
-		g.m.requests.WithLabelValues(kindSocks, outcomeLimit).Inc()
+		g.m.request(kindSocks, outcomeLimit).Inc()
 		_ = socksReply(c, repGeneralFailure)
 		return false
 	}
@@ -127,10 +135,10 @@ func (g *Gateway) serveSocksConn(c net.Conn) (handed bool) {
 	ctx, cancel := context.WithCancel(g.hard)
 	defer cancel()
 	// A client that leaves while its proxy is dialed ends the attempts.
-	g.m.inFlight.WithLabelValues(kindSocks).Inc()
+	g.m.flight(kindSocks).Inc()
 	defer func() {
 		if !handed {
-			g.m.inFlight.WithLabelValues(kindSocks).Dec()
+			g.m.flight(kindSocks).Dec()
 		}
 	}()
 	var up net.Conn
@@ -159,20 +167,20 @@ func (g *Gateway) serveSocksConn(c net.Conn) (handed bool) {
 		case errors.Is(err, context.Canceled):
 			outcome = outcomeClientGone
 		}
-		g.m.requests.WithLabelValues(kindSocks, outcome).Inc()
+		g.m.request(kindSocks, outcome).Inc()
 		g.log.Debug("gateway: SOCKS5 request failed", "target", target, "err", err)
 		_ = socksReply(c, code)
 		return false
 	}
 	if err := socksReply(c, repSucceeded); err != nil {
 		up.Close()
-		g.m.requests.WithLabelValues(kindSocks, outcomeClientGone).Inc()
+		g.m.request(kindSocks, outcomeClientGone).Inc()
 		return false
 	}
 	if len(leftover) > 0 {
 		if _, err := c.Write(leftover); err != nil {
 			up.Close()
-			g.m.requests.WithLabelValues(kindSocks, outcomeClientGone).Inc()
+			g.m.request(kindSocks, outcomeClientGone).Inc()
 			return false
 		}
 	}
@@ -180,14 +188,14 @@ func (g *Gateway) serveSocksConn(c net.Conn) (handed bool) {
 		up.Close()
 		return false
 	}
-	g.m.requests.WithLabelValues(kindSocks, outcomeOK).Inc()
+	g.m.request(kindSocks, outcomeOK).Inc()
 	g.log.Debug("gateway: SOCKS5 tunnel", "target", target, "proxy", p.ID)
 	release := g.picker.Acquire(p)
 	handed = true
 	t := &tunnel{g: g, client: c, up: up, onDone: func() {
 		release()
 		u.release()
-		g.m.inFlight.WithLabelValues(kindSocks).Dec()
+		g.m.flight(kindSocks).Dec()
 	}}
 	// The accept loop counted this goroutine with c; the tunnel is one
 	// more thing running, with both connections.
@@ -200,12 +208,12 @@ func (g *Gateway) serveSocksConn(c net.Conn) (handed bool) {
 func (g *Gateway) socksAuth(c net.Conn) (*user, options, bool) {
 	var hdr [2]byte
 	if _, err := io.ReadFull(c, hdr[:]); err != nil || hdr[0] != socksVersion {
-		g.m.requests.WithLabelValues(kindSocks, outcomeError).Inc()
+		g.m.request(kindSocks, outcomeError).Inc()
 		return nil, options{}, false
 	}
 	var methods [255]byte
 	if _, err := io.ReadFull(c, methods[:hdr[1]]); err != nil {
-		g.m.requests.WithLabelValues(kindSocks, outcomeError).Inc()
+		g.m.request(kindSocks, outcomeError).Inc()
 		return nil, options{}, false
 	}
 	offered := false
@@ -213,10 +221,11 @@ func (g *Gateway) socksAuth(c net.Conn) (*user, options, bool) {
 		offered = offered || m == socksAuthUserPW
 	}
 	if !offered {
-		// Never an open proxy: no method without a password.
-		_, _ = c.Write([]byte{socksVersion, socksNoMethod})
-		g.m.requests.WithLabelValues(kindSocks, outcomeAuth).Inc()
+		// Never an open proxy: no method without a password. (Counted
+		// first: the answer may be read before the count.)
+		g.m.request(kindSocks, outcomeAuth).Inc()
 		g.m.authFailures.WithLabelValues(kindSocks, authMissing).Inc()
+		_, _ = c.Write([]byte{socksVersion, socksNoMethod})
 		return nil, options{}, false
 	}
 	if _, err := c.Write([]byte{socksVersion, socksAuthUserPW}); err != nil {
@@ -225,32 +234,32 @@ func (g *Gateway) socksAuth(c net.Conn) (*user, options, bool) {
 	// VER ULEN UNAME PLEN PASSWD
 	var b [1 + 1 + 255 + 1 + maxSocksPasswordSize]byte
 	if _, err := io.ReadFull(c, b[:2]); err != nil || b[0] != socksAuthVersion {
-		g.m.requests.WithLabelValues(kindSocks, outcomeError).Inc()
+		g.m.request(kindSocks, outcomeError).Inc()
 		return nil, options{}, false
 	}
 	ulen := int(b[1])
 	if _, err := io.ReadFull(c, b[2:2+ulen+1]); err != nil {
-		g.m.requests.WithLabelValues(kindSocks, outcomeError).Inc()
+		g.m.request(kindSocks, outcomeError).Inc()
 		return nil, options{}, false
 	}
 	name := string(b[2 : 2+ulen])
 	plen := int(b[2+ulen])
 	pw := b[3+ulen : 3+ulen+plen]
 	if _, err := io.ReadFull(c, pw); err != nil {
-		g.m.requests.WithLabelValues(kindSocks, outcomeError).Inc()
+		g.m.request(kindSocks, outcomeError).Inc()
 		return nil, options{}, false
 	}
 	u, o, err := g.users.check(name, string(pw))
 	clear(b[:]) // the password leaves no copy of ours
 	if err != nil {
-		_, _ = c.Write([]byte{socksAuthVersion, socksAuthFailed})
 		if errors.Is(err, errAuth) {
-			g.m.requests.WithLabelValues(kindSocks, outcomeAuth).Inc()
+			g.m.request(kindSocks, outcomeAuth).Inc()
 			g.m.authFailures.WithLabelValues(kindSocks, authWrong).Inc()
 		} else {
-			g.m.requests.WithLabelValues(kindSocks, outcomeError).Inc()
+			g.m.request(kindSocks, outcomeError).Inc()
 			g.log.Debug("gateway: SOCKS5 user options", "err", err)
 		}
+		_, _ = c.Write([]byte{socksAuthVersion, socksAuthFailed})
 		return nil, options{}, false
 	}
 	if _, err := c.Write([]byte{socksAuthVersion, socksAuthOK}); err != nil {

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"io"
 	"net"
 	"sync"
 )
@@ -10,24 +11,22 @@ import (
 type tracker struct {
 	mu     sync.Mutex
 	n      int
-	idle   chan struct{} // closed while n == 0
+	idle   chan struct{} // made by wait while n > 0, closed when n gets to 0
 	closed bool          // closeAll ran: whatever registers now is closed at once
-	conns  map[net.Conn]struct{}
+	conns  map[io.Closer]struct{}
 }
 
 func newTracker() *tracker {
-	t := &tracker{idle: make(chan struct{}), conns: map[net.Conn]struct{}{}}
-	close(t.idle)
-	return t
+	return &tracker{conns: map[io.Closer]struct{}{}}
 }
 
+// closedChan is a closed channel: wait's answer while nothing runs.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
 // add counts one more thing running, with its connections.
-func (t *tracker) add(conns ...net.Conn) {
+func (t *tracker) add(conns ...io.Closer) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.n == 0 {
-		t.idle = make(chan struct{})
-	}
 	t.n++
 	for _, c := range conns {
 		if t.closed {
@@ -40,23 +39,43 @@ func (t *tracker) add(conns ...net.Conn) {
 
 // done says one thing stopped; its connections are forgotten (their
 // owner closes them).
-func (t *tracker) done(conns ...net.Conn) {
+func (t *tracker) done(conns ...io.Closer) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, c := range conns {
 		delete(t.conns, c)
 	}
 	t.n--
-	if t.n == 0 {
+	if t.n == 0 && t.idle != nil {
 		close(t.idle)
+		t.idle = nil
 	}
 }
 
-// wait is closed once nothing runs.
+// wait is closed once nothing runs. (Its channel is made only when asked
+// for: counting a request allocates nothing.)
 func (t *tracker) wait() <-chan struct{} {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.n == 0 {
+		return closedChan
+	}
+	if t.idle == nil {
+		t.idle = make(chan struct{})
+	}
 	return t.idle
+}
+
+// closeIdle closes the lean path's client connections that wait for a
+// request (the drain's start).
+func (t *tracker) closeIdle() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for c := range t.conns {
+		if cc, ok := c.(*clientConn); ok {
+			cc.closeIfIdle()
+		}
+	}
 }
 
 // closeAll closes every connection held, and any registered later.
@@ -120,8 +139,8 @@ func (t *tunnel) copy(dst, src net.Conn, up bool) {
 	}
 	t.client.Close()
 	t.up.Close()
-	t.g.m.bytes.WithLabelValues("up").Add(float64(t.up2))
-	t.g.m.bytes.WithLabelValues("down").Add(float64(t.down))
+	t.g.m.bytesUp.Add(float64(t.up2))
+	t.g.m.bytesDown.Add(float64(t.down))
 	if t.onDone != nil {
 		t.onDone()
 	}

@@ -74,6 +74,8 @@ func (g *Gateway) classify(err error) *upstreamError {
 	}
 	var ne net.Error
 	switch {
+	case errors.Is(err, errResponseTimeout):
+		return &upstreamError{causeTimeout, errResponseTimeout.Error()}
 	case errors.As(err, &ne) && ne.Timeout() && strings.Contains(err.Error(), "awaiting response headers"):
 		// http.Transport's ResponseHeaderTimeout: no other way to tell it.
 		return &upstreamError{causeTimeout, "no answer within the response timeout"}
@@ -218,7 +220,7 @@ func (g *Gateway) attempts(ctx context.Context, kind string, o options, try func
 			return Proxy{}, &allFailed{failures}
 		}
 		if i > 0 {
-			g.m.retries.WithLabelValues(kind).Inc()
+			g.m.retry(kind).Inc()
 		}
 		retryable, err := try(p)
 		if err == nil {
@@ -227,12 +229,15 @@ func (g *Gateway) attempts(ctx context.Context, kind string, o options, try func
 		if ctx.Err() != nil {
 			return p, ctx.Err()
 		}
+		if errors.Is(err, errClientLeft) {
+			return p, err // nobody's failure
+		}
 		var ta *targetAnswer
 		if errors.As(err, &ta) {
 			return p, err
 		}
 		ue := g.classify(err)
-		g.m.upstreamFail.WithLabelValues(ue.cause).Inc()
+		g.m.failure(ue.cause).Inc()
 		g.report(p, ue.reason)
 		failures = append(failures, p.ID+": "+ue.reason)
 		tried = append(tried, p.ID)
@@ -246,10 +251,10 @@ func (g *Gateway) attempts(ctx context.Context, kind string, o options, try func
 // report tells the rotation that p failed us.
 func (g *Gateway) report(p Proxy, reason string) {
 	if err := g.picker.Report(p, reason); err != nil {
-		g.m.reports.WithLabelValues("error").Inc()
+		g.m.reportFail.Inc()
 		g.log.Warn("report a failed proxy", "proxy", p.ID, "reason", reason, "err", err)
 		return
 	}
-	g.m.reports.WithLabelValues("ok").Inc()
+	g.m.reportOK.Inc()
 	g.log.Warn("proxy failed, reported", "proxy", p.ID, "addr", p.Addr, "reason", reason)
 }

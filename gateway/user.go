@@ -103,6 +103,9 @@ func (o *options) withHeaders(session, labels string) error {
 	if strings.TrimSpace(labels) == "" {
 		return nil
 	}
+	// The user name's labels may be shared (a connection's credential is
+	// checked once): add to a copy.
+	o.labels = maps.Clone(o.labels)
 	for kv := range strings.SplitSeq(labels, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
 		k, v = strings.TrimSpace(k), strings.TrimSpace(v)

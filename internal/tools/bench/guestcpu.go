@@ -69,26 +69,36 @@ func (g *guestCPU) sample() {
 		if !g.ours(cmd) {
 			continue
 		}
-		st, err := os.ReadFile(d + "/stat")
-		if err != nil {
+		t, ok := procTicks(pid)
+		if !ok {
 			continue
 		}
-		// Fields after the command's closing parenthesis: state is the
-		// 3rd field of the line, utime and stime the 14th and 15th.
-		i := bytes.LastIndexByte(st, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(st[i+1:]))
-		if len(f) < 13 {
-			continue
-		}
-		u, _ := strconv.ParseUint(f[11], 10, 64)
-		s, _ := strconv.ParseUint(f[12], 10, 64)
 		g.mu.Lock()
-		g.ticks[pid] = max(g.ticks[pid], u+s)
+		g.ticks[pid] = max(g.ticks[pid], t)
 		g.mu.Unlock()
 	}
+}
+
+// procTicks is the CPU time (utime+stime, clock ticks) process pid has
+// used.
+func procTicks(pid int) (uint64, bool) {
+	st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	// Fields after the command's closing parenthesis: state is the 3rd
+	// field of the line, utime and stime the 14th and 15th.
+	i := bytes.LastIndexByte(st, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(st[i+1:]))
+	if len(f) < 13 {
+		return 0, false
+	}
+	u, _ := strconv.ParseUint(f[11], 10, 64)
+	s, _ := strconv.ParseUint(f[12], 10, 64)
+	return u + s, true
 }
 
 // ours: the qemu command line names one of the guests (-name guest=NAME,…).

@@ -1,0 +1,527 @@
+package gateway
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Bodies of the lean path: the request's goes to the proxy as it came
+// (by its length, or chunked again), the answer's to the client by its
+// length, or chunked (what came chunked or until the proxy closed, to an
+// HTTP/1.1 client; as it comes and then a close, to an HTTP/1.0 one).
+// Bytes are written as soon as no more can be read without a wait, so a
+// slow or endless answer reaches the client as it comes, and a small one
+// goes in the write of its head.
+
+// errChunked: a malformed chunked body.
+var errChunked = errors.New("malformed chunked body")
+
+// bodySender sends a request's body to the proxy in a goroutine of its
+// own while the answer is awaited: a proxy may answer before it has read
+// it all.
+type bodySender struct {
+	done      chan struct{}
+	n         int64 // body bytes taken from the client
+	clientErr error // reading the client failed: it left (or sent a bad body)
+	upErr     error // writing to the proxy failed
+}
+
+// sendBody starts sending the request's body (its head is sent) to uc.
+// Once it is all sent, the response timeout starts.
+func (cc *clientConn) sendBody(uc *upConn, timeout time.Duration) *bodySender {
+	s := &bodySender{done: make(chan struct{})}
+	length, chunked, br := cc.h.length, cc.h.chunked, cc.br
+	go func() {
+		defer close(s.done)
+		bp := copyBufs.Get().(*[]byte)
+		defer copyBufs.Put(bp)
+		if chunked {
+			s.chunked(br, uc.c, *bp)
+		} else {
+			s.fixed(br, uc.c, length, *bp)
+		}
+		switch {
+		case s.clientErr != nil:
+			uc.c.Close() // the wait for the answer ends: nobody wants it
+		case s.upErr == nil:
+			uc.limit.CompareAndSwap(-1, time.Now().Add(timeout).UnixNano())
+			uc.client.Store(cc) // polled again while the answer is awaited
+		}
+	}()
+	return s
+}
+
+// senderGrace is how long an answered request's body may take to be
+// sent whole (its last write may still be under way as the answer
+// comes) before the sender is stopped and both connections closed.
+const senderGrace = 500 * time.Millisecond
+
+// finish waits (up to senderGrace) for the sender to end, and says
+// whether the whole body was sent.
+func (s *bodySender) finish() bool {
+	select {
+	case <-s.done:
+	default:
+		t := time.NewTimer(senderGrace)
+		defer t.Stop()
+		select {
+		case <-s.done:
+		case <-t.C:
+			return false
+		}
+	}
+	return s.clientErr == nil && s.upErr == nil
+}
+
+// abort ends the sender (if it still runs, by closing the proxy's
+// connection and unblocking the client's) and waits for it.
+func (s *bodySender) abort(cc *clientConn, uc *upConn) {
+	select {
+	case <-s.done:
+		return
+	default:
+	}
+	uc.c.Close()
+	_ = cc.c.SetReadDeadline(aLongTimeAgo)
+	<-s.done
+	if s.clientErr == nil && s.upErr == nil {
+		s.upErr = net.ErrClosed
+	}
+}
+
+func (s *bodySender) fixed(br *bufio.Reader, up net.Conn, n int64, buf []byte) {
+	for n > 0 {
+		k, err := br.Read(buf[:min(n, int64(len(buf)))])
+		if k > 0 {
+			s.n += int64(k)
+			n -= int64(k)
+			if _, werr := up.Write(buf[:k]); werr != nil {
+				s.upErr = werr
+				return
+			}
+		}
+		if err != nil && n > 0 {
+			s.clientErr = err
+			return
+		}
+	}
+}
+
+// chunkRoom is the room before a chunk's data for its size line.
+const chunkRoom = 18
+
+func (s *bodySender) chunked(br *bufio.Reader, up net.Conn, buf []byte) {
+	for {
+		size, err := readChunkSize(br)
+		if err != nil {
+			s.clientErr = err
+			return
+		}
+		if size == 0 {
+			if err := readTrailers(br); err != nil {
+				s.clientErr = err
+				return
+			}
+			if _, err := io.WriteString(up, "0\r\n\r\n"); err != nil {
+				s.upErr = err
+			}
+			return
+		}
+		for size > 0 {
+			k, err := br.Read(buf[chunkRoom : chunkRoom+int(min(size, int64(len(buf)-chunkRoom-2)))])
+			if k > 0 {
+				s.n += int64(k)
+				size -= int64(k)
+				h := strconv.AppendInt(buf[:0:chunkRoom], int64(k), 16)
+				h = append(h, "\r\n"...)
+				start := chunkRoom - len(h)
+				copy(buf[start:], h)
+				end := chunkRoom + k
+				buf[end], buf[end+1] = '\r', '\n'
+				if _, werr := up.Write(buf[start : end+2]); werr != nil {
+					s.upErr = werr
+					return
+				}
+			}
+			if err != nil && size > 0 {
+				s.clientErr = err
+				return
+			}
+		}
+		if err := readCRLF(br); err != nil {
+			s.clientErr = err
+			return
+		}
+	}
+}
+
+// readChunkSize reads a chunk's size line (extensions ignored).
+func readChunkSize(br *bufio.Reader) (int64, error) {
+	line, err := br.ReadSlice('\n')
+	if err != nil {
+		if errors.Is(err, bufio.ErrBufferFull) {
+			return 0, errChunked
+		}
+		if errors.Is(err, io.EOF) {
+			return 0, io.ErrUnexpectedEOF
+		}
+		return 0, err
+	}
+	if len(line) < 2 || line[len(line)-2] != '\r' {
+		return 0, errChunked
+	}
+	line = line[:len(line)-2]
+	for i, c := range line {
+		if c == ';' {
+			line = line[:i]
+			break
+		}
+	}
+	line = trimOWS(line)
+	if len(line) == 0 || len(line) > 15 {
+		return 0, errChunked
+	}
+	var n int64
+	for _, c := range line {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c -= 'a' - 10
+		case 'A' <= c && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return 0, errChunked
+		}
+		n = n<<4 | int64(c)
+	}
+	return n, nil
+}
+
+// readCRLF reads the CRLF after a chunk's data.
+func readCRLF(br *bufio.Reader) error {
+	b, err := br.Peek(2)
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return io.ErrUnexpectedEOF
+		}
+		return err
+	}
+	if b[0] != '\r' || b[1] != '\n' {
+		return errChunked
+	}
+	_, _ = br.Discard(2)
+	return nil
+}
+
+// maxTrailers bounds a chunked body's trailer section (dropped).
+const maxTrailers = 64 << 10
+
+// readTrailers reads a chunked body's trailer fields and the empty line
+// that ends it; they are dropped (as they always were).
+func readTrailers(br *bufio.Reader) error {
+	total := 0
+	for {
+		line, err := br.ReadSlice('\n')
+		total += len(line)
+		if err != nil || total > maxTrailers {
+			if err == nil || errors.Is(err, bufio.ErrBufferFull) {
+				return errChunked
+			}
+			if errors.Is(err, io.EOF) {
+				return io.ErrUnexpectedEOF
+			}
+			return err
+		}
+		if len(line) < 2 || line[len(line)-2] != '\r' {
+			return errChunked
+		}
+		if len(line) == 2 {
+			return nil
+		}
+	}
+}
+
+// How an answer's body is framed.
+const (
+	bodyNone = iota
+	bodyLength
+	bodyChunked
+	bodyClose
+)
+
+// answer relays the proxy's answer (its head is in cc.rh) to the client
+// and says whether the client's connection goes on.
+func (cc *clientConn) answer(st *relayState) (keep bool) {
+	g := cc.g
+	h, rh, uc := &cc.h, &cc.rh, st.uc
+	status := rh.status()
+	mode := bodyClose
+	switch {
+	case h.isHead || status == http.StatusNoContent || status == http.StatusNotModified:
+		mode = bodyNone
+	case rh.chunked:
+		mode = bodyChunked
+	case rh.length >= 0:
+		mode = bodyLength
+	}
+	toChunks := (mode == bodyChunked || mode == bodyClose) && !h.http10
+	keep = cc.keepAlive() && (mode == bodyNone || mode == bodyLength || toChunks)
+	upKeep := !rh.close && (!rh.http10 || rh.keepAlive) && mode != bodyClose
+
+	b := append((*cc.out)[:0], "HTTP/1.1 "...)
+	b = append(b, rh.line[1]...)
+	b = append(b, ' ')
+	b = append(b, rh.line[2]...)
+	b = append(b, "\r\n"...)
+	b = appendFields(b, rh.fields)
+	if mode == bodyLength || mode == bodyNone && rh.length >= 0 && status != http.StatusNoContent {
+		b = append(b, "Content-Length: "...)
+		b = strconv.AppendInt(b, rh.length, 10)
+		b = append(b, "\r\n"...)
+	}
+	if toChunks {
+		b = append(b, "Transfer-Encoding: chunked\r\n"...)
+	}
+	b = append(b, HeaderProxy+": "...)
+	b = append(b, st.p.ID...)
+	b = append(b, "\r\n"...)
+	b = cc.appendConnection(b, keep)
+	b = append(b, "\r\n"...)
+	if st.headLen > 0 {
+		_, _ = uc.br.Discard(st.headLen)
+	}
+
+	c := copier{cc: cc, up: uc.br, b: b}
+	switch mode {
+	case bodyNone:
+		c.flush()
+	case bodyLength:
+		c.length(rh.length)
+	case bodyChunked:
+		c.chunked(toChunks)
+	case bodyClose:
+		c.untilClose(toChunks)
+	}
+	*cc.out = c.b[:0]
+	g.m.bytesDown.Add(float64(c.n))
+
+	if s := st.sender; s != nil {
+		if !s.finish() {
+			s.abort(cc, uc)
+			keep, upKeep = false, false
+		}
+		g.m.bytesUp.Add(float64(s.n))
+		if s.clientErr != nil {
+			keep = false
+		}
+	}
+	cc.use(nil)
+	switch {
+	case c.clientErr != nil || isCanceled(c.upErr) || g.hard.Err() != nil:
+		g.m.request(kindHTTP, outcomeClientGone).Inc()
+		uc.c.Close()
+		return false
+	case c.upErr != nil:
+		// The proxy failed mid-answer: the client sees it cut (its
+		// length unmet, no last chunk) and the connection closed.
+		g.m.request(kindHTTP, outcomeOK).Inc()
+		g.log.Debug("gateway: the proxy's answer broke off", "proxy", st.p.ID, "err", c.upErr)
+		uc.c.Close()
+		return false
+	}
+	g.m.request(kindHTTP, outcomeOK).Inc()
+	cc.lastEnd = time.Now()
+	if upKeep {
+		g.pool.put(uc, cc.lastEnd)
+	} else {
+		uc.c.Close()
+	}
+	return keep
+}
+
+// copier writes an answer's body to the client after its head (in b).
+type copier struct {
+	cc        *clientConn
+	up        *bufio.Reader
+	b         []byte
+	n         int64 // body bytes
+	upErr     error
+	clientErr error
+}
+
+// flush writes what b holds.
+func (c *copier) flush() bool {
+	if len(c.b) == 0 {
+		return true
+	}
+	if err := c.cc.write(c.b); err != nil {
+		c.clientErr = err
+		return false
+	}
+	c.b = c.b[:0]
+	return true
+}
+
+// wait makes sure the proxy's reader holds at least one byte, writing
+// what b holds first if it must wait. false at the end (eof: the proxy
+// closed) or on an error.
+func (c *copier) wait() (ok, eof bool) {
+	if c.up.Buffered() > 0 {
+		return true, false
+	}
+	if !c.flush() {
+		return false, false
+	}
+	if _, err := c.up.Peek(1); err != nil {
+		if errors.Is(err, io.EOF) {
+			return false, true
+		}
+		c.upErr = err
+		return false, false
+	}
+	return true, false
+}
+
+// room makes room in b for at least n more bytes.
+func (c *copier) room(n int) bool {
+	if cap(c.b)-len(c.b) >= n {
+		return true
+	}
+	return c.flush() && cap(c.b) >= n
+}
+
+func (c *copier) length(n int64) {
+	for n > 0 {
+		if len(c.b) == cap(c.b) || c.up.Buffered() == 0 && len(c.b) > 0 {
+			if !c.flush() {
+				return
+			}
+		}
+		k, err := c.up.Read(c.b[len(c.b) : len(c.b)+int(min(n, int64(cap(c.b)-len(c.b))))])
+		c.b = c.b[:len(c.b)+k]
+		c.n += int64(k)
+		n -= int64(k)
+		if err != nil && n > 0 {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			c.flush()
+			c.upErr = err
+			return
+		}
+	}
+	c.flush()
+}
+
+// piece moves up to n buffered bytes of the proxy's into b, as a chunk
+// of its own if toChunks. It returns how many.
+func (c *copier) piece(n int64, toChunks bool) int {
+	if !c.room(64) {
+		return 0
+	}
+	k := int(min(n, int64(c.up.Buffered()), int64(cap(c.b)-len(c.b)-chunkRoom-2)))
+	data, _ := c.up.Peek(k)
+	if toChunks {
+		c.b = strconv.AppendInt(c.b, int64(k), 16)
+		c.b = append(c.b, "\r\n"...)
+	}
+	c.b = append(c.b, data...)
+	if toChunks {
+		c.b = append(c.b, "\r\n"...)
+	}
+	_, _ = c.up.Discard(k)
+	c.n += int64(k)
+	return k
+}
+
+// sizeLine waits until a chunk's size line is buffered whole (writing
+// what b holds first if it must wait) and reads it.
+func (c *copier) sizeLine() (int64, error) {
+	buf, _ := c.up.Peek(c.up.Buffered())
+	if !containsLF(buf) && !c.flush() {
+		return 0, c.clientErr
+	}
+	return readChunkSize(c.up)
+}
+
+func containsLF(b []byte) bool {
+	for _, x := range b {
+		if x == '\n' {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *copier) chunked(toChunks bool) {
+	for {
+		size, err := c.sizeLine()
+		if err != nil {
+			if c.clientErr == nil {
+				c.upErr = err
+			}
+			return
+		}
+		if size == 0 {
+			// No trailer (the common case): the end is buffered, and goes
+			// in one write with the last data; else write that first.
+			if buf, _ := c.up.Peek(c.up.Buffered()); (len(buf) < 2 || buf[0] != '\r' || buf[1] != '\n') && !c.flush() {
+				return
+			}
+			if err := readTrailers(c.up); err != nil {
+				c.upErr = err
+				return
+			}
+			break
+		}
+		for size > 0 {
+			if ok, eof := c.wait(); !ok {
+				if eof {
+					c.upErr = io.ErrUnexpectedEOF
+				}
+				return
+			}
+			size -= int64(c.piece(size, toChunks))
+			if c.clientErr != nil {
+				return
+			}
+		}
+		if c.up.Buffered() < 2 && !c.flush() {
+			return
+		}
+		if err := readCRLF(c.up); err != nil {
+			c.upErr = err
+			return
+		}
+	}
+	if toChunks {
+		c.b = append(c.b, "0\r\n\r\n"...)
+	}
+	c.flush()
+}
+
+func (c *copier) untilClose(toChunks bool) {
+	for {
+		ok, eof := c.wait()
+		if eof {
+			break
+		}
+		if !ok {
+			return
+		}
+		c.piece(int64(c.up.Buffered()), toChunks)
+		if c.clientErr != nil {
+			return
+		}
+	}
+	if toChunks {
+		c.b = append(c.b, "0\r\n\r\n"...)
+	}
+	c.flush()
+}

@@ -1,0 +1,130 @@
+package gateway
+
+import (
+	"bufio"
+	"errors"
+	"strings"
+	"testing"
+)
+
+// TestHeadParse: what the lean parser takes, and what it leaves to the
+// slow path (a request) or holds as a proxy's failure (an answer).
+func TestHeadParse(t *testing.T) {
+	for _, c := range []struct {
+		name, raw string
+		request   bool
+		want      error
+		check     func(t *testing.T, h *head)
+	}{
+		{"plain", "GET http://a/ HTTP/1.1\r\nHost: a\r\nX-A:  1 \r\n\r\n", true, nil, func(t *testing.T, h *head) {
+			if len(h.fields) != 2 || string(h.fields[1].value) != "1" || h.fields[0].kind != fieldHost || h.length != -1 || !h.idempotent {
+				t.Fatalf("%+v", h)
+			}
+		}},
+		{"connection tokens", "GET http://a/ HTTP/1.1\r\nConnection: close, X-Gone\r\nx-gone: 1\r\nKeep-Alive: 1\r\n\r\n", true, nil, func(t *testing.T, h *head) {
+			if !h.close || h.fields[1].kind != fieldHop || h.fields[2].kind != fieldHop {
+				t.Fatalf("%+v", h)
+			}
+		}},
+		{"http/1.0", "HEAD http://a/ HTTP/1.0\r\nProxy-Connection: keep-alive\r\n\r\n", true, nil, func(t *testing.T, h *head) {
+			if !h.http10 || !h.keepAlive || !h.isHead {
+				t.Fatalf("%+v", h)
+			}
+		}},
+		{"same length twice", "POST http://a/ HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n", true, nil, func(t *testing.T, h *head) {
+			if h.length != 3 || h.idempotent {
+				t.Fatalf("%+v", h)
+			}
+		}},
+		{"credentials and options", "GET http://a/ HTTP/1.1\r\nProxy-Authorization: Basic x\r\nProxy-Authorization: Basic y\r\nX-Proxyfleet-Session: s\r\nX-Proxyfleet-Labels: a=b\r\n\r\n", true, nil, func(t *testing.T, h *head) {
+			if string(h.auth) != "Basic x" || string(h.session) != "s" || string(h.labels) != "a=b" {
+				t.Fatalf("%+v", h)
+			}
+		}},
+		{"bare LF request", "GET http://a/ HTTP/1.1\nHost: a\n\n", true, errHeadSyntax, nil},
+		{"obs-fold request", "GET http://a/ HTTP/1.1\r\nX-A: 1\r\n 2\r\n\r\n", true, errHeadSyntax, nil},
+		{"space before colon", "GET http://a/ HTTP/1.1\r\nX-A : 1\r\n\r\n", true, errHeadSyntax, nil},
+		{"control in value", "GET http://a/ HTTP/1.1\r\nX-A: 1\x002\r\n\r\n", true, errHeadSyntax, nil},
+		{"HTTP/2.0", "GET http://a/ HTTP/2.0\r\n\r\n", true, errHeadSyntax, nil},
+		{"space in target", "GET http://a/ b HTTP/1.1\r\n\r\n", true, errHeadSyntax, nil},
+		{"chunked and length", "POST http://a/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", true, errHeadFraming, nil},
+		{"two lengths", "POST http://a/ HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n", true, errHeadFraming, nil},
+		{"bad length", "POST http://a/ HTTP/1.1\r\nContent-Length: +3\r\n\r\n", true, errHeadFraming, nil},
+		{"gzip coding", "POST http://a/ HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", true, errHeadFraming, nil},
+		{"odd expectation", "POST http://a/ HTTP/1.1\r\nExpect: magic\r\n\r\n", true, errHeadFraming, nil},
+		{"answer", "HTTP/1.1 204 No Content\r\nX-A: 1\r\n\r\n", false, nil, func(t *testing.T, h *head) {
+			if h.status() != 204 || string(h.line[2]) != "No Content" {
+				t.Fatalf("%+v", h)
+			}
+		}},
+		{"answer without reason", "HTTP/1.1 200\r\n\r\n", false, nil, nil},
+		{"answer LF and fold", "HTTP/1.0 200 OK\nX-A: 1\n\t2\nConnection: keep-alive\n\n", false, nil, func(t *testing.T, h *head) {
+			if !h.http10 || !h.keepAlive || strings.Join(strings.Fields(string(h.fields[0].value)), " ") != "1 2" {
+				t.Fatalf("%+v", h)
+			}
+		}},
+		{"answer chunked wins", "HTTP/1.1 200 OK\r\nContent-Length: 9\r\nTransfer-Encoding: chunked\r\n\r\n", false, nil, func(t *testing.T, h *head) {
+			if !h.chunked || h.length != -1 {
+				t.Fatalf("%+v", h)
+			}
+		}},
+		{"bad status", "HTTP/1.1 2000 OK\r\n\r\n", false, errHeadSyntax, nil},
+		{"not HTTP", "SSH-2.0-OpenSSH\r\n\r\n", false, errHeadSyntax, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var h head
+			raw := []byte(c.raw)
+			err := h.parse(raw, c.request)
+			if !errors.Is(err, c.want) || (err == nil) != (c.want == nil) {
+				t.Fatalf("parse: %v, want %v", err, c.want)
+			}
+			if err == nil && c.check != nil {
+				c.check(t, &h)
+			}
+		})
+	}
+}
+
+// TestPeekHead: a head's end is found in the buffer, however it came.
+func TestPeekHead(t *testing.T) {
+	for _, c := range []struct {
+		in     string
+		strict bool
+		want   string
+		err    error
+	}{
+		{"GET / HTTP/1.1\r\n\r\nbody\n\nmore", true, "GET / HTTP/1.1\r\n\r\n", nil},
+		{"GET / HTTP/1.1\n\n", true, "", errHeadSyntax},
+		{"HTTP/1.1 200 OK\n\nbody", false, "HTTP/1.1 200 OK\n\n", nil},
+		{"HTTP/1.1 200 OK\r\nA: b\r\n\r\n", false, "HTTP/1.1 200 OK\r\nA: b\r\n\r\n", nil},
+		{strings.Repeat("x", 100), true, "", errHeadTooLarge},
+	} {
+		br := bufio.NewReaderSize(strings.NewReader(c.in), 64)
+		raw, err := peekHead(br, c.strict, nil)
+		if string(raw) != c.want || !errors.Is(err, c.err) || (err == nil) != (c.err == nil) {
+			t.Errorf("%q: %q %v, want %q %v", c.in, raw, err, c.want, c.err)
+		}
+	}
+}
+
+// FuzzHeadParse: no head makes the parser panic, and what it takes
+// says a framing it can keep.
+func FuzzHeadParse(f *testing.F) {
+	for _, s := range []string{
+		"GET http://a/ HTTP/1.1\r\nHost: a\r\nConnection: x, close\r\nx: 1\r\n\r\n",
+		"HTTP/1.1 200 OK\nA: 1\n b\nContent-Length: 3\nTransfer-Encoding: chunked\n\n",
+		"POST http://a/ HTTP/1.0\r\nContent-Length: 12\r\nExpect: 100-continue\r\n\r\n",
+	} {
+		f.Add([]byte(s), true)
+		f.Add([]byte(s), false)
+	}
+	f.Fuzz(func(t *testing.T, raw []byte, request bool) {
+		var h head
+		if err := h.parse(raw, request); err != nil {
+			return
+		}
+		if h.chunked && h.length >= 0 || h.length < -1 {
+			t.Fatalf("framing %v %d", h.chunked, h.length)
+		}
+	})
+}

@@ -1,0 +1,365 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// relayState is one plain request's relay.
+type relayState struct {
+	p        Proxy
+	uc       *upConn     // the proxy connection that carries it
+	headLen  int         // the answer's head, still in uc.br (0: read already)
+	bodySent bool        // the request's body went with its head
+	sender   *bodySender // or goes on in a goroutine
+	upBytes  int64       // body bytes taken from the client
+}
+
+// consumeHead drops the request's head from the client's reader.
+func (cc *clientConn) consumeHead() {
+	if cc.headLen > 0 {
+		_, _ = cc.br.Discard(cc.headLen)
+		cc.headLen = 0
+	}
+}
+
+// keepAlive says whether the client's connection may carry another
+// request (its own wish, HTTP/1.0's default, the drain).
+func (cc *clientConn) keepAlive() bool {
+	h := &cc.h
+	return !h.close && (!h.http10 || h.keepAlive) && !cc.g.draining.Load()
+}
+
+// hasBody says whether the request has a body.
+func (cc *clientConn) hasBody() bool { return cc.h.length > 0 || cc.h.chunked }
+
+func (cc *clientConn) appendConnection(b []byte, keep bool) []byte {
+	switch {
+	case !keep:
+		return append(b, "Connection: close\r\n"...)
+	case cc.h.http10:
+		return append(b, "Connection: keep-alive\r\n"...)
+	}
+	return b
+}
+
+// authority is the host[:port] of an http:// target and the target with
+// a path (an empty one is "/"); ok false for a target the lean path does
+// not take (user info, a fragment, a bad port).
+func authority(target []byte) (host []byte, ok bool) {
+	rest := target[len("http://"):]
+	end := bytes.IndexAny(rest, "/?#")
+	if end < 0 {
+		end = len(rest)
+	}
+	host = rest[:end]
+	if len(host) == 0 || bytes.IndexByte(host, '@') >= 0 || bytes.IndexByte(rest, '#') >= 0 {
+		return nil, false
+	}
+	if i := bytes.LastIndexByte(host, ':'); i >= 0 && i > bytes.LastIndexByte(host, ']') {
+		if _, ok := parseLength(host[i+1:]); !ok && i+1 < len(host) {
+			return nil, false
+		}
+	}
+	return host, true
+}
+
+// authenticate checks the request's Proxy-Authorization (the last one
+// that passed on this connection is taken again without a hash). On a
+// refusal it has answered; keep says whether the connection goes on.
+func (cc *clientConn) authenticate(kind string) (u *user, o options, ok, keep bool) {
+	g := cc.g
+	a := cc.h.auth
+	if cc.authUser != nil && bytes.Equal(a, cc.authRaw) {
+		return cc.authUser, cc.authOpts, true, true
+	}
+	reason := authMissing
+	if len(a) > 0 {
+		reason = authWrong
+		if name, pw, found := basicCredentials(string(a)); found {
+			u, o, err := g.users.check(name, pw)
+			if err == nil {
+				cc.authRaw = append(cc.authRaw[:0], a...)
+				cc.authUser, cc.authOpts = u, o
+				return u, o, true, true
+			}
+			if !errors.Is(err, errAuth) {
+				g.m.request(kind, outcomeError).Inc()
+				return nil, o, false, cc.reply(http.StatusBadRequest, err.Error())
+			}
+		}
+	}
+	g.m.request(kind, outcomeAuth).Inc()
+	g.m.authFailures.WithLabelValues(kind, reason).Inc()
+	g.log.Debug("gateway: authentication failed", "kind", kind, "reason", reason, "remote", cc.c.RemoteAddr().String())
+	return nil, options{}, false, cc.reply(http.StatusProxyAuthRequired, "proxy authentication required", "Proxy-Authenticate: "+realm)
+}
+
+// admit runs what every request goes through before a proxy is picked:
+// credentials, the user's limit, the header options. ok false: it has
+// answered (keep: the connection goes on); else the caller releases u.
+func (cc *clientConn) admit(kind string) (u *user, o options, ok, keep bool) {
+	u, o, ok, keep = cc.authenticate(kind)
+	if !ok {
+		return nil, o, false, keep
+	}
+	if !u.acquire() {
+		cc.g.m.request(kind, outcomeLimit).Inc()
+		return nil, o, false, cc.reply(http.StatusTooManyRequests, fmt.Sprintf("too many connections at once for this user (at most %d)", u.max))
+	}
+	if cc.h.hasSession || cc.h.hasLabels {
+		if err := o.withHeaders(string(cc.h.session), string(cc.h.labels)); err != nil {
+			u.release()
+			cc.g.m.request(kind, outcomeError).Inc()
+			return nil, o, false, cc.reply(http.StatusBadRequest, err.Error())
+		}
+	}
+	return u, o, true, true
+}
+
+// fail answers a request no proxy carried, as answerFailure does.
+func (cc *clientConn) fail(kind string, err error) bool {
+	g := cc.g
+	var empty *emptyError
+	var failed *allFailed
+	switch {
+	case errors.As(err, &empty):
+		g.m.request(kind, outcomeEmpty).Inc()
+		return cc.reply(http.StatusServiceUnavailable, empty.Error(), "Retry-After: "+strconv.Itoa(int(math.Max(1, math.Ceil(g.cfg.RetryAfter.Seconds())))))
+	case errors.As(err, &failed):
+		g.m.request(kind, outcomeUpstreamFailed).Inc()
+		return cc.reply(http.StatusBadGateway, failed.Error())
+	case isCanceled(err):
+		g.m.request(kind, outcomeClientGone).Inc()
+		return false
+	}
+	g.m.request(kind, outcomeError).Inc()
+	g.log.Error("gateway: request failed", "kind", kind, "err", err)
+	return cc.reply(http.StatusBadGateway, err.Error())
+}
+
+// plain carries an absolute http:// request. keep: the connection goes
+// on; handed: it went to the slow path.
+func (cc *clientConn) plain(raw []byte) (keep, handed bool) {
+	g := cc.g
+	host, ok := authority(cc.h.line[1])
+	if !ok {
+		return false, cc.handOver()
+	}
+	cc.headLen = len(raw)
+	u, o, ok, keep := cc.admit(kindHTTP)
+	if !ok {
+		return keep, false
+	}
+	defer u.release()
+	g.m.flight(kindHTTP).Inc()
+	defer g.m.flight(kindHTTP).Dec()
+
+	req := cc.requestHead(host)
+	var st relayState
+	p, err := g.attempts(g.hard, kindHTTP, o, func(p Proxy) (bool, error) {
+		st.p = p
+		return cc.try(req, &st)
+	})
+	g.m.bytesUp.Add(float64(st.upBytes))
+	if err != nil {
+		keep := cc.fail(kindHTTP, err)
+		return keep && !cc.hasBody(), false
+	}
+	release := g.picker.Acquire(p)
+	keep = cc.answer(&st)
+	release()
+	return keep, false
+}
+
+// requestHead builds the head the proxy gets into cc.out: the request
+// line with the absolute target, Host from it, the client's fields but
+// the hop-by-hop ones and the gateway's own, the framing, and the
+// fleet's credential.
+func (cc *clientConn) requestHead(host []byte) []byte {
+	h := &cc.h
+	b := (*cc.out)[:0]
+	b = append(b, h.line[0]...)
+	b = append(b, ' ')
+	if t := h.line[1]; len(t) == len("http://")+len(host) || t[len("http://")+len(host)] == '?' {
+		b = append(b, t[:len("http://")+len(host)]...)
+		b = append(b, '/')
+		b = append(b, t[len("http://")+len(host):]...)
+	} else {
+		b = append(b, t...)
+	}
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, host...)
+	b = append(b, "\r\n"...)
+	b = appendFields(b, h.fields)
+	switch {
+	case h.chunked:
+		b = append(b, "Transfer-Encoding: chunked\r\n"...)
+	case h.length >= 0:
+		b = append(b, "Content-Length: "...)
+		b = strconv.AppendInt(b, h.length, 10)
+		b = append(b, "\r\n"...)
+	}
+	if a := cc.g.upstreamAuth; a != "" {
+		b = append(b, "Proxy-Authorization: "...)
+		b = append(b, a...)
+		b = append(b, "\r\n"...)
+	}
+	b = append(b, "\r\n"...)
+	*cc.out = b[:0]
+	return b
+}
+
+// appendFields appends the fields that are forwarded as they are.
+func appendFields(b []byte, fs []field) []byte {
+	for i := range fs {
+		if f := &fs[i]; f.kind == fieldOther {
+			b = append(b, f.name...)
+			b = append(b, ": "...)
+			b = append(b, f.value...)
+			b = append(b, "\r\n"...)
+		}
+	}
+	return b
+}
+
+// replayable: a request that may be sent again on a fresh connection to
+// the same proxy when a kept-alive one turns out closed (as
+// http.Transport: no body, an idempotent method).
+func (cc *clientConn) replayable() bool { return !cc.hasBody() && cc.h.idempotent }
+
+// try sends the request to st.p and reads its answer's head. retryable:
+// another proxy may be tried (the client's body was not touched).
+func (cc *clientConn) try(req []byte, st *relayState) (retryable bool, err error) {
+	g := cc.g
+	for attempt := 0; ; attempt++ {
+		var uc *upConn
+		now := time.Now()
+		if attempt == 0 {
+			uc = g.pool.get(st.p.Addr, now, !cc.replayable())
+		}
+		if uc == nil {
+			c, err := g.dial(g.hard, st.p.Addr)
+			if err != nil {
+				return st.upBytes == 0, err
+			}
+			uc = newUpConn(c, st.p.Addr)
+			now = time.Now() // (the clock is read once a request, but after a dial)
+		}
+		cc.use(uc)
+		uc.client.Store(cc)
+		err = cc.send(uc, req, st)
+		if err == nil {
+			err = cc.readAnswerHead(uc, st, now)
+		}
+		if err == nil {
+			st.uc = uc
+			return true, nil
+		}
+		uc.c.Close()
+		cc.use(nil)
+		if s := st.sender; s != nil {
+			st.sender = nil
+			s.abort(cc, uc)
+			st.upBytes += s.n
+			if s.clientErr != nil {
+				err = errClientLeft
+			}
+		}
+		var ue *upstreamError
+		if uc.reused && attempt == 0 && cc.replayable() && !isCanceled(err) && !errors.As(err, &ue) && !errors.Is(err, errResponseTimeout) {
+			continue // a kept-alive connection the proxy had closed: once more on a new one
+		}
+		return st.upBytes == 0, err
+	}
+}
+
+// send writes the request's head to the proxy, with its body when the
+// client sent it all already (one write), or starts the goroutine that
+// sends the body.
+func (cc *clientConn) send(uc *upConn, req []byte, st *relayState) error {
+	g := cc.g
+	h := &cc.h
+	if !cc.hasBody() {
+		cc.consumeHead()
+		_, err := uc.c.Write(req)
+		return err
+	}
+	if h.length > 0 && cc.br.Buffered() >= cc.headLen+int(h.length) && len(req)+int(h.length) <= outSize {
+		all, _ := cc.br.Peek(cc.headLen + int(h.length))
+		b := append(req, all[cc.headLen:]...)
+		if _, err := uc.c.Write(b); err != nil {
+			return err
+		}
+		cc.consumeHead()
+		_, _ = cc.br.Discard(int(h.length))
+		st.upBytes, st.bodySent = h.length, true
+		return nil
+	}
+	if _, err := uc.c.Write(req); err != nil {
+		return err
+	}
+	cc.consumeHead()
+	if h.expect100 && !h.http10 && !cc.sentContinue {
+		cc.sentContinue = true
+		if err := cc.write([]byte("HTTP/1.1 100 Continue\r\n\r\n")); err != nil {
+			return errClientLeft
+		}
+	}
+	cc.idleUntil = time.Time{}
+	if err := cc.c.SetReadDeadline(time.Time{}); err != nil {
+		return errClientLeft
+	}
+	uc.client.Store(nil) // the sender reads the client now
+	st.sender = cc.sendBody(uc, g.cfg.ResponseTimeout)
+	return nil
+}
+
+// readAnswerHead reads the proxy's answer's head into cc.rh (1xx
+// interim answers skipped), within the response timeout.
+func (cc *clientConn) readAnswerHead(uc *upConn, st *relayState, now time.Time) error {
+	if err := uc.arm(now, cc.g.cfg.ResponseTimeout, st.sender != nil); err != nil {
+		return err
+	}
+	for {
+		st.headLen = 0
+		raw, err := peekHead(uc.br, false, nil)
+		if errors.Is(err, errHeadTooLarge) {
+			raw, err = readLongHead(uc.br, &cc.acc, maxResponseHead)
+		} else if err == nil {
+			st.headLen = len(raw)
+		}
+		if errors.Is(err, errHeadSyntax) || errors.Is(err, errHeadTooLarge) {
+			return &upstreamError{causeOther, "malformed answer"}
+		}
+		if err != nil {
+			return err
+		}
+		if err := cc.rh.parse(raw, false); err != nil {
+			return &upstreamError{causeOther, "malformed answer"}
+		}
+		switch s := cc.rh.status(); {
+		case s == http.StatusSwitchingProtocols:
+			return &upstreamError{causeOther, "answered 101 Switching Protocols"}
+		case s < 200:
+			_, _ = uc.br.Discard(st.headLen) // interim (100 Continue, 103): not passed on
+			continue
+		case s == http.StatusProxyAuthRequired:
+			// The proxy's own answer: our credential is not its.
+			return &upstreamError{causeStatus, "answered 407 Proxy Authentication Required"}
+		}
+		uc.limit.Store(0)
+		return nil
+	}
+}
+
+// isCanceled: the client left, or the drain ran out.
+func isCanceled(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}

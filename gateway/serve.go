@@ -1,0 +1,351 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// The HTTP proxy's connections are served by a lean loop of the
+// gateway's own (this file, relay.go, body.go): one goroutine per client
+// connection reads a request head with the strict parser of head.go,
+// answers CONNECT, and relays an absolute http:// request over a
+// keep-alive connection to the picked proxy (pool.go) with a write for
+// the head (and a small body) and one for the answer's head (and what
+// came of its body), allocating nothing in the steady state. A request
+// it does not take (an https:// or origin-form target, a head it does
+// not parse, one larger than its buffer) hands the connection, with
+// what was read of it, to a net/http.Server whose handler is ServeHTTP:
+// the slow path, which answers everything as the gateway always did.
+
+const (
+	// clientReadSize is a client connection's read buffer: the largest
+	// request head the lean path takes.
+	clientReadSize = 8 << 10
+	// outSize is the buffer answers are written from.
+	outSize = 32 << 10
+	// maxResponseHead bounds a proxy's answer's head (as http.Transport).
+	maxResponseHead = 10 << 20
+)
+
+var (
+	clientReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, clientReadSize) }}
+	outBufs       = sync.Pool{New: func() any { b := make([]byte, 0, outSize); return &b }}
+)
+
+// Connection states, for the drain: an idle connection is closed at once.
+const (
+	connActive int32 = iota
+	connIdle
+	connClosed
+)
+
+// clientConn is one client connection of the lean path.
+type clientConn struct {
+	g  *Gateway
+	c  net.Conn
+	rc syscall.RawConn
+	br *bufio.Reader
+	h  head // the request's
+	rh head // the answer's
+	// out is the buffer heads and bodies are written from.
+	out *[]byte
+	acc []byte // a head too large for a reader's buffer
+
+	idleUntil time.Time // the read deadline set for the next request
+	lastEnd   time.Time // when the last answer ended (zero: not known)
+
+	// The last credential that passed, and what it gave: a connection
+	// sends the same one with every request.
+	authRaw  []byte
+	authUser *user
+	authOpts options
+
+	headLen      int  // the request's head, still in br (0: consumed)
+	sentContinue bool // 100 Continue went to the client for this request
+
+	state    atomic.Int32
+	stopping atomic.Bool            // the CONNECT watch is being stopped
+	up       atomic.Pointer[upConn] // the proxy connection in use, closed by Close
+	closed   atomic.Bool
+	peekBuf  [1]byte
+}
+
+// serveHTTP accepts the HTTP proxy's clients until ln is closed (stop
+// closed first: then it returns nil), each in a goroutine of its own.
+func (g *Gateway) serveHTTP(ln net.Listener, stop <-chan struct{}) error {
+	return g.accept(ln, stop, "HTTP", func(c net.Conn) {
+		cc := &clientConn{g: g, c: c}
+		if sc, ok := c.(syscall.Conn); ok {
+			cc.rc, _ = sc.SyscallConn()
+		}
+		g.track.add(cc)
+		go func() {
+			defer g.track.done(cc)
+			cc.serve()
+		}()
+	})
+}
+
+// Close closes the client's connection and the proxy connection in use
+// (the tracker's hard stop).
+func (cc *clientConn) Close() error {
+	cc.closed.Store(true)
+	cc.state.Store(connClosed)
+	if u := cc.up.Load(); u != nil {
+		u.c.Close()
+	}
+	return cc.c.Close()
+}
+
+// closeIfIdle closes the connection if it waits for a request (the
+// drain).
+func (cc *clientConn) closeIfIdle() {
+	if cc.state.CompareAndSwap(connIdle, connClosed) {
+		cc.c.Close()
+	}
+}
+
+// use records u as the proxy connection in use (nil: none), so a hard
+// stop closes it too.
+func (cc *clientConn) use(u *upConn) {
+	cc.up.Store(u)
+	if u != nil && cc.closed.Load() {
+		u.c.Close()
+	}
+}
+
+// gone says whether the client has left while it waits for an answer:
+// its connection was closed (or reset); bytes it sent meanwhile (a
+// pipelined request) say it is there.
+func (cc *clientConn) gone() bool {
+	if cc.closed.Load() {
+		return true
+	}
+	if cc.br != nil && cc.br.Buffered() > 0 || cc.rc == nil {
+		return false
+	}
+	r := peek(cc.rc, cc.peekBuf[:])
+	return r == peekEOF || r == peekError
+}
+
+// serve runs requests until the connection ends or is handed over.
+func (cc *clientConn) serve() {
+	g := cc.g
+	cc.br = clientReaders.Get().(*bufio.Reader)
+	cc.br.Reset(cc.c)
+	cc.out = outBufs.Get().(*[]byte)
+	handed := false
+	defer func() {
+		cc.release()
+		if !handed {
+			cc.c.Close()
+		}
+	}()
+	for {
+		// Idle: the drain may close it now.
+		cc.state.Store(connIdle)
+		if g.draining.Load() || cc.closed.Load() {
+			return
+		}
+		if cc.br.Buffered() == 0 {
+			// The deadline is set again only once it is more than a
+			// slack older than IdleTimeout (setting it costs; so does
+			// reading the clock: the last answer's end is taken).
+			now := cc.lastEnd
+			if now.IsZero() {
+				now = time.Now()
+			}
+			if cc.idleUntil.Sub(now) < g.cfg.IdleTimeout-min(time.Second, g.cfg.IdleTimeout/8) {
+				cc.idleUntil = now.Add(g.cfg.IdleTimeout)
+				if cc.c.SetReadDeadline(cc.idleUntil) != nil {
+					return
+				}
+			}
+			if _, err := cc.br.Peek(1); err != nil {
+				return
+			}
+		}
+		cc.lastEnd = time.Time{}
+		if !cc.state.CompareAndSwap(connIdle, connActive) {
+			return // closed by the drain
+		}
+		raw, err := peekHead(cc.br, true, func() error {
+			cc.idleUntil = time.Time{}
+			return cc.c.SetReadDeadline(time.Now().Add(g.cfg.HandshakeTimeout))
+		})
+		if err == nil {
+			err = cc.h.parse(raw, true)
+		}
+		cc.headLen, cc.sentContinue = 0, false
+		var keep bool
+		switch {
+		case errors.Is(err, errHeadSyntax), errors.Is(err, errHeadFraming), errors.Is(err, errHeadTooLarge):
+			handed = cc.handOver()
+			return
+		case err != nil:
+			return // the client left, or its head's time ran out
+		case string(cc.h.line[0]) == http.MethodConnect:
+			keep, handed = cc.connect(raw)
+			if handed {
+				return // the tunnel's now
+			}
+		case hasPrefixHTTP(cc.h.line[1]):
+			keep, handed = cc.plain(raw)
+			if handed {
+				return
+			}
+		default:
+			handed = cc.handOver()
+			return
+		}
+		if !keep {
+			return
+		}
+		cc.consumeHead() // (every answer that keeps the connection did)
+	}
+}
+
+func hasPrefixHTTP(target []byte) bool { return bytes.HasPrefix(target, []byte("http://")) }
+
+// release gives the connection's buffers back.
+func (cc *clientConn) release() {
+	if cc.br != nil {
+		cc.br.Reset(nil)
+		clientReaders.Put(cc.br)
+		cc.br = nil
+	}
+	if cc.out != nil {
+		if cap(*cc.out) <= 2*outSize { // not one grown for a huge head
+			*cc.out = (*cc.out)[:0]
+			outBufs.Put(cc.out)
+		}
+		cc.out = nil
+	}
+	cc.acc = nil
+	cc.h, cc.rh = head{}, head{}
+}
+
+// handOver gives the connection, with what was read of it, to the slow
+// path (net/http). It says whether the server took it.
+func (cc *clientConn) handOver() bool {
+	buffered, _ := cc.br.Peek(cc.br.Buffered())
+	pc := &prefixConn{Conn: cc.c, prefix: bytes.Clone(buffered)}
+	if cc.c.SetReadDeadline(time.Time{}) != nil {
+		return false
+	}
+	return cc.g.slow.give(pc)
+}
+
+// prefixConn is a connection handed to net/http: what the lean path had
+// read of it comes first.
+type prefixConn struct {
+	net.Conn
+	prefix []byte
+}
+
+func (c *prefixConn) Read(p []byte) (int, error) {
+	if len(c.prefix) > 0 {
+		n := copy(p, c.prefix)
+		c.prefix = c.prefix[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// chanListener is the slow path's listener: the connections the lean
+// path hands over.
+type chanListener struct {
+	addr   net.Addr
+	ch     chan net.Conn
+	done   chan struct{}
+	closed sync.Once
+}
+
+func newChanListener(addr net.Addr) *chanListener {
+	return &chanListener{addr: addr, ch: make(chan net.Conn), done: make(chan struct{})}
+}
+
+// give hands c to the server; false once it is closed.
+func (l *chanListener) give(c net.Conn) bool {
+	select {
+	case l.ch <- c:
+		return true
+	case <-l.done:
+		return false
+	}
+}
+
+func (l *chanListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *chanListener) Close() error {
+	l.closed.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *chanListener) Addr() net.Addr { return l.addr }
+
+// write writes b to the client.
+func (cc *clientConn) write(b []byte) error {
+	_, err := cc.c.Write(b)
+	return err
+}
+
+// reply answers the request with the gateway's own answer, as
+// http.Error does (text/plain, nosniff, the text and a newline); hdr
+// are more header lines ("Name: value"). It says whether the
+// connection may go on.
+func (cc *clientConn) reply(status int, text string, hdr ...string) bool {
+	b := cc.startHead(status)
+	for _, h := range hdr {
+		b = append(b, h...)
+		b = append(b, "\r\n"...)
+	}
+	b = append(b, "Content-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\n"...)
+	return cc.finishReply(b, []byte(text+"\n"))
+}
+
+// startHead starts an answer of the gateway's own in cc.out.
+func (cc *clientConn) startHead(status int) []byte {
+	b := append((*cc.out)[:0], "HTTP/1.1 "...)
+	b = strconv.AppendInt(b, int64(status), 10)
+	b = append(b, ' ')
+	b = append(b, http.StatusText(status)...)
+	b = append(b, "\r\nDate: "...)
+	b = time.Now().UTC().AppendFormat(b, http.TimeFormat)
+	return append(b, "\r\n"...)
+}
+
+// finishReply ends an answer of the gateway's own with its body, and
+// writes it. A request whose body was not read closes the connection.
+func (cc *clientConn) finishReply(b, body []byte) bool {
+	keep := cc.keepAlive() && !cc.hasBody()
+	b = append(b, "Content-Length: "...)
+	b = strconv.AppendInt(b, int64(len(body)), 10)
+	b = append(b, "\r\n"...)
+	b = cc.appendConnection(b, keep)
+	b = append(b, "\r\n"...)
+	b = append(b, body...)
+	*cc.out = b[:0]
+	if cc.write(b) != nil {
+		return false
+	}
+	if keep {
+		cc.consumeHead()
+	}
+	return keep
+}
