@@ -30,16 +30,27 @@ type startFixture struct {
 	passwords   map[string]string // by accounts.conf user
 }
 
+// natsPasswords are the passwords of accounts.conf's users in this
+// package's tests; TestMain puts them in the environment once (where
+// accounts.conf reads them), so that tests can run in parallel.
+var natsPasswords = map[string]string{
+	"admin": "admin-secret", "client": "client-secret", "worker": "worker-secret",
+	"health": "health-secret", "pools": "pools-secret", "sys": "sys-secret",
+}
+
+func setNATSPasswords() {
+	for u, pw := range natsPasswords {
+		k := "PROXYFLEET_" + strings.ToUpper(u) + "_PASSWORD"
+		if u == "sys" {
+			k = "NATS_SYS_PASSWORD"
+		}
+		os.Setenv(k, pw)
+	}
+}
+
 func newStartFixture(t *testing.T) startFixture {
 	t.Helper()
-	f := startFixture{passwords: map[string]string{}}
-	for _, u := range []string{"admin", "client", "worker", "health", "pools", "sys"} {
-		f.passwords[u] = u + "-secret"
-	}
-	for _, u := range []string{"admin", "client", "worker", "health", "pools"} {
-		t.Setenv("PROXYFLEET_"+strings.ToUpper(u)+"_PASSWORD", f.passwords[u])
-	}
-	t.Setenv("NATS_SYS_PASSWORD", f.passwords["sys"])
+	f := startFixture{passwords: natsPasswords}
 	opts, err := server.ProcessConfigFile("nats/accounts.conf")
 	if err != nil {
 		t.Fatal(err)
@@ -73,6 +84,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	setNATSPasswords()
 	code := m.Run()
 	if builtBin != "" {
 		os.RemoveAll(filepath.Dir(builtBin))
@@ -93,7 +105,12 @@ func buildOnce(t *testing.T) string {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(dir, "proxyfleet")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/proxyfleet").CombinedOutput(); err != nil {
+	// Static, as the image's (Dockerfile) and with its flags, so that the
+	// image's build and nats-server's (systemd_boot_test.go) reuse the
+	// compiled packages; it also runs in the test containers as it is.
+	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-o", bin, "../cmd/proxyfleet")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
 		os.RemoveAll(dir)
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -168,11 +185,12 @@ func ready(addr string) func() bool {
 // each connects as its own user, and the worker and health processes
 // become ready on their --http listener.
 func TestSystemdUnitsStart(t *testing.T) {
+	t.Parallel()
 	f := newStartFixture(t)
 	addrs := map[string]string{}
 	for _, r := range roleUnits {
-		if r.role == "serve" {
-			continue
+		if r.role == "serve" || r.role == "gateway" {
+			continue // serve alone; the gateway needs gateway.listen (systemd_boot_test.go starts both)
 		}
 		u := readUnit(t, filepath.Join("systemd", r.file))
 		args := strings.Fields(u.one(t, r.file, "Service", "ExecStart"))[1:]
@@ -201,6 +219,7 @@ func TestSystemdUnitsStart(t *testing.T) {
 // their env with the secrets' passwords, the config and the port of
 // --http=:PORT replaced.
 func TestK8sManifestsStart(t *testing.T) {
+	t.Parallel()
 	f := newStartFixture(t)
 	m := readManifests(t)
 	for _, r := range k8sRoles {
