@@ -246,6 +246,7 @@ func TestDockerfileBuildIsStatic(t *testing.T) {
 	t.Parallel()
 	_, stages := parseDockerfile(t, "../Dockerfile")
 	run, out := buildRun(t, stages[0])
+	buildOnce(t) // the same flags: this build then links only (see image_run_test.go)
 	bin := filepath.Join(t.TempDir(), "proxyfleet")
 	run = strings.Replace(run, "-o "+out, "-o "+bin, 1)
 	cmd := exec.Command("/bin/sh", "-c", run)
