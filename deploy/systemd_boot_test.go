@@ -213,7 +213,7 @@ func TestSystemdBoot(t *testing.T) {
 	t.Parallel()
 	root := nspawnRoot(t)
 	t0 := time.Now()
-	t.Cleanup(func() { t.Logf("both rounds took %s", time.Since(t0).Round(time.Millisecond)) })
+	t.Cleanup(func() { t.Logf("both rounds done %s after the root was ready", time.Since(t0).Round(time.Millisecond)) })
 	t.Run("roles", func(t *testing.T) {
 		t.Parallel()
 		systemdRoles(t, root)

@@ -264,7 +264,7 @@ func lookTool(t *testing.T, name string) string {
 				return filepath.Join(dir, name)
 			}
 		}
-		t.Fatalf("%s not found: install systemd (`make test` does, deploy/testhost/lib.sh)", name)
+		t.Fatalf("%s not found: install systemd and systemd-container (`make test` does, deploy/testhost/lib.sh)", name)
 	}
 	return p
 }
