@@ -8,7 +8,7 @@
 # The tests never write into root/: they boot it with --volatile=overlay (a
 # tmpfs over it that goes with the container).
 # Cached: a rerun with the same inputs (this script's content, the package
-# list, the suite, the mirrors, the output path) does nothing; a changed input
+# list, the suite, the mirrors) does nothing; a changed input
 # rebuilds; NSPAWN_FORCE=1 rebuilds anyway. The build happens in a temporary
 # directory that replaces $NSPAWN_DIR by rename: an interrupted build leaves
 # the old root or none, never a half one, and the next run removes what it
@@ -48,7 +48,7 @@ now_ms() { date +%s%3N; }
 
 stamp=$({
 	sha256sum <"${BASH_SOURCE[0]}"
-	printf '%s\n' "suite=$SUITE" "mirror=$MIRROR" "security=$SECURITY_MIRROR" "out=$out" \
+	printf '%s\n' "suite=$SUITE" "mirror=$MIRROR" "security=$SECURITY_MIRROR" \
 		"pkgs=${PKGS[*]}" "dpkg=${DPKG_OPTS[*]}"
 } | sha256sum | cut -d' ' -f1)
 
