@@ -9,7 +9,9 @@
 # The Go of go.mod's `go` line.
 ARG GO_VERSION=1.26
 
-FROM golang:${GO_VERSION}-bookworm AS build
+# Fully qualified: podman resolves no short name without a search registry
+# of its own config (docker reads "golang" as docker.io/library/golang).
+FROM docker.io/library/golang:${GO_VERSION}-bookworm AS build
 WORKDIR /src
 # Modules first, so a change of the sources reuses their layer.
 COPY go.mod go.sum ./
@@ -24,7 +26,8 @@ RUN CGO_ENABLED=0 GOOS=linux go build -trimpath -buildvcs=false \
       -o /out/proxyfleet ./cmd/proxyfleet
 
 # distroless static: CA certificates, tzdata, /etc/passwd with nonroot
-# (65532); nothing else.
+# (65532); nothing else. Where no registry can be reached, `make
+# image-local` builds the same image from scratch (deploy/image/).
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/proxyfleet /usr/local/bin/proxyfleet
 USER 65532:65532

@@ -6,11 +6,12 @@ BIN := bin/proxyfleet
 RUN_DIR := .run
 STATICCHECK_VERSION := v0.8.2
 # The image `make image` builds (its version and commit go into the binary)
-# and the engine that builds it (default: docker, else podman).
+# and the engine that builds it: docker if its daemon answers, else podman,
+# else docker (which then says what is wrong).
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 IMAGE ?= proxyfleet:$(VERSION)
-CONTAINER_ENGINE ?= $(shell command -v docker || command -v podman)
+CONTAINER_ENGINE ?= $(shell if docker info >/dev/null 2>&1; then command -v docker; else command -v podman || command -v docker; fi)
 # Tests that need the test host run against it; everything else runs anywhere.
 TEST_PKGS ?= ./...
 TEST_TIMEOUT ?= 40m
@@ -23,7 +24,7 @@ FUZZTIME ?= 20s
 FUZZPARALLEL ?= 1
 FUZZMINIMIZETIME ?= 100x
 
-.PHONY: help build image run run-sim test test-unit lint bench bench-sim clean fuzz guest-image
+.PHONY: help build image image-local run run-sim test test-unit lint bench bench-sim clean fuzz guest-image
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
@@ -37,6 +38,10 @@ image: ## build the container image proxyfleet:VERSION from the Dockerfile with 
 	@if [ -z "$(CONTAINER_ENGINE)" ]; then echo "make image: neither docker nor podman is installed; no image built" >&2; exit 1; fi; \
 	echo "$(CONTAINER_ENGINE) build -t $(IMAGE) --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -f Dockerfile ."; \
 	"$(CONTAINER_ENGINE)" build -t "$(IMAGE)" --build-arg "VERSION=$(VERSION)" --build-arg "COMMIT=$(COMMIT)" -f Dockerfile .
+
+image-local: ## the same image with no registry: the binary built here (as the Dockerfile builds it) on scratch, with this machine's CA certificates (deploy/image/)
+	@if [ -z "$(CONTAINER_ENGINE)" ]; then echo "make image-local: neither docker nor podman is installed; no image built" >&2; exit 1; fi; \
+	IMAGE="$(IMAGE)" ENGINE="$(CONTAINER_ENGINE)" VERSION="$(VERSION)" COMMIT="$(COMMIT)" bash deploy/image/build-local.sh
 
 run: build testhost ## set up the test host, then `proxyfleet serve` against it (embedded NATS, the gateway on 127.0.0.1:8888) in the foreground; GUEST=debian boots the real Debian guest
 	@bash deploy/run.sh

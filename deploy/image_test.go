@@ -177,8 +177,9 @@ func TestDockerfile(t *testing.T) {
 	// The build stage: Go of go.mod, a static build of ./cmd/proxyfleet
 	// with the version and commit, no build tags (so no kill points).
 	gv, ok := argDefault(global, "GO_VERSION")
-	if !ok || build.from != "golang:${GO_VERSION}-bookworm" {
-		t.Errorf("build stage FROM %s (ARG GO_VERSION %q): want golang:${GO_VERSION}-bookworm with a default", build.from, gv)
+	// Fully qualified: podman resolves no short name by default.
+	if !ok || build.from != "docker.io/library/golang:${GO_VERSION}-bookworm" {
+		t.Errorf("build stage FROM %s (ARG GO_VERSION %q): want docker.io/library/golang:${GO_VERSION}-bookworm with a default", build.from, gv)
 	}
 	if want := goLine(t); gv != want {
 		t.Errorf("ARG GO_VERSION=%s, go.mod says go %s", gv, want)
@@ -242,8 +243,10 @@ func TestDockerfile(t *testing.T) {
 // image build would, and reads the binary: statically linked, no
 // interpreter, no shared libraries.
 func TestDockerfileBuildIsStatic(t *testing.T) {
+	t.Parallel()
 	_, stages := parseDockerfile(t, "../Dockerfile")
 	run, out := buildRun(t, stages[0])
+	buildOnce(t) // the same flags: this build then links only (see image_run_test.go)
 	bin := filepath.Join(t.TempDir(), "proxyfleet")
 	run = strings.Replace(run, "-o "+out, "-o "+bin, 1)
 	cmd := exec.Command("/bin/sh", "-c", run)
@@ -315,5 +318,34 @@ func TestMakeImage(t *testing.T) {
 	}
 	if !strings.Contains(out, "neither docker nor podman") {
 		t.Errorf("make image with neither docker nor podman said %q", out)
+	}
+}
+
+// TestImageLocalBuildsAsDockerfile: `make image-local` (deploy/image/)
+// builds the binary with the Dockerfile's own command, each of its words
+// (the output path aside) in build-local.sh, and its Dockerfile has the
+// final stage's user and entrypoint.
+func TestImageLocalBuildsAsDockerfile(t *testing.T) {
+	_, stages := parseDockerfile(t, "../Dockerfile")
+	run, out := buildRun(t, stages[0])
+	b, err := os.ReadFile("image/build-local.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := strings.Join(strings.Fields(strings.ReplaceAll(string(b), "\\\n", " ")), " ")
+	for _, w := range strings.Fields(strings.Replace(run, "-o "+out, "", 1)) {
+		if !strings.Contains(script, w) {
+			t.Errorf("image/build-local.sh lacks %q of the Dockerfile's build: %s", w, run)
+		}
+	}
+	_, local := parseDockerfile(t, "image/Dockerfile.local")
+	final := stages[len(stages)-1]
+	if len(local) != 1 || local[0].from != "scratch" {
+		t.Fatalf("image/Dockerfile.local: %d stages, want one FROM scratch", len(local))
+	}
+	for _, cmd := range []string{"USER", "ENTRYPOINT", "CMD", "EXPOSE"} {
+		if got, want := local[0].last(t, cmd).args, final.last(t, cmd).args; got != want {
+			t.Errorf("image/Dockerfile.local %s %s, the Dockerfile's is %s", cmd, got, want)
+		}
 	}
 }

@@ -344,10 +344,15 @@ func checkK8sConfig(t *testing.T, m manifests, cfg *config.Config) {
 			}
 		}
 	}
+	// The files are the secret's keys, as docs/OPERATIONS.md makes it.
+	sshKeys := docSecrets(t)["proxyfleet-ssh"]
 	for _, h := range cfg.Hosts {
 		for _, f := range []string{h.SSH.KeyFile, h.SSH.KnownHosts} {
 			if sshMount == "" || path.Dir(f) != sshMount {
 				t.Errorf("host %s: %s is not in the worker's SSH secret mount %q", h.Name, f, sshMount)
+			}
+			if !slices.Contains(sshKeys, path.Base(f)) {
+				t.Errorf("host %s: %s is not a key of the secret proxyfleet-ssh docs/OPERATIONS.md makes (%v)", h.Name, f, sshKeys)
 			}
 		}
 	}

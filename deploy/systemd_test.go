@@ -72,17 +72,26 @@ var roleUnits = []struct{ role, file, natsUser string }{
 	{"health", "proxyfleet-health.service", "health"},
 	{"setup", "proxyfleet-setup.service", "admin"},
 	{"pools", "proxyfleet-pools.service", "pools"},
+	{"gateway", "proxyfleet-gateway.service", "client"},
+}
+
+// unitUser is the system user of deploy/systemd/proxyfleet.sysusers a
+// role's unit runs as: one per role, so that no role reads another's
+// secrets (systemd_boot_test.go shows it); serve's is proxyfleet.
+func unitUser(role string) string {
+	if role == "serve" {
+		return "proxyfleet"
+	}
+	return "proxyfleet-" + role
 }
 
 const binPath = "/usr/local/bin/proxyfleet"
 
 // accountsUsers loads deploy/nats/accounts.conf with the server's own
-// loader and returns its users.
+// loader (its passwords from the environment TestMain sets) and returns
+// its users.
 func accountsUsers(t *testing.T) map[string]bool {
 	t.Helper()
-	for _, k := range []string{"PROXYFLEET_ADMIN_PASSWORD", "PROXYFLEET_CLIENT_PASSWORD", "PROXYFLEET_WORKER_PASSWORD", "PROXYFLEET_HEALTH_PASSWORD", "PROXYFLEET_POOLS_PASSWORD", "NATS_SYS_PASSWORD"} {
-		t.Setenv(k, strings.ToLower(k))
-	}
 	opts, err := server.ProcessConfigFile("nats/accounts.conf")
 	if err != nil {
 		t.Fatalf("nats/accounts.conf: %v", err)
@@ -94,7 +103,7 @@ func accountsUsers(t *testing.T) map[string]bool {
 	return users
 }
 
-// TestSystemdUnits reads every unit: one per role, each as the
+// TestSystemdUnits reads every unit: one per role, each as its own
 // sysusers.d user, its credentials from its own environment file naming
 // a user of accounts.conf, nothing listening on a wildcard address, and
 // the hardening every unit shares.
@@ -113,7 +122,7 @@ func TestSystemdUnits(t *testing.T) {
 	if !slices.Equal(shipped, want) {
 		t.Errorf("deploy/systemd has units %v, want one per role %v", shipped, want)
 	}
-	sysUser := sysusersUser(t)
+	sysUsers := sysusersUsers(t)
 	hardening := map[string]string{
 		"NoNewPrivileges": "yes", "CapabilityBoundingSet": "", "AmbientCapabilities": "",
 		"ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes", "PrivateDevices": "yes",
@@ -125,8 +134,8 @@ func TestSystemdUnits(t *testing.T) {
 		t.Run(r.role, func(t *testing.T) {
 			u := readUnit(t, filepath.Join("systemd", r.file))
 			for _, k := range []string{"User", "Group"} {
-				if v := u.one(t, r.file, "Service", k); v != sysUser {
-					t.Errorf("%s=%s, the sysusers.d user is %s", k, v, sysUser)
+				if v := u.one(t, r.file, "Service", k); v != unitUser(r.role) || !sysUsers[v] {
+					t.Errorf("%s=%s, want %s, a user of proxyfleet.sysusers (%v)", k, v, unitUser(r.role), sysUsers)
 				}
 			}
 			args := strings.Fields(u.one(t, r.file, "Service", "ExecStart"))
@@ -150,8 +159,10 @@ func TestSystemdUnits(t *testing.T) {
 			}
 			env := u.get("Service", "EnvironmentFile")
 			if r.natsUser == "" {
-				if len(env) > 0 {
-					t.Errorf("EnvironmentFile=%v on a role that uses the embedded server", env)
+				// serve: the embedded server has no users; the proxies'
+				// password, if proxy.auth is set, may come from there.
+				if len(env) != 1 || env[0] != "-/etc/proxyfleet/serve.env" {
+					t.Errorf("EnvironmentFile=%v, want -/etc/proxyfleet/serve.env (optional)", env)
 				}
 			} else {
 				if len(env) != 1 || env[0] != "/etc/proxyfleet/"+r.natsUser+".env" {
@@ -184,10 +195,11 @@ func sdBool(v string) string {
 	return v
 }
 
-// sysusersUser applies deploy/systemd/proxyfleet.sysusers to an empty
-// root with systemd-sysusers and returns the user it creates: a system
-// user with no login shell.
-func sysusersUser(t *testing.T) string {
+// sysusersUsers applies deploy/systemd/proxyfleet.sysusers to an empty
+// root with systemd-sysusers and returns the users it creates: system
+// users with no login shell, each but serve's proxyfleet a member of the
+// group proxyfleet (which reads the config).
+func sysusersUsers(t *testing.T) map[string]bool {
 	t.Helper()
 	tool := lookTool(t, "systemd-sysusers")
 	abs, err := filepath.Abs("systemd/proxyfleet.sysusers")
@@ -201,25 +213,43 @@ func sysusersUser(t *testing.T) string {
 	if out, err := exec.Command(tool, "--root="+root, abs).CombinedOutput(); err != nil {
 		t.Fatalf("systemd-sysusers %s: %v\n%s", abs, err, out)
 	}
+	users := map[string]bool{}
 	b, err := os.ReadFile(filepath.Join(root, "etc/passwd"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) != 1 {
-		t.Fatalf("sysusers made %d users, want 1:\n%s", len(lines), b)
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.Split(line, ":")
+		if len(f) != 7 {
+			t.Fatalf("passwd line %q", line)
+		}
+		if uid, _ := strconv.Atoi(f[2]); uid == 0 || uid >= 1000 {
+			t.Errorf("user %s has uid %s: want a system uid (1-999)", f[0], f[2])
+		}
+		if f[6] != "/usr/sbin/nologin" {
+			t.Errorf("user %s has shell %s: want /usr/sbin/nologin", f[0], f[6])
+		}
+		users[f[0]] = true
 	}
-	f := strings.Split(lines[0], ":")
-	if len(f) != 7 {
-		t.Fatalf("passwd line %q", lines[0])
+	g, err := os.ReadFile(filepath.Join(root, "etc/group"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if uid, _ := strconv.Atoi(f[2]); uid == 0 || uid >= 1000 {
-		t.Errorf("user %s has uid %s: want a system uid (1-999)", f[0], f[2])
+	var members []string
+	for _, line := range strings.Split(strings.TrimSpace(string(g)), "\n") {
+		if f := strings.Split(line, ":"); len(f) == 4 && f[0] == "proxyfleet" && f[3] != "" {
+			members = strings.Split(f[3], ",")
+		}
 	}
-	if f[6] != "/usr/sbin/nologin" {
-		t.Errorf("user %s has shell %s: want /usr/sbin/nologin", f[0], f[6])
+	for _, r := range roleUnits {
+		if u := unitUser(r.role); u != "proxyfleet" && !slices.Contains(members, u) {
+			t.Errorf("%s is not in the group proxyfleet (members %v): it cannot read the config", u, members)
+		}
 	}
-	return f[0]
+	if len(users) != len(roleUnits) {
+		t.Errorf("sysusers made %d users %v, want one per role (%d)", len(users), users, len(roleUnits))
+	}
+	return users
 }
 
 // lookTool finds a systemd tool. The check needs it: `make test` installs
@@ -234,16 +264,16 @@ func lookTool(t *testing.T, name string) string {
 				return filepath.Join(dir, name)
 			}
 		}
-		t.Fatalf("%s not found: install systemd (`make test` does, deploy/testhost/lib.sh)", name)
+		t.Fatalf("%s not found: install systemd and systemd-container (`make test` does, deploy/testhost/lib.sh)", name)
 	}
 	return p
 }
 
-// TestSystemdAnalyze runs `systemd-analyze verify` on every unit (which
-// says, and exits 0, for an unknown key or a bad value: any output fails
-// the test) and `systemd-analyze security` (the exposure score of the
-// hardening, at most 2.0 of 10). Verify checks that ExecStart's binary
-// exists; the copies it reads run a stand-in for /usr/local/bin/proxyfleet.
+// TestSystemdAnalyze runs `systemd-analyze verify` on every unit, the
+// roles' and nats-server's (verify says, and exits 0, for an unknown key or
+// a bad value: any output fails the test) and `systemd-analyze security`
+// (the exposure score of the hardening, at most 2.0 of 10). Verify checks
+// that ExecStart's binary exists; the copies it reads run a stand-in.
 func TestSystemdAnalyze(t *testing.T) {
 	tool := lookTool(t, "systemd-analyze")
 	dir := t.TempDir()
@@ -252,16 +282,24 @@ func TestSystemdAnalyze(t *testing.T) {
 		t.Fatal(err)
 	}
 	var copies []string
+	files := []string{"nats/nats-server.service"}
 	for _, r := range roleUnits {
-		b, err := os.ReadFile(filepath.Join("systemd", r.file))
+		files = append(files, filepath.Join("systemd", r.file))
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !bytes.Contains(b, []byte("ExecStart="+binPath+" ")) {
-			t.Fatalf("%s: ExecStart does not run %s", r.file, binPath)
+		bin := binPath
+		if strings.HasPrefix(f, "nats/") {
+			bin = "/usr/local/bin/nats-server"
 		}
-		p := filepath.Join(dir, r.file)
-		if err := os.WriteFile(p, bytes.ReplaceAll(b, []byte(binPath), []byte(stand)), 0o644); err != nil {
+		if !bytes.Contains(b, []byte("ExecStart="+bin+" ")) {
+			t.Fatalf("%s: ExecStart does not run %s", f, bin)
+		}
+		p := filepath.Join(dir, filepath.Base(f))
+		if err := os.WriteFile(p, bytes.ReplaceAll(b, []byte(bin), []byte(stand)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		copies = append(copies, p)

@@ -79,8 +79,15 @@ func setup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	changes, err := rep.Setup(sctx)
+	// Run once, set-up reports to its caller in text; with --repair it is
+	// a daemon (proxyfleet-setup.service, the setup Deployment) whose
+	// output is its log: JSON there, a line per change, like serve's.
+	report := func(msg string) { fmt.Fprintln(stdout, msg) }
+	if *repair {
+		report = func(msg string) { log.Info("set-up: " + msg) }
+	}
 	for _, ch := range changes {
-		fmt.Fprintln(stdout, ch)
+		report(ch.String())
 	}
 	if err != nil {
 		var re *topology.RefusedError
@@ -90,7 +97,7 @@ func setup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("set-up: %w", err)
 	}
 	if len(changes) == 0 {
-		fmt.Fprintln(stdout, "every stream and bucket is as configured")
+		report("every stream and bucket is as configured")
 	}
 	if !*repair {
 		return nil

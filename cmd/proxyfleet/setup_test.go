@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/internal/natstest"
+	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
 	"proxyfleet/topology"
 )
@@ -73,6 +74,46 @@ func TestSetupVerb(t *testing.T) {
 	var re *topology.RefusedError
 	if !errors.As(err, &re) || re.Refused[0].Field != "storage" || !strings.Contains(err.Error(), "storage Memory → File") {
 		t.Fatalf("setup over a memory PROXY_DEAD: %v (stderr %q), want a refusal naming storage", err, stderr)
+	}
+}
+
+// `setup --repair` is a daemon (a unit, a Deployment): what it creates goes
+// into its JSON log, a line per change, and nothing to stdout, so that the
+// journal holds JSON only (deploy/systemd_boot_test.go reads it there).
+func TestSetupRepairLogsChanges(t *testing.T) {
+	srv := natstest.Start(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yaml")
+	writeFile(t, cfg, fmt.Sprintf("nats: {url: %q}\nhosts:\n  - {name: h1, driver: sim, sim: {dir: %q}}\n", srv.ClientURL(), dir))
+	var out, errOut syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, "setup", []string{"--config", cfg, "--repair", "--log-format", "json"}, &out, &errOut)
+	}()
+	ok := poll.Wait(30*time.Second, func() bool { return strings.Contains(errOut.String(), `"msg":"repairing`) })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("setup --repair: %v\n%s", err, errOut.String())
+	}
+	if !ok {
+		t.Fatalf("setup --repair never started repairing:\n%s", errOut.String())
+	}
+	if out.String() != "" {
+		t.Errorf("setup --repair printed %q to stdout, want nothing (its log has it)", out.String())
+	}
+	changes := 0
+	for _, l := range strings.Split(strings.TrimSpace(errOut.String()), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(l), &rec); err != nil {
+			t.Fatalf("setup --repair logged a line that is not JSON: %q", l)
+		}
+		if msg, _ := rec["msg"].(string); strings.HasPrefix(msg, "set-up: created ") {
+			changes++
+		}
+	}
+	if changes == 0 {
+		t.Errorf("no set-up: created ... in the log:\n%s", errOut.String())
 	}
 }
 

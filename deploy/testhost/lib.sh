@@ -20,7 +20,10 @@ URI=qemu:///system
 PKGS=(libxml2-utils libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86
 	qemu-utils openssh-server dnsmasq-base genisoimage busybox-static linux-image-amd64
 	iproute2 curl
-	systemd)   # systemd-analyze and systemd-sysusers: deploy/systemd_test.go checks the units
+	systemd            # systemd-analyze and systemd-sysusers: deploy/systemd_test.go checks the units
+	systemd-container  # systemd-nspawn: deploy/systemd_boot_test.go boots the units under systemd
+	mmdebstrap         # deploy/nspawn/build.sh: the Debian root it boots (and deploy/guest/build.sh)
+	podman runc)       # deploy/image_run_test.go builds the image (make image-local) and runs it
 
 export PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
 [ -x /usr/local/go/bin/go ] && case ":$PATH:" in *:/usr/local/go/bin:*) ;; *) PATH=$PATH:/usr/local/go/bin ;; esac

@@ -34,12 +34,22 @@ fi
 command -v go >/dev/null || die "go not found (expected /usr/local/go/bin/go)"
 
 # --- the test guest ---------------------------------------------------------
+# The Debian root deploy/systemd_boot_test.go boots under systemd-nspawn
+# (deploy/nspawn/; cached like the guests: a cold build takes about a
+# minute, here beside theirs).
+bash "$repo/deploy/nspawn/build.sh" >"$STATE/logs/nspawn-root.log" 2>&1 &
+nspawn_build=$!
 bash "$here/build-guest.sh"
 # The Debian proxy guest (deploy/guest/; cached: a rerun with the same inputs
 # takes well under a second, a cold build about three minutes).
 dg=${GUEST_DIR:-$repo/.guest}
 case "$dg" in /*) ;; *) dg=$PWD/$dg ;; esac
 GUEST_DIR=$dg bash "$repo/deploy/guest/build.sh"
+if ! wait "$nspawn_build"; then
+	cat "$STATE/logs/nspawn-root.log" >&2
+	die "deploy/nspawn/build.sh failed"
+fi
+log "$(tail -n 1 "$STATE/logs/nspawn-root.log")"
 
 # --- network namespace ------------------------------------------------------
 if ! ip netns exec "$NS" true 2>/dev/null; then
