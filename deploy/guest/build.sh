@@ -221,6 +221,7 @@ mmdebstrap --mode=root --variant=minbase --components=main --quiet \
 	--include="$(IFS=,; echo "${PKGS[*]}")" \
 	"${dpkg_args[@]}" \
 	--aptopt='Acquire::Languages "none"' \
+	--aptopt='Acquire::Retries "5"' \
 	--customize-hook="$stage/customize.sh \"\$1\"" \
 	"$SUITE" "$root" \
 	"deb $MIRROR $SUITE main" \

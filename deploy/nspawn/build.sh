@@ -120,6 +120,7 @@ mmdebstrap --mode=root --variant=minbase --components=main --quiet \
 	--include="$(IFS=,; echo "${PKGS[*]}")" \
 	"${dpkg_args[@]}" \
 	--aptopt='Acquire::Languages "none"' \
+	--aptopt='Acquire::Retries "5"' \
 	--customize-hook="$new/customize.sh \"\$1\"" \
 	"$SUITE" "$new/root" \
 	"deb $MIRROR $SUITE main" \
