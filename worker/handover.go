@@ -88,11 +88,17 @@ func (c *consumerRun) deliver(ctx context.Context, msg jetstream.Msg) {
 	c.pool.submit(ctx, msg, c.handle)
 }
 
-// claim publishes a claim of the host (see above).
+// claim publishes a claim of the host (see above), without waiting for
+// its ack: the membership's loop claims every host it pulls without a
+// pin, once a heartbeat, and a loaded server answering each in turn held
+// that loop past Liveness, so the others counted this worker dead (and it
+// them), and every worker came to pull every host. A claim lost is made
+// again at the next heartbeat.
 func (c *consumerRun) claim(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, max(c.w.cfg.Heartbeat, time.Second))
-	defer cancel()
-	if _, err := c.w.js.Publish(ctx, c.w.subj.Work(c.host, claimToken), nil); err != nil && ctx.Err() == nil {
+	if ctx.Err() != nil {
+		return
+	}
+	if _, err := c.w.js.PublishAsync(c.w.subj.Work(c.host, claimToken), nil); err != nil {
 		c.w.log.Debug("publish claim", "host", c.host, "err", err)
 	}
 }

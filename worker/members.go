@@ -47,6 +47,12 @@ type membership struct {
 	assignedOwners map[string]string
 
 	viewedOnce atomic.Bool // viewed, for readers outside the run loop (Ready)
+
+	// heard is when the view last learnt something (an update of the
+	// watch, or a read); wrote, when this worker's record was last
+	// written. A watch that has delivered nothing for Liveness since a
+	// write it should have seen is stuck (see run).
+	heard, wrote time.Time
 }
 
 // idleOwner is a host's assigned worker, seen not pulling it since since.
@@ -114,9 +120,13 @@ func (m *membership) beat(ctx context.Context, state string) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, max(m.w.cfg.Heartbeat, time.Second))
 	defer cancel()
-	if _, err := m.kv.Put(ctx, m.self.ID, b); err != nil && ctx.Err() == nil {
-		m.w.log.Warn("write worker record", "bucket", messages.BucketWorkers, "err", err)
+	if _, err := m.kv.Put(ctx, m.self.ID, b); err != nil {
+		if ctx.Err() == nil {
+			m.w.log.Warn("write worker record", "bucket", messages.BucketWorkers, "err", err)
+		}
+		return
 	}
+	m.wrote = m.w.now()
 }
 
 // leave deletes the worker's record: it has stopped. Past ctx it gives up:
@@ -159,7 +169,18 @@ func (m *membership) refresh(ctx, watchCtx context.Context) {
 		return
 	}
 	m.recs, m.viewed = recs, true
+	m.heard = m.w.now()
 	m.viewedOnce.Store(true)
+}
+
+// stuck reports whether the watch has delivered nothing for Liveness
+// though this worker wrote its record since it last did: the watch sees
+// every key, this one's own too, so it has stopped delivering (nats.go's
+// watch of a loaded server was seen to stall so, without ending: every
+// worker then counted the others dead and pulled every host).
+func (m *membership) stuck() bool {
+	return m.watcher != nil && m.viewed && m.wrote.After(m.heard) &&
+		m.w.now().Sub(m.heard) >= m.w.cfg.Liveness
 }
 
 // readAll reads every record directly: the subjects of the bucket's
@@ -255,8 +276,16 @@ func (m *membership) run(ctx context.Context) {
 			return
 		case <-t.C:
 			m.beat(ctx, messages.WorkerActive)
+			if m.stuck() {
+				m.w.log.Warn("worker records: the watch delivered nothing since this worker's last write; watching and reading them again",
+					"silent", m.w.now().Sub(m.heard).Round(time.Millisecond))
+				m.stopWatch()
+			}
 			if m.watcher == nil || !m.viewed {
-				m.refresh(ctx, ctx)
+				// Bounded like a beat: the loop must go on beating.
+				rctx, cancel := context.WithTimeout(ctx, max(m.w.cfg.Heartbeat, time.Second))
+				m.refresh(rctx, ctx)
+				cancel()
 			}
 			m.reconcile()
 			m.claim(ctx)
@@ -272,6 +301,7 @@ func (m *membership) run(ctx context.Context) {
 				m.stopWatch()
 				continue
 			}
+			m.heard = m.w.now()
 			m.apply(e)
 		}
 		m.reconcile()

@@ -31,23 +31,51 @@ type member struct {
 
 // liveMembers returns the records hosts are shared over at now, sorted by
 // id: those of active workers whose time (At, the writer's clock) is
-// younger than liveness by the reader's clock. A record the bucket's TTL
+// younger than liveness by the view's clock (viewClock): the reader's
+// clock, or the newest time the view holds if that is older, so that a
+// view that lags (its watch behind a loaded server) ages every record
+// alike and counts none dead for its own lag. A record the bucket's TTL
 // would have removed (stored longer ago than topology.WorkersTTL) is not live
 // whatever its time says: that is the backstop against a writer whose clock
 // runs ahead. self, this worker's own record, is always a member (its
 // writes may fail while it runs).
 func liveMembers(recs map[string]member, self messages.WorkerRecord, now time.Time, liveness time.Duration) []messages.WorkerRecord {
 	out := []messages.WorkerRecord{self}
+	at := viewClock(recs, now)
 	for id, m := range recs {
 		switch {
 		case id == self.ID, m.rec.State != messages.WorkerActive,
-			now.Sub(m.rec.At) >= liveness, now.Sub(m.stored) >= topology.WorkersTTL:
+			at.Sub(m.rec.At) >= liveness, now.Sub(m.stored) >= topology.WorkersTTL:
 			continue
 		}
 		out = append(out, m.rec)
 	}
 	slices.SortFunc(out, func(a, b messages.WorkerRecord) int { return cmp.Compare(a.ID, b.ID) })
 	return out
+}
+
+// viewClock is the time the records are judged at: now, or the newest
+// time (At) of an active record of the view if that is older. Every
+// worker renews its record every heartbeat, this one's own among them, so
+// a view that is up to date holds a record about a heartbeat old and
+// judges at about now; one whose watch fell behind (a server too loaded
+// to deliver in time) judges at the time it has reached, and one whose
+// watch stopped judges at the time it stopped (the membership notices a
+// watch that delivers nothing and reads the records again: see run).
+// Without it, each worker of a loaded fleet counted the others dead as
+// soon as its view lagged by Liveness, and pulled every host
+// (issue 18's 50,000 run: all ten pulled all 500).
+func viewClock(recs map[string]member, now time.Time) time.Time {
+	var newest time.Time
+	for _, m := range recs {
+		if m.rec.State == messages.WorkerActive && m.rec.At.After(newest) {
+			newest = m.rec.At
+		}
+	}
+	if newest.IsZero() || newest.After(now) {
+		return now
+	}
+	return newest
 }
 
 // weight is the rendezvous weight of worker id for host: the worker with

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"proxyfleet/messages"
 	"proxyfleet/topology"
 )
@@ -193,3 +195,57 @@ func TestAssignmentFollowsTheMembership(t *testing.T) {
 		t.Errorf("h13 assigned to %q, want %s, the only worker that executes it", got, other)
 	}
 }
+
+// A view that lags (its watch behind a loaded server, or stopped) counts
+// no record dead for its own lag: every record, this worker's own among
+// them, is as old as the view. The form that judged by the reader's clock
+// alone counted "fresh" and "peer" dead here (issue 18's 50,000 run:
+// every worker pulled every host). Only a record older than the view's
+// newest by the window is dead.
+func TestLiveMembersOfALaggingView(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	self := messages.WorkerRecord{ID: "me", State: messages.WorkerActive, Hosts: []string{"h1"}}
+	rec := func(id string, age time.Duration) member {
+		return member{rec: messages.WorkerRecord{ID: id, State: messages.WorkerActive, At: now.Add(-age), Hosts: []string{"h1"}}, stored: now.Add(-age)}
+	}
+	lag := 20 * time.Second
+	recs := map[string]member{
+		"me":   rec("me", lag),
+		"peer": rec("peer", lag+time.Second),
+		"dead": rec("dead", lag+6*time.Second),
+	}
+	var ids []string
+	for _, r := range liveMembers(recs, self, now, 6*time.Second) {
+		ids = append(ids, r.ID)
+	}
+	if want := []string{"me", "peer"}; !slices.Equal(ids, want) {
+		t.Errorf("live: %v, want %v", ids, want)
+	}
+}
+
+// A watch that delivers nothing for Liveness after this worker wrote its
+// record is stuck; one that has delivered since, or before any write,
+// is not.
+func TestMembershipNoticesAStuckWatch(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	w := &Worker{cfg: Config{Liveness: 6 * time.Second, Heartbeat: 2 * time.Second}, now: func() time.Time { return now }}
+	m := &membership{w: w, viewed: true, watcher: stuckWatcher{}}
+	m.heard, m.wrote = now.Add(-7*time.Second), now.Add(-time.Second)
+	if !m.stuck() {
+		t.Error("silent for 7s since a write 1s ago: not counted stuck")
+	}
+	m.heard = now.Add(-500 * time.Millisecond)
+	if m.stuck() {
+		t.Error("delivered 0.5s ago: counted stuck")
+	}
+	m.heard, m.wrote = now.Add(-7*time.Second), now.Add(-8*time.Second)
+	if m.stuck() {
+		t.Error("nothing written since it last delivered: counted stuck")
+	}
+}
+
+// stuckWatcher is a KeyWatcher that never delivers.
+type stuckWatcher struct{}
+
+func (stuckWatcher) Updates() <-chan jetstream.KeyValueEntry { return nil }
+func (stuckWatcher) Stop() error                             { return nil }
