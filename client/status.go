@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -300,41 +301,70 @@ func (c *Client) List(ctx context.Context, opts ...ListOption) ([]Status, error)
 		return s
 	}
 
+	// The four reads at once: each is a round trip per batch, and a fleet
+	// of 50,000 is four reads of 50,000.
+	var (
+		desired = map[string]*messages.Desired{}
+		events  map[string]*messages.StateEvent
+		results map[string]*messages.Result
+		checks  map[string]*messages.CheckRecord
+		errs    [4]error
+		wg      sync.WaitGroup
+	)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	read := func(i int, f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if errs[i] = f(); errs[i] != nil {
+				cancel() // the others' results are of no use
+			}
+		}()
+	}
 	if !unread {
-		kv, err := c.bucket(ctx, messages.BucketDesired)
+		read(0, func() error {
+			kv, err := c.bucket(rctx, messages.BucketDesired)
+			if err != nil {
+				return err
+			}
+			err = readBucket(rctx, kv, func(e jetstream.KeyValueEntry) error {
+				var d messages.Desired
+				if err := json.Unmarshal(e.Value(), &d); err != nil {
+					return fmt.Errorf("decode desired record of %s: %w", e.Key(), err)
+				}
+				desired[e.Key()] = &d
+				return nil
+			})
+			if err != nil {
+				return fmt.Errorf("read %s: %w", messages.BucketDesired, err)
+			}
+			return nil
+		})
+	}
+	read(1, func() (err error) { events, err = c.latestEvents(rctx); return err })
+	read(2, func() (err error) { results, err = c.latestResults(rctx); return err })
+	read(3, func() (err error) { checks, err = c.checks(rctx); return err })
+	wg.Wait()
+	for _, err := range errs {
+		// The first that failed, not one cancelled because of it.
+		if err != nil && !errors.Is(err, context.Canceled) {
+			return nil, err
+		}
+	}
+	for _, err := range errs {
 		if err != nil {
 			return nil, err
 		}
-		err = readBucket(ctx, kv, func(e jetstream.KeyValueEntry) error {
-			var d messages.Desired
-			if err := json.Unmarshal(e.Value(), &d); err != nil {
-				return fmt.Errorf("decode desired record of %s: %w", e.Key(), err)
-			}
-			get(e.Key()).Desired = &d
-			return nil
-		})
-		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", messages.BucketDesired, err)
-		}
 	}
-
-	events, err := c.latestEvents(ctx)
-	if err != nil {
-		return nil, err
+	for id, d := range desired {
+		get(id).Desired = d
 	}
 	for id, ev := range events {
 		get(id).Event = ev
 	}
-	results, err := c.latestResults(ctx)
-	if err != nil {
-		return nil, err
-	}
 	for id, r := range results {
 		get(id).Result = r
-	}
-	checks, err := c.checks(ctx)
-	if err != nil {
-		return nil, err
 	}
 	for id, chk := range checks {
 		if s := byID[id]; s != nil {
@@ -493,6 +523,10 @@ func readBucket(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.Ke
 	}
 }
 
+// readBatch is the messages a reader asks for at once: a fleet of 50,000
+// is read in 25 round trips, not 200.
+const readBatch = 2048
+
 // readStream calls fn with every message of name on filter from the start
 // the deliver policy gives up to the stream's end at the time of the call,
 // through a short-lived ephemeral consumer.
@@ -525,7 +559,7 @@ func (c *Client) readStream(ctx context.Context, name, filter string, policy jet
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		batch, err := cons.FetchNoWait(256)
+		batch, err := cons.FetchNoWait(readBatch)
 		if err != nil {
 			return fmt.Errorf("read %s: %w", name, err)
 		}
