@@ -42,6 +42,7 @@ type fleet50kOpts struct {
 	syncAlways bool
 	profileDir string // worker profiles (CPU during the burst, heap after), if set
 	profileFor time.Duration
+	hold       time.Duration // keep the fleet up after measuring, for a look by hand
 }
 
 // Bounds of issue 18, at every size.
@@ -81,7 +82,8 @@ type fleet50kResult struct {
 	inRotation           time.Duration
 	stages               string
 	workerHWM, healthHWM []float64 // MiB, per process
-	maxMsg, rotBytes     int64     // on the rotation subjects
+	maxMsg, rotBytes     int64     // on the rotation subjects (maxMsg: the feed's)
+	maxSnap              int64     // the largest on the v1 snapshot subject
 	rotMsgs              int64
 	changes              int64 // entries put or deleted in PROXY_ROTATION
 	meterLost            string
@@ -250,7 +252,7 @@ func fleet50kRun(ctx context.Context, b *bench, bin string, n int) (res fleet50k
 	}
 	res.changes += drainChanges(watch)
 	res.stages = stages.String() // the results that came after the last entry too
-	res.maxMsg, res.rotBytes, res.rotMsgs, res.meterLost = meter.read()
+	res.maxMsg, res.maxSnap, res.rotBytes, res.rotMsgs, res.meterLost = meter.read()
 	res.verbs, res.verbErrs = timeVerbs(ctx, bin, cfg, n)
 	res.warnings = procs.warningsSince(quietFrom)
 	for _, p := range procs.workers {
@@ -263,8 +265,14 @@ func fleet50kRun(ctx context.Context, b *bench, bin string, n int) (res fleet50k
 	if o.profileDir != "" {
 		procs.profileHeaps(b, o, n)
 	}
-	b.log.Printf("fleet50k %d: worker peak RSS %v MiB, health %v MiB; rotation subjects: %d messages, %d bytes, largest %d; %d changes; %d warnings; verbs %v",
-		n, res.workerHWM, res.healthHWM, res.rotMsgs, res.rotBytes, res.maxMsg, res.changes, len(res.warnings), res.verbs)
+	b.log.Printf("fleet50k %d: worker peak RSS %v MiB, health %v MiB; rotation subjects: %d messages, %d bytes, largest %d on the feed, %d on the snapshot subject; %d changes; %d warnings; verbs %v",
+		n, res.workerHWM, res.healthHWM, res.rotMsgs, res.rotBytes, res.maxMsg, res.maxSnap, res.changes, len(res.warnings), res.verbs)
+	if o.hold > 0 {
+		b.log.Printf("fleet50k %d: holding the fleet for %s: proxyfleet --config %s", n, o.hold, cfg)
+		if err := sleepCtx(ctx, o.hold); err != nil {
+			return res, err
+		}
+	}
 	return res, nil
 }
 

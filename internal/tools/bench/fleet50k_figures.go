@@ -60,8 +60,8 @@ func fleet50kFigures(o fleet50kOpts, results []fleet50kResult) sectionResult {
 			lost = " (" + r.meterLost + ": the figures are a floor)"
 		}
 		add(figure{Key: k + "rotation_max_msg_kib", Value: float64(r.maxMsg) / 1024, Unit: "KiB", Target: atMost(boundMaxMsgKiB),
-			Ours: fmt.Sprintf("%d messages on the rotation subjects, %.1f MiB in all%s", r.rotMsgs, float64(r.rotBytes)/(1<<20), lost),
-			How:  how + " A core subscriber of `<prefix>.rotation` and `<prefix>.rotation.>` on a connection of its own, from before the first publish until the end of the quiet window: the largest message (payload and headers)."}, "largest rotation message (KiB)", n)
+			Ours: fmt.Sprintf("%d messages on the rotation subjects, %.1f MiB in all%s; the largest on the v1 snapshot subject %.0f KiB", r.rotMsgs, float64(r.rotBytes)/(1<<20), lost, float64(r.maxSnap)/1024),
+			How:  how + " A core subscriber of `<prefix>.rotation` and `<prefix>.rotation.>` on a connection of its own, from before the first publish until the end of the quiet window: the largest message (payload and headers) of the feed (`<prefix>.rotation.>`: its changes and heartbeats). The v1 snapshot subject `<prefix>.rotation` is kept for fleets where the whole rotation fits in one message and is O(fleet) by what it is: its largest message is `health.snapshot_max_bytes` at most (default the server's max_payload, 1 MiB; an operator whose subscribers all follow the feed sets 65536), and beyond that it carries a notice (truncated) of a few hundred bytes; its largest is given beside the figure, and its bytes count in the bytes per change."}, "largest feed message (KiB)", n)
 		perChange := 0.0
 		if r.changes > 0 {
 			perChange = float64(r.rotBytes) / float64(r.changes)

@@ -268,7 +268,8 @@ func fetchTo(url, path string, timeout time.Duration) error {
 type rotationMeter struct {
 	nc                  *nats.Conn
 	subs                []*nats.Subscription
-	maxMsg, bytes, msgs atomic.Int64
+	maxMsg, bytes, msgs atomic.Int64 // maxMsg: on the feed's subjects, <prefix>.rotation.>
+	maxSnap             atomic.Int64 // the largest on the v1 snapshot subject, <prefix>.rotation
 	trouble             atomic.Int64 // slow consumer errors, disconnects
 }
 
@@ -282,7 +283,11 @@ func newRotationMeter(url string, subj messages.Subjects) (*rotationMeter, error
 	}
 	m.nc = nc
 	for _, s := range []string{subj.Rotation(), subj.Rotation() + ".>"} {
-		sub, err := nc.Subscribe(s, m.count)
+		largest := &m.maxMsg
+		if s == subj.Rotation() {
+			largest = &m.maxSnap
+		}
+		sub, err := nc.Subscribe(s, func(msg *nats.Msg) { m.count(msg, largest) })
 		if err != nil {
 			nc.Close()
 			return nil, err
@@ -295,7 +300,7 @@ func newRotationMeter(url string, subj messages.Subjects) (*rotationMeter, error
 
 // count adds one message: its payload and headers as the wire carries
 // them.
-func (m *rotationMeter) count(msg *nats.Msg) {
+func (m *rotationMeter) count(msg *nats.Msg, largest *atomic.Int64) {
 	n := int64(len(msg.Data))
 	for k, vs := range msg.Header {
 		for _, v := range vs {
@@ -305,16 +310,17 @@ func (m *rotationMeter) count(msg *nats.Msg) {
 	m.msgs.Add(1)
 	m.bytes.Add(n)
 	for {
-		cur := m.maxMsg.Load()
-		if n <= cur || m.maxMsg.CompareAndSwap(cur, n) {
+		cur := largest.Load()
+		if n <= cur || largest.CompareAndSwap(cur, n) {
 			break
 		}
 	}
 }
 
-// read returns the largest message, the bytes and the messages counted,
-// and what may have been missed.
-func (m *rotationMeter) read() (maxMsg, bytes, msgs int64, lost string) {
+// read returns the largest message on the feed's subjects and on the
+// snapshot's, the bytes and the messages counted, and what may have been
+// missed.
+func (m *rotationMeter) read() (maxMsg, maxSnap, bytes, msgs int64, lost string) {
 	var dropped int
 	for _, s := range m.subs {
 		if d, err := s.Dropped(); err == nil {
@@ -324,7 +330,7 @@ func (m *rotationMeter) read() (maxMsg, bytes, msgs int64, lost string) {
 	if dropped > 0 || m.trouble.Load() > 0 {
 		lost = fmt.Sprintf("the meter dropped %d messages and saw %d slow-consumer errors or disconnects", dropped, m.trouble.Load())
 	}
-	return m.maxMsg.Load(), m.bytes.Load(), m.msgs.Load(), lost
+	return m.maxMsg.Load(), m.maxSnap.Load(), m.bytes.Load(), m.msgs.Load(), lost
 }
 
 func (m *rotationMeter) close() { m.nc.Close() }
