@@ -82,6 +82,8 @@ type fleet50kResult struct {
 	inRotation           time.Duration
 	stages               string
 	workerHWM, healthHWM []float64 // MiB, per process
+	cpuTotal             float64   // CPU seconds of every process over the burst
+	workerFile           []float64 // MiB of each worker's RSS mapped from files (the binary) at the end
 	maxMsg, rotBytes     int64     // on the rotation subjects (maxMsg: the feed's)
 	maxSnap              int64     // the largest on the v1 snapshot subject
 	rotMsgs              int64
@@ -239,7 +241,7 @@ func fleet50kRun(ctx context.Context, b *bench, bin string, n int) (res fleet50k
 	}
 	lastEntry := time.Now()
 	res.inRotation = lastEntry.Sub(start)
-	res.cpu = cpuSummary(cpu0, procs.cpu(), res.inRotation)
+	res.cpu, res.cpuTotal = cpuSummary(cpu0, procs.cpu(), res.inRotation)
 	res.stages = stages.String()
 	b.log.Printf("fleet50k %d: all %d in the rotation after %.1fs; %s; %s", n, in, res.inRotation.Seconds(), res.stages, res.cpu)
 	profiles.Wait()
@@ -257,6 +259,7 @@ func fleet50kRun(ctx context.Context, b *bench, bin string, n int) (res fleet50k
 	res.warnings = procs.warningsSince(quietFrom)
 	for _, p := range procs.workers {
 		res.workerHWM = append(res.workerHWM, hwmMiB(p.cmd.Process.Pid))
+		res.workerFile = append(res.workerFile, rssMiB(p.cmd.Process.Pid, "RssFile:"))
 	}
 	for _, p := range procs.healths {
 		res.healthHWM = append(res.healthHWM, hwmMiB(p.cmd.Process.Pid))

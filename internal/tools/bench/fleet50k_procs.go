@@ -145,11 +145,12 @@ func procCPU(pid int) float64 {
 }
 
 // cpuSummary says where the CPU went between two samples of cpu.
-func cpuSummary(before, after map[string]float64, wall time.Duration) string {
-	var workers float64
+func cpuSummary(before, after map[string]float64, wall time.Duration) (string, float64) {
+	var workers, total float64
 	var parts []string
 	for name, a := range after {
 		d := a - before[name]
+		total += d
 		if strings.HasPrefix(name, "w") {
 			workers += d
 			continue
@@ -158,7 +159,7 @@ func cpuSummary(before, after map[string]float64, wall time.Duration) string {
 	}
 	slices.Sort(parts)
 	return fmt.Sprintf("CPU over the %.0f s of the burst: the workers %.1f s in all, %s (the nats-server with the bench's own readers is \"server\")",
-		wall.Seconds(), workers, strings.Join(parts, ", "))
+		wall.Seconds(), workers, strings.Join(parts, ", ")), total
 }
 
 // warningsSince reads every process's log (JSON lines) for records at
@@ -370,20 +371,34 @@ func timeVerbs(ctx context.Context, bin, cfg string, n int) (map[string]float64,
 		{"hosts", []string{"hosts", "--config", cfg, timeout}, 1},
 		{"rotation", []string{"rotation", "--config", cfg, timeout}, n},
 	} {
-		start := time.Now()
-		o, err := runCmd(ctx, verbTimeout, bin, v.args...)
-		out[v.name] = time.Since(start).Seconds()
-		if lines := bytes.Count(o, []byte("\n")); err != nil || lines < v.lines {
-			errs = append(errs, fmt.Sprintf("%s: %v, %d lines of output (want %d): %.200s", v.name, err, lines, v.lines, o))
+		var runs []float64
+		for range verbRuns {
+			start := time.Now()
+			o, err := runCmd(ctx, verbTimeout, bin, v.args...)
+			runs = append(runs, time.Since(start).Seconds())
+			if lines := bytes.Count(o, []byte("\n")); err != nil || lines < v.lines {
+				errs = append(errs, fmt.Sprintf("%s: %v, %d lines of output (want %d): %.200s", v.name, err, lines, v.lines, o))
+				break
+			}
+		}
+		out[v.name] = median(runs)
+	}
+	var runs []float64
+	for range verbRuns {
+		secs, err := firstOutput(ctx, bin, "watch", "--config", cfg)
+		runs = append(runs, secs)
+		if err != nil {
+			errs = append(errs, "watch: "+err.Error())
+			break
 		}
 	}
-	secs, err := firstOutput(ctx, bin, "watch", "--config", cfg)
-	out["watch"] = secs
-	if err != nil {
-		errs = append(errs, "watch: "+err.Error())
-	}
+	out["watch"] = median(runs)
 	return out, errs
 }
+
+// verbRuns is how many times each verb is timed: the median counts (the
+// fleet's own observation passes share the cores with it).
+const verbRuns = 3
 
 // firstOutput starts bin with args and returns how long it took to print
 // its first byte; then it stops it.
