@@ -31,9 +31,13 @@ import (
 //
 // It keeps of each event only what a pass chooses and compares by, its
 // state, seq and address (viewedEvent), and one copy of each host's name:
-// every worker process holds the whole fleet's view, and whole events cost
-// about 700 bytes a proxy, 35 MB with 50,000 proxies
-// (BenchmarkEventViewOf50000; 170 bytes now, 8 MB).
+// whole events cost about 700 bytes a proxy, 35 MB with 50,000 proxies
+// (BenchmarkEventViewOf50000; 170 bytes now, 8 MB). And it keeps only the
+// proxies of the hosts the worker pulls (keep): every worker reads every
+// event, but holds its share of the fleet, not the fleet (a tenth of it
+// with ten workers: 9 MB of each worker's heap at 50,000 before). A host
+// it comes to pull makes the view anew, from the last event of every
+// proxy, as at start: passes wait for it to catch up, as at start.
 //
 // Any error the consumer reports (its consumer deleted, as when the stream
 // is deleted and made anew; heartbeats missed; a reset that failed) makes
@@ -45,6 +49,12 @@ type eventView struct {
 	subj  messages.Subjects
 	log   *slog.Logger
 	retry time.Duration
+
+	// keep says which hosts' proxies the view holds: those whose run
+	// this worker pulls or means to (nil: every host). A host it comes
+	// to want makes the view anew (refollow), one it gives up is dropped.
+	keep  func(host string) bool
+	again chan struct{} // refollow's request, for follow
 
 	mu     sync.Mutex
 	host   map[string]string                 // id → host of its last event
@@ -61,13 +71,42 @@ type viewedEvent struct {
 }
 
 func newEventView(js jetstream.JetStream, subj messages.Subjects, retry time.Duration, log *slog.Logger) *eventView {
-	return &eventView{js: js, subj: subj, log: log, retry: retry,
+	return &eventView{js: js, subj: subj, log: log, retry: retry, again: make(chan struct{}, 1),
 		host: map[string]string{}, byHost: map[string]map[string]viewedEvent{}, names: map[string]string{}, ready: make(chan struct{})}
 }
 
+// errRefollow ends a follow that refollow asked to make the view anew.
+var errRefollow = errors.New("the view is made anew for a host it now keeps")
+
 // run keeps the view until ctx is done.
 func (v *eventView) run(ctx context.Context) {
-	followAgain(ctx, "event view", v.retry, v.log, v.follow)
+	followAgain(ctx, "event view", v.retry, v.log, func(ctx context.Context) error {
+		for {
+			if err := v.follow(ctx); !errors.Is(err, errRefollow) {
+				return err
+			}
+		}
+	})
+}
+
+// refollow asks for the view to be made anew: the worker wants a host it
+// did not (the view holds no events of it). Requests while one waits are
+// one.
+func (v *eventView) refollow() {
+	select {
+	case v.again <- struct{}{}:
+	default:
+	}
+}
+
+// drop forgets host's proxies: the worker gave the host up.
+func (v *eventView) drop(host string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for id := range v.byHost[host] {
+		delete(v.host, id)
+	}
+	delete(v.byHost, host)
 }
 
 // reset empties the view and marks it not caught up.
@@ -135,6 +174,8 @@ func (v *eventView) follow(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 		return nil
+	case <-v.again:
+		return errRefollow
 	case err := <-failed:
 		return fmt.Errorf("follow events: %w", err)
 	}
@@ -161,7 +202,7 @@ func (v *eventView) apply(data []byte) {
 		}
 		delete(v.host, ev.ID)
 	}
-	if ev.State == messages.StateDeleted {
+	if ev.State == messages.StateDeleted || v.keep != nil && !v.keep(ev.Host) {
 		return
 	}
 	host, ok := v.names[ev.Host] // the one copy of the host's name

@@ -72,6 +72,13 @@ func (c *consumerRun) want(pull bool) {
 		case c.kick <- struct{}{}:
 		default:
 		}
+		if v := c.w.view; v != nil && c.host != "" {
+			if pull {
+				v.refollow() // it holds no events of the host
+			} else {
+				v.drop(c.host)
+			}
+		}
 	}
 }
 

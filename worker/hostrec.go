@@ -49,9 +49,10 @@ type hostEdit struct {
 
 // hostWriter applies the changes of one host's record.
 type hostWriter struct {
-	w    *Worker
-	host string
-	reqs chan hostEdit
+	w       *Worker
+	host    string
+	reqs    chan hostEdit
+	running bool // its goroutine runs (see wake); under w.writersMu
 
 	// The last record read, as stored and decoded: a read that finds the
 	// same bytes skips decoding them again (with a thousand proxies they
@@ -62,20 +63,16 @@ type hostWriter struct {
 	readRec messages.HostRecord
 }
 
-// startWriters starts a writer for every host of the catalog; stopWriters
-// ends them.
+// startWriters makes a writer for every host of the catalog; stopWriters
+// ends them. A writer's goroutine runs only while it has changes to make
+// (wake): a worker of a catalog of 500 hosts pulls its share of them, and
+// a goroutine parked for each of the others cost its stack for nothing.
 func (w *Worker) startWriters() {
 	ctx, cancel := context.WithCancel(context.Background())
-	w.writersStop, w.writersDone = cancel, make(chan struct{})
+	w.writersCtx, w.writersStop, w.writersDone = ctx, cancel, make(chan struct{})
 	w.writers = map[string]*hostWriter{}
 	for _, h := range w.catalog.Hosts {
-		hw := &hostWriter{w: w, host: h, reqs: make(chan hostEdit, hostBatch)}
-		w.writers[h] = hw
-		w.writersWG.Add(1)
-		go func() {
-			defer w.writersWG.Done()
-			hw.run(ctx)
-		}()
+		w.writers[h] = &hostWriter{w: w, host: h, reqs: make(chan hostEdit, hostBatch)}
 	}
 }
 
@@ -83,10 +80,42 @@ func (w *Worker) stopWriters() {
 	if w.writersStop == nil {
 		return
 	}
+	w.writersMu.Lock()
+	w.writersStopped = true // no writer starts from now on
+	w.writersMu.Unlock()
 	w.writersStop()
 	w.writersWG.Wait()
 	close(w.writersDone)
 	w.writersStop = nil
+}
+
+// wake starts hw's goroutine unless it runs: called after each change is
+// queued, so a change never waits without one (run ends only when it
+// finds none queued, under the same lock).
+func (hw *hostWriter) wake() {
+	w := hw.w
+	w.writersMu.Lock()
+	defer w.writersMu.Unlock()
+	if hw.running || w.writersStopped {
+		return
+	}
+	hw.running = true
+	w.writersWG.Add(1)
+	go func() {
+		defer w.writersWG.Done()
+		hw.run(w.writersCtx)
+	}()
+}
+
+// idle ends the writer's run if no change is queued.
+func (hw *hostWriter) idle() bool {
+	hw.w.writersMu.Lock()
+	defer hw.w.writersMu.Unlock()
+	if len(hw.reqs) > 0 {
+		return false
+	}
+	hw.running = false
+	return true
 }
 
 // updateHost applies edit to host's record (see hostEdit) and returns its
@@ -100,6 +129,7 @@ func (w *Worker) updateHost(ctx context.Context, host string, edit func(*message
 	e := hostEdit{edit: edit, done: make(chan error, 1)}
 	select {
 	case hw.reqs <- e:
+		hw.wake()
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-w.writersDone:
@@ -138,6 +168,9 @@ func (hw *hostWriter) run(ctx context.Context) {
 		cancel()
 		for i, e := range batch {
 			e.done <- errs[i]
+		}
+		if hw.idle() {
+			return
 		}
 	}
 }

@@ -114,10 +114,13 @@ type Worker struct {
 	// on a quarantined host is handed back at once.
 	draining chan struct{}
 	// writers batch this worker's changes of each host's record (hostrec.go).
-	writers     map[string]*hostWriter
-	writersStop context.CancelFunc
-	writersDone chan struct{}
-	writersWG   sync.WaitGroup
+	writers        map[string]*hostWriter
+	writersStop    context.CancelFunc
+	writersDone    chan struct{}
+	writersWG      sync.WaitGroup
+	writersCtx     context.Context // the writers' goroutines run under it
+	writersMu      sync.Mutex      // guards writersStopped and each writer's running
+	writersStopped bool
 
 	ran     atomic.Bool
 	started chan struct{} // closed once Run consumes
