@@ -85,7 +85,7 @@ type fleet50kResult struct {
 	cpuTotal             float64   // CPU seconds of every process over the burst
 	workerFile           []float64 // MiB of each worker's RSS mapped from files (the binary) at the end
 	maxMsg, rotBytes     int64     // on the rotation subjects (maxMsg: the feed's)
-	maxSnap              int64     // the largest on the v1 snapshot subject
+	maxSnap, snapBytes   int64     // the largest on the v1 snapshot subject, and its bytes
 	rotMsgs              int64
 	changes              int64 // entries put or deleted in PROXY_ROTATION
 	meterLost            string
@@ -254,7 +254,7 @@ func fleet50kRun(ctx context.Context, b *bench, bin string, n int) (res fleet50k
 	}
 	res.changes += drainChanges(watch)
 	res.stages = stages.String() // the results that came after the last entry too
-	res.maxMsg, res.maxSnap, res.rotBytes, res.rotMsgs, res.meterLost = meter.read()
+	res.maxMsg, res.maxSnap, res.rotBytes, res.snapBytes, res.rotMsgs, res.meterLost = meter.read()
 	res.verbs, res.verbErrs = timeVerbs(ctx, bin, cfg, n)
 	res.warnings = procs.warningsSince(quietFrom)
 	for _, p := range procs.workers {

@@ -271,6 +271,7 @@ type rotationMeter struct {
 	subs                []*nats.Subscription
 	maxMsg, bytes, msgs atomic.Int64 // maxMsg: on the feed's subjects, <prefix>.rotation.>
 	maxSnap             atomic.Int64 // the largest on the v1 snapshot subject, <prefix>.rotation
+	snapBytes           atomic.Int64 // the bytes on it (in bytes too)
 	trouble             atomic.Int64 // slow consumer errors, disconnects
 }
 
@@ -284,11 +285,11 @@ func newRotationMeter(url string, subj messages.Subjects) (*rotationMeter, error
 	}
 	m.nc = nc
 	for _, s := range []string{subj.Rotation(), subj.Rotation() + ".>"} {
-		largest := &m.maxMsg
+		largest, on := &m.maxMsg, (*atomic.Int64)(nil)
 		if s == subj.Rotation() {
-			largest = &m.maxSnap
+			largest, on = &m.maxSnap, &m.snapBytes
 		}
-		sub, err := nc.Subscribe(s, func(msg *nats.Msg) { m.count(msg, largest) })
+		sub, err := nc.Subscribe(s, func(msg *nats.Msg) { m.count(msg, largest, on) })
 		if err != nil {
 			nc.Close()
 			return nil, err
@@ -301,7 +302,7 @@ func newRotationMeter(url string, subj messages.Subjects) (*rotationMeter, error
 
 // count adds one message: its payload and headers as the wire carries
 // them.
-func (m *rotationMeter) count(msg *nats.Msg, largest *atomic.Int64) {
+func (m *rotationMeter) count(msg *nats.Msg, largest, on *atomic.Int64) {
 	n := int64(len(msg.Data))
 	for k, vs := range msg.Header {
 		for _, v := range vs {
@@ -310,6 +311,9 @@ func (m *rotationMeter) count(msg *nats.Msg, largest *atomic.Int64) {
 	}
 	m.msgs.Add(1)
 	m.bytes.Add(n)
+	if on != nil {
+		on.Add(n)
+	}
 	for {
 		cur := largest.Load()
 		if n <= cur || largest.CompareAndSwap(cur, n) {
@@ -321,7 +325,7 @@ func (m *rotationMeter) count(msg *nats.Msg, largest *atomic.Int64) {
 // read returns the largest message on the feed's subjects and on the
 // snapshot's, the bytes and the messages counted, and what may have been
 // missed.
-func (m *rotationMeter) read() (maxMsg, maxSnap, bytes, msgs int64, lost string) {
+func (m *rotationMeter) read() (maxMsg, maxSnap, bytes, snapBytes, msgs int64, lost string) {
 	var dropped int
 	for _, s := range m.subs {
 		if d, err := s.Dropped(); err == nil {
@@ -331,7 +335,7 @@ func (m *rotationMeter) read() (maxMsg, maxSnap, bytes, msgs int64, lost string)
 	if dropped > 0 || m.trouble.Load() > 0 {
 		lost = fmt.Sprintf("the meter dropped %d messages and saw %d slow-consumer errors or disconnects", dropped, m.trouble.Load())
 	}
-	return m.maxMsg.Load(), m.maxSnap.Load(), m.bytes.Load(), m.msgs.Load(), lost
+	return m.maxMsg.Load(), m.maxSnap.Load(), m.bytes.Load(), m.snapBytes.Load(), m.msgs.Load(), lost
 }
 
 func (m *rotationMeter) close() { m.nc.Close() }
