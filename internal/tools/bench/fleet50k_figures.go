@@ -50,8 +50,8 @@ func fleet50kFigures(o fleet50kOpts, results []fleet50kResult) sectionResult {
 			f.Bound = "when every proxy had reached each stage: " + r.stages + "."
 			if r.cpuTotal > 0 {
 				cores := runtime.NumCPU()
-				f.Bound = fmt.Sprintf("the machine's CPU. Every process of the run (the nats-server, %d workers, %d health processes, the sim hosts' files in the workers) used %.0f s of CPU over the %.0f s, %.1f of the %d cores on average: %.1f ms a create, at which the %d cores cannot bring %d proxies in under %.0f s whatever the order of the work. %s. The %s",
-					o.workers, o.healths, r.cpuTotal, secs, r.cpuTotal/secs, cores, 1000*r.cpuTotal/float64(n), cores, n, r.cpuTotal/float64(cores), r.cpu, f.Bound)
+				f.Bound = fmt.Sprintf("the machine's CPU. Every process of the run (the nats-server, %d workers, %d health processes, the sim hosts' files in the workers) used %.0f s of CPU over the %.0f s, %.1f of the %d cores on average: %.1f ms a create, at which the %d cores cannot bring %d proxies in under %.0f s whatever the order of the work. %s. When every proxy had reached each stage: %s.",
+					o.workers, o.healths, r.cpuTotal, secs, r.cpuTotal/secs, cores, 1000*r.cpuTotal/float64(n), cores, n, r.cpuTotal/float64(cores), r.cpu, r.stages)
 			}
 		}
 		add(f, "all in the rotation (s)", n)
