@@ -108,8 +108,22 @@ worker: {concurrency: 2, ack_wait: 2s, pinned_ttl: 2s, poll_interval: 50ms, back
 	// between two kills, and no kill landed mid-command (CI, a107148).
 	setupTopology(t, bin, cfg)
 	workers := make([]*proc, 3)
+	starts := make([]int, len(workers))
+	logOf := func(i int) string { return filepath.Join(dir, fmt.Sprintf("worker%d.log", i)) }
 	start := func(i int) {
-		workers[i] = startProc(t, bin, filepath.Join(dir, fmt.Sprintf("worker%d.log", i)), "worker", "--config", cfg, "--debug")
+		workers[i] = startProc(t, bin, logOf(i), "worker", "--config", cfg, "--debug")
+		starts[i]++
+	}
+	// up waits until worker i's last start has got as far as pulling (its
+	// log says "worker started" once per start: the logs are appended).
+	// A kill of a worker still starting lands in no command: on a slow
+	// machine (CI, fresh, -race) a worker restarted every 1.2s never got
+	// that far, and no kill of the loop landed mid-command.
+	up := func(i int) {
+		waitUntil(t, fmt.Sprintf("worker %d started (start %d)", i, starts[i]), 60*time.Second, func() bool {
+			b, _ := os.ReadFile(logOf(i))
+			return strings.Count(string(b), `"worker started"`) >= starts[i]
+		})
 	}
 	for i := range workers {
 		start(i)
@@ -178,6 +192,7 @@ worker: {concurrency: 2, ack_wait: 2s, pinned_ttl: 2s, poll_interval: 50ms, back
 	for round := range 10 {
 		time.Sleep(400 * time.Millisecond)
 		i := round % len(workers) // each worker is killed, the pinned ones among them
+		up(i)
 		workers[i].kill()
 		start(i)
 		for range 4 {
@@ -218,7 +233,7 @@ worker: {concurrency: 2, ack_wait: 2s, pinned_ttl: 2s, poll_interval: 50ms, back
 	// logs it: proof the kills landed in the middle of commands.
 	redelivered := 0
 	for i := range workers {
-		b, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("worker%d.log", i)))
+		b, _ := os.ReadFile(logOf(i))
 		redelivered += strings.Count(string(b), "work redelivered")
 	}
 	t.Logf("%d work items redelivered after kills", redelivered)
