@@ -97,8 +97,8 @@ func TestParseSquidConfDirectives(t *testing.T) {
 			return len(c.access) == 1 && c.access[0].allow && c.access[0].acls[0].acl.name == "all"
 		}},
 		{"forwarded_for truncate, via on", "forwarded_for truncate\nvia on\n", func(c *SquidConfig) bool { return c.ForwardedFor == "truncate" && c.Via }},
-		{"acl lines add up", "acl a src 10.1.0.0/16\nacl a src 192.0.2.1 10.2.0.0/255.255.0.0\n", func(c *SquidConfig) bool {
-			return len(c.acls["a"].nets) == 3 && c.acls["a"].nets[2] == netip.MustParsePrefix("10.2.0.0/16") && c.acls["a"].nets[1].Bits() == 32
+		{"acl lines add up", "acl a src 198.18.0.0/16\nacl a src 192.0.2.1 198.19.0.0/255.255.0.0\n", func(c *SquidConfig) bool {
+			return len(c.acls["a"].nets) == 3 && c.acls["a"].nets[2] == netip.MustParsePrefix("198.19.0.0/16") && c.acls["a"].nets[1].Bits() == 32
 		}},
 		{"acl values from a file", "acl a src \"/etc/squid/allow\"\n", func(c *SquidConfig) bool { return len(c.acls["a"].nets) == 2 }},
 		{"credentialsttl minutes", "auth_param basic program /usr/lib/squid/basic_ncsa_auth /p\nauth_param basic credentialsttl 5 minutes\n", func(c *SquidConfig) bool { return c.CredentialsTTL == 5*time.Minute }},
@@ -132,14 +132,14 @@ func TestParseSquidConfErrors(t *testing.T) {
 		"auth_param basic credentialsttl 1 fortnight\n",
 		"auth_param basic nonsense 1\n",
 		"acl a proxy_auth REQUIRED\nhttp_access allow a\n", // no auth_param
-		"acl a src 10.0.0.0/33\n",
-		"acl a src 10.0.0.1-10.0.0.9\n",
+		"acl a src 198.18.0.0/33\n",
+		"acl a src 198.18.0.1-198.18.0.9\n",
 		"acl a src example.com\n",
-		"acl a src 10.0.0.0/255.0.255.0\n",
+		"acl a src 198.18.0.0/255.0.255.0\n",
 		"acl a dstdomain .example.com\n",
 		"acl a src\n",
 		"acl a src \"/missing\"\n",
-		"acl a src 10.0.0.1\nacl a dst 10.0.0.1\n",
+		"acl a src 198.18.0.1\nacl a dst 198.18.0.1\n",
 		"acl a port 70000\n",
 		"http_access allow nosuchacl\n",
 		"http_access permit all\n",
