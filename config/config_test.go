@@ -69,6 +69,8 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "health: {snapshot_interval: 2h}\n", "health.snapshot_interval"},
 		{good + "health: {snapshot_max_bytes: -1}\n", "health.snapshot_max_bytes"},
 		{good + "health: {snapshot_max_bytes: 100}\n", "health.snapshot_max_bytes"},
+		{good + "health: {snapshot_rate: 100}\n", "health.snapshot_rate"},
+		{good + "health: {snapshot_rate: -5}\n", "health.snapshot_rate"},
 		{good + "gateway: {listen: '127.0.0.1:8888'}\n", "gateway.users"},
 		{good + "gateway: {listen: nope, users: [{name: a, password_file: /p}]}\n", "gateway.listen"},
 		{good + "gateway: {socks_listen: nope, users: [{name: a, password_file: /p}]}\n", "gateway.socks_listen"},

@@ -190,7 +190,8 @@
 //     messages.RotationChanges and feed_test.go).
 //   - The snapshot, <prefix>.rotation (messages.Rotation, v1): the view
 //     joined from its encodings, at most once per SnapshotInterval (the
-//     latest version), since it costs O(fleet) bytes. One larger than the
+//     latest version), since it costs O(fleet) bytes, and after one of B
+//     bytes not before B/SnapshotRate has passed. One larger than the
 //     server's max_payload (or SnapshotMaxBytes), as the view's tracked size
 //     says without encoding anything, is replaced by a notice (Truncated,
 //     Size, Bytes, Feed; Proxies null): counted, logged at error level once

@@ -688,3 +688,56 @@ func TestSnapshotTooLarge(t *testing.T) {
 		t.Fatal("still too large by the metric")
 	}
 }
+
+// TestSnapshotPacedByItsBytes: a snapshot waits the time its predecessor's
+// bytes take at SnapshotRate when that is longer than SnapshotInterval,
+// and then carries the latest version. The bound checked is a lower one,
+// which a slow machine only makes easier to meet.
+func TestSnapshotPacedByItsBytes(t *testing.T) {
+	r := newRig(t)
+	var (
+		mu    sync.Mutex
+		times []time.Time
+		sizes []int
+	)
+	sub, err := r.nc.Subscribe(subj.Rotation(), func(m *nats.Msg) {
+		mu.Lock()
+		times, sizes = append(times, time.Now()), append(sizes, len(m.Data))
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := r.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	const rate = 4096
+	h := r.start(health.Config{SnapshotInterval: 10 * time.Millisecond, SnapshotRate: rate})
+	for i := range 100 {
+		r.publish(event(fmt.Sprintf("p%03d", i), 1, messages.StateRunning, fmt.Sprintf("198.18.100.%d", i+1)))
+	}
+	waitFor(t, "a snapshot of all 100", func() bool {
+		s := r.snapshots()
+		return len(s) > 0 && len(s[len(s)-1].Proxies) == 100
+	})
+	mu.Lock()
+	before := len(times)
+	prevAt, prevBytes := times[before-1], sizes[before-1]
+	mu.Unlock()
+	r.publish(event("p000", 2, messages.StateRunning, "198.18.101.1"))
+	waitFor(t, "the change in a snapshot", func() bool {
+		s := r.snapshots()
+		return len(s) > 0 && s[len(s)-1].Version == h.Metrics().RotationVersion && s[len(s)-1].Proxies[0].Addr == "198.18.101.1:3128"
+	})
+	mu.Lock()
+	gap := times[len(times)-1].Sub(prevAt)
+	mu.Unlock()
+	// The snapshot of 100 is about 7.5 KB: the next waits about 1.8s,
+	// not the 10ms interval. Half of it leaves room for a late delivery
+	// of the first.
+	wait := time.Duration(float64(prevBytes) / rate * float64(time.Second))
+	if wait < time.Second || gap < wait/2 {
+		t.Fatalf("the snapshot after one of %d bytes came %s after it, want at least %s (%d bytes at %d a second)", prevBytes, gap, wait/2, prevBytes, rate)
+	}
+}

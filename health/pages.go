@@ -86,8 +86,8 @@ func pageError(reason string) []byte {
 }
 
 // snapshot publishes the whole rotation on <prefix>.rotation (the v1
-// subject) if it moved since the last one and that one is at least
-// SnapshotInterval old, and returns when the next one is due if one waits
+// subject) if it moved since the last one and that one is old enough (see
+// snapshotWait), and returns when the next one is due if one waits
 // (zero if none). The snapshot costs O(fleet), so the interval bounds its
 // cost whatever the churn. One that does not fit in a message (the
 // server's max_payload, or SnapshotMaxBytes) is replaced by a notice that
@@ -102,7 +102,7 @@ func (h *Health) snapshot() time.Time {
 		return time.Time{}
 	}
 	now := time.Now()
-	if due := h.snap.sent.Add(h.cfg.SnapshotInterval); now.Before(due) {
+	if due := h.snap.sent.Add(h.snapshotWait()); now.Before(due) {
 		h.mu.Unlock()
 		return due
 	}
@@ -117,7 +117,7 @@ func (h *Health) snapshot() time.Time {
 		body = v.appendSnapshot(make([]byte, 0, size))
 	}
 	version, n, was := v.version, v.Len(), h.snap.tooLarge
-	h.snap.version, h.snap.sent, h.snap.tooLarge, h.snap.bytes = version, now, tooLarge, size
+	h.snap.version, h.snap.sent, h.snap.tooLarge, h.snap.bytes, h.snap.sentBytes = version, now, tooLarge, size, len(body)
 	h.snap.count++
 	if tooLarge {
 		h.snap.truncated++
@@ -141,6 +141,20 @@ func (h *Health) snapshot() time.Time {
 	return time.Time{}
 }
 
+// snapshotWait is the least time after the last snapshot before the next:
+// SnapshotInterval, or the time the last one's bytes take at SnapshotRate
+// if longer. A snapshot costs O(fleet) bytes to every subscriber, so in a
+// large fleet under churn it goes out less often than the interval (the
+// latest version each time), which keeps the subject's bytes a change
+// about those of the feed, whose messages carry the changes themselves.
+func (h *Health) snapshotWait() time.Duration {
+	wait := h.cfg.SnapshotInterval
+	if r := h.cfg.SnapshotRate; r > 0 {
+		wait = max(wait, time.Duration(float64(h.snap.sentBytes)/float64(r)*float64(time.Second)))
+	}
+	return wait
+}
+
 // snapshotLimit is the largest snapshot published whole: the server's
 // max_payload, or SnapshotMaxBytes if smaller.
 func (h *Health) snapshotLimit() int {
@@ -160,6 +174,7 @@ type snapState struct {
 	sent      time.Time // when
 	tooLarge  bool      // the last one did not fit: a notice went instead
 	bytes     int       // the size of the whole snapshot then
+	sentBytes int       // the size of what went out (the notice's, if it did not fit)
 	count     uint64    // snapshots published (whole or notices)
 	truncated uint64    // of which notices
 }

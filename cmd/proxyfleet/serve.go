@@ -220,6 +220,7 @@ func healthConfig(c *config.Config, log *slog.Logger) health.Config {
 		ReportRate:        c.Health.ReportRate,
 		SnapshotInterval:  c.Health.SnapshotInterval,
 		SnapshotMaxBytes:  c.Health.SnapshotMaxBytes,
+		SnapshotRate:      c.Health.SnapshotRate,
 	}
 }
 
