@@ -31,21 +31,7 @@ type eventPublisher struct {
 
 	mu    sync.Mutex
 	known map[string]storedEvent // id → its last event this publisher stored
-	// floor is the stream's last sequence as read at floorAt (see
-	// lastSeqFloor).
-	floor   uint64
-	floorAt time.Time
 }
-
-// floorFresh is how long a read of the stream's last sequence serves as
-// the floor of a new proxy's seq. An event no longer on record went with
-// its TTL, at least a second (the server's least) after it was stored, so
-// it was stored before any read made within the last second: a read that
-// recent is above its seq. Reading the stream's info for every new proxy
-// instead cost a request, a StreamInfo answer to decode and the server's
-// work to make it for every create (a twentieth of a worker's CPU in the
-// fleet50k profile).
-const floorFresh = 500 * time.Millisecond
 
 // storedEvent is what the next publish of a proxy needs of its last event.
 type storedEvent struct {
@@ -137,11 +123,13 @@ func (p *eventPublisher) Publish(ctx context.Context, ev messages.StateEvent) (m
 			// out): start above every seq this proxy ever had. Every
 			// seq is at most the stream sequence it was stored at, and
 			// the stream's last sequence only grows.
-			floor, err := p.lastSeqFloor(ctx)
+			rctx, cancel := request(ctx, p.js)
+			info, err := p.stream.Info(rctx)
+			cancel()
 			if err != nil {
-				return ev, err
+				return ev, fmt.Errorf("read stream %s: %w", messages.StreamEvents, err)
 			}
-			ev.Seq = floor + 1
+			ev.Seq = info.State.LastSeq + 1
 		} else {
 			ev.Seq = prev.seq + 1
 		}
@@ -166,30 +154,6 @@ func (p *eventPublisher) Publish(ctx context.Context, ev messages.StateEvent) (m
 		}
 	}
 	return ev, fmt.Errorf("publish %s event of %s: lost the race 16 times", ev.State, ev.ID)
-}
-
-// lastSeqFloor returns the stream's last sequence as read within the last
-// floorFresh (see there), reading it if the last read is older.
-func (p *eventPublisher) lastSeqFloor(ctx context.Context) (uint64, error) {
-	now := p.now()
-	p.mu.Lock()
-	floor, at := p.floor, p.floorAt
-	p.mu.Unlock()
-	if !at.IsZero() && !now.Before(at) && now.Sub(at) < floorFresh {
-		return floor, nil
-	}
-	rctx, cancel := request(ctx, p.js)
-	info, err := p.stream.Info(rctx)
-	cancel()
-	if err != nil {
-		return 0, fmt.Errorf("read stream %s: %w", messages.StreamEvents, err)
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if now.After(p.floorAt) {
-		p.floor, p.floorAt = info.State.LastSeq, now
-	}
-	return info.State.LastSeq, nil
 }
 
 func (p *eventPublisher) remembered(id string) (storedEvent, bool) {

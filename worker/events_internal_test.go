@@ -3,16 +3,13 @@ package worker
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/internal/natstest"
-	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
 	"proxyfleet/topology"
 )
@@ -155,77 +152,5 @@ func TestEventsOfOneProxyNeedNoReadUnlessAnotherPublished(t *testing.T) {
 	}
 	if last.Seq != fourth.Seq || last.State != messages.StateRunning || last.CommandID != "c2" {
 		t.Errorf("last event: seq %d %s of %s, want seq %d running of c2", last.Seq, last.State, last.CommandID, fourth.Seq)
-	}
-}
-
-// The first events of many new proxies made at once read the stream's last
-// sequence once, not once each; and a proxy whose "deleted" event went
-// with its TTL still gets seqs above the ones it had.
-func TestNewProxiesShareOneReadOfTheStream(t *testing.T) {
-	srv := natstest.Start(t)
-	nc, js := srv.Connect(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	subj := messages.NewSubjects("")
-	if _, err := (topology.Topology{Subjects: subj}).Setup(ctx, js); err != nil {
-		t.Fatal(err)
-	}
-	var infos atomic.Int64
-	sub, err := nc.Subscribe("$JS.API.STREAM.INFO."+messages.StreamEvents, func(*nats.Msg) { infos.Add(1) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	var clock atomic.Int64 // nanoseconds past start
-	start := time.Now()
-	now := func() time.Time { return start.Add(time.Duration(clock.Load())) }
-	p, err := newEventPublisher(ctx, js, subj, time.Second, now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	publish := func(id, state string) messages.StateEvent {
-		t.Helper()
-		ev, err := p.Publish(ctx, messages.StateEvent{ID: id, State: state, Host: "h1", CommandID: "c-" + id, CommandSeq: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ev
-	}
-	infosOf := func(f func()) int64 {
-		t.Helper()
-		_ = nc.Flush()
-		before := infos.Load()
-		f()
-		_ = nc.Flush()
-		return infos.Load() - before
-	}
-	if n := infosOf(func() {
-		for i := range 20 {
-			publish(fmt.Sprintf("n%d", i), messages.StateProvisioning)
-		}
-	}); n != 1 {
-		t.Errorf("20 new proxies within %s read the stream's info %d times, want 1", floorFresh, n)
-	}
-
-	old := publish("gone", messages.StateProvisioning)
-	old = publish("gone", messages.StateDeleted) // forgotten, and gone from the stream after its TTL
-	st, err := js.Stream(ctx, messages.StreamEvents)
-	if err != nil {
-		t.Fatal(err)
-	}
-	poll.Until(t, "the deleted event to age out", 20*time.Second, func() bool {
-		_, err := st.GetLastMsgForSubject(ctx, subj.State("gone"))
-		return errors.Is(err, jetstream.ErrMsgNotFound)
-	})
-	clock.Add(int64(2 * floorFresh)) // the floor read before it went is stale now
-	var again messages.StateEvent
-	if n := infosOf(func() { again = publish("gone", messages.StateProvisioning) }); n != 1 {
-		t.Errorf("a stale floor: %d reads of the stream's info, want 1", n)
-	}
-	if again.Seq <= old.Seq {
-		t.Errorf("the proxy made again got seq %d, not above its deleted event's %d", again.Seq, old.Seq)
 	}
 }
