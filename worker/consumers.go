@@ -109,6 +109,7 @@ type consumerRun struct {
 	runCtx context.Context // the parent of workCtx, cancelled only after the drain
 
 	kick    chan struct{} // the consume error handler, or a change of want, asks for a check
+	superOn bool          // a supervisor runs (under w.superMu)
 	wanted  atomic.Bool   // whether to pull: set by the membership
 	pulling atomic.Bool   // whether it pulls (or means to, repairing), or is handing over
 	changed func()        // told when the pin, or whether it pulls, changes
@@ -231,8 +232,48 @@ func (c *consumerRun) retire() {
 	c.cc = nil
 }
 
+// supervise starts c's supervisor unless one runs, or the worker is
+// stopping, or start has not made their context yet (start then starts
+// those of the runs that are not idle).
+func (w *Worker) supervise(c *consumerRun) {
+	w.superMu.Lock()
+	defer w.superMu.Unlock()
+	if w.superStopped || w.superCtx == nil || c.superOn {
+		return
+	}
+	c.superOn = true
+	w.superWG.Add(1)
+	go func() {
+		defer w.superWG.Done()
+		c.supervise(w.superCtx)
+	}()
+}
+
+// idle reports whether the run has nothing to supervise: a host's run
+// the membership does not want pulled, which does not pull and has no
+// consume running. The intake's is never idle.
+func (c *consumerRun) idle() bool {
+	return c.host != "" && !c.wanted.Load() && !c.pulling.Load() && c.cc == nil
+}
+
+// leaveIdle ends the supervisor of an idle run with no check asked for,
+// reporting whether it did; want wakes one again.
+func (c *consumerRun) leaveIdle() bool {
+	if !c.idle() {
+		return false
+	}
+	c.w.superMu.Lock()
+	defer c.w.superMu.Unlock()
+	if !c.idle() || len(c.kick) > 0 {
+		return false
+	}
+	c.superOn = false
+	return true
+}
+
 // supervise checks the consumer every CheckInterval, when the consume
-// reports an error and when the consume stops, until ctx is done.
+// reports an error and when the consume stops, until ctx is done or the
+// run is idle.
 func (c *consumerRun) supervise(ctx context.Context) {
 	t := time.NewTicker(c.w.cfg.CheckInterval)
 	defer t.Stop()
@@ -249,6 +290,9 @@ func (c *consumerRun) supervise(ctx context.Context) {
 		case <-stopped:
 		}
 		c.check(ctx)
+		if c.leaveIdle() {
+			return
+		}
 	}
 }
 

@@ -72,6 +72,7 @@ func (c *consumerRun) want(pull bool) {
 		case c.kick <- struct{}{}:
 		default:
 		}
+		c.w.supervise(c)
 		if v := c.w.view; v != nil && c.host != "" {
 			if pull {
 				v.refollow() // it holds no events of the host

@@ -185,13 +185,15 @@ func (w *Worker) start(ctx context.Context) error {
 		w.members.run(memCtx)
 	}()
 	superCtx, superCancel := context.WithCancel(context.Background())
-	w.superCancel = superCancel
+	w.superMu.Lock()
+	w.superCtx, w.superCancel = superCtx, superCancel
+	w.superMu.Unlock()
 	for _, c := range w.runs {
-		w.superWG.Add(1)
-		go func() {
-			defer w.superWG.Done()
-			c.supervise(superCtx)
-		}()
+		// Not c.idle(): a want may have started its supervisor, which
+		// owns c.cc from then on.
+		if c.host == "" || c.wanted.Load() || c.pulling.Load() {
+			w.supervise(c)
+		}
 	}
 	if w.cfg.ObserveInterval > 0 {
 		ticked := make([]*consumerRun, 0, len(hostRuns))
@@ -249,9 +251,12 @@ func (w *Worker) drain() {
 		w.members.beat(stopCtx, messages.WorkerDraining)
 	}
 	// First the supervisors, so nothing restarts a consume behind us.
+	w.superMu.Lock()
+	w.superStopped = true
 	if w.superCancel != nil {
 		w.superCancel()
 	}
+	w.superMu.Unlock()
 	w.superWG.Wait()
 	close(w.draining)
 	w.log.Info("draining worker", "timeout", w.cfg.DrainTimeout)

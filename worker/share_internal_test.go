@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
 	"proxyfleet/topology"
 )
@@ -249,3 +251,33 @@ type stuckWatcher struct{}
 
 func (stuckWatcher) Updates() <-chan jetstream.KeyValueEntry { return nil }
 func (stuckWatcher) Stop() error                             { return nil }
+
+// A host's run that the membership does not want pulled has no supervisor
+// once it has checked it has nothing to do, and one starts again when
+// asked, unless the worker is stopping.
+func TestIdleRunsHaveNoSupervisor(t *testing.T) {
+	w := &Worker{log: slog.New(slog.DiscardHandler)}
+	w.cfg.CheckInterval = time.Hour
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w.superCtx, w.superCancel = ctx, cancel
+	c := &consumerRun{w: w, host: "h1", kick: make(chan struct{}, 1)}
+	running := func() bool {
+		w.superMu.Lock()
+		defer w.superMu.Unlock()
+		return c.superOn
+	}
+	for round := range 3 {
+		c.kick <- struct{}{}
+		w.supervise(c)
+		poll.Until(t, fmt.Sprintf("round %d: the idle run's supervisor to end", round), 10*time.Second, func() bool { return !running() })
+	}
+	w.superMu.Lock()
+	w.superStopped = true
+	w.superMu.Unlock()
+	w.supervise(c)
+	if running() {
+		t.Fatal("a supervisor started while the worker stops")
+	}
+	w.superWG.Wait()
+}

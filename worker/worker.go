@@ -126,15 +126,24 @@ type Worker struct {
 	started chan struct{} // closed once Run consumes
 
 	// Owned by Run.
-	members     *membership
-	memCancel   context.CancelFunc
-	memWG       sync.WaitGroup // the membership's loop
-	cancel      context.CancelFunc
-	fence       *fence
-	runs        []*consumerRun
-	wg          sync.WaitGroup // tick loops and the fence
-	superCancel context.CancelFunc
-	superWG     sync.WaitGroup // consumer supervisors
+	members   *membership
+	memCancel context.CancelFunc
+	memWG     sync.WaitGroup // the membership's loop
+	cancel    context.CancelFunc
+	fence     *fence
+	runs      []*consumerRun
+	wg        sync.WaitGroup // tick loops and the fence
+	superWG   sync.WaitGroup // consumer supervisors
+
+	// A run's supervisor runs only while the run has something to
+	// supervise (see consumerRun.idle): a worker configured with 500
+	// hosts pulls a tenth of them in a fleet of ten workers, and a
+	// goroutine and a ticker each for the others were 3 MiB of stacks
+	// and timers at 50,000 proxies.
+	superMu      sync.Mutex
+	superCtx     context.Context // nil until start makes it
+	superCancel  context.CancelFunc
+	superStopped bool // stop began: no supervisor starts again
 }
 
 // Stats counts what a worker did.
