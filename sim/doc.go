@@ -5,10 +5,12 @@
 // proxies need no VMs. It is used only for hosts whose config says
 // `driver: sim`.
 //
-// Every call holds an exclusive flock on the proxy's lock file, so calls for
-// one id are serialised across processes; a call that finds the lock taken
-// records the overlap in overlaps.log before waiting, which is how tests
-// prove the worker never runs two calls for one id at once. Every create
+// Every call holds an exclusive lock on the proxy's byte of locks/ids.lock
+// (an open file description's lock, F_OFD_SETLK, at an offset hashed from
+// the id) and, within one driver, the id itself, so calls for one id are
+// serialised across drivers and processes; a call that finds the lock
+// taken records the overlap in overlaps.log before waiting, which is how
+// tests prove the worker never runs two calls for one id at once. Every create
 // that makes a domain appends "id command-id" to creates.log.
 //
 // Like a real host, a proxy is more than its domain: a create first makes

@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -124,5 +125,36 @@ func TestCancelledCallIsTransient(t *testing.T) {
 	defer cancel()
 	if _, err := d.Get(ctx, "p1"); !fleet.IsTransient(err) {
 		t.Fatalf("cancelled get: %v, want transient", err)
+	}
+}
+
+// TestOverlapAcrossDrivers: two drivers of one directory (two processes'
+// in the tests that run workers as processes) exclude each other's calls
+// for one id, and record the overlap; for different ids they do not.
+func TestOverlapAcrossDrivers(t *testing.T) {
+	dir := t.TempDir()
+	a, _ := New(Config{Host: "h1", Dir: dir, Delay: 100 * time.Millisecond})
+	b, _ := New(Config{Host: "h1", Dir: dir, Delay: 100 * time.Millisecond})
+	defer a.Close()
+	defer b.Close()
+	var wg sync.WaitGroup
+	for _, d := range []*Driver{a, b} {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, _ = d.Get(context.Background(), "p1") }()
+	}
+	wg.Wait()
+	if _, err := os.Stat(filepath.Join(dir, "overlaps.log")); err != nil {
+		t.Fatalf("no overlap recorded: %v", err)
+	}
+	if err := os.Remove(filepath.Join(dir, "overlaps.log")); err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range []*Driver{a, b} {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, _ = d.Get(context.Background(), fmt.Sprintf("q%d", i)) }()
+	}
+	wg.Wait()
+	if _, err := os.Stat(filepath.Join(dir, "overlaps.log")); err == nil {
+		t.Fatal("overlap recorded for different ids")
 	}
 }
