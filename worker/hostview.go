@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"math"
 	"sync"
 	"time"
 
@@ -42,17 +43,19 @@ type hostView struct {
 	mu    sync.Mutex
 	ready bool // every record delivered since the watch began
 	recs  map[string]viewedHost
-	// holders counts, per hash of a proxy id, the records in recs that
-	// hold room for it. Nearly every create is of an id no host holds, so
-	// each asks this once instead of looking the id up in every host's
-	// record (500 lookups a create, each a cache miss, were two thirds of
-	// ranking the hosts at 50,000 proxies); an id whose hash is counted
-	// is looked up in each record as before, so a collision costs only
-	// time. Keyed by hash, it weighs 12 bytes an id, not a string's 16
-	// and more. Kept up as records are replaced: a diff of the old and
-	// new record, O(record), and records change far less often than
-	// creates are placed.
-	holders map[uint64]int32
+	// holders is a counting filter of the proxy ids in recs: a counter
+	// per slot, each id counted in the slot its hash picks, once for
+	// every record that holds room for it. Nearly every create is of an
+	// id no host holds, so each asks this once instead of looking the id
+	// up in every host's record (500 lookups a create, each a cache miss,
+	// were two thirds of ranking the hosts at 50,000 proxies); an id whose
+	// slot counts others (about one in ten, at eight slots an id) is
+	// looked up in each record as before, which costs only time. A byte a
+	// slot: 512 KiB at 50,000 proxies, where a map by id was 3 MiB. Kept
+	// up as records are replaced, by a diff of the old and the new record,
+	// O(record), and made anew, larger, when the ids outgrow it.
+	holders []uint8
+	holderN int // ids counted (an id once per record holding it)
 	seed    maphash.Seed
 }
 
@@ -62,7 +65,7 @@ type viewedHost struct {
 }
 
 func newHostView(kv jetstream.KeyValue, nc *nats.Conn, retry time.Duration, log *slog.Logger) *hostView {
-	return &hostView{kv: kv, nc: nc, retry: retry, log: log, recs: map[string]viewedHost{}, holders: map[uint64]int32{}, seed: maphash.MakeSeed()}
+	return &hostView{kv: kv, nc: nc, retry: retry, log: log, recs: map[string]viewedHost{}, seed: maphash.MakeSeed()}
 }
 
 // stopWatcher stops kw, a KV watcher made on a context its caller cancels
@@ -89,7 +92,7 @@ func (v *hostView) follow(ctx context.Context) error {
 	v.mu.Lock()
 	v.ready = false
 	clear(v.recs)
-	clear(v.holders)
+	v.holders, v.holderN = nil, 0
 	v.mu.Unlock()
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -144,24 +147,64 @@ func (v *hostView) put(host string, rec messages.HostRecord, rev uint64) {
 }
 
 // countHoldersLocked updates holders for a record whose proxies were old
-// and are now new.
+// and are now new (recs holds the new one already).
 func (v *hostView) countHoldersLocked(old, new map[string]uint64) {
+	if v.holders == nil {
+		v.holders = make([]uint8, minHolderSlots)
+	}
 	for id := range old {
 		if _, ok := new[id]; ok {
 			continue
 		}
-		k := maphash.String(v.seed, id)
-		if v.holders[k] <= 1 {
-			delete(v.holders, k)
-		} else {
-			v.holders[k]--
+		v.holderN--
+		if s := v.holderSlot(id); v.holders[s] > 0 && v.holders[s] < math.MaxUint8 {
+			v.holders[s]-- // a full counter stays: it no longer knows its count
 		}
 	}
 	for id := range new {
-		if _, ok := old[id]; !ok {
-			v.holders[maphash.String(v.seed, id)]++
+		if _, ok := old[id]; ok {
+			continue
+		}
+		v.holderN++
+		if s := v.holderSlot(id); v.holders[s] < math.MaxUint8 {
+			v.holders[s]++
 		}
 	}
+	if v.holderN*holderSlotsPerID > len(v.holders) {
+		v.recountHoldersLocked()
+	}
+}
+
+// minHolderSlots and holderSlotsPerID size holders: at least that many
+// slots, eight an id (about one id in ten then finds its slot taken).
+const (
+	minHolderSlots   = 1 << 10
+	holderSlotsPerID = 8
+)
+
+// recountHoldersLocked makes holders anew from recs, sized for the ids
+// they hold.
+func (v *hostView) recountHoldersLocked() {
+	n := 0
+	for _, r := range v.recs {
+		n += len(r.rec.Proxies)
+	}
+	size := minHolderSlots
+	for size < 2*n*holderSlotsPerID {
+		size *= 2
+	}
+	v.holders, v.holderN = make([]uint8, size), n
+	for _, r := range v.recs {
+		for id := range r.rec.Proxies {
+			if s := v.holderSlot(id); v.holders[s] < math.MaxUint8 {
+				v.holders[s]++
+			}
+		}
+	}
+}
+
+func (v *hostView) holderSlot(id string) int {
+	return int(maphash.String(v.seed, id) & uint64(len(v.holders)-1))
 }
 
 // each calls fn, under one hold of the view's lock, with what the view
@@ -177,7 +220,7 @@ func (v *hostView) each(hosts []string, id string, fn func(host string, n int, h
 	if !v.ready {
 		return false
 	}
-	anyHolds := v.holders[maphash.String(v.seed, id)] > 0
+	anyHolds := len(v.holders) > 0 && v.holders[v.holderSlot(id)] > 0
 	for _, h := range hosts {
 		r, ok := v.recs[h]
 		if !ok {

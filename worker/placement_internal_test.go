@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"hash/maphash"
 	"log/slog"
 	"slices"
 	"strings"
@@ -196,7 +195,25 @@ func TestHostViewHeldFollowsRecords(t *testing.T) {
 			t.Fatalf("step %d: %s held on %v, want %v", i, s.id, got, s.want)
 		}
 	}
-	if _, ok := v.holders[maphash.String(v.seed, "a")]; ok {
-		t.Errorf("holders keeps a, which no record holds: %v", v.holders)
+	if n := v.holders[v.holderSlot("a")]; n != 0 {
+		t.Errorf("holders counts %d in a's slot, which no record holds", n)
+	}
+	// Past eight slots an id, the filter is made anew, larger, and still
+	// counts what the records hold.
+	big := rec("h2")
+	for i := range 2000 {
+		big.Proxies[fmt.Sprintf("x%d", i)] = 1
+	}
+	v.put("h2", big, 9)
+	if len(v.holders) < 8*2000 {
+		t.Fatalf("%d slots for 2000 ids", len(v.holders))
+	}
+	for _, id := range []string{"x0", "x1999", "c"} {
+		if v.holders[v.holderSlot(id)] == 0 {
+			t.Errorf("%s is held, but its slot counts nothing", id)
+		}
+	}
+	if got := heldOn("x7"); !slices.Equal(got, []string{"h2"}) {
+		t.Errorf("x7 held on %v, want [h2]", got)
 	}
 }
