@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,10 +46,12 @@ import (
 // would resume after the last stream sequence it saw, which is wrong for a
 // stream made anew.
 type eventView struct {
-	js    jetstream.JetStream
-	subj  messages.Subjects
-	log   *slog.Logger
-	retry time.Duration
+	js   jetstream.JetStream
+	subj messages.Subjects
+	// prefix is that of the events' subjects, before the id.
+	prefix string
+	log    *slog.Logger
+	retry  time.Duration
 
 	// keep says which hosts' proxies the view holds: those whose run
 	// this worker pulls or means to (nil: every host). A host it comes
@@ -71,7 +74,7 @@ type viewedEvent struct {
 }
 
 func newEventView(js jetstream.JetStream, subj messages.Subjects, retry time.Duration, log *slog.Logger) *eventView {
-	return &eventView{js: js, subj: subj, log: log, retry: retry, again: make(chan struct{}, 1),
+	return &eventView{js: js, subj: subj, prefix: strings.TrimSuffix(subj.StateAll(), ">"), log: log, retry: retry, again: make(chan struct{}, 1),
 		host: map[string]string{}, byHost: map[string]map[string]viewedEvent{}, names: map[string]string{}, ready: make(chan struct{})}
 }
 
@@ -154,7 +157,7 @@ func (v *eventView) follow(ctx context.Context) error {
 	}
 	failed := make(chan error, 1)
 	cc, err := cons.Consume(func(m jetstream.Msg) {
-		v.apply(m.Data())
+		v.apply(m.Subject(), m.Data())
 		if meta, err := m.Metadata(); err == nil && meta.NumPending == 0 {
 			v.caughtUp()
 		}
@@ -181,8 +184,27 @@ func (v *eventView) follow(ctx context.Context) error {
 	}
 }
 
-// apply records one event.
-func (v *eventView) apply(data []byte) {
+// apply records one event, published on subject.
+//
+// An event of a proxy the view does not hold, on a host it does not keep,
+// changes nothing: it is passed over on its id (the subject's and the
+// body's) and host, read without decoding the body. With ten workers,
+// nine events in ten a worker sees are such, and decoding them all was a
+// twentieth of a worker's CPU at 50,000 proxies.
+func (v *eventView) apply(subject string, data []byte) {
+	if v.keep != nil && strings.HasPrefix(subject, v.prefix) {
+		id := subject[len(v.prefix):]
+		host, okHost := topString(data, "host")
+		bodyID, okID := topString(data, "id")
+		if okHost && okID && bodyID == id && !v.keep(host) {
+			v.mu.Lock()
+			_, held := v.host[id]
+			v.mu.Unlock()
+			if !held {
+				return
+			}
+		}
+	}
 	var ev struct { // the fields the view keeps: the rest is not decoded
 		ID    string `json:"id"`
 		State string `json:"state"`
