@@ -154,3 +154,75 @@ func TestEventsOfOneProxyNeedNoReadUnlessAnotherPublished(t *testing.T) {
 		t.Errorf("last event: seq %d %s of %s, want seq %d running of c2", last.Seq, last.State, last.CommandID, fourth.Seq)
 	}
 }
+
+// A new proxy's first event ("provisioning", nothing remembered) needs no
+// read of the last message: published as if none were on record, it is
+// stored when none is. When one is (another publisher's), the server
+// refuses it and the publisher reads: the seq still follows the one on
+// record, and an older command's event is still not stored.
+func TestFirstEventOfANewProxyNeedsNoRead(t *testing.T) {
+	srv := natstest.Start(t)
+	nc, js := srv.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	subj := messages.NewSubjects("")
+	if _, err := (topology.Topology{Subjects: subj}).Setup(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	reads := make(chan *nats.Msg, 64)
+	sub, err := nc.ChanSubscribe("$JS.API.DIRECT.GET."+messages.StreamEvents+".>", reads)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	_, js2 := srv.Connect(t)
+	p, err := newEventPublisher(ctx, js, subj, time.Hour, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := newEventPublisher(ctx, js2, subj, time.Hour, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readsOf := func(f func()) int {
+		t.Helper()
+		if err := nc.Flush(); err != nil { // earlier reads are in the channel
+			t.Fatal(err)
+		}
+		for len(reads) > 0 {
+			<-reads
+		}
+		f()
+		if err := nc.Flush(); err != nil { // the requests reached the subscription before the flush's answer
+			t.Fatal(err)
+		}
+		return len(reads)
+	}
+	publish := func(p *eventPublisher, id, state, cmd string, cmdSeq uint64) messages.StateEvent {
+		t.Helper()
+		ev, err := p.Publish(ctx, messages.StateEvent{ID: id, State: state, Host: "h1", CommandID: cmd, CommandSeq: cmdSeq})
+		if err != nil {
+			t.Fatalf("%s %s: %v", id, state, err)
+		}
+		return ev
+	}
+	if n := readsOf(func() { publish(p, "new", messages.StateProvisioning, "c1", 1) }); n != 0 {
+		t.Errorf("the first event of a new proxy read the last message %d times, want 0", n)
+	}
+	// "old" has an event on record that p does not remember.
+	prev := publish(other, "old", messages.StateRunning, "c2", 5)
+	var ev messages.StateEvent
+	if n := readsOf(func() { ev = publish(p, "old", messages.StateProvisioning, "c3", 6) }); n != 1 {
+		t.Errorf("a proxy with an event on record that p does not remember: %d reads, want 1", n)
+	}
+	if ev.Seq != prev.Seq+1 {
+		t.Errorf("seq %d after %d on record, want %d", ev.Seq, prev.Seq, prev.Seq+1)
+	}
+	publish(other, "older", messages.StateRunning, "c5", 9)
+	if _, err := p.Publish(ctx, messages.StateEvent{ID: "older", State: messages.StateProvisioning, Host: "h1", CommandID: "c4", CommandSeq: 8}); !errors.Is(err, errEventSuperseded) {
+		t.Errorf("an older command's first event after a newer one's: %v, want errEventSuperseded", err)
+	}
+}
