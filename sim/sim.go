@@ -120,9 +120,7 @@ func (d *Driver) lock(ctx context.Context, op, id string) (func(), error) {
 		close(done)
 		d.mu.Unlock()
 	}
-	h := fnv.New64a()
-	h.Write([]byte(id))
-	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart, Start: int64(h.Sum64() >> 2), Len: 1}
+	lk := idLock(id)
 	fd := d.lockFile.Fd()
 	if err := unix.FcntlFlock(fd, unix.F_OFD_SETLK, &lk); err != nil {
 		if !recorded {
@@ -319,6 +317,32 @@ func (d *Driver) List(ctx context.Context) ([]fleet.Instance, error) {
 		out = append(out, d.instance(dom))
 	}
 	return out, nil
+}
+
+// idLock is the write lock of id's byte of locks/ids.lock.
+func idLock(id string) unix.Flock_t {
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	return unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart, Start: int64(h.Sum64() >> 2), Len: 1}
+}
+
+// Busy reports whether a call for id holds its lock on the simulated host
+// in dir, in any driver of any process (for tests that act while a call
+// is in flight).
+func Busy(dir, id string) (bool, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "locks", "ids.lock"), os.O_RDWR, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil // no call yet
+	}
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	lk := idLock(id)
+	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_GETLK, &lk); err != nil {
+		return false, err
+	}
+	return lk.Type != unix.F_UNLCK, nil
 }
 
 // Close releases the lock file; calls after it fail.

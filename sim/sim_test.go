@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"proxyfleet/fleet"
+	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
 )
 
@@ -156,5 +157,28 @@ func TestOverlapAcrossDrivers(t *testing.T) {
 	wg.Wait()
 	if _, err := os.Stat(filepath.Join(dir, "overlaps.log")); err == nil {
 		t.Fatal("overlap recorded for different ids")
+	}
+}
+
+// TestBusyWhileACallRuns: Busy says whether a call holds an id's lock.
+func TestBusyWhileACallRuns(t *testing.T) {
+	dir := t.TempDir()
+	d, _ := New(Config{Host: "h1", Dir: dir, Delay: 300 * time.Millisecond})
+	defer d.Close()
+	if busy, err := Busy(dir, "p1"); err != nil || busy {
+		t.Fatalf("before any call: busy %v, %v", busy, err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _, _ = d.Get(context.Background(), "p1") }()
+	poll.Until(t, "the call to show as busy", 10*time.Second, func() bool {
+		busy, err := Busy(dir, "p1")
+		return err == nil && busy
+	})
+	if busy, _ := Busy(dir, "p2"); busy {
+		t.Error("p2 busy while only p1 has a call")
+	}
+	<-done
+	if busy, err := Busy(dir, "p1"); err != nil || busy {
+		t.Fatalf("after the call: busy %v, %v", busy, err)
 	}
 }

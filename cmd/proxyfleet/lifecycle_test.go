@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/messages"
+	"proxyfleet/sim"
 )
 
 // simServeConfig writes a config of one sim host h1 in dir, with extra
@@ -114,8 +115,8 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	}
 	// The sim host takes its lock of p1 when the create starts.
 	waitUntil(t, "the create to be in flight", 30*time.Second, func() bool {
-		_, err := os.Stat(filepath.Join(dir, "h1", "locks", "p1.lock"))
-		return err == nil
+		busy, err := sim.Busy(filepath.Join(dir, "h1"), "p1")
+		return err == nil && busy
 	})
 
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
