@@ -13,8 +13,8 @@ func fleet50kFigures(o fleet50kOpts, results []fleet50kResult) sectionResult {
 	if o.syncAlways {
 		sync = "with sync_always, as nats.conf"
 	}
-	how := fmt.Sprintf("one embedded nats-server in the bench process (not a 3-node cluster; file store %s, default limits: max_payload 1 MiB), `proxyfleet setup`, then %d `proxyfleet worker` and %d `proxyfleet health` processes (the binary built once), all started at once, on a config of %d hosts of driver `sim` (%s per call, %s from create to an address; max_proxies the fleet's share of each host plus a tenth) with every worker and health setting at its default (health probes nothing on sim hosts: a `running` event with an address puts a proxy in the rotation). The size's create commands (no host named) are published at once (async, each with a Nats-Msg-Id) from the first publish on; RLIMIT_NOFILE raised to its hard limit for every process; one run per size.",
-		sync, o.workers, o.healths, o.hosts, fleetCallDelay, fleetBootDelay)
+	how := fmt.Sprintf("one embedded nats-server in the bench process (not a 3-node cluster; file store %s, default limits: max_payload 1 MiB), `proxyfleet setup`, then %d `proxyfleet worker` and %d `proxyfleet health` processes (the binary built once), all started at once, on a config of %d hosts of driver `sim` (%s per call, %s from create to an address; max_proxies the fleet's share of each host plus a tenth) with every worker and health setting at its default (health probes nothing on sim hosts: a `running` event with an address puts a proxy in the rotation). The size's create commands (no host named) are published at once (async, each with a Nats-Msg-Id) from the first publish on; RLIMIT_NOFILE raised to its hard limit for every process; one run per size, but %d of the largest, whose figures are those of the run of the median time into the rotation (every run's time is listed beside that figure).",
+		sync, o.workers, o.healths, o.hosts, fleetCallDelay, fleetBootDelay, max(o.runs, 1))
 	var figs []figure
 	type row struct {
 		key, label, unit string
@@ -45,7 +45,8 @@ func fleet50kFigures(o fleet50kOpts, results []fleet50kResult) sectionResult {
 		f := figure{Key: k + "in_rotation_s", Value: secs, Unit: "s", Target: atMost(boundInRotationS),
 			Ours: fmt.Sprintf("%.0f proxies/s into the rotation", float64(n)/secs),
 			Peer: fmt.Sprintf("%d × (%s boot + 2 calls of %s) over %d hosts", n, fleetBootDelay, fleetCallDelay, o.hosts),
-			How:  how + " The time from the first publish until a watcher of PROXY_ROTATION has seen every proxy put."}
+			How:  how + " The time from the first publish until a watcher of PROXY_ROTATION has seen every proxy put.",
+			Runs: r.runs}
 		if !f.met() {
 			f.Bound = "when every proxy had reached each stage: " + r.stages + "."
 			if r.cpuTotal > 0 {

@@ -68,7 +68,7 @@ func main() {
 	runs := flag.Int("runs", 3, "repetitions of each figure; the median is reported")
 	n := flag.Int("n", 2000, "commands (and raw publishes) per control-plane measurement")
 	var f50 fleet50kOpts
-	sizes := flag.String("fleet-sizes", "2000,12000,50000", "fleet50k: the fleet sizes to run, one run each")
+	sizes := flag.String("fleet-sizes", "2000,12000,50000", "fleet50k: the fleet sizes to run, one run each (the largest -fleet-runs times)")
 	flag.IntVar(&f50.hosts, "fleet-hosts", 500, "fleet50k: sim hosts")
 	flag.IntVar(&f50.workers, "fleet-workers", 10, "fleet50k: worker processes")
 	flag.IntVar(&f50.healths, "fleet-healths", 2, "fleet50k: health processes")
@@ -78,6 +78,7 @@ func main() {
 	flag.BoolVar(&f50.syncAlways, "fleet-sync-always", false, "fleet50k: run the server with sync_always (as nats.conf for a single node)")
 	flag.StringVar(&f50.profileDir, "fleet-profile", "", "fleet50k: write the workers' profiles here (CPU of w01 during the burst, every heap after); workers run with --pprof")
 	flag.DurationVar(&f50.profileFor, "fleet-profile-for", 20*time.Second, "fleet50k: how long the CPU profile lasts")
+	flag.IntVar(&f50.runs, "fleet-runs", 3, "fleet50k: runs of the largest size; its figures are those of the median run by time into the rotation")
 	flag.DurationVar(&f50.hold, "fleet-hold", 0, "fleet50k: keep each size's fleet up this long after it was measured (its config is logged), to look at it by hand")
 	flag.Parse()
 	log.SetFlags(log.Ltime)
