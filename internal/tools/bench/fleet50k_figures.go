@@ -112,7 +112,7 @@ func fleet50kFigures(o fleet50kOpts, results []fleet50kResult) sectionResult {
 		notes.WriteString("\n\n")
 	}
 	if len(results) > 0 {
-		notes.WriteString("How each figure grows with the fleet (one run per size):\n\n| figure |")
+		notes.WriteString("How each figure grows with the fleet (one run per size, the median of 3 at the largest):\n\n| figure |")
 		for _, r := range results {
 			fmt.Fprintf(&notes, " %d |", r.n)
 		}
