@@ -105,16 +105,7 @@ func (p *eventPublisher) Publish(ctx context.Context, ev messages.StateEvent) (m
 	ev.At = p.now().UTC()
 	for attempt := 0; attempt < 16; attempt++ {
 		prev, ok := p.remembered(ev.ID)
-		switch {
-		case !ok && attempt == 0 && ev.State == messages.StateProvisioning:
-			// Nothing remembered of a proxy being made: most often a
-			// new one, with no event on record. It is published as if a
-			// read had found none: the compare-and-set names sequence
-			// 0, so the server refuses it if an event is there, and the
-			// next attempt reads. Stored, no event was there, and there
-			// was nothing to be superseded by. That spares a read for
-			// every new proxy.
-		case !ok || (ev.CommandSeq != 0 && prev.commandSeq > ev.CommandSeq):
+		if !ok || (ev.CommandSeq != 0 && prev.commandSeq > ev.CommandSeq) {
 			// Nothing remembered, or a refusal to decide: read what is
 			// on record.
 			last, lastStreamSeq, err := p.last(ctx, ev.ID)
