@@ -721,6 +721,13 @@ func TestSnapshotPacedByItsBytes(t *testing.T) {
 		s := r.snapshots()
 		return len(s) > 0 && len(s[len(s)-1].Proxies) == 100
 	})
+	// The rig's subscription and this one each get every snapshot, in
+	// their own time: read the last one only once this one has it too.
+	waitFor(t, "this subscription to have every snapshot", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(times) == len(r.snapshots())
+	})
 	mu.Lock()
 	before := len(times)
 	prevAt, prevBytes := times[before-1], sizes[before-1]
