@@ -151,6 +151,12 @@ type Config struct {
 	// ReadyCheck, if set, must also return nil for /readyz to answer 200
 	// (serve adds its worker's readiness).
 	ReadyCheck func() error
+
+	// leaseLooked, if set, is called by the loop after each look at the
+	// lease (a renewal, or a standby's read): a test that must show a
+	// lease was not taken, or that a standby published nothing, waits
+	// for the loop's looks instead of sleeping. Set by export_test.go.
+	leaseLooked func()
 }
 
 // DefaultLeaseTTL is Config.LeaseTTL's default.

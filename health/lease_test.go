@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -56,6 +57,15 @@ func fastProbing(p health.Prober) health.Config {
 		Prober: p, Interval: 20 * time.Millisecond, Timeout: 15 * time.Millisecond,
 		Rise: 2, Fall: 3, LeaseTTL: time.Second,
 	}
+}
+
+// countLooks makes cfg count the process's looks at the lease (each
+// renewal, or each read of a standby): a test that must show the lease
+// was not taken, or that a standby published nothing, waits for looks,
+// not for time.
+func countLooks(cfg health.Config) (health.Config, *atomic.Int64) {
+	var n atomic.Int64
+	return health.WithLeaseLooked(cfg, func() { n.Add(1) }), &n
 }
 
 // bucketWatch records every change of PROXY_ROTATION.
@@ -244,7 +254,8 @@ func TestTakeover(t *testing.T) {
 			_, js2 := r.srv.Connect(t)
 			h1 := r.startWith(js1, fastProbing(p))
 			waitFor(t, "the first process to hold the lease", h1.Holder)
-			h2 := r.startWith(js2, fastProbing(p))
+			cfg2, looks := countLooks(fastProbing(p))
+			h2 := r.startWith(js2, cfg2)
 
 			want := map[string]string{}
 			for i := range 5 {
@@ -258,7 +269,11 @@ func TestTakeover(t *testing.T) {
 				rot, _ := h2.Rotation()
 				return len(rot.Proxies) == len(want)
 			})
-			time.Sleep(300 * time.Millisecond) // a few renewals
+			// The standby looks at the lease every third of its TTL:
+			// four looks span a TTL, more than a standby that missed
+			// the holder's renewals would wait before taking it.
+			n := looks.Load()
+			waitFor(t, "the standby to look at the lease 4 times", func() bool { return looks.Load() >= n+4 })
 			if h2.Holder() || h2.Metrics().Published != 0 || h2.Metrics().Takeovers != 0 {
 				t.Fatalf("the standby published: %+v", h2.Metrics())
 			}

@@ -37,6 +37,9 @@ func (h *Health) loop(ctx context.Context) {
 		if leaseDue {
 			leaseDue = false
 			h.tickLease(ctx)
+			if h.cfg.leaseLooked != nil {
+				h.cfg.leaseLooked()
+			}
 		}
 
 		retry = nil
