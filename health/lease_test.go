@@ -400,7 +400,8 @@ func TestRestartLoadsTheRotation(t *testing.T) {
 func TestLostLeaseStopsPublishing(t *testing.T) {
 	r := newRig(t)
 	p := newFakeProber()
-	h := r.start(fastProbing(p))
+	cfg, looks := countLooks(fastProbing(p))
+	h := r.start(cfg)
 	waitFor(t, "the lease", h.Holder)
 	leases, err := r.js.KeyValue(context.Background(), messages.BucketLeases)
 	if err != nil {
@@ -423,7 +424,11 @@ func TestLostLeaseStopsPublishing(t *testing.T) {
 	n := h.Metrics().Published
 	r.publish(leaseEvent("p1", 2, messages.StateRunning, "198.18.100.1"))
 	waitFor(t, "p1 to enter the fold", func() bool { rot, _ := h.Rotation(); return len(rot.Proxies) == 1 })
-	time.Sleep(200 * time.Millisecond)
+	// A look at the lease is followed by a publish in the same turn of
+	// the loop: the second look after p1 entered the fold ends a turn
+	// that had p1 to publish, and still had the lease taken.
+	l := looks.Load()
+	waitFor(t, "two looks at the lease", func() bool { return looks.Load() >= l+2 })
 	if m := h.Metrics(); m.Published != n || len(r.bucket()) != 0 {
 		t.Fatalf("published while standing by: %+v, bucket %v", m, r.bucket())
 	}
