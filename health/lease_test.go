@@ -466,9 +466,17 @@ func TestGraceWithProbing(t *testing.T) {
 		t.Fatalf("metrics %+v", h.Metrics())
 	}
 	r.waitBucket(map[string]string{})
-	time.Sleep(100 * time.Millisecond)
+	// p2, failing but running, is probed once a round, and rounds do not
+	// overlap: two more of its probes end the round p1 may have been in
+	// when its grace ended, three more make two rounds without p1.
+	rounds := func(k int) {
+		t.Helper()
+		m := p.count("198.18.100.2:3128")
+		waitFor(t, fmt.Sprintf("p2 probed %d more times", k), func() bool { return p.count("198.18.100.2:3128") >= m+k })
+	}
+	rounds(2)
 	n = p.count("198.18.100.1:3128")
-	time.Sleep(200 * time.Millisecond)
+	rounds(3)
 	if p.count("198.18.100.1:3128") != n {
 		t.Fatal("p1 still probed after its grace without a running event")
 	}
