@@ -519,14 +519,21 @@ func TestGraceKeepsThenDemotes(t *testing.T) {
 	r.waitBucket(both)
 	r.waitSnapshot(both)
 
-	// A restart that comes back within the grace never leaves.
+	// A restart that comes back within the grace never leaves. p3
+	// restarts after it and does not come back: once p3 has left, p2's
+	// grace, had it kept one, has ended too.
+	all := map[string]string{"p1": "198.18.100.1:3128", "p2": "198.18.100.2:3128", "p3": "198.18.100.3:3128"}
+	r.publish(event("p3", 1, messages.StateRunning, "198.18.100.3"))
+	r.waitBucket(all)
+	r.waitSnapshot(all)
 	n := len(r.snapshots())
 	r.publishFolded(h, event("p2", 2, messages.StateProvisioning, ""), event("p2", 3, messages.StateRunning, "198.18.100.2"))
-	time.Sleep(2 * grace)
-	if got := len(r.snapshots()); got != n {
-		t.Fatalf("%d snapshots published for a restart within the grace", got-n)
-	}
+	r.publishFolded(h, event("p3", 2, messages.StateProvisioning, ""))
 	r.waitBucket(both)
+	r.waitSnapshot(both)
+	if got := len(r.snapshots()) - n; got != 1 {
+		t.Fatalf("%d snapshots published for p3 leaving, want 1: p2's restart within the grace published", got)
+	}
 	checkVersionsIncrease(t, r.snapshots())
 }
 
