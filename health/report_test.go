@@ -77,7 +77,9 @@ func TestReportProbesAtOnceAndNeverRemovesAHealthyProxy(t *testing.T) {
 func TestReportOfADeadProxyTakesItOutWithoutWaitingForRounds(t *testing.T) {
 	r := newRig(t)
 	p := newFakeProber()
-	h := r.start(health.Config{Prober: p, Interval: time.Hour, Timeout: time.Second, Rise: 2, Fall: 3, LeaseTTL: time.Second})
+	// One probe at a time: probes run in the order they are asked for.
+	h := r.start(health.Config{Prober: p, Interval: time.Hour, Timeout: time.Second, Rise: 2, Fall: 3, LeaseTTL: time.Second,
+		Concurrency: 1})
 	waitFor(t, "the lease", h.Holder)
 	const a1, a2 = "198.18.100.1:3128", "198.18.100.2:3128"
 	r.publish(leaseEvent("p1", 1, messages.StateRunning, "198.18.100.1"), leaseEvent("p2", 1, messages.StateRunning, "198.18.100.2"))
@@ -90,8 +92,11 @@ func TestReportOfADeadProxyTakesItOutWithoutWaitingForRounds(t *testing.T) {
 		t.Fatalf("the dead proxy was probed %d times after the report, want 3 (fall)", n)
 	}
 	// It is no longer followed: a failing proxy out of the rotation
-	// waits for the rounds.
-	time.Sleep(100 * time.Millisecond)
+	// waits for the rounds. Another probe of it, asked for when its last
+	// one ended, would run before p2's, reported now.
+	before2 := p.count(a2)
+	r.report("p2", a2, "timeout")
+	waitFor(t, "the reported p2 probed", func() bool { return p.count(a2) == before2+1 })
 	if n := p.count(a1) - before; n != 3 {
 		t.Fatalf("probed %d times, want still 3", n)
 	}
