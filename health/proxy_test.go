@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"proxyfleet/internal/poll"
 )
 
 // fwdProxy is a tiny HTTP forward proxy (absolute-URI GET and CONNECT) on
@@ -47,12 +49,11 @@ func (p *fwdProxy) start(addr string) {
 	p.t.Helper()
 	var ln net.Listener
 	var err error
-	for range 50 { // the port may linger for a moment after a stop
-		if ln, err = net.Listen("tcp", addr); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	// The port may linger for a moment after a stop.
+	poll.Wait(10*time.Second, func() bool {
+		ln, err = net.Listen("tcp", addr)
+		return err == nil
+	})
 	if err != nil {
 		p.t.Fatal(err)
 	}
