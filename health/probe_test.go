@@ -10,6 +10,8 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+
+	"proxyfleet/internal/poll"
 )
 
 func targets(n int) []Target {
@@ -20,9 +22,12 @@ func targets(n int) []Target {
 	return out
 }
 
-// A round probes every target once, never more than concurrency at a time.
+// A round probes every target once, never more than concurrency at a time:
+// the probes are held until concurrency of them are in flight together.
 func TestProbeRoundBoundsConcurrency(t *testing.T) {
+	const concurrency = 16
 	var inFlight, peak, calls atomic.Int64
+	release := make(chan struct{})
 	p := ProberFunc(func(ctx context.Context, addr string) error {
 		calls.Add(1)
 		n := inFlight.Add(1)
@@ -32,25 +37,35 @@ func TestProbeRoundBoundsConcurrency(t *testing.T) {
 				break
 			}
 		}
-		time.Sleep(time.Millisecond)
+		<-release
 		inFlight.Add(-1)
 		return nil
 	})
 	var mu sync.Mutex
 	seen := map[string]int{}
-	probeRound(context.Background(), p, targets(500), 16, time.Second, time.Now, func(o probeOutcome) {
-		mu.Lock()
-		defer mu.Unlock()
-		seen[o.ID]++
-		if !o.OK || o.Result != ResultOK {
-			t.Errorf("%s: %+v", o.ID, o)
-		}
-	})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		probeRound(context.Background(), p, targets(500), concurrency, time.Minute, time.Now, func(o probeOutcome) {
+			mu.Lock()
+			defer mu.Unlock()
+			seen[o.ID]++
+			if !o.OK || o.Result != ResultOK {
+				t.Errorf("%s: %+v", o.ID, o)
+			}
+		})
+	}()
+	full := poll.Wait(10*time.Second, func() bool { return inFlight.Load() >= concurrency })
+	close(release)
+	<-done
+	if !full {
+		t.Fatalf("at most %d probes in flight together, want %d", peak.Load(), concurrency)
+	}
 	if calls.Load() != 500 || len(seen) != 500 {
 		t.Fatalf("%d probes, %d reported, want 500", calls.Load(), len(seen))
 	}
-	if pk := peak.Load(); pk > 16 || pk < 2 {
-		t.Fatalf("peak concurrency %d, want 2..16", pk)
+	if pk := peak.Load(); pk != concurrency {
+		t.Fatalf("peak concurrency %d, want %d", pk, concurrency)
 	}
 }
 
