@@ -704,9 +704,14 @@ func TestLateDuplicateIsSuperseded(t *testing.T) {
 	r.c = c
 	first := r.create("p1", "c1", "")
 	wantFinal(t, first, messages.OutcomeDone)
-	time.Sleep(300 * time.Millisecond)
-	late := r.create("p1", "c1", "")
-	if late.Duplicate || late.Sequence == first.Sequence {
+	// The same command again until JetStream stores it: within the
+	// window it is a duplicate, which finds the first one's outcome.
+	var late client.Outcome
+	waitUntil(t, "a publish after the dedupe window", func() bool {
+		late = r.create("p1", "c1", "")
+		return !late.Duplicate
+	})
+	if late.Sequence == first.Sequence {
 		t.Fatalf("late publish = %+v, want a new message", late)
 	}
 	wantFinal(t, late, messages.OutcomeSuperseded)
