@@ -74,17 +74,21 @@ func (f *fence) run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		// The clock is read on every check, connected or not: a test's
+		// clock counts the checks, to know the fence had its chances to
+		// cut, and can make each one hours later than the last.
+		now := f.now()
 		if f.nc == nil || f.nc.IsConnected() {
 			downSince, cut = time.Time{}, false
 			continue
 		}
 		if downSince.IsZero() {
-			downSince = f.now()
+			downSince = now
 		}
-		if !cut && f.now().Sub(downSince) >= f.after {
+		if !cut && now.Sub(downSince) >= f.after {
 			cut = true
 			f.log.Warn("cut off from NATS: abandoning in-flight work, which JetStream will deliver again",
-				"down", f.now().Sub(downSince).Round(time.Millisecond))
+				"down", now.Sub(downSince).Round(time.Millisecond))
 			f.cut()
 		}
 	}
