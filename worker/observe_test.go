@@ -22,14 +22,19 @@ import (
 // domain shut off behind the system's back is reported failed.
 func TestObservationSeesAVMDieBehindOurBack(t *testing.T) {
 	r := newRig(t, "h1")
-	r.startWorker(func(c *worker.Config) { c.ObserveInterval = 100 * time.Millisecond })
+	w := r.startWorker(func(c *worker.Config) { c.ObserveInterval = 100 * time.Millisecond })
 	r.create("p1", "c1", "")
 	r.create("p2", "c2", "")
 	r.waitOutcome("c1", messages.OutcomeDone)
 	r.waitOutcome("c2", messages.OutcomeDone)
 	before, _ := r.lastEvent("p1")
 
-	time.Sleep(500 * time.Millisecond) // several passes over unchanged proxies
+	// Several passes over unchanged proxies, begun after p1's last event
+	// was read: the first has ended by the time the fifth begins (a pass
+	// gives up after an interval, and ticks come an interval apart).
+	passes := func() int64 { return w.Stats().Snapshot()["observe_passes"] }
+	from := passes()
+	r.waitFor("passes over unchanged proxies", 20*time.Second, func() bool { return passes() >= from+5 })
 	if ev, _ := r.lastEvent("p1"); ev.Seq != before.Seq {
 		t.Fatalf("an unchanged proxy was republished: %+v after %+v", ev, before)
 	}
@@ -83,7 +88,12 @@ func TestSweepRemovesOrphansOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.waitFor("the leaked VM to be swept", 10*time.Second, func() bool { return !r.domainExists("h1", "gone") })
-	time.Sleep(300 * time.Millisecond) // more passes
+	// More passes, each a sweep that would remove stray or keep if it
+	// were wrong: the first begun from here has ended when the fourth
+	// begins (a pass gives up after an interval).
+	passes := func() int64 { return w.Stats().Snapshot()["observe_passes"] }
+	from := passes()
+	r.waitFor("more passes", 20*time.Second, func() bool { return passes() >= from+4 })
 	if !r.domainExists("h1", "stray") {
 		t.Error("a domain with no desired state was swept")
 	}
