@@ -1,11 +1,15 @@
 package worker_test
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -119,7 +123,7 @@ func TestLatencyHistograms(t *testing.T) {
 	r.create("p3", "c3", "")
 	r.waitOutcome("c3", messages.OutcomeDone)
 	before, _ := r.lastEvent("p3")
-	time.Sleep(1500 * time.Millisecond) // past the dedupe window of 1s: the re-drive's done is stored again
+	r.waitPastDedupeWindow() // c3's done out of the window: the re-drive's done is stored again
 	if err := os.Remove(filepath.Join(r.hostDir("h1"), "domains", "p3.json")); err != nil {
 		t.Fatal(err)
 	}
@@ -143,4 +147,31 @@ func TestLatencyHistograms(t *testing.T) {
 	if n := commands(messages.OpCreate, messages.OutcomeDone); n != 2 {
 		t.Errorf("create done counted %d times after c1, c3 and c3's re-drive, want 2 (the re-drive answers no new command)", n)
 	}
+}
+
+// waitPastDedupeWindow waits until PROXY_RESULTS's duplicate window has
+// passed for every result it stored before the call. It stores a probe
+// result and publishes it again, with the same message id, until the
+// server stores it again rather than drop it as a duplicate: the window
+// has then passed for the probe, and so for every result stored before it
+// (the window is one length for all, from each message's storing).
+func (r *rig) waitPastDedupeWindow() {
+	r.t.Helper()
+	id := fmt.Sprintf("window-probe-%d", time.Now().UnixNano()) // a message id of its own
+	probe := func() bool {
+		m := nats.NewMsg(subj.Result(id))
+		m.Data = fmt.Appendf(nil, `{"v":1,"id":%q,"command_id":%q,"op":"probe","outcome":"probe"}`, id, id)
+		m.Header.Set(jetstream.MsgIDHeader, id)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		ack, err := r.js.PublishMsg(ctx, m)
+		if err != nil {
+			r.t.Fatalf("publish the window probe: %v", err)
+		}
+		return !ack.Duplicate
+	}
+	if !probe() {
+		r.t.Fatal("the window probe was a duplicate when first published")
+	}
+	r.waitFor("the duplicate window to pass", 30*time.Second, probe)
 }
