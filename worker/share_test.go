@@ -52,6 +52,22 @@ func (hc *hostCalls) enter(host, id, call string) func() {
 	}
 }
 
+// busy reports whether every one of hosts has a call in flight.
+func (hc *hostCalls) busy(hosts []string) bool {
+	hc.mu.Lock()
+	defer hc.mu.Unlock()
+	for _, h := range hosts {
+		n := 0
+		for _, c := range hc.active[h] {
+			n += c
+		}
+		if n == 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // tracked is a host's provider that tells hc of its calls.
 type tracked struct {
 	worker.Provider
@@ -219,7 +235,7 @@ func TestHostsSharedOverWorkers(t *testing.T) {
 	})
 
 	stop := r.traffic(25 * time.Millisecond)
-	time.Sleep(300 * time.Millisecond) // work in flight on every host
+	r.waitFor("work in flight on every host", 10*time.Second, func() bool { return hc.busy(r.hosts) })
 	start = time.Now()
 	if err := r.stopWorker(w3); err != nil {
 		t.Fatal(err)
