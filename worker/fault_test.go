@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -62,6 +64,10 @@ func (r *rig) storedResults() map[string][]messages.Result {
 	return out
 }
 
+// fenceCut is what a worker's fence logs when it abandons the work in
+// flight, cut off from NATS.
+const fenceCut = "cut off from NATS: abandoning in-flight work, which JetStream will deliver again"
+
 func hasOutcome(rs []messages.Result, outcome string) bool {
 	for _, r := range rs {
 		if r.Outcome == outcome {
@@ -79,8 +85,14 @@ func TestNATSRestartWithCommandsInFlight(t *testing.T) {
 	const n = 200
 	hosts := []string{"h1", "h2", "h3"}
 	r := newRig(t, hosts...)
-	for range 2 {
+	// Each worker's fence says when the outage has cut its work off.
+	var cuts [2]chan struct{}
+	for i := range cuts {
+		cut := make(chan struct{})
+		cuts[i] = cut
+		var once sync.Once
 		r.startWorker(func(c *worker.Config) {
+			c.Logger = slog.New(onMessage{fenceCut, func() { once.Do(func() { close(cut) }) }})
 			c.MaxAttempts = 8
 			for h := range c.Providers {
 				p, err := sim.New(sim.Config{Host: h, Dir: r.hostDir(h), Delay: 20 * time.Millisecond, BootDelay: 100 * time.Millisecond})
@@ -108,7 +120,19 @@ func TestNATSRestartWithCommandsInFlight(t *testing.T) {
 	})
 	stopped := time.Now()
 	r.srv.Stop()
-	time.Sleep(2 * time.Second) // the outage: workers' calls and publishes fail meanwhile
+	// The outage lasts until every worker has seen it: down past its
+	// fence's limit (a quarter of AckWait), its work in flight is cut off,
+	// and its calls and publishes fail meanwhile.
+	r.waitFor("every worker's fence to cut its work off", 30*time.Second, func() bool {
+		for _, cut := range cuts {
+			select {
+			case <-cut:
+			default:
+				return false
+			}
+		}
+		return true
+	})
 	r.srv.Start(t)
 	restarted := time.Now()
 	t.Logf("nats-server down for %s", restarted.Sub(stopped).Round(time.Millisecond))
