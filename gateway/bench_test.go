@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"proxyfleet/internal/poll"
 )
 
 // BenchmarkGateway: plain requests per second through the gateway over a
@@ -171,6 +173,20 @@ func rssBytes() uint64 {
 	return pages * uint64(os.Getpagesize())
 }
 
+// state reads the tracker: how many things run (handlers, handshakes,
+// each tunnel's two pumps) and how many client connections are still
+// with a handler (the lean path's, tracked until their handler returns).
+func (t *tracker) state() (running, handled int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for c := range t.conns {
+		if _, ok := c.(*clientConn); ok {
+			handled++
+		}
+	}
+	return t.n, handled
+}
+
 // idleCost is what n idle tunnels cost, per tunnel.
 type idleCost struct {
 	heapStack  float64 // HeapInuse + StackInuse, bytes per tunnel
@@ -224,8 +240,20 @@ func measureIdleTunnels(tb testing.TB, n int) idleCost {
 	for range 50 {
 		open()
 	}
-	settle := func() (runtime.MemStats, uint64, int, int) {
-		time.Sleep(200 * time.Millisecond)
+	// settle waits until the k tunnels opened so far are idle, then
+	// measures. A client has its 200 before the upstream has recorded its
+	// connection and before the gateway's handler has handed the tunnel
+	// to its pumps and returned: idle is the upstream holding k, no
+	// client connection left with a handler, and two pumps running for
+	// each tunnel (what the tracker counts: tunnel.run and its copy).
+	settle := func(k int) (runtime.MemStats, uint64, int, int) {
+		poll.Until(tb, fmt.Sprintf("%d idle tunnels", k), 30*time.Second, func() bool {
+			up.mu.Lock()
+			held := len(up.conns)
+			up.mu.Unlock()
+			running, handled := g.track.state()
+			return held == k && handled == 0 && running == 2*k
+		})
 		runtime.GC()
 		runtime.GC()
 		var ms runtime.MemStats
@@ -233,11 +261,11 @@ func measureIdleTunnels(tb testing.TB, n int) idleCost {
 		fds, _ := os.ReadDir("/proc/self/fd")
 		return ms, rssBytes(), runtime.NumGoroutine(), len(fds)
 	}
-	before, rss0, gr0, fd0 := settle()
+	before, rss0, gr0, fd0 := settle(50)
 	for range n {
 		open()
 	}
-	after, rss1, gr1, fd1 := settle()
+	after, rss1, gr1, fd1 := settle(n + 50)
 	per := func(a, b uint64) float64 { return (float64(a) - float64(b)) / float64(n) }
 	cost := idleCost{
 		heapStack:  per(after.HeapInuse+after.StackInuse, before.HeapInuse+before.StackInuse),
