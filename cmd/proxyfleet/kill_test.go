@@ -20,6 +20,7 @@ import (
 	"proxyfleet/internal/natstest"
 	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
+	"proxyfleet/sim"
 )
 
 // buildBinary builds proxyfleet for a test, with the kill points
@@ -187,12 +188,24 @@ worker: {concurrency: 2, ack_wait: 2s, pinned_ttl: 2s, poll_interval: 50ms, back
 	for i := range proxies {
 		publish(messages.OpCreate, fmt.Sprintf("k%02d", i), 0)
 	}
-	// Kill a worker every 400ms for a while, restarting it at once, while
-	// deletes and re-creates arrive.
+	// inFlight reports whether a command's call holds its proxy's lock on
+	// a sim host now (sim.Busy).
+	inFlight := func() bool {
+		for _, h := range hosts {
+			for n := range proxies {
+				if busy, err := sim.Busy(filepath.Join(dir, h), fmt.Sprintf("k%02d", n)); err == nil && busy {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	// Kill a worker at a time, restarting it at once, while commands are
+	// in flight and deletes and re-creates arrive.
 	for round := range 10 {
-		time.Sleep(400 * time.Millisecond)
 		i := round % len(workers) // each worker is killed, the pinned ones among them
 		up(i)
+		waitUntil(t, fmt.Sprintf("a command in flight on the hosts (round %d)", round), 60*time.Second, inFlight)
 		workers[i].kill()
 		start(i)
 		for range 4 {
