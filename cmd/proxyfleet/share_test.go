@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"proxyfleet/internal/natstest"
 	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
+	"proxyfleet/sim"
 	"proxyfleet/worker"
 )
 
@@ -119,6 +121,7 @@ worker: {ack_wait: 2s, pinned_ttl: %s, heartbeat: 250ms, liveness: 750ms, poll_i
 	}
 	defer sub.Unsubscribe()
 	var cmds []string
+	var published atomic.Int64 // creates published: k000 on s1, k001 on s2, …
 	quit, stopped := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(stopped)
@@ -142,10 +145,32 @@ worker: {ack_wait: 2s, pinned_ttl: %s, heartbeat: 250ms, liveness: 750ms, poll_i
 				return
 			}
 			cmds = append(cmds, cmd)
+			published.Add(1)
 		}
 	}()
 
-	time.Sleep(500 * time.Millisecond) // work in flight everywhere
+	// Work in flight everywhere: a create has held its lock on every
+	// host (sim.Busy), and one holds it now on a host of w0, which is
+	// killed mid-command. The shares are settled: w0's hosts stay its own
+	// until the kill.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	owners, err := worker.Owners(ctx, js, hosts)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	busySeen := map[string]bool{}
+	waitUntil(t, "work in flight on every host, and now on one of w0's", 30*time.Second, func() bool {
+		onW0 := false
+		for i := range int(published.Load()) {
+			h := hosts[i%len(hosts)]
+			if busy, err := sim.Busy(filepath.Join(dir, h), fmt.Sprintf("k%03d", i)); err == nil && busy {
+				busySeen[h] = true
+				onW0 = onW0 || owners[h].Worker == "w0"
+			}
+		}
+		return len(busySeen) == len(hosts) && onW0
+	})
 	killed := time.Now()
 	workers["w0"].kill()
 	takeover := waitShares(killed, "three hosts each after w0 was killed", 3, "w1", "w2")
