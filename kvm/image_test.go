@@ -330,7 +330,7 @@ func TestImage_H4_hostEntriesGetTheirOwnVolumes(t *testing.T) {
 func TestImage_H4_unmarkedVolumeIsNotUsed(t *testing.T) {
 	s := startSSHD(t)
 	k := newTestLink(t, LinkConfig{SSH: s.sshConfig(t, s.addr)})
-	pool, _ := testPool(t, k)
+	pool, dir := testPool(t, k)
 	u, data, digest := writeArtifact(t, t.TempDir(), "disk.raw", 1<<20)
 	img := ImageSource{Name: "debian-12", URL: u, SHA256: digest, Format: "raw"}
 	name, _ := baseVolumeName("h1", digest, "raw")
@@ -366,13 +366,13 @@ func TestImage_H4_unmarkedVolumeIsNotUsed(t *testing.T) {
 		}
 		// Someone writes into the verified volume behind the cache's
 		// back (its mark stays).
-		time.Sleep(20 * time.Millisecond) // a later mtime, whatever the clock's grain
 		vol := lookupVol(t, k, pool, vols.Base.Name)
 		if err := k.call(context.Background(), 10*time.Second, func(l *libvirt.Libvirt) error {
 			return l.StorageVolUpload(vol, bytes.NewReader([]byte("rewritten")), 0, 9, 0)
 		}); err != nil {
 			t.Fatal(err)
 		}
+		stampAfter(t, filepath.Join(dir, name), filepath.Join(dir, markName(artifact{name: name, sha: digest})))
 		notUsed(t, "a volume written after its verification")
 		deleteVol(t, k, vol)
 	})
@@ -393,6 +393,21 @@ func TestImage_H4_unmarkedVolumeIsNotUsed(t *testing.T) {
 		}
 		checkVolume(t, vols.Base, data)
 	})
+}
+
+// stampAfter sets the mtime of the file at path to a second after that of
+// the file at earlier: a write to path made after earlier was stamped
+// shows as later, whatever the clock's grain (within one tick of a
+// coarse clock both would have the same mtime).
+func stampAfter(t *testing.T, path, earlier string) {
+	t.Helper()
+	fi, err := os.Stat(earlier)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(path, time.Time{}, fi.ModTime().Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func lookupVol(t *testing.T, k *Link, pool libvirt.StoragePool, name string) libvirt.StorageVol {
@@ -715,19 +730,20 @@ func TestImage_downloadDeadlineInsideTransferBudget(t *testing.T) {
 func TestImage_staleUploadIsTakenOver(t *testing.T) {
 	s := startSSHD(t)
 	k := newTestLink(t, LinkConfig{SSH: s.sshConfig(t, s.addr)})
-	pool, _ := testPool(t, k)
+	pool, dir := testPool(t, k)
 	u, data, digest := writeArtifact(t, t.TempDir(), "disk.raw", 2<<20)
 	name, _ := baseVolumeName("h1", digest, "raw")
 	// A mark left from an earlier upload, then the dead uploader's
 	// volume, newer than that mark, with half the bytes.
-	testVolume(t, k, pool, markName(artifact{name: name, sha: digest}), uint64(len(data)))
-	time.Sleep(20 * time.Millisecond)
+	mark := markName(artifact{name: name, sha: digest})
+	testVolume(t, k, pool, mark, uint64(len(data)))
 	vol := testVolume(t, k, pool, name, uint64(len(data)))
 	if err := k.call(context.Background(), 10*time.Second, func(l *libvirt.Libvirt) error {
 		return l.StorageVolUpload(vol, bytes.NewReader(data[:1<<20]), 0, 1<<20, 0)
 	}); err != nil {
 		t.Fatal(err)
 	}
+	stampAfter(t, filepath.Join(dir, name), filepath.Join(dir, mark))
 	c, tr := testCache(t, k, pool.Name, "h1")
 	c.stale = time.Second
 	start := time.Now()
