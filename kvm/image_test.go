@@ -27,6 +27,7 @@ import (
 	"github.com/digitalocean/go-libvirt"
 
 	"proxyfleet/fleet"
+	"proxyfleet/internal/poll"
 )
 
 // The image cache tests run against the real libvirtd through a real sshd
@@ -480,6 +481,10 @@ type helperResult struct {
 
 const helperEnv = "PROXYFLEET_IMAGE_HELPER"
 
+// helperReady is the line a helper process prints once it is up, before
+// it waits for the go on its stdin.
+const helperReady = "HELPER READY"
+
 // TestHelperProcessEnsure is not a test: TestImage_twoProcessesOneUpload
 // runs the test binary as child processes that run only this, with
 // PROXYFLEET_IMAGE_HELPER set to a helperConfig. It returns at once
@@ -495,7 +500,9 @@ func TestHelperProcessEnsure(t *testing.T) {
 	}
 	k := newTestLink(t, LinkConfig{SSH: cfg.SSH})
 	c, tr := testCache(t, k, cfg.Pool, cfg.Host)
-	// Both processes start when the parent says so, to overlap.
+	// Both processes start when the parent says so, to overlap; it waits
+	// for both to say they are up.
+	fmt.Printf("\n%s\n", helperReady)
 	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 		t.Fatalf("waiting for the go: %v", err)
 	}
@@ -558,9 +565,10 @@ func TestImage_twoProcessesOneUpload(t *testing.T) {
 		t.Fatal(err)
 	}
 	type child struct {
-		cmd            *exec.Cmd
-		stdin          io.WriteCloser
-		stdout, stderr bytes.Buffer
+		cmd    *exec.Cmd
+		stdin  io.WriteCloser
+		stdout lockedBuffer // read while the child runs
+		stderr bytes.Buffer
 	}
 	children := make([]*child, 2)
 	for i := range children {
@@ -575,7 +583,12 @@ func TestImage_twoProcessesOneUpload(t *testing.T) {
 		}
 		children[i] = ch
 	}
-	time.Sleep(500 * time.Millisecond) // both dialled nothing yet, but are up
+	// Both up (they dial nothing before the go).
+	for i, ch := range children {
+		poll.Until(t, fmt.Sprintf("child %d to be up", i), time.Minute, func() bool {
+			return strings.Contains(ch.stdout.String(), "\n"+helperReady+"\n")
+		})
+	}
 	start := time.Now()
 	for _, ch := range children {
 		_, _ = io.WriteString(ch.stdin, "go\n")
