@@ -20,6 +20,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"proxyfleet/fleet"
+	"proxyfleet/internal/poll"
 )
 
 // testPool makes a transient dir pool in a temp dir on the test host and
@@ -54,14 +55,12 @@ func testPool(t *testing.T, k *Link) (libvirt.StoragePool, string) {
 			}
 			for _, v := range vols {
 				// A volume whose upload was cut may be busy for a
-				// moment, until libvirtd sees the stream's end.
-				for i := 0; ; i++ {
-					err := l.StorageVolDelete(v, 0)
-					if err == nil || i == 50 {
-						break
-					}
-					time.Sleep(100 * time.Millisecond)
-				}
+				// moment, until libvirtd sees the stream's end: its
+				// delete is tried again until it is gone (or for 5s;
+				// the pool's directory goes with the test anyway).
+				poll.WaitEvery(5*time.Second, 100*time.Millisecond, func() bool {
+					return l.StorageVolDelete(v, 0) == nil
+				})
 			}
 			return l.StoragePoolDestroy(pool)
 		})
