@@ -15,6 +15,7 @@ import (
 	"github.com/digitalocean/go-libvirt"
 
 	"proxyfleet/fleet"
+	"proxyfleet/internal/poll"
 )
 
 // version is a cheap RPC.
@@ -389,12 +390,25 @@ func TestKeepalive_killsStalledIdleLink(t *testing.T) {
 	cfg := s.sshConfig(t, p.Addr())
 	cfg.KeepaliveInterval = 100 * time.Millisecond
 	cfg.KeepaliveTimeout = 300 * time.Millisecond
-	k := newTestLink(t, LinkConfig{SSH: cfg})
+	var dialed atomic.Pointer[SSHConn] // the link's SSH connection, for its count of replies
+	k := newTestLink(t, LinkConfig{SSH: cfg, Dial: func(ctx context.Context) (net.Conn, error) {
+		sc, err := DialSSH(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		dialed.Store(sc)
+		return sc, nil
+	}})
 	c := k.current(t)
-	// Keepalives get replies while the network is fine.
-	time.Sleep(500 * time.Millisecond)
+	sc := dialed.Load()
+	// Keepalives get replies while the network is fine: the link
+	// outlives five answered ones (half a second of them, longer than
+	// their timeout).
+	poll.Until(t, "five keepalives answered, or the link dead", 10*time.Second, func() bool {
+		return sc.keepaliveReplies.Load() >= 5 || c.isDead()
+	})
 	if c.isDead() {
-		t.Fatalf("healthy idle link died: %v", c.deadErr())
+		t.Fatalf("healthy idle link died after %d keepalives answered: %v", sc.keepaliveReplies.Load(), c.deadErr())
 	}
 
 	p.Stall()

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/crypto/ssh"
@@ -135,6 +136,11 @@ type SSHConn struct {
 
 	mu  sync.Mutex
 	err error // why it ended; set before done is closed
+
+	// keepaliveReplies counts the keepalives answered. Only tests read
+	// it: that a healthy link stays up is shown by keepalives answered
+	// for longer than their timeout, not by waiting a guessed time.
+	keepaliveReplies atomic.Int64
 }
 
 // Close closes the SSH client's TCP socket. It does not block on the
@@ -335,6 +341,7 @@ func (c *SSHConn) keepalive(interval, timeout time.Duration) {
 				c.kill(fmt.Errorf("%w: %v", ErrKeepalive, err))
 				return
 			}
+			c.keepaliveReplies.Add(1)
 		case <-timer.C:
 			c.kill(fmt.Errorf("%w: no reply within %s", ErrKeepalive, timeout))
 			<-reply // the client is closed, so the request returns
