@@ -29,10 +29,13 @@ import (
 // rotationLog records every change of PROXY_ROTATION and every snapshot on
 // proxy.rotation.
 type rotationLog struct {
+	kv       jetstream.KeyValue
 	mu       sync.Mutex
 	members  map[string]string
 	entered  map[string]bool // every id ever put
 	removed  []string        // "id at time"
+	revision uint64          // the highest revision of the bucket read
+	feed     int             // messages read on the feed, proxy.rotation.changes
 	versions []uint64
 	backward []string
 }
@@ -68,6 +71,54 @@ func (r *rotationLog) removals() []string {
 	return append([]string(nil), r.removed...)
 }
 
+func (r *rotationLog) feedCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.feed
+}
+
+func (r *rotationLog) lastRevision() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.revision
+}
+
+// caughtUp waits until the log holds whatever the publishing health
+// process had decided when it was called: two messages on the rotation's
+// feed read after the call, then the bucket read up to its last
+// revision. The holder sends a message at least every third of the
+// lease's TTL (a heartbeat if nothing changed), each after a publish
+// that took every change folded before that publish began, and writes a
+// message's puts and deletes before it sends it. One message read after
+// the call may have been sent before it; the second comes from a later
+// publish (but for a change too large for one message).
+func (r *rotationLog) caughtUp(t *testing.T, bound time.Duration) {
+	t.Helper()
+	n := r.feedCount()
+	waitUntil(t, "two messages on the rotation's feed", bound, func() bool { return r.feedCount() >= n+2 })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := r.kv.Status(ctx)
+	if err != nil {
+		t.Fatalf("rotation bucket status: %v", err)
+	}
+	last := st.(*jetstream.KeyValueBucketStatus).StreamInfo().State.LastSeq
+	waitUntil(t, fmt.Sprintf("the rotation's watch to read revision %d", last), bound, func() bool { return r.lastRevision() >= last })
+}
+
+// probeRounds waits until the health process serving /metrics at addr has
+// run rounds more probes of each of its targets (counted over all of
+// them).
+func probeRounds(t *testing.T, addr string, rounds int, bound time.Duration) {
+	t.Helper()
+	mfs := scrape(t, addr)
+	from, targets := value(mfs, "proxyfleet_probes_total"), value(mfs, "proxyfleet_probe_targets")
+	want := from + float64(rounds)*max(targets, 1)
+	waitUntil(t, fmt.Sprintf("%d more rounds of probes of %v targets by %s", rounds, targets, addr), bound, func() bool {
+		return value(scrape(t, addr), "proxyfleet_probes_total") >= want
+	})
+}
+
 func (r *rotationLog) addrs() map[string]string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -90,6 +141,7 @@ func (e *e2e) watchRotation() *rotationLog {
 		kv, err = e.js.KeyValue(ctx, messages.BucketRotation)
 		return err == nil
 	})
+	r.kv = kv
 	w, err := kv.WatchAll(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -102,6 +154,7 @@ func (e *e2e) watchRotation() *rotationLog {
 				continue // the initial values are in
 			}
 			r.mu.Lock()
+			r.revision = max(r.revision, entry.Revision())
 			if entry.Operation() == jetstream.KeyValuePut {
 				r.members[entry.Key()] = string(entry.Value())
 				r.entered[entry.Key()] = true
@@ -129,6 +182,15 @@ func (e *e2e) watchRotation() *rotationLog {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	feed, err := e.nc.Subscribe("proxy.rotation.changes", func(*nats.Msg) {
+		r.mu.Lock()
+		r.feed++
+		r.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = feed.Unsubscribe() })
 	return r
 }
 
@@ -275,7 +337,12 @@ func TestEndToEndRotation(t *testing.T) {
 	before := len(rot.removals())
 	h1.kill()
 	waitUntil(t, "h2 to take the lease", 30*time.Second, func() bool { return healthRole(h2Addr) == "holder" })
-	time.Sleep(3 * interval) // the new holder publishes, probes keep passing
+	// The new holder publishes (its first message reconciles the bucket
+	// with its fold), and probes keep passing: fall+1 rounds of probes,
+	// enough for `fall` failures in a row whatever the rounds' phase,
+	// and what they decided published and read.
+	probeRounds(t, h2Addr, fall+1, time.Duration(fall+1)*interval+slack)
+	rot.caughtUp(t, slack)
 	if r := rot.removals(); len(r) != before {
 		t.Errorf("passing proxies removed across the takeover: %v", r[before:])
 	}
@@ -343,10 +410,12 @@ func TestEndToEndRotation(t *testing.T) {
 		return false
 	})
 	t.Logf("e2e-b reported running again %s after the outage began", time.Since(outage).Round(100*time.Millisecond))
-	// Two probe rounds: a proxy taken out would be back by now, and its
-	// removal recorded.
+	// A proxy taken out would be back by now, its removal recorded; and
+	// fall+1 rounds of probes more, published and read, would take one
+	// out that fails.
 	waitUntil(t, "e2e-b in the rotation", slack, func() bool { return rot.has("e2e-b") })
-	time.Sleep(2 * interval)
+	probeRounds(t, h2Addr, fall+1, time.Duration(fall+1)*interval+slack)
+	rot.caughtUp(t, slack)
 	if r := rot.removals(); len(r) != before {
 		t.Errorf("an agent-only outage removed: %v", r[before:])
 	}
