@@ -54,6 +54,9 @@ type e2e struct {
 	dir  string
 	cfg  *config.Config
 	path string
+	// healthHTTP is the --http address of the health process a rig
+	// started (realGuestRig), for its /metrics.
+	healthHTTP string
 
 	mu      sync.Mutex
 	events  map[string][]messages.StateEvent

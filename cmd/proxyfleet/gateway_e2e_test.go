@@ -174,6 +174,9 @@ func TestGatewayOverRealProxies(t *testing.T) {
 	// interval, never removed.
 	removedBefore := len(rot.removals())
 	addr := rot.addrs()[survivor]
+	const reports, probes = "proxyfleet_health_reports_total", "proxyfleet_probes_total"
+	hm := scrape(t, e.healthHTTP)
+	reports0, probed0, passed0 := value(hm, reports), value(hm, reports, "outcome", "probed"), value(hm, probes, "result", "ok")
 	for i := range 200 {
 		body, _ := json.Marshal(messages.Report{V: 1, ID: survivor, Addr: addr, Reason: fmt.Sprintf("flood %d", i), By: "test", At: time.Now()})
 		if err := e.nc.Publish("proxy.report."+survivor, body); err != nil {
@@ -183,7 +186,16 @@ func TestGatewayOverRealProxies(t *testing.T) {
 	if err := e.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(5 * time.Second) // health's rounds (1s) and the reports' probes run meanwhile
+	// Health has had its chance: it has taken the 200 reports, and the
+	// probes they asked for have passed (a pass ends a report's probes;
+	// only the survivor can pass) or the survivor has left; and what it
+	// decided is published and read.
+	waitUntil(t, "health to take the 200 reports and their probes to pass", time.Minute, func() bool {
+		m := scrape(t, e.healthHTTP)
+		probed := value(m, reports, "outcome", "probed") - probed0
+		return value(m, reports)-reports0 >= 200 && (value(m, probes, "result", "ok")-passed0 >= probed || rot.lacks(survivor))
+	})
+	rot.caughtUp(t, 30*time.Second)
 	for _, r := range rot.removals()[removedBefore:] {
 		if strings.HasPrefix(r, survivor+" ") {
 			t.Fatalf("200 reports of the healthy %s removed it: %v", survivor, rot.removals())

@@ -70,7 +70,8 @@ func realGuestRig(t *testing.T, entry string, mod func(*config.Config)) (*e2e, *
 		}
 	})
 	e.worker("w1")
-	e.start("health", nil, "health", "--config", e.path, "--http", freePort(t))
+	e.healthHTTP = freePort(t)
+	e.start("health", nil, "health", "--config", e.path, "--http", e.healthHTTP)
 	return e, e.watchRotation()
 }
 
@@ -448,7 +449,8 @@ func TestHealthRefusesOpenAndLeakyProxies(t *testing.T) {
 	ids := []string{"tg-good", "tg-leaky", "tg-open"}
 	e.cleanupProxies(ids...)
 	e.worker("w1")
-	e.start("health", nil, "health", "--config", e.path, "--http", freePort(t))
+	e.healthHTTP = freePort(t)
+	e.start("health", nil, "health", "--config", e.path, "--http", e.healthHTTP)
 	rot := e.watchRotation()
 	var cmds []string
 	for _, id := range ids {
