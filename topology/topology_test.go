@@ -160,3 +160,36 @@ func TestRepairerRecreatesAboveTheLastSequence(t *testing.T) {
 	})
 	poll.Until(t, "two repairs counted", 10*time.Second, func() bool { return rep.Repairs() == 2 })
 }
+
+// A host's work consumer is created in memory, and one an earlier release
+// made on file is taken as it is: the server cannot change a consumer's
+// storage, so comparing it would refuse to start every worker of such a
+// deployment.
+func TestWorkConsumerInMemoryAndAFileOneKept(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	ctx := ctxFor(t, 20*time.Second)
+	topo := topology.Topology{Subjects: subj}
+	if _, err := topo.Setup(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	cons, diffs, err := topology.EnsureConsumer(ctx, js, messages.StreamWork, topo.WorkConsumerConfig("h1"))
+	if err != nil || len(diffs) != 0 {
+		t.Fatalf("create work-h1: %v, %v", diffs, err)
+	}
+	if !cons.CachedInfo().Config.MemoryStorage {
+		t.Fatal("work-h1 was created on file, want memory")
+	}
+
+	old := topo.WorkConsumerConfig("h2")
+	old.MemoryStorage = false
+	if _, err := js.CreateConsumer(ctx, messages.StreamWork, old); err != nil {
+		t.Fatal(err)
+	}
+	cons, diffs, err = topology.EnsureConsumer(ctx, js, messages.StreamWork, topo.WorkConsumerConfig("h2"))
+	if err != nil || len(diffs) != 0 {
+		t.Fatalf("ensure the file consumer work-h2: %v, %v; want it taken as it is", diffs, err)
+	}
+	if cons.CachedInfo().Config.MemoryStorage {
+		t.Fatal("work-h2 changed storage")
+	}
+}
