@@ -251,7 +251,10 @@ const firstPoll = 50 * time.Millisecond
 // PollInterval: a proxy that has its address soon is seen soon (a sim host,
 // a fast boot), and a long boot costs no more reads than at PollInterval
 // alone, give or take a few. The address is seen at most one pause (and
-// at most twice the time waited so far) after it shows.
+// at most twice the time waited so far) after it shows. The first read
+// comes after the first pause: the caller has just created the proxy, or
+// read it booting, and a read at once found it booting still (one read in
+// four of a sim host's creates, for nothing).
 //
 // created is when this attempt's Create began (zero if it made none): the
 // time from then until the proxy is seen running is observed
@@ -264,6 +267,13 @@ func (e *executor) awaitRunning(ctx context.Context, d *messages.Desired, accept
 	t := time.NewTimer(pause)
 	defer t.Stop()
 	for {
+		select {
+		case <-ctx.Done():
+			return fleet.Transient(fmt.Errorf("proxy %s not running with an address within %s: %w", d.ID, w.cfg.ReadyTimeout, ctx.Err()))
+		case <-t.C:
+			pause = min(2*pause, w.cfg.PollInterval)
+			t.Reset(pause)
+		}
 		obs, err := e.prov.Get(ctx, d.ID)
 		switch {
 		case isNotFound(err):
@@ -282,13 +292,6 @@ func (e *executor) awaitRunning(ctx context.Context, d *messages.Desired, accept
 			return e.done(ctx, d, accepted)
 		case obs.State == messages.StateFailed:
 			return fleet.Transient(fmt.Errorf("proxy %s stopped while starting: %s", d.ID, nonEmpty(obs.Reason, "domain is not running")))
-		}
-		select {
-		case <-ctx.Done():
-			return fleet.Transient(fmt.Errorf("proxy %s not running with an address within %s: %w", d.ID, w.cfg.ReadyTimeout, ctx.Err()))
-		case <-t.C:
-			pause = min(2*pause, w.cfg.PollInterval)
-			t.Reset(pause)
 		}
 	}
 }
