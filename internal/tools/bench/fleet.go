@@ -175,12 +175,12 @@ hosts:
 	if out, err := exec.CommandContext(ctx, bin, "setup", "--config", cfg).CombinedOutput(); err != nil {
 		return res, fmt.Errorf("proxyfleet setup: %w: %s", err, out)
 	}
-	wrk, wAddr, err := startReady(ctx, bin, filepath.Join(dir, "worker.log"), "worker", "--config", cfg)
+	wrk, wAddr, err := startReady(ctx, bin, filepath.Join(dir, "worker.log"), nil, "worker", "--config", cfg)
 	if err != nil {
 		return res, err
 	}
 	defer wrk.stop(b)
-	health, _, err := startReady(ctx, bin, filepath.Join(dir, "health.log"), "health", "--config", cfg)
+	health, _, err := startReady(ctx, bin, filepath.Join(dir, "health.log"), nil, "health", "--config", cfg)
 	if err != nil {
 		return res, err
 	}
@@ -299,13 +299,18 @@ type role struct {
 	err  error         // what Wait returned, once done
 }
 
-func startRole(bin, logPath string, args ...string) (*role, error) {
+// startRole starts bin with args, its output into logPath; env, if any, is
+// added to the bench's own environment for the process.
+func startRole(bin, logPath string, env []string, args ...string) (*role, error) {
 	f, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", args[0], err)
@@ -321,10 +326,10 @@ func startRole(bin, logPath string, args ...string) (*role, error) {
 // startReady starts a role listening on a free loopback port (--http) and
 // waits until it is ready there. A port taken meanwhile by another
 // process (the role exits, saying so) is tried again with another.
-func startReady(ctx context.Context, bin, logPath string, args ...string) (*role, string, error) {
+func startReady(ctx context.Context, bin, logPath string, env []string, args ...string) (*role, string, error) {
 	for attempt := 0; ; attempt++ {
 		addr := freeAddr()
-		r, err := startRole(bin, logPath, append(args, "--http", addr)...)
+		r, err := startRole(bin, logPath, env, append(args, "--http", addr)...)
 		if err != nil {
 			return nil, "", err
 		}

@@ -45,6 +45,25 @@ type fleet50kOpts struct {
 	profileFor time.Duration
 	hold       time.Duration // keep the fleet up after measuring, for a look by hand
 	runs       int           // runs of the largest size; its figures are the median run's
+	maxProcs   int           // GOMAXPROCS of each worker and health process: 0 their share of the cores, -1 Go's default
+}
+
+// procsMaxProcs is the GOMAXPROCS each worker and health process runs
+// with: o.maxProcs, or for 0 the process's share of the machine's cores
+// (at least 1), as an operator gives each of several processes packed on
+// one machine (docs/OPERATIONS.md, "CPU: several processes on one machine"); for
+// -1, none (Go's default, every core). With Go's default, 12 processes of
+// 2 each on 2 cores kept their idle threads spinning for work the others
+// were waiting to run: the 50,000 burst took 125 s and 238 s of CPU, 76 s
+// and 145 s with 1 each.
+func procsMaxProcs(o fleet50kOpts, cores int) int {
+	switch {
+	case o.maxProcs > 0:
+		return o.maxProcs
+	case o.maxProcs < 0:
+		return 0
+	}
+	return max(1, cores/max(1, o.workers+o.healths))
 }
 
 // Bounds of issue 18, at every size.

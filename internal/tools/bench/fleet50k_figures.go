@@ -13,8 +13,8 @@ func fleet50kFigures(o fleet50kOpts, results []fleet50kResult) sectionResult {
 	if o.syncAlways {
 		sync = "with sync_always, as nats.conf"
 	}
-	how := fmt.Sprintf("one embedded nats-server in the bench process (not a 3-node cluster; file store %s, default limits: max_payload 1 MiB), `proxyfleet setup`, then %d `proxyfleet worker` and %d `proxyfleet health` processes (the binary built once), all started at once, on a config of %d hosts of driver `sim` (%s per call, %s from create to an address; max_proxies the fleet's share of each host plus a tenth; the sim hosts' files in /dev/shm, as a hypervisor keeps its domains in memory) with every worker and health setting at its default (health probes nothing on sim hosts: a `running` event with an address puts a proxy in the rotation). The size's create commands (no host named) are published at once (async, each with a Nats-Msg-Id) from the first publish on; RLIMIT_NOFILE raised to its hard limit for every process; one run per size, but %d of the largest, whose figures are those of the run of the median time into the rotation (every run's time is listed beside that figure).",
-		sync, o.workers, o.healths, o.hosts, fleetCallDelay, fleetBootDelay, max(o.runs, 1))
+	how := fmt.Sprintf("one embedded nats-server in the bench process (not a 3-node cluster; file store %s, default limits: max_payload 1 MiB), `proxyfleet setup`, then %d `proxyfleet worker` and %d `proxyfleet health` processes (the binary built once)%s, all started at once, on a config of %d hosts of driver `sim` (%s per call, %s from create to an address; max_proxies the fleet's share of each host plus a tenth; the sim hosts' files in /dev/shm, as a hypervisor keeps its domains in memory) with every worker and health setting at its default (health probes nothing on sim hosts: a `running` event with an address puts a proxy in the rotation). The size's create commands (no host named) are published at once (async, each with a Nats-Msg-Id) from the first publish on; RLIMIT_NOFILE raised to its hard limit for every process; one run per size, but %d of the largest, whose figures are those of the run of the median time into the rotation (every run's time is listed beside that figure).",
+		sync, o.workers, o.healths, maxProcsNote(o), o.hosts, fleetCallDelay, fleetBootDelay, max(o.runs, 1))
 	var figs []figure
 	type row struct {
 		key, label, unit string
@@ -134,4 +134,18 @@ func mibs(vs []float64) string {
 		s[i] = fmt.Sprintf("%.0f", v)
 	}
 	return strings.Join(s, ", ")
+}
+
+// maxProcsNote says what GOMAXPROCS the workers and health processes ran
+// with, for the figures' descriptions.
+func maxProcsNote(o fleet50kOpts) string {
+	cores := runtime.NumCPU()
+	mp := procsMaxProcs(o, cores)
+	if mp == 0 {
+		return fmt.Sprintf(", each with Go's default GOMAXPROCS (%d, every core)", cores)
+	}
+	if o.maxProcs > 0 {
+		return fmt.Sprintf(", each with GOMAXPROCS %d", mp)
+	}
+	return fmt.Sprintf(", each with GOMAXPROCS %d, its share of the %d cores, as docs/OPERATIONS.md says for processes packed on one machine", mp, cores)
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -45,6 +46,10 @@ func startFleetProcs(ctx context.Context, b *bench, bin, dir, cfg string, o flee
 	}
 	n := o.workers + o.healths
 	out := make([]started, n)
+	var env []string
+	if mp := procsMaxProcs(o, runtime.NumCPU()); mp > 0 {
+		env = []string{"GOMAXPROCS=" + strconv.Itoa(mp)}
+	}
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
@@ -59,7 +64,7 @@ func startFleetProcs(ctx context.Context, b *bench, bin, dir, cfg string, o flee
 				name = fmt.Sprintf("h%d", i-o.workers+1)
 				args = []string{"health", "--config", cfg}
 			}
-			r, addr, err := startReady(ctx, bin, filepath.Join(dir, name+".log"), args...)
+			r, addr, err := startReady(ctx, bin, filepath.Join(dir, name+".log"), env, args...)
 			out[i] = started{r, addr, err}
 		}()
 	}

@@ -107,7 +107,7 @@ gateway:
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return sectionResult{}, err
 	}
-	gw, _, err := startReady(ctx, bin, filepath.Join(dir, "gateway.log"), "gateway", "--config", cfgPath)
+	gw, _, err := startReady(ctx, bin, filepath.Join(dir, "gateway.log"), nil, "gateway", "--config", cfgPath)
 	if err != nil {
 		return sectionResult{}, err
 	}

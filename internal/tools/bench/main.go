@@ -78,6 +78,7 @@ func main() {
 	flag.BoolVar(&f50.syncAlways, "fleet-sync-always", false, "fleet50k: run the server with sync_always (as nats.conf for a single node)")
 	flag.StringVar(&f50.profileDir, "fleet-profile", "", "fleet50k: write the workers' profiles here (CPU of w01 during the burst, every heap after); workers run with --pprof")
 	flag.DurationVar(&f50.profileFor, "fleet-profile-for", 20*time.Second, "fleet50k: how long the CPU profile lasts")
+	flag.IntVar(&f50.maxProcs, "fleet-gomaxprocs", 0, "fleet50k: GOMAXPROCS of each worker and health process; 0: its share of the cores (at least 1), -1: Go's default")
 	flag.IntVar(&f50.runs, "fleet-runs", 3, "fleet50k: runs of the largest size; its figures are those of the median run by time into the rotation")
 	flag.DurationVar(&f50.hold, "fleet-hold", 0, "fleet50k: keep each size's fleet up this long after it was measured (its config is logged), to look at it by hand")
 	flag.Parse()
