@@ -167,7 +167,7 @@ type Worker struct {
 	// ReadyTimeout bounds the wait for a created proxy to run with an IP.
 	ReadyTimeout time.Duration `yaml:"ready_timeout"`
 	// PollInterval is the longest pause between Get calls while waiting
-	// (the pauses start at 50ms and double up to it).
+	// (the pauses start at 100ms and double up to it).
 	PollInterval time.Duration `yaml:"poll_interval"`
 	// PinnedTTL is how long a host's work consumer stays pinned to a worker
 	// that stopped pulling, i.e. how fast a dead worker's hosts move.

@@ -39,7 +39,7 @@ type Config struct {
 	AckWait      time.Duration
 	MaxAttempts  int
 	ReadyTimeout time.Duration
-	PollInterval time.Duration // the longest pause between reads of a booting proxy (they start at 50ms and double)
+	PollInterval time.Duration // the longest pause between reads of a booting proxy (they start at 100ms and double)
 	PinnedTTL    time.Duration
 	Concurrency  int // work items run at once per host (default 20; a create holds one until its proxy runs)
 	// DrainTimeout bounds the whole stop: work in flight, then handing
