@@ -177,7 +177,7 @@ func (c *consumerRun) release(ctx context.Context) {
 	c.cc, c.retired = nil, nil
 	c.workCancel()
 	stop()
-	c.unpin()
+	c.unpin(ctx)
 	w.log.Info("handed host over", "host", c.host, "took", time.Since(start).Round(time.Millisecond))
 }
 
@@ -284,31 +284,101 @@ func (c *consumerRun) holdPin() (stop func()) {
 	}
 }
 
+// unpinner bounds a worker's unpins in flight to unpinAtOnce, and keeps
+// the handle of each stream they are made on. A handle is a name and a
+// connection, but looking one up asks the server for the stream's info:
+// ten workers started together each hand about 450 of 500 hosts over
+// within seconds, and a lookup and an unpin each, all at once, queued on
+// a JetStream API busy with every worker's consumers past the unpins'
+// timeout. A pin not released expires only after pinned_ttl, and the
+// host's new owner gets none of its work until then: the last proxies of
+// a burst of 2,000 right after such a start waited 9s.
+type unpinner struct {
+	once    sync.Once
+	slots   chan struct{}
+	mu      sync.Mutex
+	streams map[string]jetstream.Stream
+}
+
+// slot takes one of the unpins' slots, or fails when ctx ends first.
+func (u *unpinner) slot(ctx context.Context) (release func(), err error) {
+	u.once.Do(func() { u.slots = make(chan struct{}, unpinAtOnce) })
+	select {
+	case u.slots <- struct{}{}:
+		return func() { <-u.slots }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// stream returns the handle of stream name, looking it up once.
+func (u *unpinner) stream(ctx context.Context, js jetstream.JetStream, name string) (jetstream.Stream, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if st, ok := u.streams[name]; ok {
+		return st, nil
+	}
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if u.streams == nil {
+		u.streams = map[string]jetstream.Stream{}
+	}
+	u.streams[name] = st
+	return st, nil
+}
+
 // unpin releases the host's pin if the worker holds it, so the server pins
-// the next worker that pulls it now instead of after PinnedTTL.
-func (c *consumerRun) unpin() {
+// the next worker that pulls it now instead of after PinnedTTL. It waits
+// for one of the worker's unpin slots while ctx lasts, and no longer than
+// the pin would; the worker's stop (ctx ends) leaves the pin to its own
+// unpins. The unpin, once begun, has unpinTimeout, as before.
+func (c *consumerRun) unpin(ctx context.Context) {
 	if c.getPin() == "" || c.w.js.Conn().IsClosed() {
 		return // it expires after PinnedTTL
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), unpinTimeout)
+	wait, cancel := context.WithTimeout(ctx, c.w.cfg.PinnedTTL)
 	defer cancel()
-	st, err := c.w.js.Stream(ctx, c.stream)
+	release, err := c.w.unpins.slot(wait)
+	if err != nil {
+		return
+	}
+	defer release()
+	call, cancel := context.WithTimeout(context.Background(), unpinTimeout)
+	defer cancel()
+	st, err := c.w.unpins.stream(call, c.w.js, c.stream)
 	if err != nil {
 		c.w.log.Warn("unpin host", "host", c.host, "err", err)
 		return
 	}
-	c.unpinOn(ctx, st)
+	c.unpinCall(call, st)
 }
 
-// unpinOn is unpin on st, the host's stream, within ctx (at most
-// unpinTimeout).
+// unpinOn is unpin on st, the host's stream, within ctx: it waits for an
+// unpin slot while ctx lasts, then gives the unpin at most unpinTimeout.
 func (c *consumerRun) unpinOn(ctx context.Context, st jetstream.Stream) {
+	if c.getPin() == "" {
+		return
+	}
+	release, err := c.w.unpins.slot(ctx)
+	if err != nil {
+		c.w.log.Warn("unpin host (the pin expires after pinned_ttl)", "host", c.host, "err", err)
+		return
+	}
+	defer release()
+	ctx, cancel := context.WithTimeout(ctx, unpinTimeout)
+	defer cancel()
+	c.unpinCall(ctx, st)
+}
+
+// unpinCall unpins the host's consumer on st within ctx, and forgets the
+// pin whatever the answer (a pin not released expires after pinned_ttl).
+func (c *consumerRun) unpinCall(ctx context.Context, st jetstream.Stream) {
 	pin := c.getPin()
 	if pin == "" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, unpinTimeout)
-	defer cancel()
 	if err := st.UnpinConsumer(ctx, c.name(), topology.PriorityGroup); err != nil {
 		c.w.log.Warn("unpin host (the pin expires after pinned_ttl)", "host", c.host, "err", err)
 	}

@@ -340,7 +340,7 @@ func (w *Worker) unpinHosts(ctx context.Context) {
 		return // they expire after PinnedTTL
 	}
 	lctx, cancel := context.WithTimeout(ctx, unpinTimeout)
-	st, err := w.js.Stream(lctx, messages.StreamWork)
+	st, err := w.unpins.stream(lctx, w.js, messages.StreamWork)
 	cancel()
 	if err != nil {
 		w.log.Warn("unpin hosts: look up stream "+messages.StreamWork+" (the pins expire after pinned_ttl)", "hosts", len(pinned), "err", err)

@@ -144,6 +144,10 @@ type Worker struct {
 	superCtx     context.Context // nil until start makes it
 	superCancel  context.CancelFunc
 	superStopped bool // stop began: no supervisor starts again
+
+	// unpins bounds the unpins in flight and keeps the stream handles
+	// they use (handover.go).
+	unpins unpinner
 }
 
 // Stats counts what a worker did.
