@@ -1,0 +1,69 @@
+package worker
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"proxyfleet/internal/natstest"
+	"proxyfleet/messages"
+	"proxyfleet/topology"
+)
+
+// A worker's unpins are at most unpinAtOnce at a time, and look the work
+// stream up once, however many hosts it hands over: ten workers started
+// together hand hundreds of hosts over at once, and a lookup for each,
+// with the unpins, timed the unpins out on the busy JetStream API.
+func TestUnpinsAreBoundedAndLookTheStreamUpOnce(t *testing.T) {
+	srv := natstest.Start(t)
+	nc, js := srv.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := (topology.Topology{Subjects: messages.NewSubjects("")}).Setup(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	var lookups atomic.Int64
+	sub, err := nc.Subscribe("$JS.API.STREAM.INFO."+messages.StreamWork, func(*nats.Msg) { lookups.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var u unpinner
+	for range 5 {
+		if _, err := u.stream(ctx, js, messages.StreamWork); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n := lookups.Load(); n != 1 {
+		t.Errorf("5 handles of %s: %d lookups, want 1", messages.StreamWork, n)
+	}
+
+	var releases []func()
+	for range unpinAtOnce {
+		release, err := u.slot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		releases = append(releases, release)
+	}
+	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancelShort()
+	if _, err := u.slot(short); err == nil {
+		t.Fatalf("slot %d of %d: taken, want it to wait until its context ends", unpinAtOnce+1, unpinAtOnce)
+	}
+	releases[0]()
+	done, cancelDone := context.WithCancel(ctx)
+	cancelDone()
+	if _, err := u.slot(done); err != nil {
+		t.Errorf("a free slot with an ended context: %v, want it taken", err)
+	}
+}
