@@ -55,7 +55,9 @@ type fleet50kOpts struct {
 // -1, none (Go's default, every core). With Go's default, 12 processes of
 // 2 each on 2 cores kept their idle threads spinning for work the others
 // were waiting to run: the 50,000 burst took 125 s and 238 s of CPU, 76 s
-// and 145 s with 1 each.
+// and 145 s with 1 each (two runs one after the other; identical runs
+// move by up to half on this machine, the median of three went from 164 s
+// to 106 s).
 func procsMaxProcs(o fleet50kOpts, cores int) int {
 	switch {
 	case o.maxProcs > 0:
