@@ -48,6 +48,10 @@ type membership struct {
 
 	viewedOnce atomic.Bool // viewed, for readers outside the run loop (Ready)
 
+	// strays are the looks at the pins of hosts pulled without one
+	// (straypin.go).
+	strays strayLooks
+
 	// heard is when the view last learnt something (an update of the
 	// watch, or a read); wrote, when this worker's record was last
 	// written. A watch that has delivered nothing for Liveness since a
@@ -71,6 +75,7 @@ func newMembership(ctx, watchCtx context.Context, w *Worker, runs map[string]*co
 	}
 	m := &membership{
 		w: w, kv: kv, runs: runs, kick: make(chan struct{}, 1), recs: map[string]member{}, idle: map[string]idleOwner{},
+		strays: newStrayLooks(len(runs)),
 		self: messages.WorkerRecord{
 			V: 1, ID: w.cfg.ID, State: messages.WorkerActive,
 			Hosts: slices.Sorted(maps.Keys(runs)), Started: w.now().UTC(),
@@ -263,6 +268,7 @@ func (m *membership) decode(e jetstream.KeyValueEntry) (string, member, bool) {
 
 // run heartbeats and follows the membership until ctx is done.
 func (m *membership) run(ctx context.Context) {
+	defer m.strays.wg.Wait() // they end with ctx
 	defer m.dropWatch()
 	t := time.NewTicker(m.w.cfg.Heartbeat)
 	defer t.Stop()
@@ -289,6 +295,10 @@ func (m *membership) run(ctx context.Context) {
 			}
 			m.reconcile()
 			m.claim(ctx)
+			m.lookForStrays(ctx)
+			continue
+		case f := <-m.strays.seen:
+			m.judgeStray(ctx, f)
 			continue
 		case <-m.kick:
 			m.beat(ctx, messages.WorkerActive)

@@ -26,6 +26,9 @@ type metrics struct {
 	swept    *prometheus.CounterVec // kind: things sweeps removed
 	redrives prometheus.Counter
 	repairs  prometheus.Counter // consumers made anew or consumed again
+	// strayPins counts pins no worker held that this worker released
+	// (straypin.go).
+	strayPins prometheus.Counter
 
 	// Latencies, in LatencyBuckets: a command from its acceptance to its
 	// answer (done, failed), by op and outcome; a create from the start
@@ -73,6 +76,10 @@ func newMetrics() *metrics {
 		repairs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "proxyfleet_worker_consumer_repairs_total",
 			Help: "Consumers this worker made anew, or consumed again, after they were deleted or their consume stopped.",
+		}),
+		strayPins: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "proxyfleet_worker_stray_pins_released_total",
+			Help: "Pins of a host this worker is assigned that no worker held (a pull request left by a stopped consume), which it released rather than wait pinned_ttl.",
 		}),
 		commandSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "proxyfleet_command_duration_seconds",
@@ -126,7 +133,7 @@ func opLabel(op string) string {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.commands, m.retries, m.dead, m.inFlight, m.sweeps, m.swept, m.redrives, m.repairs, m.commandSeconds, m.createRunning}
+	return []prometheus.Collector{m.commands, m.retries, m.dead, m.inFlight, m.sweeps, m.swept, m.redrives, m.repairs, m.strayPins, m.commandSeconds, m.createRunning}
 }
 
 // register registers the worker's metrics on r: the counters, and a
