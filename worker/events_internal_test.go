@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"context"
 	"errors"
 	"sync/atomic"
 	"testing"
@@ -9,9 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"proxyfleet/internal/natstest"
 	"proxyfleet/messages"
-	"proxyfleet/topology"
 )
 
 // An event of an older command is never stored after one of a newer
@@ -20,14 +17,8 @@ import (
 // from another host (another worker's), so the proxy ran but looked
 // deleted, for good.
 func TestEventOfAnOlderCommandIsNotStoredAfterANewerOne(t *testing.T) {
-	srv := natstest.Start(t)
-	_, js := srv.Connect(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	_, _, js, ctx := setUpTopology(t)
 	subj := messages.NewSubjects("")
-	if _, err := (topology.Topology{Subjects: subj}).Setup(ctx, js); err != nil {
-		t.Fatal(err)
-	}
 	p, err := newEventPublisher(ctx, js, subj, time.Hour, time.Now)
 	if err != nil {
 		t.Fatal(err)
@@ -70,14 +61,8 @@ func TestEventOfAnOlderCommandIsNotStoredAfterANewerOne(t *testing.T) {
 // the publisher reads again: seqs still grow by one, and an older
 // command's event is still not stored after a newer one's.
 func TestEventsOfOneProxyNeedNoReadUnlessAnotherPublished(t *testing.T) {
-	srv := natstest.Start(t)
-	nc, js := srv.Connect(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	srv, nc, js, ctx := setUpTopology(t)
 	subj := messages.NewSubjects("")
-	if _, err := (topology.Topology{Subjects: subj}).Setup(ctx, js); err != nil {
-		t.Fatal(err)
-	}
 	var reads atomic.Int64
 	sub, err := nc.Subscribe("$JS.API.DIRECT.GET."+messages.StreamEvents+".>", func(*nats.Msg) { reads.Add(1) })
 	if err != nil {

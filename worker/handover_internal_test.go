@@ -8,9 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"proxyfleet/internal/natstest"
 	"proxyfleet/messages"
-	"proxyfleet/topology"
 )
 
 // A worker's unpins are at most unpinAtOnce at a time, and look the work
@@ -18,13 +16,7 @@ import (
 // together hand hundreds of hosts over at once, and a lookup for each,
 // with the unpins, timed the unpins out on the busy JetStream API.
 func TestUnpinsAreBoundedAndLookTheStreamUpOnce(t *testing.T) {
-	srv := natstest.Start(t)
-	nc, js := srv.Connect(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := (topology.Topology{Subjects: messages.NewSubjects("")}).Setup(ctx, js); err != nil {
-		t.Fatal(err)
-	}
+	_, nc, js, ctx := setUpTopology(t)
 	var lookups atomic.Int64
 	sub, err := nc.Subscribe("$JS.API.STREAM.INFO."+messages.StreamWork, func(*nats.Msg) { lookups.Add(1) })
 	if err != nil {
