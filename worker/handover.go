@@ -3,6 +3,8 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -336,6 +338,30 @@ func (u *unpinner) stream(ctx context.Context, js jetstream.JetStream, name stri
 	return st, nil
 }
 
+// Why an unpinner's unpin did not happen, beside the server's answer.
+var (
+	errNoUnpinSlot = errors.New("no unpin slot")
+	errUnpinLookup = errors.New("look up the stream")
+)
+
+// unpin unpins consumer of stream: it takes a slot while wait lasts
+// (errNoUnpinSlot when wait ends first), then looks the stream up
+// (errUnpinLookup) and unpins within unpinTimeout of parent.
+func (u *unpinner) unpin(wait, parent context.Context, js jetstream.JetStream, stream, consumer string) error {
+	release, err := u.slot(wait)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errNoUnpinSlot, err)
+	}
+	defer release()
+	ctx, cancel := context.WithTimeout(parent, unpinTimeout)
+	defer cancel()
+	st, err := u.stream(ctx, js, stream)
+	if err != nil {
+		return fmt.Errorf("%w %s: %w", errUnpinLookup, stream, err)
+	}
+	return st.UnpinConsumer(ctx, consumer, topology.PriorityGroup)
+}
+
 // unpin releases the host's pin if the worker holds it, so the server pins
 // the next worker that pulls it now instead of after PinnedTTL. It waits
 // for one of the worker's unpin slots while ctx lasts, and no longer than
@@ -347,46 +373,36 @@ func (c *consumerRun) unpin(ctx context.Context) {
 	}
 	wait, cancel := context.WithTimeout(ctx, c.w.cfg.PinnedTTL)
 	defer cancel()
-	release, err := c.w.unpins.slot(wait)
-	if err != nil {
-		return
-	}
-	defer release()
-	call, cancel := context.WithTimeout(context.Background(), unpinTimeout)
-	defer cancel()
-	st, err := c.w.unpins.stream(call, c.w.js, c.stream)
-	if err != nil {
-		c.w.log.Warn("unpin host", "host", c.host, "err", err)
-		return
-	}
-	c.unpinCall(call, st)
+	c.unpinWithin(wait, context.Background(), false)
 }
 
-// unpinOn is unpin on st, the host's stream, within ctx: it waits for an
-// unpin slot while ctx lasts, then gives the unpin at most unpinTimeout.
-func (c *consumerRun) unpinOn(ctx context.Context, st jetstream.Stream) {
-	if c.getPin() == "" {
-		return
-	}
-	release, err := c.w.unpins.slot(ctx)
-	if err != nil {
-		c.w.log.Warn("unpin host (the pin expires after pinned_ttl)", "host", c.host, "err", err)
-		return
-	}
-	defer release()
-	ctx, cancel := context.WithTimeout(ctx, unpinTimeout)
-	defer cancel()
-	c.unpinCall(ctx, st)
+// unpinOn is unpin within ctx, at the worker's stop (unpinHosts): it waits
+// for an unpin slot while ctx lasts, then gives the unpin at most
+// unpinTimeout.
+func (c *consumerRun) unpinOn(ctx context.Context) {
+	c.unpinWithin(ctx, ctx, true)
 }
 
-// unpinCall unpins the host's consumer on st within ctx, and forgets the
-// pin whatever the answer (a pin not released expires after pinned_ttl).
-func (c *consumerRun) unpinCall(ctx context.Context, st jetstream.Stream) {
+// unpinWithin unpins the host's consumer (see unpinner.unpin) and forgets
+// the pin whatever the server answers (a pin not released expires after
+// pinned_ttl). Without a slot it keeps the pin, saying so if warnNoSlot;
+// a stream it cannot look up keeps it too.
+func (c *consumerRun) unpinWithin(wait, parent context.Context, warnNoSlot bool) {
 	pin := c.getPin()
 	if pin == "" {
 		return
 	}
-	if err := st.UnpinConsumer(ctx, c.name(), topology.PriorityGroup); err != nil {
+	err := c.w.unpins.unpin(wait, parent, c.w.js, c.stream, c.name())
+	switch {
+	case errors.Is(err, errNoUnpinSlot):
+		if warnNoSlot {
+			c.w.log.Warn("unpin host (the pin expires after pinned_ttl)", "host", c.host, "err", err)
+		}
+		return
+	case errors.Is(err, errUnpinLookup):
+		c.w.log.Warn("unpin host", "host", c.host, "err", err)
+		return
+	case err != nil:
 		c.w.log.Warn("unpin host (the pin expires after pinned_ttl)", "host", c.host, "err", err)
 	}
 	c.dropPin(pin)

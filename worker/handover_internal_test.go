@@ -2,11 +2,8 @@ package worker
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
 
 	"proxyfleet/messages"
 )
@@ -17,8 +14,9 @@ import (
 // with the unpins, timed the unpins out on the busy JetStream API.
 func TestUnpinsAreBoundedAndLookTheStreamUpOnce(t *testing.T) {
 	_, nc, js, ctx := setUpTopology(t)
-	var lookups atomic.Int64
-	sub, err := nc.Subscribe("$JS.API.STREAM.INFO."+messages.StreamWork, func(*nats.Msg) { lookups.Add(1) })
+	// A synchronous subscription: once a flush returns, every request
+	// sent before it is in its queue (a handler might not have run yet).
+	sub, err := nc.SubscribeSync("$JS.API.STREAM.INFO." + messages.StreamWork)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +33,9 @@ func TestUnpinsAreBoundedAndLookTheStreamUpOnce(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if n := lookups.Load(); n != 1 {
+	if n, _, err := sub.Pending(); err != nil {
+		t.Fatal(err)
+	} else if n != 1 {
 		t.Errorf("5 handles of %s: %d lookups, want 1", messages.StreamWork, n)
 	}
 

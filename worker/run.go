@@ -339,8 +339,10 @@ func (w *Worker) unpinHosts(ctx context.Context) {
 	if len(pinned) == 0 || w.js.Conn().IsClosed() {
 		return // they expire after PinnedTTL
 	}
+	// One lookup, which the unpins then share (unpinner.stream): one
+	// that fails gives them all up at once.
 	lctx, cancel := context.WithTimeout(ctx, unpinTimeout)
-	st, err := w.unpins.stream(lctx, w.js, messages.StreamWork)
+	_, err := w.unpins.stream(lctx, w.js, messages.StreamWork)
 	cancel()
 	if err != nil {
 		w.log.Warn("unpin hosts: look up stream "+messages.StreamWork+" (the pins expire after pinned_ttl)", "hosts", len(pinned), "err", err)
@@ -353,7 +355,7 @@ func (w *Worker) unpinHosts(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			c.unpinOn(ctx, st)
+			c.unpinOn(ctx)
 		}()
 	}
 	wg.Wait()

@@ -115,17 +115,7 @@ func (m *membership) judgeStray(ctx context.Context, f straySighting) {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		release, err := m.w.unpins.slot(ctx)
-		if err != nil {
-			return
-		}
-		defer release()
-		uctx, cancel := context.WithTimeout(ctx, unpinTimeout)
-		defer cancel()
-		st, err := m.w.unpins.stream(uctx, m.w.js, c.stream)
-		if err == nil {
-			err = st.UnpinConsumer(uctx, c.name(), topology.PriorityGroup)
-		}
+		err := m.w.unpins.unpin(ctx, ctx, m.w.js, c.stream, c.name())
 		if err != nil && ctx.Err() == nil {
 			m.w.log.Warn("unpin host whose pin no worker holds (it expires after pinned_ttl)", "host", c.host, "err", err)
 		}
