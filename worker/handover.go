@@ -75,13 +75,6 @@ func (c *consumerRun) want(pull bool) {
 		default:
 		}
 		c.w.supervise(c)
-		if v := c.w.view; v != nil && c.host != "" {
-			if pull {
-				v.refollow() // it holds no events of the host
-			} else {
-				v.drop(c.host)
-			}
-		}
 	}
 }
 

@@ -281,3 +281,22 @@ func (v *hostView) record(host string) (messages.HostRecord, error) {
 	}
 	return messages.HostRecord{V: messages.Version, Host: host, State: messages.HostOK}, nil
 }
+
+// followAgain runs follow until ctx is done: a follow that ends (its watch
+// gone) is begun anew after retry. The host view keeps itself this way.
+func followAgain(ctx context.Context, what string, retry time.Duration, log *slog.Logger, follow func(context.Context) error) {
+	for {
+		err := follow(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn(what+": made anew", "err", err)
+		t := time.NewTimer(retry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -66,36 +66,51 @@ func (e *executor) observe(ctx context.Context) error {
 	w := e.w
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.ObserveInterval)
 	defer cancel()
-	if w.view == nil {
+	if w.cfg.ObserveInterval <= 0 {
 		return errors.New("observation pass: observation is off in this worker")
 	}
-	// A worker just started waits for its view to catch up, within the
-	// pass's budget; a pass on a view that is behind would miss proxies
-	// (until the next pass), so it is skipped instead.
-	if err := w.view.await(ctx); err != nil {
+	// The proxies that hold room here and the domains here are the ones
+	// whose events can put them here: the pass reads those events only,
+	// never the whole stream's.
+	rec, _, err := w.readHost(ctx, e.host)
+	if err != nil {
 		return fmt.Errorf("observation pass on %s: %w", e.host, err)
 	}
-	// The last events of this host's proxies only: an event on another
-	// host never puts a proxy among the ones looked at here.
-	events, ok := w.view.onHost(e.host)
-	if !ok {
-		return fmt.Errorf("observation pass on %s: %w", e.host, errViewBehind)
-	}
-	w.stats.observePasses.Add(1)
-	w.stats.observeEventsRead.Add(int64(len(events)))
 	insts, listErr := e.prov.List(ctx)
 	if listErr != nil {
 		// The proxies with events are still looked at; nothing is swept.
 		w.log.Warn("observation pass: list", "host", e.host, "err", listErr)
 	}
+	candidates := make([]string, 0, len(rec.Proxies)+len(insts))
+	for id := range rec.Proxies {
+		candidates = append(candidates, id)
+	}
+	for _, in := range insts {
+		if _, ok := rec.Proxies[in.ID]; !ok {
+			candidates = append(candidates, in.ID)
+		}
+	}
+	last, err := w.lastEvents(ctx, candidates)
+	if err != nil {
+		return fmt.Errorf("observation pass on %s: %w", e.host, err)
+	}
+	// The last events that put a proxy here, "deleted" ones aside.
+	events := make(map[string]viewedEvent, len(last))
+	for id, ev := range last {
+		if ev.Host == e.host && ev.State != messages.StateDeleted {
+			events[id] = ev
+		}
+	}
+	w.stats.observePasses.Add(1)
+	w.stats.observeEventsRead.Add(int64(len(events)))
 	// The proxies to look at: those whose last event puts them here and
 	// running (or starting), those that ran and were last reported failed
 	// by an observation (their domain may go: re-drive), and the domains
 	// here with no event at all (PROXY_EVENTS was lost and made anew:
-	// nothing else would ever report them again). The view holds no
-	// "deleted" events (see eventView), so a domain here whose proxy was
-	// last reported deleted is looked at too; observeOne, reading that
-	// event again, leaves it (the sweep's to remove).
+	// nothing else would ever report them again). A domain here whose
+	// last event is "deleted", or puts it on another host, is left: a
+	// converge is (or was) under way, and observeOne would leave it too;
+	// an orphan is the sweep's to remove.
 	e.ran.prune(events) // it remembers only proxies of this host
 	var ids []string
 	for id, ev := range events {
@@ -105,7 +120,7 @@ func (e *executor) observe(ctx context.Context) error {
 		}
 	}
 	for _, in := range insts {
-		if _, ok := events[in.ID]; !ok && !w.view.has(in.ID) {
+		if _, ok := last[in.ID]; !ok {
 			ids = append(ids, in.ID)
 		}
 	}
@@ -210,7 +225,7 @@ func (e *executor) sweepOne(ctx context.Context, id string) (bool, error) {
 }
 
 // unchanged reports whether id's domain shows what its last event, as the
-// view has it, says, so that observeOne would publish nothing: running at
+// pass read it, says, so that observeOne would publish nothing: running at
 // the event's address, or provisioning, for an event of either; present in
 // any state, or unreadable, for a failed one (observeOne looks at a proxy
 // an observation reported failed only to re-drive it when its domain is
@@ -218,8 +233,8 @@ func (e *executor) sweepOne(ctx context.Context, id string) (bool, error) {
 // its desired record and last event (two NATS reads a proxy an interval,
 // 100,000 for a pass over 50,000); one that differs, or whose domain is
 // gone, is looked at under its lock, its record and last event read
-// afresh. The view may lag behind the stream: a change it has not seen yet
-// is looked at on the next pass.
+// afresh. An event stored after the pass read it is looked at on the next
+// pass.
 //
 // The read runs under id's lock, as every provider call on a proxy does
 // (work for one id never overlaps, reads included); a proxy whose lock is

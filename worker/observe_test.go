@@ -235,12 +235,13 @@ func TestObservationViewIsMadeAnewWithTheStream(t *testing.T) {
 }
 
 // TestObservationReadsLittleOfUnchangedProxies: a pass over proxies whose
-// domains show what their last events say reads none of their last events
-// and their desired records once each (the orphan sweep's): one NATS read
-// a proxy an interval, not three (for a fleet of 50,000 at the default
-// 30s, 1,700 reads a second instead of 5,000): it
-// compares each domain with the worker's event view, and looks closer only
-// at a proxy that differs.
+// domains show what their last events say reads their last events in one
+// request (a batched direct get), none one by one, and their desired
+// records once each (the orphan sweep's): one NATS read a proxy an
+// interval, not three (for a fleet of 50,000 at the default 30s, 1,700
+// reads a second instead of 5,000): it compares each domain with the last
+// event the pass read, and looks closer only at a proxy that differs. And
+// no worker follows the event stream between passes.
 func TestObservationReadsLittleOfUnchangedProxies(t *testing.T) {
 	r := newRig(t, "h1")
 	w := r.startWorker(func(c *worker.Config) { c.ObserveInterval = 100 * time.Millisecond })
@@ -251,10 +252,11 @@ func TestObservationReadsLittleOfUnchangedProxies(t *testing.T) {
 	for i := range n {
 		r.waitOutcome(fmt.Sprintf("c%d", i), messages.OutcomeDone)
 	}
-	var desired, events atomic.Int64
+	var desired, events, batches atomic.Int64
 	for s, count := range map[string]*atomic.Int64{
 		"$JS.API.DIRECT.GET.KV_" + messages.BucketDesired + ".>": &desired,
 		"$JS.API.DIRECT.GET." + messages.StreamEvents + ".>":     &events,
+		"$JS.API.DIRECT.GET." + messages.StreamEvents:            &batches,
 	} {
 		sub, err := r.nc.Subscribe(s, func(*nats.Msg) { count.Add(1) })
 		if err != nil {
@@ -270,10 +272,22 @@ func TestObservationReadsLittleOfUnchangedProxies(t *testing.T) {
 	r.waitFor("three passes", 30*time.Second, func() bool { return passes() >= from+3 })
 	ran := passes() - from + 1 // and one under way when the count began
 	if got := events.Load(); got > 0 {
-		t.Errorf("%d reads of last events over %d passes of %d unchanged proxies; want none", got, ran, n)
+		t.Errorf("%d reads of single last events over %d passes of %d unchanged proxies; want none", got, ran, n)
+	}
+	if got := batches.Load(); got > ran || got == 0 {
+		t.Errorf("%d batched reads of last events over %d passes; want one a pass", got, ran)
 	}
 	if got := desired.Load(); got > ran*n {
 		t.Errorf("%d reads of desired records over %d passes of %d unchanged proxies; want at most one a proxy a pass", got, ran, n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := r.js.Stream(ctx, messages.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.CachedInfo().State.Consumers != 0 {
+		t.Errorf("%d consumers on %s while a worker runs; want none (a worker reads events when a pass runs)", st.CachedInfo().State.Consumers, messages.StreamEvents)
 	}
 	// A proxy that changed is still seen and reported.
 	d, err := sim.New(sim.Config{Host: "h1", Dir: r.hostDir("h1")})

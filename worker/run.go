@@ -140,21 +140,6 @@ func (w *Worker) start(ctx context.Context) error {
 		hostRuns[h] = c
 		w.runs = append(w.runs, c)
 	}
-	if w.cfg.ObserveInterval > 0 {
-		// Before anything consumes (a tick another worker published may
-		// come at once) and before the membership says which hosts the
-		// view keeps.
-		w.view = newEventView(w.js, w.subj, w.cfg.CheckInterval, w.log)
-		w.view.keep = func(host string) bool {
-			c := hostRuns[host] // not written once the view runs
-			return c != nil && (c.wanted.Load() || c.pulling.Load())
-		}
-		w.wg.Add(1)
-		go func() {
-			defer w.wg.Done()
-			w.view.run(runCtx)
-		}()
-	}
 	// Its record, and everyone's: which hosts are its share to pull.
 	memCtx, memCancel := context.WithCancel(context.Background())
 	w.memCancel = memCancel

@@ -103,7 +103,6 @@ type Worker struct {
 	cmdIDs  jetstream.KeyValue
 	hosts   jetstream.KeyValue // PROXY_HOSTS: room and quarantine (room.go, quarantine.go)
 	events  *eventPublisher
-	view    *eventView // the last event of every proxy, by host, for observation passes
 	// hostView is every host's record, for placement to rank hosts (hostview.go).
 	hostView *hostView
 	locks    *keyedLocks
