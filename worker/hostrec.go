@@ -22,9 +22,11 @@ import (
 // the last batch, reads the record, applies them and writes them as one (so
 // fifty intakes reserving at once cost a few reads and writes, not fifty
 // serial ones), and reads again and applies them again after losing a race
-// to another worker. Each batch starts from a fresh read: a change found
-// unneeded (a reservation already there) is judged on the record as it is,
-// never on one remembered.
+// to another worker. A batch is stored only by a compare-and-set on the
+// revision it was judged on, so every change is judged on the record as it
+// is: it starts from the newest record the worker knows and reads afresh
+// when that was behind, and a change found unneeded on a record it knew
+// (a reservation already there) is judged again on a fresh read.
 
 // errNoChange, from an edit, leaves the record as it is.
 var errNoChange = errors.New("no change")
@@ -186,12 +188,28 @@ func (hw *hostWriter) apply(ctx context.Context, batch []hostEdit) []error {
 		}
 		return errs
 	}
+	// The first attempt starts from the newest record this worker knows
+	// (its view's, which holds its own writes at once) instead of reading
+	// it: the compare-and-set on its revision stores the batch only if the
+	// record is still that one, so the edits were judged on the record as
+	// it is. A guess that was behind loses the write and reads afresh, as
+	// after losing a race; a batch that changed nothing on a guess is
+	// judged again on a fresh read. (A read for every batch was most of
+	// the reads of host records, a record of a hundred proxies a read.)
+	guess := true
 	for attempt := 0; attempt < maxHostWrites; attempt++ {
-		rec, rev, err := w.readHost(ctx, hw.host)
-		if err != nil {
-			return all(err)
+		rec, rev, ok := w.hostView.latest(hw.host)
+		var err error
+		if !guess || !ok {
+			guess = false
+			if rec, rev, err = w.readHost(ctx, hw.host); err != nil {
+				return all(err)
+			}
 		}
-		// readHost's record is shared: the edits change a copy.
+		if rec.State == "" {
+			rec.State = messages.HostOK
+		}
+		// The record read or viewed is shared: the edits change a copy.
 		rec.Proxies = maps.Clone(rec.Proxies)
 		if rec.Proxies == nil {
 			rec.Proxies = map[string]uint64{}
@@ -207,6 +225,10 @@ func (hw *hostWriter) apply(ctx context.Context, batch []hostEdit) []error {
 			}
 		}
 		if !changed && rev != 0 {
+			if guess {
+				guess = false
+				continue
+			}
 			return errs
 		}
 		rec.V, rec.Host, rec.MaxProxies, rec.At = messages.Version, hw.host, w.catalog.maxProxies(hw.host), time.Now().UTC()
@@ -229,6 +251,10 @@ func (hw *hostWriter) apply(ctx context.Context, batch []hostEdit) []error {
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) && !isWrongLastSeq(err) {
 			return all(fmt.Errorf("write host record of %s: %w", hw.host, err))
+		}
+		if guess {
+			guess = false // the view was behind: read it, at once
+			continue
 		}
 		// Another worker wrote it: read it again, after a short random
 		// pause that spreads the writers' retries.

@@ -3,9 +3,12 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/internal/natstest"
@@ -67,5 +70,95 @@ func TestHostRecordIsDecodedAgainWhenItsBytesDiffer(t *testing.T) {
 	put(kv, map[string]uint64{"p4": 4})
 	if rec, rev := read(); len(rec.Proxies) != 1 || rec.Proxies["p4"] != 4 {
 		t.Fatalf("in the bucket made anew (revision %d): proxies %v, want p4", rev, rec.Proxies)
+	}
+}
+
+// A writer's batch starts from the record its host view holds instead of
+// reading it, and the compare-and-set on that record's revision keeps a
+// view that is behind from losing another worker's write: a stale guess
+// is read afresh and applied again, and a change a stale guess found
+// unneeded (a reservation the record no longer holds) is judged again on
+// a fresh read. With a view that is current, a reservation reads nothing.
+func TestHostWriterGuessesFromItsViewAndNeverLosesAWrite(t *testing.T) {
+	_, nc, js, ctx := setUpTopology(t)
+	kv, err := js.KeyValue(ctx, messages.BucketHosts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &Worker{hosts: kv, catalog: Catalog{Hosts: []string{"h1"}, MaxProxies: map[string]int{"h1": 10}}}
+	w.hostView = newHostView(kv, nc, time.Second, slog.New(slog.DiscardHandler))
+	w.hostView.ready = true
+	w.startWriters()
+	defer w.stopWriters()
+	var reads atomic.Int64
+	sub, err := nc.Subscribe("$JS.API.DIRECT.GET.KV_"+messages.BucketHosts+".>", func(*nats.Msg) { reads.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	stored := func() map[string]uint64 {
+		t.Helper()
+		e, err := kv.Get(ctx, "h1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rec messages.HostRecord
+		if err := json.Unmarshal(e.Value(), &rec); err != nil {
+			t.Fatal(err)
+		}
+		return rec.Proxies
+	}
+	other := func(proxies map[string]uint64) { // another worker's write, not in the view
+		t.Helper()
+		e, err := kv.Get(ctx, "h1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(messages.HostRecord{V: messages.Version, Host: "h1", MaxProxies: 10, Proxies: proxies, State: messages.HostOK})
+		if _, err := kv.Update(ctx, "h1", b, e.Revision()); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	if err := w.reserve(ctx, "h1", "p1", 1, false); err != nil { // the first: no record, a read
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	before := reads.Load()
+	if err := w.reserve(ctx, "h1", "p2", 2, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if got := reads.Load() - before; got != 0 {
+		t.Errorf("a reservation on a record the view holds read it %d times; want none", got)
+	}
+	if got := stored(); len(got) != 2 || got["p1"] != 1 || got["p2"] != 2 {
+		t.Fatalf("after two reservations: %v, want p1 and p2", got)
+	}
+
+	// Another worker adds p9 and releases p2; the view holds neither.
+	other(map[string]uint64{"p1": 1, "p9": 9})
+	if err := w.reserve(ctx, "h1", "p3", 3, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := stored(); len(got) != 3 || got["p9"] != 9 || got["p3"] != 3 || got["p1"] != 1 {
+		t.Fatalf("a reservation on a stale guess: %v, want p1, p9 and p3 (the other worker's write kept)", got)
+	}
+	other(map[string]uint64{"p1": 1, "p3": 3}) // p9 released behind the view's back
+	// The view still holds p9 at 9 (its own write): reserving it is
+	// unneeded on the guess, but the record no longer holds it, so read
+	// afresh it must be reserved again.
+	if err := w.reserve(ctx, "h1", "p9", 9, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := stored(); len(got) != 3 || got["p9"] != 9 || got["p1"] != 1 || got["p3"] != 3 {
+		t.Fatalf("a reservation a stale guess held already: %v, want p1, p3 and p9", got)
 	}
 }

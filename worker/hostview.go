@@ -27,13 +27,14 @@ import (
 // (hostWriter) are put in as soon as the server stored them, so its own
 // placements see each other at once; a record is replaced only by one of
 // a higher revision. It may lag behind the bucket for other workers'
-// writes: it only ranks. Every reservation is made on a fresh read of the
-// record (hostWriter.apply), which refuses a host that is full or
-// quarantined, and placement goes on to the next host; a host the view
-// says is full or quarantined is read afresh before placement passes it
-// over (a view behind a bucket made anew must not turn a create away).
-// Until the watcher has delivered every record, placement reads them as
-// before.
+// writes: it only ranks, and gives the writers their first guess of a
+// record. Every reservation is stored by a compare-and-set on the revision
+// of the record it was judged on (hostWriter.apply), which refuses a host
+// that is full or quarantined, and placement goes on to the next host; a
+// host the view says is full or quarantined is read afresh before
+// placement passes it over (a view behind a bucket made anew must not turn
+// a create away). Until the watcher has delivered every record, placement
+// reads them as before.
 type hostView struct {
 	kv    jetstream.KeyValue
 	nc    *nats.Conn // kv's, for stopWatcher
@@ -234,6 +235,24 @@ func (v *hostView) each(hosts []string, id string, fn func(host string, n int, h
 		fn(h, len(r.rec.Proxies), held, r.rec.Quarantined())
 	}
 	return true
+}
+
+// latest returns the newest record of host the view holds, with its
+// revision, once the view has caught up (a guess for a compare-and-set,
+// never a judgment: a view made anew after its bucket was, before it
+// caught up, could guess a revision the new bucket has too). The record is
+// shared: read it, never change it.
+func (v *hostView) latest(host string) (messages.HostRecord, uint64, bool) {
+	if v == nil {
+		return messages.HostRecord{}, 0, false
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	r, ok := v.recs[host]
+	if !v.ready || !ok || r.rev == 0 {
+		return messages.HostRecord{}, 0, false
+	}
+	return r.rec, r.rev, true
 }
 
 // holds reports whether the view has host's record of revision rev or a
