@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -31,6 +32,23 @@ type eventPublisher struct {
 
 	mu    sync.Mutex
 	known map[string]storedEvent // id → its last event this publisher stored
+
+	// The stream's last sequence, for a proxy's first event, is read once
+	// for every publish waiting for it (see lastStreamSeq): reads is the
+	// clock that orders the reads of proxies' last events and the
+	// stream's; info the read of the stream under way or done last.
+	reads  atomic.Uint64
+	infoMu sync.Mutex
+	info   *streamRead
+}
+
+// streamRead is one read of the stream's last sequence; ticket is when it
+// began on the publisher's reads clock, done closed once seq or err is set.
+type streamRead struct {
+	ticket uint64
+	done   chan struct{}
+	seq    uint64
+	err    error
 }
 
 // storedEvent is what the next publish of a proxy needs of its last event.
@@ -103,6 +121,7 @@ var errEventSuperseded = errors.New("an event of a newer command is on record")
 func (p *eventPublisher) Publish(ctx context.Context, ev messages.StateEvent) (messages.StateEvent, error) {
 	ev.V = messages.Version
 	ev.At = p.now().UTC()
+	var readAt uint64 // when the last read of id's last event returned
 	for attempt := 0; attempt < 16; attempt++ {
 		prev, ok := p.remembered(ev.ID)
 		if !ok || (ev.CommandSeq != 0 && prev.commandSeq > ev.CommandSeq) {
@@ -112,6 +131,7 @@ func (p *eventPublisher) Publish(ctx context.Context, ev messages.StateEvent) (m
 			if err != nil {
 				return ev, err
 			}
+			readAt = p.reads.Add(1)
 			prev = storedEvent{streamSeq: lastStreamSeq, seq: last.Seq, commandSeq: last.CommandSeq}
 			if lastStreamSeq != 0 && ev.CommandSeq != 0 && prev.commandSeq > ev.CommandSeq {
 				return ev, fmt.Errorf("publish %s event of %s for command %s (sequence %d): %s (sequence %d) has reported: %w",
@@ -123,13 +143,11 @@ func (p *eventPublisher) Publish(ctx context.Context, ev messages.StateEvent) (m
 			// out): start above every seq this proxy ever had. Every
 			// seq is at most the stream sequence it was stored at, and
 			// the stream's last sequence only grows.
-			rctx, cancel := request(ctx, p.js)
-			info, err := p.stream.Info(rctx)
-			cancel()
+			last, err := p.lastStreamSeq(ctx, readAt)
 			if err != nil {
-				return ev, fmt.Errorf("read stream %s: %w", messages.StreamEvents, err)
+				return ev, err
 			}
-			ev.Seq = info.State.LastSeq + 1
+			ev.Seq = last + 1
 		} else {
 			ev.Seq = prev.seq + 1
 		}
@@ -154,6 +172,68 @@ func (p *eventPublisher) Publish(ctx context.Context, ev messages.StateEvent) (m
 		}
 	}
 	return ev, fmt.Errorf("publish %s event of %s: lost the race 16 times", ev.State, ev.ID)
+}
+
+// lastStreamSeq returns the stream's last sequence as read after after,
+// a time on the reads clock: every message stored before then (the
+// proxy's events that are gone since, included) has a sequence at most
+// that. A publish waits for a read that began after its own read of the
+// proxy's last event, and shares it with every other publish that did,
+// instead of reading the stream for each: in a burst of creates each
+// first event read it (STREAM.INFO, a whole configuration to decode), a
+// sixteenth of a worker's CPU and some of the server's.
+func (p *eventPublisher) lastStreamSeq(ctx context.Context, after uint64) (uint64, error) {
+	for range 16 {
+		p.infoMu.Lock()
+		r := p.info
+		if r != nil && r.ticket > after && !r.failed() {
+			p.infoMu.Unlock() // begun after our read: its answer will do
+		} else if r != nil && !r.finished() {
+			p.infoMu.Unlock() // begun before: wait for it, then begin the next
+			select {
+			case <-r.done:
+				continue
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
+		} else {
+			r = &streamRead{ticket: p.reads.Add(1), done: make(chan struct{})}
+			p.info = r
+			p.infoMu.Unlock()
+			rctx, cancel := request(ctx, p.js)
+			info, err := p.stream.Info(rctx)
+			cancel()
+			if err != nil {
+				r.err = fmt.Errorf("read stream %s: %w", messages.StreamEvents, err)
+			} else {
+				r.seq = info.State.LastSeq
+			}
+			close(r.done)
+			return r.seq, r.err
+		}
+		select {
+		case <-r.done:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		if r.err == nil {
+			return r.seq, nil
+		}
+		// Its reader failed (its own deadline, say): begin one of our own.
+	}
+	return 0, fmt.Errorf("read stream %s: every read failed", messages.StreamEvents)
+}
+
+// failed reports a read that ended with an error.
+func (r *streamRead) failed() bool { return r.finished() && r.err != nil }
+
+func (r *streamRead) finished() bool {
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
 }
 
 func (p *eventPublisher) remembered(id string) (storedEvent, bool) {

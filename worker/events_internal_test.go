@@ -2,6 +2,8 @@ package worker
 
 import (
 	"errors"
+	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -137,5 +139,81 @@ func TestEventsOfOneProxyNeedNoReadUnlessAnotherPublished(t *testing.T) {
 	}
 	if last.Seq != fourth.Seq || last.State != messages.StateRunning || last.CommandID != "c2" {
 		t.Errorf("last event: seq %d %s of %s, want seq %d running of c2", last.Seq, last.State, last.CommandID, fourth.Seq)
+	}
+}
+
+// The first events of many new proxies published at once read the
+// stream's last sequence once, not once each (a STREAM.INFO, a whole
+// configuration to decode, for every create of a burst), and each one's
+// seq is still above every message stored before its own read.
+func TestFirstEventsShareOneReadOfTheStream(t *testing.T) {
+	_, nc, js, ctx := setUpTopology(t)
+	subj := messages.NewSubjects("")
+	p, err := newEventPublisher(ctx, js, subj, time.Hour, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var infos atomic.Int64
+	sub, err := nc.Subscribe("$JS.API.STREAM.INFO."+messages.StreamEvents, func(*nats.Msg) { infos.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Messages stored before: their sequences are the floor.
+	for i := range 5 {
+		if _, err := p.Publish(ctx, messages.StateEvent{ID: fmt.Sprintf("old%d", i), State: messages.StateRunning, Host: "h1", CommandID: "c", CommandSeq: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := js.Stream(ctx, messages.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	floor := st.CachedInfo().State.LastSeq
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	before := infos.Load()
+
+	// Every publish reads its proxy's last event (none), then waits for
+	// the stream's: held until all have read theirs.
+	const n = 64
+	p.infoMu.Lock()
+	seqs := make([]uint64, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			ev, err := p.Publish(ctx, messages.StateEvent{ID: fmt.Sprintf("p%d", i), State: messages.StateProvisioning, Host: "h1", CommandID: "c", CommandSeq: 2})
+			seqs[i], errs[i] = ev.Seq, err
+		})
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for p.reads.Load() < n {
+		if time.Now().After(deadline) {
+			p.infoMu.Unlock()
+			wg.Wait()
+			t.Fatalf("%d of %d publishes read their last event within 20s", p.reads.Load(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	p.infoMu.Unlock()
+	wg.Wait()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("p%d: %v", i, errs[i])
+		}
+		if seqs[i] <= floor {
+			t.Errorf("p%d's first event has seq %d, want above %d, the stream's last sequence before", i, seqs[i], floor)
+		}
+	}
+	if got := infos.Load() - before; got != 1 {
+		t.Errorf("%d first events read the stream %d times; want once", n, got)
 	}
 }
