@@ -48,7 +48,7 @@ func (w *Worker) lastEvents(ctx context.Context, ids []string) (map[string]viewe
 		for i, id := range part {
 			subjects[i] = w.subj.State(id)
 		}
-		err := w.multiLast(ctx, messages.StreamEvents, subjects, func(subject string, data []byte) {
+		err := w.multiLast(ctx, messages.StreamEvents, subjects, func(subject string, _ nats.Header, data []byte) {
 			id, ok := strings.CutPrefix(subject, prefix)
 			if !ok {
 				return
@@ -72,8 +72,8 @@ func (w *Worker) lastEvents(ctx context.Context, ids []string) (map[string]viewe
 }
 
 // multiLast asks stream for the last message of each of subjects (at most
-// 1,024) in one direct get, and calls fn with each one's subject and body,
-// in the order the server sends them. Subjects with no message are left
+// 1,024) in one direct get, and calls fn with each one's subject, headers
+// and body, in the order the server sends them. Subjects with no message are left
 // out; none at all is no error.
 //
 // It is written here rather than taken from orbit.go's jetstreamext, whose
@@ -82,7 +82,7 @@ func (w *Worker) lastEvents(ctx context.Context, ids []string) (map[string]viewe
 // seventh of a worker's allocations at 50,000 proxies, passes being many,
 // and a peak RSS over its bound. Here the channel holds what the request
 // can be answered with: a message a subject, and the end.
-func (w *Worker) multiLast(ctx context.Context, stream string, subjects []string, fn func(subject string, data []byte)) error {
+func (w *Worker) multiLast(ctx context.Context, stream string, subjects []string, fn func(subject string, hdr nats.Header, data []byte)) error {
 	req, err := json.Marshal(struct {
 		MultiLast []string `json:"multi_last"`
 	}{subjects})
@@ -121,7 +121,7 @@ func (w *Worker) multiLast(ctx context.Context, stream string, subjects []string
 			if subject == "" {
 				return fmt.Errorf("direct get from %s: an answer with no subject header", stream)
 			}
-			fn(subject, m.Data)
+			fn(subject, m.Header, m.Data)
 		}
 	}
 }
