@@ -58,6 +58,15 @@ type hostView struct {
 	holders []uint8
 	holderN int // ids counted (an id once per record holding it)
 	seed    maphash.Seed
+
+	// order is the catalog's hosts, and inOrder their records in that order
+	// (rev 0: none), kept beside recs: placement ranks every host for
+	// every create, and walking a slice cost a fifth of looking each host
+	// up by name (500 lookups a create, 8% of a busy worker's CPU). pos
+	// is each one's index.
+	order   []string
+	pos     map[string]int
+	inOrder []viewedHost
 }
 
 type viewedHost struct {
@@ -67,6 +76,25 @@ type viewedHost struct {
 
 func newHostView(kv jetstream.KeyValue, nc *nats.Conn, retry time.Duration, log *slog.Logger) *hostView {
 	return &hostView{kv: kv, nc: nc, retry: retry, log: log, recs: map[string]viewedHost{}, seed: maphash.MakeSeed()}
+}
+
+// setOrder makes hosts (the catalog's, which placement ranks) the order
+// each walks without a lookup by name. It is called before run.
+func (v *hostView) setOrder(hosts []string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.order, v.pos, v.inOrder = hosts, make(map[string]int, len(hosts)), make([]viewedHost, len(hosts))
+	for i, h := range hosts {
+		v.pos[h] = i
+		if r, ok := v.recs[h]; ok {
+			v.inOrder[i] = r
+		}
+	}
+}
+
+// sameHosts reports whether a and b are the same slice (not merely equal).
+func sameHosts(a, b []string) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 // stopWatcher stops kw, a KV watcher made on a context its caller cancels
@@ -93,6 +121,7 @@ func (v *hostView) follow(ctx context.Context) error {
 	v.mu.Lock()
 	v.ready = false
 	clear(v.recs)
+	clear(v.inOrder)
 	v.holders, v.holderN = nil, 0
 	v.mu.Unlock()
 	wctx, cancel := context.WithCancel(ctx)
@@ -144,6 +173,9 @@ func (v *hostView) put(host string, rec messages.HostRecord, rev uint64) {
 		return
 	}
 	v.recs[host] = viewedHost{rev: rev, rec: rec}
+	if i, ok := v.pos[host]; ok {
+		v.inOrder[i] = v.recs[host]
+	}
 	v.countHoldersLocked(cur.rec.Proxies, rec.Proxies)
 }
 
@@ -209,10 +241,10 @@ func (v *hostView) holderSlot(id string) int {
 }
 
 // each calls fn, under one hold of the view's lock, with what the view
-// holds of each of hosts for a create of id: how many proxies hold room
-// there, whether id is one, whether it is quarantined. It reports false,
-// calling nothing, while the view has not caught up.
-func (v *hostView) each(hosts []string, id string, fn func(host string, n int, held, quarantined bool)) bool {
+// holds of each of hosts (i its index) for a create of id: how many
+// proxies hold room there, whether id is one, whether it is quarantined.
+// It reports false, calling nothing, while the view has not caught up.
+func (v *hostView) each(hosts []string, id string, fn func(i int, host string, n int, held, quarantined bool)) bool {
 	if v == nil {
 		return false
 	}
@@ -222,17 +254,28 @@ func (v *hostView) each(hosts []string, id string, fn func(host string, n int, h
 		return false
 	}
 	anyHolds := len(v.holders) > 0 && v.holders[v.holderSlot(id)] > 0
-	for _, h := range hosts {
+	if sameHosts(hosts, v.order) {
+		for i := range v.inOrder {
+			r := &v.inOrder[i]
+			held := false
+			if anyHolds && r.rev != 0 {
+				_, held = r.rec.Proxies[id]
+			}
+			fn(i, hosts[i], len(r.rec.Proxies), held, r.rev != 0 && r.rec.Quarantined())
+		}
+		return true
+	}
+	for i, h := range hosts {
 		r, ok := v.recs[h]
 		if !ok {
-			fn(h, 0, false, false)
+			fn(i, h, 0, false, false)
 			continue
 		}
 		held := false
 		if anyHolds {
 			_, held = r.rec.Proxies[id]
 		}
-		fn(h, len(r.rec.Proxies), held, r.rec.Quarantined())
+		fn(i, h, len(r.rec.Proxies), held, r.rec.Quarantined())
 	}
 	return true
 }

@@ -120,14 +120,25 @@ func (a *candidate) before(b *candidate, id string) bool {
 // Every create ranks every host, so the view is read under one lock, and
 // nothing is sorted: reserveFirst picks the best candidate, and the next
 // only if that one refuses (BenchmarkRankHosts, 500 hosts: 145µs a create
-// with a lock and a sort of them all, 40µs now).
+// with a lock and a sort of them all, 28µs with a lookup by name of each
+// host's record and room, 11µs walking them in the catalog's order, see
+// rankInOrder).
 func (w *Worker) rankHosts(ctx context.Context, hosts []string, id string, fresh bool, buf []candidate) (cands []candidate, recheck, notes []string, err error) {
 	cands = buf[:0]
 	if cap(cands) < len(hosts) {
 		cands = make([]candidate, 0, len(hosts))
 	}
-	judge := func(h string, n int, held, quarantined, viewed bool) {
-		room := w.catalog.maxProxies(h)
+	rooms := w.rooms // the catalog's, in its order
+	if !sameHosts(hosts, w.catalog.Hosts) || len(rooms) != len(hosts) {
+		rooms = nil
+	}
+	judge := func(i int, h string, n int, held, quarantined, viewed bool) {
+		var room int
+		if rooms != nil {
+			room = rooms[i]
+		} else {
+			room = w.catalog.maxProxies(h)
+		}
 		switch {
 		case viewed && (quarantined || !held && n >= room):
 			recheck = append(recheck, h)
@@ -139,18 +150,30 @@ func (w *Worker) rankHosts(ctx context.Context, hosts []string, id string, fresh
 			cands = append(cands, candidate{host: h, held: held, free: room - n})
 		}
 	}
-	if !fresh && w.hostView.each(hosts, id, func(h string, n int, held, quarantined bool) { judge(h, n, held, quarantined, true) }) {
+	if !fresh && w.hostView.each(hosts, id, func(i int, h string, n int, held, quarantined bool) { judge(i, h, n, held, quarantined, true) }) {
 		return cands, recheck, notes, nil
 	}
-	for _, h := range hosts {
+	for i, h := range hosts {
 		rec, _, err := w.readHost(ctx, h)
 		if err != nil {
 			return nil, nil, nil, err
 		}
 		_, held := rec.Proxies[id]
-		judge(h, len(rec.Proxies), held, rec.Quarantined(), false)
+		judge(i, h, len(rec.Proxies), held, rec.Quarantined(), false)
 	}
 	return cands, recheck, notes, nil
+}
+
+// rankInOrder has placement walk the catalog's hosts in its order: the
+// host view's records and the hosts' rooms are kept in that order, not
+// looked up by name for every host of every create. Called before the
+// view runs.
+func (w *Worker) rankInOrder() {
+	w.hostView.setOrder(w.catalog.Hosts)
+	w.rooms = make([]int, len(w.catalog.Hosts))
+	for i, h := range w.catalog.Hosts {
+		w.rooms[i] = w.catalog.maxProxies(h)
+	}
 }
 
 // bestOf is the index of the best of cands (not empty) for id.

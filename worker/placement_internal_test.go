@@ -53,6 +53,7 @@ func placementRig(tb testing.TB, hosts, full int) *Worker {
 	w.startWriters()
 	tb.Cleanup(w.stopWriters)
 	w.hostView = newHostView(kv, js.Conn(), time.Second, log)
+	w.rankInOrder()
 	viewCtx, stopView := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -154,10 +155,26 @@ func BenchmarkRankHosts(b *testing.B) {
 }
 
 // The view says which hosts hold room for an id already, through records
-// replaced, emptied and dropped, as a lookup in each record would.
+// replaced, emptied and dropped, as a lookup in each record would; and
+// walking the catalog's hosts in its order (rankInOrder) sees what
+// looking each one up by name sees.
 func TestHostViewHeldFollowsRecords(t *testing.T) {
 	v := newHostView(nil, nil, time.Second, slog.New(slog.DiscardHandler))
 	v.ready = true
+	order := []string{"h1", "h2", "h3"}
+	v.setOrder(order)
+	walk := func(hosts []string, id string) (on, seen []string) {
+		v.each(hosts, id, func(i int, h string, n int, held, quarantined bool) {
+			if hosts[i] != h {
+				t.Errorf("host %d is %s, want %s", i, h, hosts[i])
+			}
+			seen = append(seen, fmt.Sprintf("%s: %d proxies, held %v, quarantined %v", h, n, held, quarantined))
+			if held {
+				on = append(on, h)
+			}
+		})
+		return on, seen
+	}
 	rec := func(h string, ids ...string) messages.HostRecord {
 		r := messages.HostRecord{V: messages.Version, Host: h, State: messages.HostOK, Proxies: map[string]uint64{}}
 		for _, id := range ids {
@@ -166,12 +183,11 @@ func TestHostViewHeldFollowsRecords(t *testing.T) {
 		return r
 	}
 	heldOn := func(id string) []string {
-		var on []string
-		v.each([]string{"h1", "h2", "h3"}, id, func(h string, _ int, held, _ bool) {
-			if held {
-				on = append(on, h)
-			}
-		})
+		on, inOrder := walk(order, id)
+		_, byName := walk(slices.Clone(order), id)
+		if !slices.Equal(inOrder, byName) {
+			t.Errorf("for %s, in the catalog's order: %v; by name: %v", id, inOrder, byName)
+		}
 		return on
 	}
 	steps := []struct {
@@ -222,4 +238,11 @@ func TestHostViewHeldFollowsRecords(t *testing.T) {
 	if got := heldOn("x7"); !slices.Equal(got, []string{"h2"}) {
 		t.Errorf("x7 held on %v, want [h2]", got)
 	}
+	q := rec("h3", "c")
+	q.State = messages.HostQuarantined
+	v.put("h3", q, 2)
+	if _, seen := walk(order, "c"); seen[2] != "h3: 1 proxies, held true, quarantined true" {
+		t.Errorf("h3 quarantined: %s", seen[2])
+	}
+	heldOn("c")
 }

@@ -106,6 +106,7 @@ func (w *Worker) start(ctx context.Context) error {
 	w.cancel = cancel
 	w.draining = make(chan struct{})
 	w.hostView = newHostView(w.hosts, w.js.Conn(), w.cfg.CheckInterval, w.log)
+	w.rankInOrder()
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()

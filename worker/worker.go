@@ -105,6 +105,7 @@ type Worker struct {
 	events  *eventPublisher
 	// hostView is every host's record, for placement to rank hosts (hostview.go).
 	hostView *hostView
+	rooms    []int // the room of each host of catalog.Hosts, in its order
 	locks    *keyedLocks
 	stats    Stats
 	metrics  *metrics
