@@ -41,40 +41,37 @@ type viewedEvent struct {
 // lastEvents returns the last event of each of ids that has one.
 func (w *Worker) lastEvents(ctx context.Context, ids []string) (map[string]viewedEvent, error) {
 	prefix := strings.TrimSuffix(w.subj.StateAll(), ">")
+	subjects := make([]string, len(ids))
+	for i, id := range ids {
+		subjects[i] = w.subj.State(id)
+	}
 	out := make(map[string]viewedEvent, len(ids))
-	for from := 0; from < len(ids); from += lastEventsBatch {
-		part := ids[from:min(from+lastEventsBatch, len(ids))]
-		subjects := make([]string, len(part))
-		for i, id := range part {
-			subjects[i] = w.subj.State(id)
+	err := w.multiLast(ctx, messages.StreamEvents, subjects, func(subject string, _ nats.Header, data []byte) {
+		id, ok := strings.CutPrefix(subject, prefix)
+		if !ok {
+			return
 		}
-		err := w.multiLast(ctx, messages.StreamEvents, subjects, func(subject string, _ nats.Header, data []byte) {
-			id, ok := strings.CutPrefix(subject, prefix)
-			if !ok {
-				return
-			}
-			var ev struct { // the fields a pass uses: the rest is not decoded
-				State string `json:"state"`
-				Host  string `json:"host"`
-				Seq   uint64 `json:"seq"`
-				IP    string `json:"ip"`
-			}
-			if json.Unmarshal(data, &ev) != nil {
-				ev.State = "" // on record, but unreadable: not chosen, not looked at as eventless
-			}
-			out[id] = viewedEvent{State: knownState(ev.State), Host: ev.Host, Seq: ev.Seq, IP: ev.IP}
-		})
-		if err != nil {
-			return nil, fmt.Errorf("read last events: %w", err)
+		var ev struct { // the fields a pass uses: the rest is not decoded
+			State string `json:"state"`
+			Host  string `json:"host"`
+			Seq   uint64 `json:"seq"`
+			IP    string `json:"ip"`
 		}
+		if json.Unmarshal(data, &ev) != nil {
+			ev.State = "" // on record, but unreadable: not chosen, not looked at as eventless
+		}
+		out[id] = viewedEvent{State: knownState(ev.State), Host: ev.Host, Seq: ev.Seq, IP: ev.IP}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read last events: %w", err)
 	}
 	return out, nil
 }
 
-// multiLast asks stream for the last message of each of subjects (at most
-// 1,024) in one direct get, and calls fn with each one's subject, headers
-// and body, in the order the server sends them. Subjects with no message are left
-// out; none at all is no error.
+// multiLast asks stream for the last message of each of subjects, in one
+// direct get for each lastEventsBatch of them, and calls fn with each
+// one's subject, headers and body, in the order the server sends them.
+// Subjects with no message are left out; none at all is no error.
 //
 // It is written here rather than taken from orbit.go's jetstreamext, whose
 // GetLastMsgsFor makes a synchronous subscription for every request, and
@@ -83,6 +80,15 @@ func (w *Worker) lastEvents(ctx context.Context, ids []string) (map[string]viewe
 // and a peak RSS over its bound. Here the channel holds what the request
 // can be answered with: a message a subject, and the end.
 func (w *Worker) multiLast(ctx context.Context, stream string, subjects []string, fn func(subject string, hdr nats.Header, data []byte)) error {
+	for from := 0; from < len(subjects); from += lastEventsBatch {
+		if err := w.multiLastOnce(ctx, stream, subjects[from:min(from+lastEventsBatch, len(subjects))], fn); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (w *Worker) multiLastOnce(ctx context.Context, stream string, subjects []string, fn func(subject string, hdr nats.Header, data []byte)) error {
 	req, err := json.Marshal(struct {
 		MultiLast []string `json:"multi_last"`
 	}{subjects})

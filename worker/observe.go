@@ -202,25 +202,22 @@ func (e *executor) sweep(ctx context.Context, insts []fleet.Instance) int {
 func (e *executor) wantedHere(ctx context.Context, insts []fleet.Instance) (map[string]bool, error) {
 	w := e.w
 	prefix := "$KV." + messages.BucketDesired + "."
+	subjects := make([]string, len(insts))
+	for i, in := range insts {
+		subjects[i] = prefix + in.ID
+	}
 	wanted := make(map[string]bool, len(insts))
-	for from := 0; from < len(insts); from += lastEventsBatch {
-		part := insts[from:min(from+lastEventsBatch, len(insts))]
-		subjects := make([]string, len(part))
-		for i, in := range part {
-			subjects[i] = prefix + in.ID
+	err := w.multiLast(ctx, topology.BucketStream(messages.BucketDesired), subjects, func(subject string, hdr nats.Header, data []byte) {
+		if op := hdr.Get("KV-Operation"); op != "" {
+			return // deleted or purged
 		}
-		err := w.multiLast(ctx, topology.BucketStream(messages.BucketDesired), subjects, func(subject string, hdr nats.Header, data []byte) {
-			if op := hdr.Get("KV-Operation"); op != "" {
-				return // deleted or purged
-			}
-			var d messages.Desired
-			if json.Unmarshal(data, &d) == nil && e.owns(&d) {
-				wanted[strings.TrimPrefix(subject, prefix)] = true
-			}
-		})
-		if err != nil {
-			return wanted, fmt.Errorf("read desired records: %w", err)
+		var d messages.Desired
+		if json.Unmarshal(data, &d) == nil && e.owns(&d) {
+			wanted[strings.TrimPrefix(subject, prefix)] = true
 		}
+	})
+	if err != nil {
+		return wanted, fmt.Errorf("read desired records: %w", err)
 	}
 	return wanted, nil
 }
