@@ -4,11 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
 
 	"proxyfleet/messages"
 )
@@ -65,15 +62,7 @@ func TestEventOfAnOlderCommandIsNotStoredAfterANewerOne(t *testing.T) {
 func TestEventsOfOneProxyNeedNoReadUnlessAnotherPublished(t *testing.T) {
 	srv, nc, js, ctx := setUpTopology(t)
 	subj := messages.NewSubjects("")
-	var reads atomic.Int64
-	sub, err := nc.Subscribe("$JS.API.DIRECT.GET."+messages.StreamEvents+".>", func(*nats.Msg) { reads.Add(1) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	reads := countOf(t, nc, "$JS.API.DIRECT.GET."+messages.StreamEvents+".>")
 	_, js2 := srv.Connect(t)
 	p, err := newEventPublisher(ctx, js, subj, time.Hour, time.Now)
 	if err != nil {
@@ -86,16 +75,10 @@ func TestEventsOfOneProxyNeedNoReadUnlessAnotherPublished(t *testing.T) {
 	publish := func(p *eventPublisher, state, cmd string, cmdSeq uint64) (messages.StateEvent, error) {
 		return p.Publish(ctx, messages.StateEvent{ID: "p1", State: state, Host: "h1", CommandID: cmd, CommandSeq: cmdSeq})
 	}
-	readsOf := func(what string, f func()) int64 {
-		if err := nc.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		before := reads.Load()
+	readsOf := func(what string, f func()) int {
+		before := reads()
 		f()
-		if err := nc.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		n := reads.Load() - before
+		n := reads() - before
 		t.Logf("%s: %d reads of the last message", what, n)
 		return n
 	}
@@ -153,15 +136,7 @@ func TestFirstEventsShareOneReadOfTheStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var infos atomic.Int64
-	sub, err := nc.Subscribe("$JS.API.STREAM.INFO."+messages.StreamEvents, func(*nats.Msg) { infos.Add(1) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	infos := countOf(t, nc, "$JS.API.STREAM.INFO."+messages.StreamEvents)
 	// Messages stored before: their sequences are the floor.
 	for i := range 5 {
 		if _, err := p.Publish(ctx, messages.StateEvent{ID: fmt.Sprintf("old%d", i), State: messages.StateRunning, Host: "h1", CommandID: "c", CommandSeq: 1}); err != nil {
@@ -173,10 +148,7 @@ func TestFirstEventsShareOneReadOfTheStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	floor := st.CachedInfo().State.LastSeq
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	before := infos.Load()
+	before := infos()
 
 	// Every publish reads its proxy's last event (none), then waits for
 	// the stream's: held until all have read theirs.
@@ -202,9 +174,6 @@ func TestFirstEventsShareOneReadOfTheStream(t *testing.T) {
 	}
 	p.infoMu.Unlock()
 	wg.Wait()
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
 	for i := range n {
 		if errs[i] != nil {
 			t.Fatalf("p%d: %v", i, errs[i])
@@ -213,7 +182,7 @@ func TestFirstEventsShareOneReadOfTheStream(t *testing.T) {
 			t.Errorf("p%d's first event has seq %d, want above %d, the stream's last sequence before", i, seqs[i], floor)
 		}
 	}
-	if got := infos.Load() - before; got != 1 {
+	if got := infos() - before; got != 1 {
 		t.Errorf("%d first events read the stream %d times; want once", n, got)
 	}
 }

@@ -4,11 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/internal/natstest"
@@ -90,15 +88,7 @@ func TestHostWriterGuessesFromItsViewAndNeverLosesAWrite(t *testing.T) {
 	w.hostView.ready = true
 	w.startWriters()
 	defer w.stopWriters()
-	var reads atomic.Int64
-	sub, err := nc.Subscribe("$JS.API.DIRECT.GET.KV_"+messages.BucketHosts+".>", func(*nats.Msg) { reads.Add(1) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	reads := countOf(t, nc, "$JS.API.DIRECT.GET.KV_"+messages.BucketHosts+".>")
 	stored := func() map[string]uint64 {
 		t.Helper()
 		e, err := kv.Get(ctx, "h1")
@@ -126,17 +116,11 @@ func TestHostWriterGuessesFromItsViewAndNeverLosesAWrite(t *testing.T) {
 	if err := w.reserve(ctx, "h1", "p1", 1, false); err != nil { // the first: no record, a read
 		t.Fatal(err)
 	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	before := reads.Load()
+	before := reads()
 	if err := w.reserve(ctx, "h1", "p2", 2, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	if got := reads.Load() - before; got != 0 {
+	if got := reads() - before; got != 0 {
 		t.Errorf("a reservation on a record the view holds read it %d times; want none", got)
 	}
 	if got := stored(); len(got) != 2 || got["p1"] != 1 || got["p2"] != 2 {

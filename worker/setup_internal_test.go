@@ -27,3 +27,31 @@ func setUpTopology(t *testing.T) (*natstest.Server, *nats.Conn, jetstream.JetStr
 	}
 	return srv, nc, js, ctx
 }
+
+// countOf counts the messages published on subject (requests to the
+// JetStream API, say) from now on. A synchronous subscription holds every
+// message the server sent before a flush returns, so a count taken after
+// a flush is exact; an asynchronous handler may not have run yet (under
+// load, a count taken "before" a step took in reads of the step before).
+func countOf(t *testing.T, nc *nats.Conn, subject string) func() int {
+	t.Helper()
+	sub, err := nc.SubscribeSync(subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return func() int {
+		t.Helper()
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		n, _, err := sub.Pending()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+}
