@@ -16,19 +16,20 @@ import (
 // last state events: those of the proxies the host's record holds room
 // for, and of the domains listed there. It reads them when it runs, with
 // one batched direct get (multi_last, nats-server 2.11+) per
-// lastEventsBatch of them (multiLast), so a pass costs reads of its own host's events
-// only, and nothing at all between passes.
+// multiLastBatch of them (multiLast), so a pass costs reads of its own
+// host's events only, and nothing at all between passes.
 //
 // Before, every worker followed every event of the fleet (an ordered
 // consumer on proxy.state.>) to keep such a view: with ten workers that
-// was ten deliveries of each event, most of the messages the server sent
-// in a burst of creates (22 of the 76 a create cost at 12,000 proxies),
-// and each host a worker came to pull made it read the last event of the
-// whole fleet again.
+// was ten deliveries of each event, the largest share of the messages the
+// server sent in a burst of creates (22 of the 76 a create cost at 12,000
+// proxies), and each host a worker came to pull made it read the last
+// event of the whole fleet again.
 
-// lastEventsBatch is the most subjects asked for in one request: the
-// server answers at most 1,024 (and refuses a request that matches more).
-const lastEventsBatch = 256
+// multiLastBatch is the most subjects multiLast asks for in one request:
+// the server answers at most 1,024 (and refuses a request that matches
+// more).
+const multiLastBatch = 256
 
 // viewedEvent is what a pass keeps of a proxy's last event.
 type viewedEvent struct {
@@ -69,7 +70,7 @@ func (w *Worker) lastEvents(ctx context.Context, ids []string) (map[string]viewe
 }
 
 // multiLast asks stream for the last message of each of subjects, in one
-// direct get for each lastEventsBatch of them, and calls fn with each
+// direct get for each multiLastBatch of them, and calls fn with each
 // one's subject, headers and body, in the order the server sends them.
 // Subjects with no message are left out; none at all is no error.
 //
@@ -80,8 +81,8 @@ func (w *Worker) lastEvents(ctx context.Context, ids []string) (map[string]viewe
 // and a peak RSS over its bound. Here the channel holds what the request
 // can be answered with: a message a subject, and the end.
 func (w *Worker) multiLast(ctx context.Context, stream string, subjects []string, fn func(subject string, hdr nats.Header, data []byte)) error {
-	for from := 0; from < len(subjects); from += lastEventsBatch {
-		if err := w.multiLastOnce(ctx, stream, subjects[from:min(from+lastEventsBatch, len(subjects))], fn); err != nil {
+	for from := 0; from < len(subjects); from += multiLastBatch {
+		if err := w.multiLastOnce(ctx, stream, subjects[from:min(from+multiLastBatch, len(subjects))], fn); err != nil {
 			return err
 		}
 	}
