@@ -104,7 +104,7 @@ func (w *Worker) multiLastOnce(ctx context.Context, stream string, subjects []st
 		return err
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	if err := nc.PublishRequest(apiSubject(w.js, "DIRECT.GET."+stream), inbox, req); err != nil {
+	if err := nc.PublishRequest(apiPrefix(w.js)+"DIRECT.GET."+stream, inbox, req); err != nil {
 		return err
 	}
 	ctx, cancel := request(ctx, w.js)
@@ -130,20 +130,6 @@ func (w *Worker) multiLastOnce(ctx context.Context, stream string, subjects []st
 			}
 			fn(subject, m.Header, m.Data)
 		}
-	}
-}
-
-// apiSubject is the JetStream API subject of op (such as
-// "DIRECT.GET.PROXY_EVENTS") for js, with its API prefix or domain.
-func apiSubject(js jetstream.JetStream, op string) string {
-	o := js.Options()
-	switch {
-	case o.APIPrefix != "":
-		return strings.TrimSuffix(o.APIPrefix, ".") + "." + op
-	case o.Domain != "":
-		return "$JS." + o.Domain + ".API." + op
-	default:
-		return "$JS.API." + op
 	}
 }
 
