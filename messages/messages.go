@@ -43,6 +43,10 @@ const (
 	SourceLease = "lease"
 	SourceARP   = "arp"
 	SourceSim   = "sim"
+	// SourcePlan is an address the host's address plan gave the proxy:
+	// known before the guest boots, and checked against the guest agent's
+	// report where the agent answers.
+	SourcePlan = "plan"
 )
 
 // Limits on a create's sizes.
