@@ -37,6 +37,43 @@ type HostRecord struct {
 	// Reason is the failure that quarantined the host (or kept it).
 	Reason string    `json:"reason,omitempty"`
 	At     time.Time `json:"at"`
+	// Addresses are the host's address assignments under its address
+	// plan: which slot each proxy holds and when slots were freed. Empty
+	// on a host without a plan. Added to the contract: optional.
+	Addresses AddrState `json:"addresses,omitzero"`
+}
+
+// AddrState is a host's address assignments (package addrplan decides
+// them). A slot is a place in the plan: an IPv4 slot is one IPv4
+// address, an IPv6 slot the plan's ipv6_per_proxy addresses. Slots are
+// numbered from 1; 0 means none.
+//
+// Every proxy holding a slot is also in HostRecord.Proxies, and no slot
+// is held by two proxies: both are changed together, by compare-and-set
+// of the whole record.
+type AddrState struct {
+	// Slots are the slots each proxy holds, by proxy id.
+	Slots map[string]AddrSlots `json:"slots,omitempty"`
+	V4    SlotSpace            `json:"v4,omitzero"`
+	V6    SlotSpace            `json:"v6,omitzero"`
+}
+
+// AddrSlots are one proxy's slots: its IPv4 slot and its IPv6 slot, 0
+// where the plan has none of that family.
+type AddrSlots struct {
+	V4 int `json:"v4,omitempty"`
+	V6 int `json:"v6,omitempty"`
+}
+
+// SlotSpace is what a host's record keeps of one family's slots besides
+// who holds them: slots 1 to Next have been given at least once (or
+// passed over by a proxy found holding a later one), and
+// Freed says when slots not held now were last freed. A slot at most
+// Next that is not held and not in Freed was freed long ago (entries are
+// dropped once they no longer decide anything).
+type SlotSpace struct {
+	Next  int               `json:"next,omitempty"`
+	Freed map[int]time.Time `json:"freed,omitempty"`
 }
 
 // Quarantined reports whether the host is in quarantine.
