@@ -10,6 +10,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"proxyfleet/addrplan"
 	"proxyfleet/messages"
 )
 
@@ -74,6 +75,9 @@ type Host struct {
 	MaxProxies int     `yaml:"max_proxies"` // room: 20 for kvm, 100 for sim by default
 	Budgets    Budgets `yaml:"budgets"`
 	Sim        Sim     `yaml:"sim"`
+	// Addresses is the host's address plan: the addresses its proxies
+	// are configured with and leave from. Absent: its network's DHCP.
+	Addresses *addrplan.Config `yaml:"addresses"`
 }
 
 // SSH reaches a host's libvirt socket.

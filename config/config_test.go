@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"proxyfleet/addrplan"
 )
 
 const good = `
@@ -81,6 +83,10 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "gateway: {strategy: fastest}\n", "gateway.strategy"},
 		{good + "gateway: {retries: 11}\n", "gateway.retries"},
 		{good + "gateway: {connect_timeout: -1s}\n", "gateway.connect_timeout"},
+		{"hosts:\n  - {name: a, driver: sim, sim: {dir: /x}, addresses: {ipv4: [203.0.113.8/33]}}\n", "hosts[0].addresses.ipv4[0]"},
+		{"hosts:\n  - {name: a, driver: sim, sim: {dir: /x}, addresses: {ipv6: ['2001:db8::/64'], ipv6_per_proxy: 300}}\n", "hosts[0].addresses.ipv6_per_proxy"},
+		{"hosts:\n  - {name: a, driver: sim, sim: {dir: /x}, addresses: {}}\n", "hosts[0].addresses.ipv4"},
+		{"hosts:\n  - {name: a, driver: sim, sim: {dir: /x}, addresses: {ipv4: [203.0.113.8/29]}}\n  - {name: b, driver: sim, sim: {dir: /y}, addresses: {ipv4: [203.0.113.12]}}\n", "hosts[1].addresses"},
 	} {
 		_, err := Parse([]byte(tc.edit))
 		var fe *FieldError
@@ -90,6 +96,35 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 	}
 	if _, err := Parse([]byte(good + "colour: red\n")); err == nil || !strings.Contains(err.Error(), "colour") {
 		t.Errorf("unknown key: %v", err)
+	}
+}
+
+func TestAddressPlan(t *testing.T) {
+	c, err := Parse([]byte(`
+hosts:
+  - name: h1
+    driver: sim
+    sim: {dir: /x}
+    addresses:
+      ipv4: [203.0.113.8/29, 198.51.100.7]
+      ipv4_gateway: 203.0.113.1
+      macs: {198.51.100.7: "00:50:56:00:12:34"}
+      ipv6: [2001:db8:1:2::/64]
+      ipv6_gateway: fe80::1
+      ipv6_per_proxy: 16
+      reuse_after: 30m
+  - {name: h2, driver: sim, sim: {dir: /y}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plans := c.Plans()
+	p := plans["h1"]
+	if len(plans) != 1 || p == nil || p.Slots4() != 7 || p.PerProxy6() != 16 || p.ReuseAfter() != 30*time.Minute {
+		t.Fatalf("plans = %v", plans)
+	}
+	if n := p.Network(addrplan.Slots{V4: 7, V6: 1}); n.MAC != "00:50:56:00:12:34" || n.IPv6Gateway.String() != "fe80::1" {
+		t.Errorf("network = %+v", n)
 	}
 }
 

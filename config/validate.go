@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"proxyfleet/addrplan"
 	"proxyfleet/messages"
 )
 
@@ -127,6 +129,9 @@ func (c *Config) Validate() error {
 		if h.MaxProxies < 1 {
 			return bad(f+".max_proxies", "%d is less than 1", h.MaxProxies)
 		}
+	}
+	if err := c.validatePlans(); err != nil {
+		return err
 	}
 	images := map[string]bool{}
 	for i, im := range c.Images {
@@ -368,4 +373,49 @@ func (g Gateway) validate() error {
 		return bad("gateway.retries", "%d is out of range [0, 10]", g.Retries)
 	}
 	return nil
+}
+
+// validatePlans checks each host's address plan, and that no address is
+// in two hosts' plans (it would be given to two proxies).
+func (c *Config) validatePlans() error {
+	plans := make([]*addrplan.Plan, len(c.Hosts))
+	for i, h := range c.Hosts {
+		if h.Addresses == nil {
+			continue
+		}
+		f := fmt.Sprintf("hosts[%d].addresses", i)
+		p, err := addrplan.New(h.Name, *h.Addresses)
+		var fe *addrplan.FieldError
+		if errors.As(err, &fe) {
+			return bad(f+"."+fe.Field, "%s", fe.Reason)
+		}
+		if err != nil {
+			return bad(f, "%v", err)
+		}
+		for j, o := range plans[:i] {
+			if o == nil {
+				continue
+			}
+			if err := addrplan.Overlap(o, p); err != nil {
+				return bad(f, "shares addresses with hosts[%d]: %v", j, err)
+			}
+		}
+		plans[i] = p
+	}
+	return nil
+}
+
+// Plans returns the address plan of each host that has one, by name. It
+// expects a validated config.
+func (c *Config) Plans() map[string]*addrplan.Plan {
+	out := map[string]*addrplan.Plan{}
+	for _, h := range c.Hosts {
+		if h.Addresses == nil {
+			continue
+		}
+		if p, err := addrplan.New(h.Name, *h.Addresses); err == nil {
+			out[h.Name] = p
+		}
+	}
+	return out
 }

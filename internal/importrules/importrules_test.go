@@ -37,7 +37,10 @@ var rules = []rule{
 	// The contract has one home and any client can be checked against it.
 	{pkg: "messages", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	{pkg: "fleet", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
-	{pkg: "config", allow: []string{"messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	{pkg: "config", allow: []string{"messages", "addrplan", "fleet"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	// Address plans and their assignments are pure decisions: the worker
+	// and the config both lean on them, and they on nothing that runs.
+	{pkg: "addrplan", allow: []string{"fleet", "messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	// A library for libvirt over SSH, not shaped by one YAML schema nor by
 	// the worker that drives it.
 	{pkg: "kvm", allow: []string{"fleet", "messages"}, forbid: [][]string{natsPkgs}},
@@ -45,7 +48,7 @@ var rules = []rule{
 	// Set-up and repair serve every role, so they lean on none of them.
 	{pkg: "topology", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// Hosts reach the worker as Providers, never as a driver it imports.
-	{pkg: "worker", allow: []string{"fleet", "messages", "topology"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "worker", allow: []string{"addrplan", "fleet", "messages", "topology"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	{pkg: "health", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// A client reads the contract, never the worker's insides.
 	{pkg: "client", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
