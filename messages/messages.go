@@ -115,6 +115,11 @@ type StateEvent struct {
 	// contract: optional, absent when the proxy has none and from older
 	// workers.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Egress are the addresses the proxy's host's address plan gave it,
+	// the addresses its requests may leave from (its IPv4 address first),
+	// on a running event. Added to the contract: optional, absent for a
+	// proxy left to its network's DHCP and from older workers.
+	Egress []string `json:"egress,omitempty"`
 }
 
 // RotationEntry is one proxy clients may use.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sort"
@@ -53,6 +54,11 @@ type domain struct {
 	CreatedAt time.Time `json:"created_at"`
 	// Stopped simulates a domain that was shut off behind the system's back.
 	Stopped bool `json:"stopped,omitempty"`
+	// MAC and Egress are the static network the spec asked for (its
+	// address of record first), as a kvm domain's interface and seed
+	// keep them; absent for a proxy left to DHCP.
+	MAC    string       `json:"mac,omitempty"`
+	Egress []netip.Addr `json:"egress,omitempty"`
 }
 
 // New opens (and makes) the host directory.
@@ -208,7 +214,12 @@ func (d *Driver) instance(dom domain) fleet.Instance {
 		in.State = messages.StateRunning
 		in.IP = SimIP(dom.ID)
 		in.Source = messages.SourceSim
+		if len(dom.Egress) > 0 {
+			in.IP = dom.Egress[0].String()
+			in.Source = messages.SourcePlan
+		}
 	}
+	in.Egress = dom.Egress
 	return in
 }
 
@@ -239,6 +250,9 @@ func (d *Driver) Create(ctx context.Context, spec fleet.Spec) (fleet.Instance, e
 	dom := domain{
 		ID: spec.ID, Owner: "proxyfleet", CommandID: spec.CommandID, SpecHash: spec.SpecHash,
 		Image: spec.Image, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, CreatedAt: d.cfg.Now().UTC(),
+	}
+	if spec.Network.Static() {
+		dom.MAC, dom.Egress = spec.Network.MAC, spec.Network.Egress()
 	}
 	if err := d.write(dom); err != nil {
 		return fleet.Instance{}, err

@@ -157,7 +157,8 @@ func (e *executor) converge(ctx context.Context, d *messages.Desired, why string
 		return e.awaitRunning(ctx, d, accepted, time.Time{})
 	}
 	// Only a proxy holding room here gets a domain here.
-	if err := e.ensureRoom(ctx, d, present); err != nil {
+	netw, err := e.ensureRoom(ctx, d, present)
+	if err != nil {
 		return err
 	}
 	reason := nonEmpty(why, "creating")
@@ -178,7 +179,7 @@ func (e *executor) converge(ctx context.Context, d *messages.Desired, why string
 		}
 		e.w.stats.creates.Add(1)
 		created := time.Now()
-		if err := e.create(ctx, d); err != nil {
+		if err := e.create(ctx, d, netw); err != nil {
 			return err // the provider's error names the create and the id
 		}
 		return e.awaitRunning(ctx, d, accepted, created)
@@ -191,7 +192,7 @@ func (e *executor) converge(ctx context.Context, d *messages.Desired, why string
 	go func() { published <- e.publish(ctx, d, messages.StateProvisioning, fleet.Instance{}, reason) }()
 	e.w.stats.creates.Add(1)
 	created := time.Now()
-	err = e.create(ctx, d)
+	err = e.create(ctx, d, netw)
 	if perr := <-published; err == nil {
 		err = perr
 	}
@@ -204,7 +205,7 @@ func (e *executor) converge(ctx context.Context, d *messages.Desired, why string
 // create runs the provider's Create, turning what it reports of long work
 // (a base image transfer) into provisioning events whose reason says what
 // is happening, at most every Config.ProgressEvery.
-func (e *executor) create(ctx context.Context, d *messages.Desired) error {
+func (e *executor) create(ctx context.Context, d *messages.Desired, netw fleet.Network) error {
 	var latest atomic.Pointer[string]
 	pctx := fleet.WithProgress(ctx, func(msg string) { latest.Store(&msg) })
 	done := make(chan struct{})
@@ -225,10 +226,25 @@ func (e *executor) create(ctx context.Context, d *messages.Desired) error {
 			}
 		}
 	}()
-	_, err := e.prov.Create(pctx, e.spec(d))
+	spec := e.spec(d)
+	spec.Network = netw
+	_, err := e.prov.Create(pctx, spec)
 	close(done)
 	wg.Wait()
 	return err
+}
+
+// egressOf lists the addresses a proxy's plan gave it, as its running
+// event carries them.
+func egressOf(in fleet.Instance) []string {
+	if len(in.Egress) == 0 {
+		return nil
+	}
+	out := make([]string, len(in.Egress))
+	for i, a := range in.Egress {
+		out[i] = a.String()
+	}
+	return out
 }
 
 func nonEmpty(s, def string) string {
@@ -341,6 +357,7 @@ func (e *executor) publish(ctx context.Context, d *messages.Desired, state strin
 	}
 	if state == messages.StateRunning {
 		ev.IP, ev.Source, ev.Port = obs.IP, obs.Source, e.w.cfg.ProxyPort
+		ev.Egress = egressOf(obs)
 	}
 	if d.Op == messages.OpCreate {
 		ev.Labels = d.Labels

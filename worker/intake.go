@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"proxyfleet/addrplan"
 	"proxyfleet/messages"
 )
 
@@ -26,6 +27,12 @@ type Catalog struct {
 	// MaxProxies is each host's room: intake places no more proxies on a
 	// host than this. A host it does not name gets DefaultMaxProxies.
 	MaxProxies map[string]int
+	// Plans are the address plans of the hosts that have one, by host
+	// name: a proxy placed on such a host holds room and slots of the
+	// plan (addrplan), and its create configures the addresses the slots
+	// give. A host without a plan leaves its proxies' addresses to its
+	// network.
+	Plans map[string]*addrplan.Plan
 }
 
 // DefaultMaxProxies is the room of a host the catalog gives none.

@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"proxyfleet/addrplan"
 	"proxyfleet/fleet"
 	"proxyfleet/messages"
 )
@@ -29,6 +30,9 @@ type metrics struct {
 	// strayPins counts pins no worker held that this worker released
 	// (straypin.go).
 	strayPins prometheus.Counter
+	// addrConflicts counts domains found holding an address another
+	// proxy's record holds (room.go, reserveFound).
+	addrConflicts prometheus.Counter
 
 	// Latencies, in LatencyBuckets: a command from its acceptance to its
 	// answer (done, failed), by op and outcome; a create from the start
@@ -80,6 +84,10 @@ func newMetrics() *metrics {
 		strayPins: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "proxyfleet_worker_stray_pins_released_total",
 			Help: "Pins of a host this worker is assigned that no worker held (a pull request left by a stopped consume), which it released rather than wait pinned_ttl.",
+		}),
+		addrConflicts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "proxyfleet_worker_address_conflicts_total",
+			Help: "Domains found on a host with no reservation whose addresses another proxy of the host's record holds: they keep their room, not the slot (the two proxies share an address until one is deleted).",
 		}),
 		commandSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "proxyfleet_command_duration_seconds",
@@ -133,7 +141,7 @@ func opLabel(op string) string {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.commands, m.retries, m.dead, m.inFlight, m.sweeps, m.swept, m.redrives, m.repairs, m.strayPins, m.commandSeconds, m.createRunning}
+	return []prometheus.Collector{m.commands, m.retries, m.dead, m.inFlight, m.sweeps, m.swept, m.redrives, m.repairs, m.strayPins, m.addrConflicts, m.commandSeconds, m.createRunning}
 }
 
 // register registers the worker's metrics on r: the counters, and a
@@ -181,6 +189,8 @@ func (w *Worker) Ready() error {
 type scrapeCollector struct{ w *Worker }
 
 var (
+	descAddresses = prometheus.NewDesc("proxyfleet_host_addresses",
+		"A host's address plan, as its record says: slots of each family (ipv4, ipv6: an IPv6 slot is ipv6_per_proxy addresses) by state (held, cooling: freed within reuse_after, free).", []string{"host", "family", "state"}, nil)
 	descProxies = prometheus.NewDesc("proxyfleet_host_proxies",
 		"Proxies holding room on a host (its record in PROXY_HOSTS).", []string{"host"}, nil)
 	descMaxProxies = prometheus.NewDesc("proxyfleet_host_max_proxies",
@@ -198,7 +208,7 @@ var (
 )
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descProxies, descMaxProxies, descQuarantined, descPending, descOwned, descPulling, descReady} {
+	for _, d := range []*prometheus.Desc{descAddresses, descProxies, descMaxProxies, descQuarantined, descPending, descOwned, descPulling, descReady} {
 		ch <- d
 	}
 }
@@ -240,6 +250,20 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		if rec, _, err := w.readHost(ctx, h); err == nil {
 			ch <- prometheus.MustNewConstMetric(descProxies, prometheus.GaugeValue, float64(len(rec.Proxies)), h)
 			ch <- prometheus.MustNewConstMetric(descQuarantined, prometheus.GaugeValue, b2f(rec.Quarantined()), h)
+			if plan := w.catalog.Plans[h]; plan != nil {
+				v4, v6 := plan.Usage(&rec.Addresses, time.Now())
+				for _, f := range []struct {
+					name string
+					u    addrplan.Usage
+				}{{"ipv4", v4}, {"ipv6", v6}} {
+					if f.u.Slots == 0 {
+						continue
+					}
+					ch <- prometheus.MustNewConstMetric(descAddresses, prometheus.GaugeValue, float64(f.u.Held), h, f.name, "held")
+					ch <- prometheus.MustNewConstMetric(descAddresses, prometheus.GaugeValue, float64(f.u.Cooling), h, f.name, "cooling")
+					ch <- prometheus.MustNewConstMetric(descAddresses, prometheus.GaugeValue, float64(f.u.Free), h, f.name, "free")
+				}
+			}
 		}
 		if cons, err := w.js.Consumer(ctx, messages.StreamWork, r.name()); err == nil {
 			ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(cons.CachedInfo().NumPending), h)

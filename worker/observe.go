@@ -360,6 +360,7 @@ func (e *executor) observeOne(ctx context.Context, id string) (bool, error) {
 		ev = messages.StateEvent{State: obs.State, Reason: obs.Reason}
 		if obs.State == messages.StateRunning {
 			ev.IP, ev.Source, ev.Port = obs.IP, obs.Source, w.cfg.ProxyPort
+			ev.Egress = egressOf(obs)
 		}
 		if obs.State == messages.StateFailed {
 			ev.Class = string(fleet.ClassPermanent)

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"proxyfleet/messages"
 )
@@ -207,7 +208,7 @@ func (w *Worker) reserveFirst(ctx context.Context, cands []candidate, id string,
 			notes = append(notes, c.host+" quarantined")
 		case errors.As(err, &full):
 			// Taken by another intake since it was read.
-			notes = append(notes, fmt.Sprintf("%s full (%d of %d)", c.host, full.n, full.maxRoom))
+			notes = append(notes, full.note())
 		default:
 			return "", notes, err
 		}
@@ -226,6 +227,7 @@ func (w *Worker) reservePlaced(ctx context.Context, host, id string, seq uint64)
 		if rec.Quarantined() {
 			return errQuarantined
 		}
-		return reserveEdit(rec, host, id, seq, w.catalog.maxProxies(host), false)
+		_, err := reserveEdit(rec, host, id, seq, w.catalog.maxProxies(host), false, w.catalog.Plans[host], time.Now())
+		return err
 	})
 }

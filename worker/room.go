@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"proxyfleet/addrplan"
 	"proxyfleet/fleet"
 	"proxyfleet/messages"
 )
@@ -35,14 +37,30 @@ import (
 // errFull says a host has no room for another proxy (see fullError).
 var errFull = errors.New("no room")
 
-// fullError is a host with no room for another proxy.
+// fullError is a host with no room for another proxy: no place under its
+// max_proxies, or no free address of its plan (addr, wrapping
+// addrplan.ErrNoAddress).
 type fullError struct {
 	host       string
 	n, maxRoom int
+	addr       error
 }
 
 func (e *fullError) Error() string {
+	if e.addr != nil {
+		return e.addr.Error()
+	}
 	return fmt.Sprintf("host %s is full (%d of %d proxies)", e.host, e.n, e.maxRoom)
+}
+
+func (e *fullError) Unwrap() error { return e.addr }
+
+// note is how placement names the refusal among others.
+func (e *fullError) note() string {
+	if e.addr != nil {
+		return e.host + " has no free address"
+	}
+	return fmt.Sprintf("%s full (%d of %d)", e.host, e.n, e.maxRoom)
 }
 
 func (e *fullError) Is(target error) bool { return target == errFull }
@@ -52,25 +70,49 @@ func (e *fullError) Is(target error) bool { return target == errFull }
 // needs a free place, unless force (its domain is there already, so it
 // takes room whatever the count). No room is an error wrapping errFull.
 func (w *Worker) reserve(ctx context.Context, host, id string, seq uint64, force bool) error {
-	return w.updateHost(ctx, host, func(rec *messages.HostRecord) error {
-		return reserveEdit(rec, host, id, seq, w.catalog.maxProxies(host), force)
-	})
+	_, err := w.reserveSlots(ctx, host, id, seq, force)
+	return err
 }
 
-// reserveEdit is reserve's change of the record, room its max_proxies.
-func reserveEdit(rec *messages.HostRecord, host, id string, seq uint64, room int, force bool) error {
-	if r, ok := rec.Proxies[id]; ok {
-		if r >= seq {
-			return errNoChange
+// reserveSlots is reserve, returning the address slots the proxy holds on
+// a host with a plan (none without one).
+func (w *Worker) reserveSlots(ctx context.Context, host, id string, seq uint64, force bool) (addrplan.Slots, error) {
+	var slots addrplan.Slots
+	plan := w.catalog.Plans[host]
+	err := w.updateHost(ctx, host, func(rec *messages.HostRecord) error {
+		var err error
+		slots, err = reserveEdit(rec, host, id, seq, w.catalog.maxProxies(host), force, plan, time.Now())
+		return err
+	})
+	return slots, err
+}
+
+// reserveEdit is reserve's change of the record, room its max_proxies and
+// plan its address plan (nil: none). On a host with a plan, room comes
+// with slots: a proxy that holds room and no slots gets them, and no free
+// slot is no room (a fullError wrapping addrplan.ErrNoAddress), whatever
+// force says: a proxy is never given an address another holds. It returns
+// the slots the proxy holds.
+func reserveEdit(rec *messages.HostRecord, host, id string, seq uint64, room int, force bool, plan *addrplan.Plan, now time.Time) (addrplan.Slots, error) {
+	r, ok := rec.Proxies[id]
+	slots, hasSlots := addrplan.Held(&rec.Addresses, id)
+	if ok && r >= seq && (plan == nil || hasSlots) {
+		return slots, errNoChange
+	}
+	if !ok && len(rec.Proxies) >= room && !force {
+		return addrplan.Slots{}, &fullError{host: host, n: len(rec.Proxies), maxRoom: room}
+	}
+	if plan != nil && !hasSlots {
+		var err error
+		slots, err = plan.Assign(&rec.Addresses, id, now)
+		if err != nil {
+			return addrplan.Slots{}, &fullError{host: host, n: len(rec.Proxies), maxRoom: room, addr: err}
 		}
+	}
+	if !ok || r < seq {
 		rec.Proxies[id] = seq
-		return nil
 	}
-	if len(rec.Proxies) >= room && !force {
-		return &fullError{host: host, n: len(rec.Proxies), maxRoom: room}
-	}
-	rec.Proxies[id] = seq
-	return nil
+	return slots, nil
 }
 
 // release frees id's room on host for the command of seq, whose removal of
@@ -83,6 +125,7 @@ func (w *Worker) release(ctx context.Context, host, id string, seq uint64) error
 			return errNoChange
 		}
 		delete(rec.Proxies, id)
+		addrplan.Release(&rec.Addresses, id, time.Now())
 		return nil
 	})
 }
@@ -91,22 +134,36 @@ func (w *Worker) release(ctx context.Context, host, id string, seq uint64) error
 // holds room here, taking it again if it went (a reservation released by a
 // reconciliation while its intake stalled, or a PROXY_HOSTS made anew). A
 // present domain is being replaced: it holds its room whatever the count.
-func (e *executor) ensureRoom(ctx context.Context, d *messages.Desired, present bool) error {
+//
+// It returns the network the proxy's address slots give (the zero Network
+// on a host without a plan).
+func (e *executor) ensureRoom(ctx context.Context, d *messages.Desired, present bool) (fleet.Network, error) {
+	plan := e.w.catalog.Plans[e.host]
 	// Releases happen under the proxy's lock, which this holds: a
 	// reservation read here stays until the create is done.
 	if rec, _, err := e.w.readHost(ctx, e.host); err == nil {
-		if r, ok := rec.Proxies[d.ID]; ok && r >= d.Seq {
-			return nil
+		slots, hasSlots := addrplan.Held(&rec.Addresses, d.ID)
+		if r, ok := rec.Proxies[d.ID]; ok && r >= d.Seq && (plan == nil || hasSlots) {
+			return planNetwork(plan, slots), nil
 		}
 	}
-	err := e.w.reserve(ctx, e.host, d.ID, d.Seq, present)
+	slots, err := e.w.reserveSlots(ctx, e.host, d.ID, d.Seq, present)
 	if errors.Is(err, errFull) {
-		return fleet.Permanent(fmt.Errorf("create %s: %w", d.ID, err))
+		return fleet.Network{}, fleet.Permanent(fmt.Errorf("create %s: %w", d.ID, err))
 	}
 	if err != nil {
-		return fleet.Transient(err)
+		return fleet.Network{}, fleet.Transient(err)
 	}
-	return nil
+	return planNetwork(plan, slots), nil
+}
+
+// planNetwork is the network slots give under plan; the zero Network
+// without a plan.
+func planNetwork(plan *addrplan.Plan, slots addrplan.Slots) fleet.Network {
+	if plan == nil {
+		return fleet.Network{}
+	}
+	return plan.Network(slots)
 }
 
 // reconcileRoom makes the host's reservations match what is there, after
@@ -191,14 +248,47 @@ func (e *executor) reserveFound(ctx context.Context, id string) {
 		return
 	}
 	defer unlock()
-	if _, err := e.prov.Get(ctx, id); err != nil {
+	in, err := e.prov.Get(ctx, id)
+	if err != nil {
 		return
 	}
-	if err := e.w.reserve(ctx, e.host, id, 0, true); err != nil {
+	plan := e.w.catalog.Plans[e.host]
+	var conflict error
+	err = e.w.updateHost(ctx, e.host, func(rec *messages.HostRecord) error {
+		conflict = nil
+		if _, ok := rec.Proxies[id]; ok {
+			return errNoChange
+		}
+		rec.Proxies[id] = 0
+		if plan != nil && len(in.Egress) > 0 {
+			conflict = plan.Take(&rec.Addresses, id, slotsOf(plan, in.Egress), time.Now())
+		}
+		return nil
+	})
+	if err != nil {
 		e.w.log.Debug("reconcile room", "host", e.host, "id", id, "err", err)
 		return
 	}
 	e.w.log.Info("room taken by a domain with no reservation", "host", e.host, "id", id)
+	if conflict != nil {
+		e.w.metrics.addrConflicts.Inc()
+		e.w.log.Warn("a domain found with no reservation has an address another proxy holds", "host", e.host, "id", id, "err", conflict)
+	}
+}
+
+// slotsOf are the slots of plan that give a domain's egress addresses
+// (its first address of each family decides).
+func slotsOf(plan *addrplan.Plan, egress []netip.Addr) addrplan.Slots {
+	var s addrplan.Slots
+	for _, a := range egress {
+		if s.V4 == 0 && a.Is4() {
+			s.V4 = plan.Slot4Of(a)
+		}
+		if s.V6 == 0 && a.Is6() {
+			s.V6 = plan.Slot6Of(a)
+		}
+	}
+	return s
 }
 
 // releaseStale releases id's reservation (of the command of seq), unless

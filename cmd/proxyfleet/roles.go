@@ -100,7 +100,7 @@ func workerConfig(c *config.Config, provs map[string]worker.Provider, log *slog.
 		},
 		Catalog: worker.Catalog{
 			Hosts: c.HostNames(), Images: images, DefaultImage: c.DefaultImage,
-			DefaultCPUs: c.Proxy.CPUs, DefaultMemoryMiB: c.Proxy.MemoryMiB, MaxProxies: maxProxies(c),
+			DefaultCPUs: c.Proxy.CPUs, DefaultMemoryMiB: c.Proxy.MemoryMiB, MaxProxies: maxProxies(c), Plans: c.Plans(),
 		},
 		Providers:       provs,
 		AckWait:         c.Worker.AckWait,
