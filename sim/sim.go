@@ -215,8 +215,9 @@ func (d *Driver) instance(dom domain) fleet.Instance {
 		in.IP = SimIP(dom.ID)
 		in.Source = messages.SourceSim
 		if len(dom.Egress) > 0 {
+			// The plan's address, still of source sim: health never
+			// probes a simulated proxy.
 			in.IP = dom.Egress[0].String()
-			in.Source = messages.SourcePlan
 		}
 	}
 	in.Egress = dom.Egress

@@ -24,12 +24,19 @@ import (
 // YAML appended.
 func simServeConfig(t *testing.T, dir, simOpts, extra string) string {
 	t.Helper()
+	return simServeConfigHost(t, dir, simOpts, "", extra)
+}
+
+// simServeConfigHost is simServeConfig with more keys of host h1
+// (hostOpts, each starting with ", ").
+func simServeConfigHost(t *testing.T, dir, simOpts, hostOpts, extra string) string {
+	t.Helper()
 	cfg := filepath.Join(dir, "config.yaml")
 	writeFile(t, cfg, fmt.Sprintf(`hosts:
-  - {name: h1, driver: sim, sim: {dir: %q%s}}
+  - {name: h1, driver: sim, sim: {dir: %q%s}%s}
 images:
   - {name: img, url: "file:///dev/null", sha256: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", format: raw}
-%s`, filepath.Join(dir, "h1"), simOpts, extra))
+%s`, filepath.Join(dir, "h1"), simOpts, hostOpts, extra))
 	return cfg
 }
 

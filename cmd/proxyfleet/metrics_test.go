@@ -33,7 +33,8 @@ type roles struct {
 func startRoles(t *testing.T) *roles {
 	t.Helper()
 	dir := t.TempDir()
-	cfg := simServeConfig(t, dir, "", `worker: {check_interval: 200ms, observe_interval: 300ms, sweep_grace: 1s, heartbeat: 250ms, liveness: 750ms, pinned_ttl: 2s, max_attempts: 2, backoff_initial: 50ms, backoff_max: 100ms}
+	// h1 has an address plan, so the plan's gauges are exported.
+	cfg := simServeConfigHost(t, dir, "", ", addresses: {ipv4: [198.18.101.0/28], ipv6: ['2001:db8:101::/64'], ipv6_per_proxy: 4}", `worker: {check_interval: 200ms, observe_interval: 300ms, sweep_grace: 1s, heartbeat: 250ms, liveness: 750ms, pinned_ttl: 2s, max_attempts: 2, backoff_initial: 50ms, backoff_max: 100ms}
 health: {lease_ttl: 2s}
 `)
 	r := &roles{dir: dir, nats: freePort(t), serve: freePort(t), worker: freePort(t), health: freePort(t),
@@ -152,7 +153,8 @@ var (
 		"proxyfleet_work_in_flight", "proxyfleet_work_pending", "proxyfleet_host_proxies", "proxyfleet_host_max_proxies",
 		"proxyfleet_host_quarantined", "proxyfleet_sweeps_total", "proxyfleet_swept_total", "proxyfleet_redrives_total",
 		"proxyfleet_worker_consumer_repairs_total", "proxyfleet_worker_host_owned", "proxyfleet_worker_host_pulling",
-		"proxyfleet_worker_ready", "proxyfleet_worker_stray_pins_released_total", "proxyfleet_command_duration_seconds", "proxyfleet_create_running_seconds",
+		"proxyfleet_worker_ready", "proxyfleet_worker_stray_pins_released_total", "proxyfleet_worker_address_conflicts_total",
+		"proxyfleet_host_addresses", "proxyfleet_command_duration_seconds", "proxyfleet_create_running_seconds",
 	}
 	healthNames = []string{
 		"proxyfleet_rotation_size", "proxyfleet_rotation_changes_total", "proxyfleet_rotation_entries_total",
