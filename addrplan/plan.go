@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"proxyfleet/fleet"
+	"proxyfleet/messages"
 )
 
 // Defaults of a plan's settings, where its config leaves them out.
@@ -30,30 +31,9 @@ const (
 )
 
 // Config is a host's address plan as the config file gives it (the
-// host's `addresses`).
-type Config struct {
-	// IPv4 are CIDRs or single addresses; each usable address is one
-	// proxy's. A CIDR of /30 or wider leaves out its network and
-	// broadcast addresses.
-	IPv4 []string `yaml:"ipv4"`
-	// IPv4Gateway is the guests' on-link IPv4 gateway; empty: the host
-	// network's own address.
-	IPv4Gateway string `yaml:"ipv4_gateway"`
-	// MACs are providers' virtual MACs, by IPv4 address of the plan: a
-	// proxy given that address gets that MAC.
-	MACs map[string]string `yaml:"macs"`
-	// IPv6 are prefixes; each proxy gets IPv6PerProxy consecutive
-	// addresses of one of them.
-	IPv6 []string `yaml:"ipv6"`
-	// IPv6Gateway is the guests' on-link IPv6 gateway; empty: the host
-	// network's own address.
-	IPv6Gateway  string `yaml:"ipv6_gateway"`
-	IPv6PerProxy int    `yaml:"ipv6_per_proxy"`
-	// ReuseAfter is how long a freed address waits before it is given
-	// again; 0 in the config takes DefaultReuseAfter, a negative one
-	// none.
-	ReuseAfter time.Duration `yaml:"reuse_after"`
-}
+// host's `addresses`); the same record goes into the host's record in
+// PROXY_HOSTS.
+type Config = messages.AddrPlan
 
 // FieldError is a plan's config error, naming the field below the plan
 // (`ipv4[1]`, `macs`).
@@ -72,6 +52,7 @@ func bad(field, format string, args ...any) error {
 // gives. It holds no assignments (those are in the host's record) and is
 // safe for concurrent use.
 type Plan struct {
+	cfg    Config
 	host   string
 	v4     []netip.Prefix // blocks, in the config's order
 	v4skip [][2]bool      // per block: skip its network and broadcast address
@@ -88,7 +69,7 @@ type Plan struct {
 
 // New validates c, the plan of the host named host, and returns it.
 func New(host string, c Config) (*Plan, error) {
-	p := &Plan{host: host, macs: map[netip.Addr]string{}}
+	p := &Plan{cfg: c, host: host, macs: map[netip.Addr]string{}}
 	if len(c.IPv4) == 0 && len(c.IPv6) == 0 {
 		return nil, bad("ipv4", "a plan needs IPv4 or IPv6 addresses")
 	}
@@ -289,6 +270,9 @@ func diff4(a, b netip.Addr) uint32 {
 	return (uint32(x[0])<<24 | uint32(x[1])<<16 | uint32(x[2])<<8 | uint32(x[3])) -
 		(uint32(y[0])<<24 | uint32(y[1])<<16 | uint32(y[2])<<8 | uint32(y[3]))
 }
+
+// Config is the plan as its config gave it.
+func (p *Plan) Config() Config { return p.cfg }
 
 // Host is the name of the plan's host.
 func (p *Plan) Host() string { return p.host }

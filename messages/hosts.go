@@ -37,10 +37,40 @@ type HostRecord struct {
 	// Reason is the failure that quarantined the host (or kept it).
 	Reason string    `json:"reason,omitempty"`
 	At     time.Time `json:"at"`
-	// Addresses are the host's address assignments under its address
-	// plan: which slot each proxy holds and when slots were freed. Empty
-	// on a host without a plan. Added to the contract: optional.
+	// Plan is the host's address plan as the config of the last writer
+	// says (absent: none), so readers (`proxyfleet addresses`) need no
+	// config to show which addresses are held. Addresses are the
+	// assignments under it: which slot each proxy holds and when slots
+	// were freed; empty on a host without a plan. Both added to the
+	// contract: optional.
+	Plan      *AddrPlan `json:"plan,omitempty"`
 	Addresses AddrState `json:"addresses,omitzero"`
+}
+
+// AddrPlan is a host's address plan as its config (the host's
+// `addresses`) gives it; package addrplan validates it and numbers its
+// addresses into slots.
+type AddrPlan struct {
+	// IPv4 are CIDRs or single addresses; each usable address is one
+	// proxy's. A CIDR of /30 or wider leaves out its network and
+	// broadcast addresses.
+	IPv4 []string `json:"ipv4,omitempty" yaml:"ipv4"`
+	// IPv4Gateway is the guests' on-link IPv4 gateway; empty: the host
+	// network's own address.
+	IPv4Gateway string `json:"ipv4_gateway,omitempty" yaml:"ipv4_gateway"`
+	// MACs are providers' virtual MACs, by IPv4 address of the plan: a
+	// proxy given that address gets that MAC.
+	MACs map[string]string `json:"macs,omitempty" yaml:"macs"`
+	// IPv6 are prefixes; each proxy gets IPv6PerProxy consecutive
+	// addresses of one of them.
+	IPv6 []string `json:"ipv6,omitempty" yaml:"ipv6"`
+	// IPv6Gateway is the guests' on-link IPv6 gateway; empty: the host
+	// network's own address.
+	IPv6Gateway  string `json:"ipv6_gateway,omitempty" yaml:"ipv6_gateway"`
+	IPv6PerProxy int    `json:"ipv6_per_proxy,omitempty" yaml:"ipv6_per_proxy"`
+	// ReuseAfter is how long a freed address waits before it is given
+	// again; 0 takes addrplan's default (an hour), a negative one none.
+	ReuseAfter time.Duration `json:"reuse_after_ns,omitempty" yaml:"reuse_after"`
 }
 
 // AddrState is a host's address assignments (package addrplan decides

@@ -211,6 +211,7 @@ func (hw *hostWriter) apply(ctx context.Context, batch []hostEdit) []error {
 		}
 		// The record read or viewed is shared: the edits change a copy.
 		rec.Proxies = maps.Clone(rec.Proxies)
+		rec.Addresses = cloneAddrs(rec.Addresses)
 		if rec.Proxies == nil {
 			rec.Proxies = map[string]uint64{}
 		}
@@ -232,6 +233,7 @@ func (hw *hostWriter) apply(ctx context.Context, batch []hostEdit) []error {
 			return errs
 		}
 		rec.V, rec.Host, rec.MaxProxies, rec.At = messages.Version, hw.host, w.catalog.maxProxies(hw.host), time.Now().UTC()
+		rec.Plan = w.catalog.planConfig(hw.host)
 		if rec.Since.IsZero() {
 			rec.Since = rec.At
 		}
@@ -269,12 +271,20 @@ func (hw *hostWriter) apply(ctx context.Context, batch []hostEdit) []error {
 	return all(fmt.Errorf("write host record of %s: lost the race %d times", hw.host, maxHostWrites))
 }
 
+// cloneAddrs copies a record's address assignments, for edits to change.
+func cloneAddrs(a messages.AddrState) messages.AddrState {
+	a.Slots = maps.Clone(a.Slots)
+	a.V4.Freed = maps.Clone(a.V4.Freed)
+	a.V6.Freed = maps.Clone(a.V6.Freed)
+	return a
+}
+
 // readHost reads host's record from the server; a host with none has an
 // empty one (revision 0). Every read asks the server; a record of the
 // bytes read last is not decoded again. The record's Proxies map is
 // shared with other readers: never change it.
 func (w *Worker) readHost(ctx context.Context, host string) (messages.HostRecord, uint64, error) {
-	rec := messages.HostRecord{V: messages.Version, Host: host, MaxProxies: w.catalog.maxProxies(host), State: messages.HostOK}
+	rec := messages.HostRecord{V: messages.Version, Host: host, MaxProxies: w.catalog.maxProxies(host), Plan: w.catalog.planConfig(host), State: messages.HostOK}
 	e, err := w.hosts.Get(ctx, host)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return rec, 0, nil

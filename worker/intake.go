@@ -46,6 +46,16 @@ func (c Catalog) maxProxies(host string) int {
 	return DefaultMaxProxies
 }
 
+// planConfig is host's address plan as its record shows it; nil without
+// one.
+func (c Catalog) planConfig(host string) *messages.AddrPlan {
+	if p := c.Plans[host]; p != nil {
+		pc := p.Config()
+		return &pc
+	}
+	return nil
+}
+
 func (c Catalog) hasHost(h string) bool  { return slices.Contains(c.Hosts, h) }
 func (c Catalog) hasImage(i string) bool { return slices.Contains(c.Images, i) }
 
