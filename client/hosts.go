@@ -151,3 +151,31 @@ func printHosts(w io.Writer, hosts []HostInfo, now time.Time) error {
 	}
 	return tw.Flush()
 }
+
+// HostRecords reads every host's record in PROXY_HOSTS as stored (room,
+// quarantine, address plan and assignments), sorted by host; with hosts,
+// only theirs.
+func (c *Client) HostRecords(ctx context.Context, hosts ...string) ([]messages.HostRecord, error) {
+	kv, err := c.bucket(ctx, messages.BucketHosts)
+	if err != nil {
+		return nil, err
+	}
+	var out []messages.HostRecord
+	err = readBucket(ctx, kv, func(e jetstream.KeyValueEntry) error {
+		if len(hosts) > 0 && !slices.Contains(hosts, e.Key()) {
+			return nil
+		}
+		var rec messages.HostRecord
+		if json.Unmarshal(e.Value(), &rec) != nil {
+			return nil // not ours to show
+		}
+		rec.Host = e.Key()
+		out = append(out, rec)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", messages.BucketHosts, err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Host < out[j].Host })
+	return out, nil
+}

@@ -7,7 +7,7 @@
 //	proxyfleet gateway  [flags]   one address for clients: a forward proxy (HTTP, SOCKS5) over the rotation
 //	proxyfleet create ID [--host H] [--image I] [--cpus N] [--memory-mib M] [--command-id C] [--wait]
 //	proxyfleet delete ID [--command-id C] [--wait]
-//	proxyfleet get ID | list | watch | rotation | hosts
+//	proxyfleet get ID | list | watch | rotation | hosts | addresses [HOST]
 //	proxyfleet dead ls | dead replay ID|--all | version | completion bash|zsh
 //
 // Each role is made of components, each a Run(ctx) error (the worker, the

@@ -81,6 +81,10 @@ var helps = map[string]helpText{
 		summary:  "show each host's owner, room and state",
 		examples: []string{"proxyfleet hosts", "proxyfleet hosts --json"},
 	},
+	"addresses": {
+		args: "[HOST]", summary: "show each host's address plan: its addresses held, cooling (freed within reuse_after) and free, and which proxy holds which",
+		examples: []string{"proxyfleet addresses", "proxyfleet addresses h1 --json"},
+	},
 	"dead": {
 		args: "ls | replay (ID | --all)", summary: "list or replay the commands that ran out of attempts (PROXY_DEAD; an admin credential)",
 		examples: []string{"proxyfleet dead ls", "proxyfleet dead replay p1"},

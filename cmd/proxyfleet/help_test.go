@@ -39,7 +39,7 @@ func TestHelpOfEveryCommand(t *testing.T) {
 		}
 	}
 	for name, want := range map[string]string{"create": timeoutSend, "delete": timeoutSend, "dead replay": timeoutSend,
-		"get": timeoutRead, "list": timeoutRead, "hosts": timeoutRead, "rotation": timeoutRead, "dead ls": timeoutRead, "watch": timeoutWatch,
+		"get": timeoutRead, "list": timeoutRead, "hosts": timeoutRead, "addresses": timeoutRead, "rotation": timeoutRead, "dead ls": timeoutRead, "watch": timeoutWatch,
 		"pool set": timeoutSend, "pool rm": timeoutSend, "pool recycle": timeoutSend, "pool get": timeoutRead, "pool ls": timeoutRead} {
 		o, _, _ := runCLI(ctx, append(strings.Fields(name), "--help")...)
 		if !strings.Contains(o, "\n  --timeout duration\n    \t"+want+"\n") {
@@ -129,7 +129,7 @@ func TestBashCompletion(t *testing.T) {
 	}
 	o, _, code = runCLI(context.Background(), "completion", "zsh")
 	if code != 0 || !strings.HasPrefix(o, "#compdef proxyfleet\n") || !strings.Contains(o, "    dead_replay) flags=\"--all ") ||
-		!strings.Contains(o, "compadd -- serve setup worker health gateway pools create delete get list watch rotation hosts dead pool version completion help\n") {
+		!strings.Contains(o, "compadd -- serve setup worker health gateway pools create delete get list watch rotation hosts addresses dead pool version completion help\n") {
 		t.Errorf("completion zsh: exit %d\n%s", code, o)
 	}
 	if _, e, code := runCLI(context.Background(), "completion", "fish"); code != 2 || !strings.HasPrefix(e, "usage: proxyfleet completion bash | zsh") {

@@ -24,6 +24,7 @@ Usage:
   proxyfleet watch    [--refresh 1s]
   proxyfleet rotation [--http URL]
   proxyfleet hosts
+  proxyfleet addresses [HOST]
   proxyfleet dead     ls | replay (ID | --all) [--force] [--wait]
   proxyfleet pool     set NAME --size N [--min-ready N] [--surge N] [--max-age D] [--label k=v] [--host H] [--wait]
   proxyfleet pool     get NAME

@@ -52,6 +52,7 @@ var verbs = []verb{
 	{name: "watch", timeout: timeoutWatch, new: func() command { return &watchCmd{} }},
 	{name: "rotation", timeout: timeoutRead, new: func() command { return &rotationCmd{} }},
 	{name: "hosts", timeout: timeoutRead, new: func() command { return &hostsCmd{} }},
+	{name: "addresses", optionalID: true, timeout: timeoutRead, new: func() command { return &addressesCmd{} }},
 	{name: "dead ls", timeout: timeoutRead, new: func() command { return &deadLsCmd{} }},
 	{name: "dead replay", optionalID: true, timeout: timeoutSend, new: func() command { return &deadReplayCmd{} }},
 	// Pools (verb_pool.go): the ID is the pool's name.

@@ -198,6 +198,36 @@ func TestClientVerbs(t *testing.T) {
 		hosts[0]["state"] == "ok" && hosts[0]["since"] != nil &&
 		hosts[1]["state"] == "quarantined" && hosts[2]["state"] == "draining" && hosts[2]["owner"] == "wk-2", o, e)
 
+	// addresses: the plan and assignments in the records; h1 has a
+	// plan, p1 and p3 hold slots, one IPv4 slot cools.
+	put(hkv, "h1", messages.HostRecord{V: 1, Host: "h1", MaxProxies: 20, Proxies: map[string]uint64{"p1": 1, "p3": 3}, State: messages.HostOK, Since: now,
+		Plan: &messages.AddrPlan{IPv4: []string{"203.0.113.8/29"}, IPv6: []string{"2001:db8:1:2::/64"}, IPv6PerProxy: 16},
+		Addresses: messages.AddrState{
+			Slots: map[string]messages.AddrSlots{"p1": {V4: 1, V6: 1}, "p3": {V4: 3, V6: 2}},
+			V4:    messages.SlotSpace{Next: 3, Freed: map[int]time.Time{2: now.Add(-time.Minute)}},
+			V6:    messages.SlotSpace{Next: 2},
+		}})
+	o, e, code = cli("addresses")
+	lines := map[string]bool{} // each line's words, one space apart
+	for _, l := range strings.Split(o, "\n") {
+		lines[strings.Join(strings.Fields(l), " ")] = true
+	}
+	want("addresses", code == 0 && lines["HOST FAMILY SLOTS HELD COOLING FREE PLAN"] &&
+		lines["h1 ipv4 6 2 1 3 [203.0.113.8/29]"] &&
+		lines["h1 ipv6 32768 2 0 32766 [2001:db8:1:2::/64], 16 addresses a slot"] &&
+		lines["h2 - - - - - none (the network's DHCP)"] &&
+		lines["h1 p1 203.0.113.9 2001:db8:1:2::10-2001:db8:1:2::1f (16)"] &&
+		lines["h1 p3 203.0.113.11 2001:db8:1:2::20-2001:db8:1:2::2f (16)"] &&
+		lines["h1 cooling until "+now.Add(-time.Minute+time.Hour).Format(time.RFC3339)+" 203.0.113.10 -"], o, e)
+	o, e, code = cli("addresses", "h1", "--json")
+	var addrs []hostAddresses
+	want("addresses h1 --json", code == 0 && json.Unmarshal([]byte(o), &addrs) == nil && len(addrs) == 1 &&
+		addrs[0].IPv4.Free == 3 && len(addrs[0].Proxies) == 2 && addrs[0].Proxies[1].IPv4.String() == "203.0.113.11" &&
+		len(addrs[0].Proxies[1].IPv6) == 16 && len(addrs[0].Cooling) == 1, o, e)
+	if _, e, code = cli("addresses", "h9"); code == 0 || !strings.Contains(e, "host h9: no record") {
+		t.Errorf("addresses h9: exit %d, %q", code, e)
+	}
+
 	o, e, code = cli("watch", "--timeout", "1s")
 	want("watch", code == 0 && strings.HasSuffix(o, " p1 running host=h1 addr=198.18.0.1:3128 source=sim seq=2 command=-\n") && strings.Count(o, "\n") == 1 && e == "", o, e)
 	o, e, code = cli("watch", "--timeout", "1s", "--json")
