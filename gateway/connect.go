@@ -32,10 +32,11 @@ func (cc *clientConn) connect(raw []byte) (keep, tunneled bool) {
 			g.m.flight(kindConnect).Dec()
 		}
 	}()
-	target := string(cc.h.line[1])
-	if _, port, err := net.SplitHostPort(target); err != nil || port == "" {
+	target, err := parseHostPort(string(cc.h.line[1]))
+	if err != nil {
+		// Refused before a proxy is picked: no proxy hears of it.
 		g.m.request(kindConnect, outcomeError).Inc()
-		return cc.reply(http.StatusBadRequest, fmt.Sprintf("CONNECT %q: want host:port", target)), false
+		return cc.reply(http.StatusBadRequest, fmt.Sprintf("CONNECT %q: %v", cc.h.line[1], err)), false
 	}
 	ctx, stopWatch := cc.watch()
 	var up net.Conn

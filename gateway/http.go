@@ -117,10 +117,11 @@ func (g *Gateway) answerFailure(w http.ResponseWriter, kind string, err error) {
 // handler returns (so the server's buffers go). It says whether the
 // tunnel took the request over (the user's slot, the in-flight count).
 func (g *Gateway) serveConnect(ctx context.Context, w http.ResponseWriter, r *http.Request, u *user, o options) bool {
-	target := r.Host
-	if _, port, err := net.SplitHostPort(target); err != nil || port == "" {
+	target, err := parseHostPort(r.Host)
+	if err != nil {
+		// Refused before a proxy is picked: no proxy hears of it.
 		g.m.request(kindConnect, outcomeError).Inc()
-		http.Error(w, fmt.Sprintf("CONNECT %q: want host:port", target), http.StatusBadRequest)
+		http.Error(w, fmt.Sprintf("CONNECT %q: %v", r.Host, err), http.StatusBadRequest)
 		return false
 	}
 	var up net.Conn

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"strconv"
 	"syscall"
 	"time"
 )
@@ -168,7 +167,7 @@ func (g *Gateway) serveSocksConn(c net.Conn) (handed bool) {
 			outcome = outcomeClientGone
 		}
 		g.m.request(kindSocks, outcome).Inc()
-		g.log.Debug("gateway: SOCKS5 request failed", "target", target, "err", err)
+		g.log.Debug("gateway: SOCKS5 request failed", "target", target.String(), "err", err)
 		_ = socksReply(c, code)
 		return false
 	}
@@ -189,7 +188,7 @@ func (g *Gateway) serveSocksConn(c net.Conn) (handed bool) {
 		return false
 	}
 	g.m.request(kindSocks, outcomeOK).Inc()
-	g.log.Debug("gateway: SOCKS5 tunnel", "target", target, "proxy", p.ID)
+	g.log.Debug("gateway: SOCKS5 tunnel", "target", target.String(), "proxy", p.ID)
 	release := g.picker.Acquire(p)
 	handed = true
 	t := &tunnel{g: g, client: c, up: up, onDone: func() {
@@ -277,51 +276,56 @@ type socksRequestError struct {
 func (e *socksRequestError) Error() string { return e.msg }
 
 // socksRequest reads VER CMD RSV ATYP DST.ADDR DST.PORT and returns the
-// target as host:port.
-func socksRequest(c net.Conn) (string, error) {
+// target. One the target rule (target.go) refuses (a domain that is not
+// a host name or an address, a port 0) is answered 4, host unreachable:
+// RFC 1928 has no code for a malformed address, and 4 puts the failure
+// on the target, not on the gateway or its proxies (no proxy is dialed
+// for it).
+func socksRequest(c net.Conn) (hostPort, error) {
 	var b [4]byte
 	if _, err := io.ReadFull(c, b[:]); err != nil {
-		return "", err
+		return hostPort{}, err
 	}
 	if b[0] != socksVersion {
-		return "", &socksRequestError{repGeneralFailure, fmt.Sprintf("version %d", b[0])}
+		return hostPort{}, &socksRequestError{repGeneralFailure, fmt.Sprintf("version %d", b[0])}
 	}
 	if b[1] != socksCmdConnect {
-		return "", &socksRequestError{repCmdNotSupported, fmt.Sprintf("command %d: only CONNECT", b[1])}
+		return hostPort{}, &socksRequestError{repCmdNotSupported, fmt.Sprintf("command %d: only CONNECT", b[1])}
 	}
 	var host string
 	switch b[3] {
 	case socksAtypIPv4:
 		var a [4]byte
 		if _, err := io.ReadFull(c, a[:]); err != nil {
-			return "", err
+			return hostPort{}, err
 		}
 		host = net.IP(a[:]).String()
 	case socksAtypIPv6:
 		var a [16]byte
 		if _, err := io.ReadFull(c, a[:]); err != nil {
-			return "", err
+			return hostPort{}, err
 		}
 		host = net.IP(a[:]).String()
 	case socksAtypDomain:
 		var l [1]byte
 		if _, err := io.ReadFull(c, l[:]); err != nil {
-			return "", err
+			return hostPort{}, err
 		}
 		var d [255]byte
 		if _, err := io.ReadFull(c, d[:l[0]]); err != nil {
-			return "", err
+			return hostPort{}, err
 		}
 		host = string(d[:l[0]])
-		if host == "" {
-			return "", &socksRequestError{repHostUnreachable, "empty domain"}
-		}
 	default:
-		return "", &socksRequestError{repAtypNotSupported, fmt.Sprintf("address type %d", b[3])}
+		return hostPort{}, &socksRequestError{repAtypNotSupported, fmt.Sprintf("address type %d", b[3])}
 	}
 	var port [2]byte
 	if _, err := io.ReadFull(c, port[:]); err != nil {
-		return "", err
+		return hostPort{}, err
 	}
-	return net.JoinHostPort(host, strconv.Itoa(int(binary.BigEndian.Uint16(port[:])))), nil
+	t, err := newHostPort(host, binary.BigEndian.Uint16(port[:]))
+	if err != nil {
+		return hostPort{}, &socksRequestError{repHostUnreachable, fmt.Sprintf("target %q: %v", host, err)}
+	}
+	return t, nil
 }

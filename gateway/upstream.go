@@ -104,8 +104,9 @@ var aLongTimeAgo = time.Unix(1, 0)
 // dialConnect opens a tunnel to target through p: connect, CONNECT with
 // the fleet's credential, wait for 200, all within ConnectTimeout.
 // leftover is what the proxy sent after its answer (a server-first
-// protocol's greeting), to be passed on first.
-func (g *Gateway) dialConnect(ctx context.Context, p Proxy, target string) (up net.Conn, leftover []byte, err error) {
+// protocol's greeting), to be passed on first. target is a hostPort, so
+// the request line and Host carry nothing but a host and a port.
+func (g *Gateway) dialConnect(ctx context.Context, p Proxy, target hostPort) (up net.Conn, leftover []byte, err error) {
 	start := g.cfg.Now()
 	c, err := g.dial(ctx, p.Addr)
 	if err != nil {
@@ -125,7 +126,8 @@ func (g *Gateway) dialConnect(ctx context.Context, p Proxy, target string) (up n
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(aLongTimeAgo) })
 	defer stop()
 
-	req := "CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n"
+	t := target.String()
+	req := "CONNECT " + t + " HTTP/1.1\r\nHost: " + t + "\r\n"
 	if g.upstreamAuth != "" {
 		req += "Proxy-Authorization: " + g.upstreamAuth + "\r\n"
 	}
