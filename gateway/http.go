@@ -246,6 +246,14 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 		http.Error(w, "this is a proxy: send CONNECT or an absolute http:// URI", http.StatusBadRequest)
 		return
 	}
+	// The authority goes to the proxy (the request line, Host, or the
+	// transport's CONNECT for https://) only if it passes the target
+	// rule; refused, no proxy hears of it.
+	if !validAuthority(r.URL.Host) {
+		g.m.request(kindHTTP, outcomeError).Inc()
+		http.Error(w, fmt.Sprintf("URI host %q: %v", r.URL.Host, errAuthority), http.StatusBadRequest)
+		return
+	}
 	hasBody := r.Body != nil && r.Body != http.NoBody
 	var resp *http.Response
 	var up int64
@@ -256,6 +264,7 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 		}
 		out := r.Clone(context.WithValue(ctx, proxyURLKey{}, pu))
 		out.RequestURI = ""
+		out.Host = r.URL.Host // the authority checked above (net/http's r.Host for an absolute URI)
 		out.Close = false
 		removeHop(out.Header)
 		var tb *trackedBody

@@ -49,9 +49,11 @@ func (cc *clientConn) appendConnection(b []byte, keep bool) []byte {
 	return b
 }
 
-// authority is the host[:port] of an http:// target and the target with
-// a path (an empty one is "/"); ok false for a target the lean path does
-// not take (user info, a fragment, a bad port).
+// authority is the host[:port] of an http:// target; ok false for a
+// target the lean path does not take (a fragment, an authority the
+// target rule refuses: user info, a bad port, a host neither a name nor
+// an address), which the slow path answers (400 for the authority, by
+// the same rule). The host that goes to the proxy has passed the rule.
 func authority(target []byte) (host []byte, ok bool) {
 	rest := target[len("http://"):]
 	end := bytes.IndexAny(rest, "/?#")
@@ -59,13 +61,8 @@ func authority(target []byte) (host []byte, ok bool) {
 		end = len(rest)
 	}
 	host = rest[:end]
-	if len(host) == 0 || bytes.IndexByte(host, '@') >= 0 || bytes.IndexByte(rest, '#') >= 0 {
+	if bytes.IndexByte(rest, '#') >= 0 || !validAuthority(host) {
 		return nil, false
-	}
-	if i := bytes.LastIndexByte(host, ':'); i >= 0 && i > bytes.LastIndexByte(host, ']') {
-		if _, ok := parseLength(host[i+1:]); !ok && i+1 < len(host) {
-			return nil, false
-		}
 	}
 	return host, true
 }

@@ -46,8 +46,11 @@ func (t hostPort) String() string {
 // targetRule is the rule in a refusal's words.
 const targetRule = "a host name (letters, digits, '-'), an IPv4 address or an [IPv6] address, and a port 1-65535"
 
-// errTarget is every refusal of a target.
-var errTarget = errors.New("want host:port: " + targetRule)
+// errTarget is every refusal of a target; errAuthority of an authority.
+var (
+	errTarget    = errors.New("want host:port: " + targetRule)
+	errAuthority = errors.New("want host or host:port: " + targetRule)
+)
 
 // parseHostPort parses CONNECT's target: host:port, an IPv6 address in
 // brackets.

@@ -181,9 +181,10 @@ func TestConnectRefusesBadTarget(t *testing.T) {
 }
 
 // TestSlowPathRefusesBadTarget: on a connection net/http serves (it
-// was handed over by an origin-form request), a CONNECT target that
-// net/http takes but the rule does not (a port out of range, a name not
-// LDH, a zone with a space) is answered 400, and no proxy hears of it.
+// was handed over by an origin-form request), a CONNECT target or an
+// absolute URI's authority that net/http takes but the rule does not
+// (a port out of range, a name not LDH, a zone with a space) is
+// answered 400, and no proxy hears of it.
 func TestSlowPathRefusesBadTarget(t *testing.T) {
 	up := newScriptProxy(t, squidLike)
 	pk := newPicker(Proxy{ID: "p1", Addr: up.addr()})
@@ -193,6 +194,11 @@ func TestSlowPathRefusesBadTarget(t *testing.T) {
 		"CONNECT t.example:99999 HTTP/1.1\r\nHost: t.example:99999\r\n",
 		"CONNECT a_b.example:443 HTTP/1.1\r\nHost: a_b.example:443\r\n",
 		"CONNECT [fe80::1%25a%20b]:443 HTTP/1.1\r\nHost: x\r\n",
+		"GET http://t.example:0/ HTTP/1.1\r\nHost: x\r\n",
+		"GET http://t.example:99999/ HTTP/1.1\r\nHost: x\r\n",
+		"GET http://a_b.example/ HTTP/1.1\r\nHost: x\r\n",
+		"GET http://[fe80::1%25a%20b]/ HTTP/1.1\r\nHost: x\r\n",
+		"GET https://t.example:0/ HTTP/1.1\r\nHost: x\r\n",
 	} {
 		rc := dialGateway(t, g)
 		rc.send("GET / HTTP/1.1\r\nHost: x\r\n" + aliceAuth + "\r\n") // origin-form: handed over
@@ -213,6 +219,41 @@ func TestSlowPathRefusesBadTarget(t *testing.T) {
 	}
 	if r := pk.gotReports(); len(r) != 0 {
 		t.Errorf("the proxy was reported for refused targets: %v", r)
+	}
+}
+
+// TestLeanPlainRefusesBadAuthority: an absolute URI whose authority the
+// rule refuses is answered 400 (by the slow path, which the lean one
+// hands such a request to), and no proxy hears of it.
+func TestLeanPlainRefusesBadAuthority(t *testing.T) {
+	up := newScriptProxy(t, squidLike)
+	pk := newPicker(Proxy{ID: "p1", Addr: up.addr()})
+	g := startGateway(t, pk, nil)
+	for _, u := range []string{
+		"http://a_b.example/",
+		"http://t.example:0/",
+		"http://t.example:99999/",
+		"http://t.example.:80/",
+		"http://[192.0.2.1]/",
+		"http://t.example%0d%0aX:80/",
+	} {
+		rc := dialGateway(t, g)
+		rc.send(get1(u))
+		if resp, body := rc.read(http.MethodGet); resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("GET %s: %s %q, want 400", u, resp.Status, body)
+		}
+	}
+	if reqs, conns := up.seen(); conns != 0 {
+		t.Errorf("the proxy got %d connections (%+v), want none", conns, reqs)
+	}
+	if r := pk.gotReports(); len(r) != 0 {
+		t.Errorf("the proxy was reported for refused targets: %v", r)
+	}
+	// A good one goes through, [IPv6] and port too.
+	rc := dialGateway(t, g)
+	rc.send(get1("http://[2001:db8::1]:8080/x"))
+	if resp, body := rc.read(http.MethodGet); resp.StatusCode != 200 || body != "ok" {
+		t.Fatalf("GET http://[2001:db8::1]:8080/x: %s %q", resp.Status, body)
 	}
 }
 
