@@ -49,7 +49,11 @@
 // client's Proxy-Authorization and the gateway's own X-Proxyfleet-*
 // removed, and the fleet's credential added; the answer comes back with
 // X-Proxyfleet-Proxy, by its length, or chunked (what came chunked or
-// until the proxy closed), written as it comes.
+// until the proxy closed), written as it comes. A target is written to a
+// proxy only once it passes the rule of target.go (a host name of LDH
+// labels, an IPv4 address or an IPv6 one in brackets, a port 1–65535):
+// else the client gets 400, or SOCKS5 reply 4 (host unreachable), and no
+// proxy is picked.
 //
 // # Two paths
 //
