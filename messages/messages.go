@@ -117,8 +117,10 @@ type StateEvent struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	// Egress are the addresses the proxy's host's address plan gave it,
 	// the addresses its requests may leave from (its IPv4 address first),
-	// on a running event. Added to the contract: optional, absent for a
-	// proxy left to its network's DHCP and from older workers.
+	// on a running event, written as CompactEgress writes them (an
+	// aligned run of addresses as its prefix). Added to the contract:
+	// optional, absent for a proxy left to its network's DHCP and from
+	// older workers.
 	Egress []string `json:"egress,omitempty"`
 }
 

@@ -94,7 +94,11 @@ func TestConcurrentCreatesGetDistinctAddresses(t *testing.T) {
 	for id, h := range done {
 		egress := r.simEgress(h, id)
 		ev, _ := r.lastEvent(id)
-		if len(egress) == 0 || ev.IP != egress[0] || ev.Source != messages.SourceSim || strings.Join(ev.Egress, " ") != strings.Join(egress, " ") {
+		evEgress, err := messages.ExpandEgress(ev.Egress)
+		if err != nil {
+			t.Errorf("%s: event egress %v: %v", id, ev.Egress, err)
+		}
+		if len(egress) == 0 || ev.IP != egress[0] || ev.Source != messages.SourceSim || fmt.Sprint(evEgress) != "["+strings.Join(egress, " ")+"]" {
 			t.Errorf("%s on %s: domain egress %v; event ip %s (%s), egress %v", id, h, egress, ev.IP, ev.Source, ev.Egress)
 		}
 		want6 := 4

@@ -235,16 +235,12 @@ func (e *executor) create(ctx context.Context, d *messages.Desired, netw fleet.N
 }
 
 // egressOf lists the addresses a proxy's plan gave it, as its running
-// event carries them.
+// event carries them (messages.CompactEgress).
 func egressOf(in fleet.Instance) []string {
 	if len(in.Egress) == 0 {
 		return nil
 	}
-	out := make([]string, len(in.Egress))
-	for i, a := range in.Egress {
-		out[i] = a.String()
-	}
-	return out
+	return messages.CompactEgress(in.Egress)
 }
 
 func nonEmpty(s, def string) string {
