@@ -3,6 +3,7 @@ package health
 import (
 	"maps"
 	"net"
+	"slices"
 	"strconv"
 	"time"
 
@@ -146,6 +147,9 @@ type proxyState struct {
 	// labels of the proxy's create command, from its last event (never
 	// changed in place: an event with other labels replaces the map)
 	labels map[string]string
+	// egressAddrs are the addresses its plan gave it, from its last
+	// running event (never changed in place).
+	egressAddrs []string
 
 	seeded bool // loaded by Seed and not yet confirmed by an event
 
@@ -260,14 +264,19 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 	seeded := p.seeded
 	p.seeded = false
 	p.seq, p.state, p.host, p.cmd, p.at = ev.Seq, ev.State, ev.Host, ev.CommandID, at
-	// A proxy in the rotation whose labels change (a spec change that
-	// kept its address) changes the snapshot, which carries them.
-	relabelled := !maps.Equal(p.labels, ev.Labels)
+	// A proxy in the rotation whose labels or egress addresses change (a
+	// spec change that kept its address) changes the snapshot, which
+	// carries them: restated.
+	restated := !maps.Equal(p.labels, ev.Labels)
 	p.labels = ev.Labels
 
 	switch {
 	case ev.State == messages.StateRunning && ev.IP != "" && ev.Port > 0:
 		p.ip, p.port = ev.IP, ev.Port
+		if !slices.Equal(p.egressAddrs, ev.Egress) {
+			p.egressAddrs = ev.Egress
+			restated = true // the snapshot carries them too
+		}
 		addr := Addr(ev.IP, ev.Port)
 		f.setGrace(p, time.Time{})
 		if p.addr != addr || moved {
@@ -281,7 +290,7 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 			// saw the event live would.
 			p.since = at
 		}
-		if relabelled && p.inRotation {
+		if restated && p.inRotation {
 			changed = true
 		}
 		// The sim driver's proxies have made-up addresses: nothing to
@@ -321,7 +330,7 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 			f.forget(p)
 			return true, true
 		}
-		return relabelled, true
+		return restated, true
 
 	default: // failed, deleting, deleted: out, and forget all but the seq.
 		changed = f.leave(p)

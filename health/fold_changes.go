@@ -56,7 +56,7 @@ func (f *Fold) Entry(id string) (messages.RotationEntry, bool) {
 	if p == nil || !p.inRotation {
 		return messages.RotationEntry{}, false
 	}
-	return messages.RotationEntry{ID: id, Addr: p.addr, Host: p.host, Since: p.since, Egress: p.egress, Labels: p.labels}, true
+	return messages.RotationEntry{ID: id, Addr: p.addr, Host: p.host, Since: p.since, Egress: p.egress, Labels: p.labels, EgressAddrs: p.egressAddrs}, true
 }
 
 // Snapshot returns the rotation sorted by id. It never returns nil, so it
@@ -65,7 +65,7 @@ func (f *Fold) Snapshot() []messages.RotationEntry {
 	out := make([]messages.RotationEntry, 0, f.inRot)
 	for id, p := range f.proxies {
 		if p.inRotation {
-			out = append(out, messages.RotationEntry{ID: id, Addr: p.addr, Host: p.host, Since: p.since, Egress: p.egress, Labels: p.labels})
+			out = append(out, messages.RotationEntry{ID: id, Addr: p.addr, Host: p.host, Since: p.since, Egress: p.egress, Labels: p.labels, EgressAddrs: p.egressAddrs})
 		}
 	}
 	slices.SortFunc(out, func(a, b messages.RotationEntry) int { return strings.Compare(a.ID, b.ID) })

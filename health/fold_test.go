@@ -428,3 +428,29 @@ func TestFoldCarriesLabels(t *testing.T) {
 		t.Fatalf("labels %v, want pool=us", got)
 	}
 }
+
+// A proxy's egress addresses come from its running events into the
+// snapshot; new ones on a proxy in the rotation change it, the same ones
+// do not, and a provisioning event (an agent restart) keeps them.
+func TestFoldCarriesEgressAddrs(t *testing.T) {
+	f := NewFold(0, func() time.Time { return t0 })
+	e := at(ev("p1", 1, messages.StateRunning, "198.18.101.5"), 0)
+	e.Egress = []string{"198.18.101.5", "2001:db8:101::10/124"}
+	if !f.Apply(e) {
+		t.Fatal("running did not enter")
+	}
+	if got := f.Snapshot()[0].EgressAddrs; !reflect.DeepEqual(got, e.Egress) {
+		t.Fatalf("egress %v, want %v", got, e.Egress)
+	}
+	e.Seq = 2
+	if f.Apply(e) {
+		t.Fatal("the same egress again changed the rotation")
+	}
+	e.Seq, e.Egress = 3, []string{"198.18.101.5", "2001:db8:101::20/124"}
+	if !f.Apply(e) {
+		t.Fatal("new egress did not change the rotation")
+	}
+	if got := f.Snapshot()[0].EgressAddrs; got[1] != "2001:db8:101::20/124" {
+		t.Fatalf("egress %v", got)
+	}
+}

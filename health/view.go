@@ -3,6 +3,7 @@ package health
 import (
 	"encoding/json"
 	"maps"
+	"slices"
 	"strconv"
 	"time"
 
@@ -49,7 +50,7 @@ type change struct {
 
 func sameEntry(a, b messages.RotationEntry) bool {
 	return a.ID == b.ID && a.Addr == b.Addr && a.Host == b.Host && a.Since.Equal(b.Since) &&
-		a.Egress == b.Egress && maps.Equal(a.Labels, b.Labels)
+		a.Egress == b.Egress && maps.Equal(a.Labels, b.Labels) && slices.Equal(a.EgressAddrs, b.EgressAddrs)
 }
 
 // diff returns the change that brings id's place in the view to cur (in:

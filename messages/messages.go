@@ -137,6 +137,11 @@ type RotationEntry struct {
 	// Labels are the proxy's labels (from its create command, through
 	// its state events). Optional, absent when it has none.
 	Labels map[string]string `json:"labels,omitempty"`
+	// EgressAddrs are the addresses its host's address plan gave it, the
+	// addresses a client may ask it to leave from (its running event's
+	// Egress, written as CompactEgress writes them). Added to the
+	// contract: optional, absent for a proxy left to its network's DHCP.
+	EgressAddrs []string `json:"egress_addrs,omitempty"`
 }
 
 // Verdicts of health's checks of a proxy (CheckRecord.Verdict).

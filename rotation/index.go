@@ -2,6 +2,7 @@ package rotation
 
 import (
 	"maps"
+	"slices"
 	"sync/atomic"
 
 	"proxyfleet/messages"
@@ -86,12 +87,17 @@ func proxyOf(e messages.RotationEntry) Proxy {
 	if len(e.Labels) > 0 {
 		p.Labels = e.Labels
 	}
+	if len(e.EgressAddrs) > 0 {
+		// An entry whose list does not read is used without it: its
+		// proxy leaves from the address it chooses itself.
+		p.EgressAddrs, _ = messages.ExpandEgress(e.EgressAddrs)
+	}
 	return p
 }
 
 func sameProxy(a, b Proxy) bool {
 	return a.ID == b.ID && a.Addr == b.Addr && a.Host == b.Host && a.Egress == b.Egress &&
-		a.Since.Equal(b.Since) && maps.Equal(a.Labels, b.Labels)
+		a.Since.Equal(b.Since) && maps.Equal(a.Labels, b.Labels) && slices.Equal(a.EgressAddrs, b.EgressAddrs)
 }
 
 func (x *index) indexLabels(m *member) {

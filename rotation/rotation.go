@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"slices"
 	"sync"
@@ -33,6 +34,11 @@ type Proxy struct {
 	// Since is when it entered the rotation (or its address last
 	// changed).
 	Since time.Time
+	// EgressAddrs are the addresses its host's address plan gave it,
+	// the ones it may be asked to leave from (its IPv4 address first);
+	// nil for a proxy whose host has no plan. The slice is shared by
+	// every copy of this Proxy: read it, never write it.
+	EgressAddrs []netip.Addr
 }
 
 // Strategy is how Pick chooses among the matching proxies.
