@@ -569,21 +569,25 @@ func TestPrintAndJSON(t *testing.T) {
 		// A record of an address the proxy no longer has says nothing.
 		{ID: "p5", Event: &messages.StateEvent{ID: "p5", State: "running", Host: "h1", IP: "198.18.0.5", Port: 3128, Source: "agent", Seq: 2, At: now},
 			Check: &messages.CheckRecord{ID: "p5", Addr: "198.18.0.99:3128", Verdict: messages.VerdictLeaky, Reason: "leaky", At: now}},
+		// Addresses from its host's plan: the first, and how many more.
+		{ID: "p6", Event: &messages.StateEvent{ID: "p6", State: "running", Host: "h1", IP: "198.18.101.5", Port: 3128, Source: "plan", Seq: 2, At: now,
+			Egress: []string{"198.18.101.5", "2001:db8:101::10/124"}}},
 	}
 	var b bytes.Buffer
 	if err := client.PrintStatusTable(&b, sts); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimRight(b.String(), "\n"), "\n")
-	if len(lines) != 6 {
+	if len(lines) != 7 {
 		t.Fatalf("table:\n%s", b.String())
 	}
 	for i, want := range [][]string{
-		{"p1", "create", "running", "h1", "198.18.0.1:3128", "sim", "-", "3", "1m", "-"},
-		{"p2", "create", "pending", "h1", "-", "-", "-", "-", "-", "-"},
-		{"p3", "-", "failed", "h1", "-", "-", "-", "9", "0s", "boom", "again"},
-		{"p4", "-", "running", "h1", "198.18.0.4:3128", "agent", "open", "2", "0s", "open", "proxy:", "answered"},
-		{"p5", "-", "running", "h1", "198.18.0.5:3128", "agent", "-", "2", "0s", "-"},
+		{"p1", "create", "running", "h1", "198.18.0.1:3128", "sim", "-", "-", "3", "1m", "-"},
+		{"p2", "create", "pending", "h1", "-", "-", "-", "-", "-", "-", "-"},
+		{"p3", "-", "failed", "h1", "-", "-", "-", "-", "9", "0s", "boom", "again"},
+		{"p4", "-", "running", "h1", "198.18.0.4:3128", "agent", "-", "open", "2", "0s", "open", "proxy:", "answered"},
+		{"p5", "-", "running", "h1", "198.18.0.5:3128", "agent", "-", "-", "2", "0s", "-"},
+		{"p6", "-", "running", "h1", "198.18.101.5:3128", "plan", "198.18.101.5", "+16", "-", "2", "0s", "-"},
 	} {
 		if got := strings.Fields(lines[i+1]); strings.Join(got, " ") != strings.Join(want, " ") {
 			t.Errorf("row %d = %q, want %q", i+1, got, want)
@@ -597,10 +601,10 @@ func TestPrintAndJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines = strings.Split(strings.TrimRight(b.String(), "\n"), "\n")
-	if got := strings.Fields(lines[0]); strings.Join(got, " ") != "ID STATE HOST ADDR SOURCE CHECK SEQ AGE REASON" {
+	if got := strings.Fields(lines[0]); strings.Join(got, " ") != "ID STATE HOST ADDR SOURCE EGRESS CHECK SEQ AGE REASON" {
 		t.Errorf("header without desired records = %q", got)
 	}
-	if got := strings.Fields(lines[1]); strings.Join(got, " ") != "p1 running h1 198.18.0.1:3128 sim - 3 1m -" {
+	if got := strings.Fields(lines[1]); strings.Join(got, " ") != "p1 running h1 198.18.0.1:3128 sim - - 3 1m -" {
 		t.Errorf("row without desired records = %q", got)
 	}
 	b.Reset()
@@ -626,11 +630,18 @@ func TestPrintAndJSON(t *testing.T) {
 		t.Fatalf("status of a refused proxy:\n%s", b.String())
 	}
 	b.Reset()
+	if err := client.PrintStatus(&b, sts[5]); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "addresses:") || !strings.Contains(b.String(), "198.18.101.5 2001:db8:101::10/124\n") {
+		t.Fatalf("status of a proxy with plan addresses:\n%s", b.String())
+	}
+	b.Reset()
 	if err := client.WriteJSON(&b, sts); err != nil {
 		t.Fatal(err)
 	}
 	var back []client.Status
-	if err := json.Unmarshal(b.Bytes(), &back); err != nil || len(back) != 5 || back[0].Event.IP != "198.18.0.1" || back[1].Event != nil ||
+	if err := json.Unmarshal(b.Bytes(), &back); err != nil || len(back) != 6 || back[0].Event.IP != "198.18.0.1" || back[1].Event != nil ||
 		back[3].Check == nil || back[3].Check.Verdict != messages.VerdictOpen {
 		t.Fatalf("JSON round trip: %v %+v", err, back)
 	}

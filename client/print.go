@@ -81,11 +81,12 @@ func Age(now, t time.Time) string {
 
 // StatusColumns are the columns of PrintStatusTable. DESIRED is left out
 // when no desired record was read (the user may not read PROXY_DESIRED).
-var StatusColumns = []string{"ID", "DESIRED", "STATE", "HOST", "ADDR", "SOURCE", "CHECK", "SEQ", "AGE", "REASON"}
+var StatusColumns = []string{"ID", "DESIRED", "STATE", "HOST", "ADDR", "SOURCE", "EGRESS", "CHECK", "SEQ", "AGE", "REASON"}
 
 // PrintStatusTable writes one row per proxy: its desired op (when readable),
 // observed state, host, address, address source, health's verdict (ok,
-// open, leaky; its reason takes the REASON column of a refused proxy), event
+// open, leaky; its reason takes the REASON column of a refused proxy), the
+// egress addresses its plan gave it (the first, and how many more), event
 // seq, the event's age and reason.
 func PrintStatusTable(w io.Writer, sts []Status) error {
 	return printStatusTable(w, sts, time.Now())
@@ -107,12 +108,13 @@ func printStatusTable(w io.Writer, sts []Status, now time.Time) error {
 		if s.Desired != nil {
 			desired, host = s.Desired.Op, s.Desired.Host
 		}
-		var seq, age, source, reason string
+		var seq, age, source, reason, egress string
 		if ev := s.Event; ev != nil {
 			if ev.Host != "" {
 				host = ev.Host
 			}
 			seq, age, source, reason = fmt.Sprint(ev.Seq), Age(now, ev.At), ev.Source, oneLine(ev.Reason)
+			egress = egressSummary(ev.Egress)
 		} else if r := s.Result; r != nil && IsFailure(r.Outcome) {
 			reason = oneLine(r.Outcome + ": " + r.Reason)
 		}
@@ -123,7 +125,7 @@ func printStatusTable(w io.Writer, sts []Status, now time.Time) error {
 				reason = oneLine(c.Reason)
 			}
 		}
-		row := []string{s.ID, dash(desired), s.State(), dash(host), dash(s.Addr()), dash(source), dash(check), dash(seq), dash(age), dash(reason)}
+		row := []string{s.ID, dash(desired), s.State(), dash(host), dash(s.Addr()), dash(source), dash(egress), dash(check), dash(seq), dash(age), dash(reason)}
 		if !withDesired {
 			row = append(row[:1], row[2:]...)
 		}
@@ -181,6 +183,9 @@ func PrintStatus(w io.Writer, s Status) error {
 			dash(ev.CommandID), Age(time.Now(), ev.At), ev.At.Format(time.RFC3339)))
 		row("addr", dash(s.Addr()))
 		row("source", dash(ev.Source))
+		if len(ev.Egress) > 0 {
+			row("addresses", strings.Join(ev.Egress, " "))
+		}
 		if ev.Reason != "" {
 			reason := ev.Reason
 			if ev.Class != "" {
@@ -253,12 +258,27 @@ func PrintRotation(w io.Writer, rot messages.Rotation) error {
 		return err
 	}
 	tw := newTab(w)
-	fmt.Fprintln(tw, "ID\tADDR\tEGRESS\tHOST\tSINCE")
+	fmt.Fprintln(tw, "ID\tADDR\tEGRESS\tADDRESSES\tHOST\tSINCE")
 	now := time.Now()
 	for _, p := range rot.Proxies {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.ID, p.Addr, dash(p.Egress), dash(p.Host), Age(now, p.Since))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.ID, p.Addr, dash(p.Egress), dash(egressSummary(p.EgressAddrs)), dash(p.Host), Age(now, p.Since))
 	}
 	return tw.Flush()
+}
+
+// egressSummary is a proxy's egress list in a table: its first address
+// and how many more ("198.18.101.5 +16"); "" for none.
+func egressSummary(items []string) string {
+	as, err := messages.ExpandEgress(items)
+	switch {
+	case err != nil:
+		return "unreadable"
+	case len(as) == 0:
+		return ""
+	case len(as) == 1:
+		return as[0].String()
+	}
+	return fmt.Sprintf("%s +%d", as[0], len(as)-1)
 }
 
 // FormatEvent is the one-line form of a state event used by Watch when it

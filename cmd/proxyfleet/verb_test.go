@@ -136,8 +136,8 @@ func TestClientVerbs(t *testing.T) {
 		t.Fatal(err)
 	}
 	o, e, code = cli("list")
-	want("list", code == 0 && strings.HasPrefix(o, "ID  DESIRED  STATE    HOST  ADDR             SOURCE  CHECK  SEQ  AGE  REASON\n") &&
-		strings.Contains(o, "\np1  -        running  h1    198.18.0.1:3128  sim     ok     2 "), o, e)
+	want("list", code == 0 && strings.HasPrefix(o, "ID  DESIRED  STATE    HOST  ADDR             SOURCE  EGRESS  CHECK  SEQ  AGE  REASON\n") &&
+		strings.Contains(o, "\np1  -        running  h1    198.18.0.1:3128  sim     -       ok     2 "), o, e)
 	// list's filters and pages (p1 runs on h1; p3's create failed before
 	// any event: pending, on no host).
 	o, e, code = cli("list", "--state", "running")
@@ -162,7 +162,7 @@ func TestClientVerbs(t *testing.T) {
 		t.Fatal(err)
 	}
 	o, e, code = cli("rotation")
-	want("rotation", code == 0 && strings.HasPrefix(o, "rotation version 1, 1 proxies, at ") && strings.Contains(o, "\np1  198.18.0.1:3128  203.0.113.7  h1  "), o, e)
+	want("rotation", code == 0 && strings.HasPrefix(o, "rotation version 1, 1 proxies, at ") && strings.Contains(o, "\np1  198.18.0.1:3128  203.0.113.7  -          h1  "), o, e)
 	// hosts: the records in PROXY_HOSTS, owners from the heartbeats in
 	// PROXY_WORKERS.
 	hkv, err := js.KeyValue(ctx, messages.BucketHosts)
