@@ -1,8 +1,9 @@
 #!/bin/bash
 # Tears down what up.sh set up: every domain on the test host's libvirtd and
 # every volume in its pool, the pool, the network, the daemons, the namespace,
-# the veth and the route, and .testhost state (the built guest is kept as a
-# cache; pass --all to remove it too). Safe to run twice or after a crash.
+# the veth and the routes (VM network and egress blocks, IPv4 and IPv6), and
+# .testhost state (the built guest is kept as a cache; pass --all to remove it
+# too). Safe to run twice or after a crash.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -54,6 +55,9 @@ kill_pidfile /run/libvirtd.pid libvirtd
 kill_pidfile /run/virtlogd.pid virtlogd
 
 ip route del "$VM_NET" via "$NS_IP" 2>/dev/null
+ip route del "$EGRESS4" via "$NS_IP" 2>/dev/null
+ip -6 route del "$VM_NET6" via "$NS_IP6" 2>/dev/null
+ip -6 route del "$EGRESS6" via "$NS_IP6" 2>/dev/null
 ip link del "$VETH_ROOT" 2>/dev/null
 if [ -e "/run/netns/$NS" ]; then
 	# Anything still running in the namespace keeps it (and its links) alive.

@@ -13,6 +13,23 @@ NS_IP=198.18.0.2
 BRIDGE=${TESTHOST_BRIDGE:-pfbr0}
 BRIDGE_IP=198.18.100.1
 VM_NET=198.18.100.0/24
+# IPv6 (documentation prefix 2001:db8::/32 only): the veth pair's /64, the
+# VM network's /64 (the bridge's address is the guests' IPv6 gateway).
+ROOT_IP6=2001:db8:0:1::1
+NS_IP6=2001:db8:0:1::2
+BRIDGE_IP6=2001:db8:100::1
+VM_NET6=2001:db8:100::/64
+# Egress blocks for address plans: routed to the bridge in the namespace and
+# to the namespace in the root namespace. Guests take /32s and /128s from
+# them with an on-link default route via BRIDGE_IP / BRIDGE_IP6. The lower
+# halves are the generated config's (host th1 in proxyfleet-plan.yaml), the
+# upper halves are in no generated config: tests' own plans take them.
+EGRESS4=198.18.101.0/24
+EGRESS4_CONFIG=198.18.101.0/25
+EGRESS4_FREE=198.18.101.128/25
+EGRESS6=2001:db8:101::/64
+EGRESS6_CONFIG=2001:db8:101::/65
+EGRESS6_FREE=2001:db8:101:0:8000::/65
 POOL=${TESTHOST_POOL:-pftest}
 POOL_DIR=${TESTHOST_POOL_DIR:-/var/lib/proxyfleet-testhost/pool}
 NETWORK=${TESTHOST_NETWORK:-pftest}
@@ -20,6 +37,7 @@ URI=qemu:///system
 PKGS=(libxml2-utils libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86
 	qemu-utils openssh-server dnsmasq-base genisoimage busybox-static linux-image-amd64
 	iproute2 curl
+	iptables           # ip6tables: no router advertisements on the VM network (up.sh)
 	systemd            # systemd-analyze and systemd-sysusers: deploy/systemd_test.go checks the units
 	systemd-container  # systemd-nspawn: deploy/systemd_boot_test.go boots the units under systemd
 	mmdebstrap         # deploy/nspawn/build.sh: the Debian root it boots (and deploy/guest/build.sh)
