@@ -12,6 +12,9 @@ type Switch interface {
 	Running() bool
 }
 
+// StatusSource adds fields to /healthz.
+type StatusSource interface{ Status() map[string]any }
+
 // agentSwitch adapts Agent (whose Start cannot fail) to Switch.
 type agentSwitch struct{ a *Agent }
 
@@ -27,7 +30,9 @@ func (s agentSwitch) Running() bool { return s.a.Running() }
 //	GET  /meta-data     the seed's meta-data file as read
 //	GET  /user-data     the seed's user-data file as read
 //	POST /proxy/stop, /proxy/start, /agent/stop, /agent/start
-func ControlHandler(seeds *SeedStore, proxy, agent Switch) http.Handler {
+//
+// Each of extra adds its Status to /healthz (the network's set-up).
+func ControlHandler(seeds *SeedStore, proxy, agent Switch, extra ...StatusSource) http.Handler {
 	mux := http.NewServeMux()
 	seedOr503 := func(w http.ResponseWriter) *Seed {
 		s, err := seeds.Get()
@@ -44,6 +49,11 @@ func ControlHandler(seeds *SeedStore, proxy, agent Switch) http.Handler {
 		st := map[string]any{"ok": true, "proxy": proxy.Running(), "agent": agent.Running()}
 		if ps, ok := proxy.(interface{ Status() map[string]any }); ok {
 			for k, v := range ps.Status() {
+				st[k] = v
+			}
+		}
+		for _, x := range extra {
+			for k, v := range x.Status() {
 				st[k] = v
 			}
 		}

@@ -112,3 +112,23 @@ func TestControlHealthzProxyConfig(t *testing.T) {
 		t.Fatalf("open: %v", st)
 	}
 }
+
+func TestControlHealthzNetwork(t *testing.T) {
+	ns := &NetStatus{}
+	h := ControlHandler(&SeedStore{}, &fakeSwitch{}, &fakeSwitch{}, ns)
+	health := func() map[string]any {
+		_, body := do(t, h, "GET", "/healthz")
+		var st map[string]any
+		if err := json.Unmarshal([]byte(body), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	if st := health(); st["network"] != "pending" {
+		t.Fatalf("before: %v", st)
+	}
+	ns.Set("dhcp", "eth0", "", nil, errors.New("network-config: no ethernets entry matches eth0"))
+	if st := health(); st["network"] != "dhcp" || st["network_interface"] != "eth0" || !strings.Contains(st["network_error"].(string), "no ethernets entry") {
+		t.Fatalf("dhcp: %v", st)
+	}
+}

@@ -1,9 +1,11 @@
 // Command testguest is proxyfleet's test guest: a static program that runs as
 // /init in a busybox initramfs under direct kernel boot. It loads the virtio
-// modules, takes a DHCP lease (busybox udhcpc), reads its NoCloud seed, serves
-// an HTTP forward proxy, answers the QEMU guest-agent protocol on the
-// org.qemu.guest_agent.0 virtio-serial port and serves a control API on :9090
-// that can stop and start the proxy and the agent.
+// modules, reads its NoCloud seed, configures its NIC from the seed's
+// network-config (static addresses and routes, busybox ip; netconfig.go) or
+// without one takes a DHCP lease (busybox udhcpc), serves an HTTP forward
+// proxy, answers the QEMU guest-agent protocol on the org.qemu.guest_agent.0
+// virtio-serial port and serves a control API on :9090 that can stop and
+// start the proxy and the agent.
 //
 // The proxy stands in for the squid that proxyfleet's user-data installs in a
 // Debian guest: it reads /etc/squid/squid.conf (and the password file it names)

@@ -32,7 +32,8 @@ func main() {
 	if *asInit {
 		agent.Handler.Shutdown = func(mode string) { shutdown(mode, logger) }
 	}
-	control := &Server{Name: "control", Addr: *controlAddr, Handler: ControlHandler(seeds, proxy, agentSwitch{agent}), Log: logger}
+	netStatus := &NetStatus{}
+	control := &Server{Name: "control", Addr: *controlAddr, Handler: ControlHandler(seeds, proxy, agentSwitch{agent}, netStatus), Log: logger}
 
 	if !*asInit {
 		var seed *Seed
@@ -54,7 +55,7 @@ func main() {
 		select {}
 	}
 
-	runInit(logger, seeds, proxy, control, agent)
+	runInit(logger, seeds, proxy, control, agent, netStatus)
 	select {} // PID 1 must never exit
 }
 
@@ -80,7 +81,7 @@ func configureProxy(proxy *ProxyService, seed *Seed, logger *log.Logger) error {
 	return proxy.Configure(pol, err)
 }
 
-func runInit(logger *log.Logger, seeds *SeedStore, proxy *ProxyService, control *Server, agent *Agent) {
+func runInit(logger *log.Logger, seeds *SeedStore, proxy *ProxyService, control *Server, agent *Agent, netStatus *NetStatus) {
 	t0 := time.Now()
 	var early, late []string
 	for _, m := range moduleList("/etc/testguest/modules") {
@@ -104,10 +105,12 @@ func runInit(logger *log.Logger, seeds *SeedStore, proxy *ProxyService, control 
 
 	agent.Start()
 
-	// The seed before DHCP, so that a guest with an address always knows its
+	// The seed before the network (its network-config says static addresses
+	// or DHCP), so that a guest with an address always knows its
 	// instance-id; without a seed, DHCP waits at most 3 s.
 	loadModules("/lib/modules", late, logger)
 	seedDone := make(chan struct{})
+	var seedRead *Seed // set before seedDone closes
 	go func() {
 		defer close(seedDone)
 		var seed *Seed
@@ -117,6 +120,7 @@ func runInit(logger *log.Logger, seeds *SeedStore, proxy *ProxyService, control 
 			return seed != nil
 		})
 		seeds.Set(seed, err)
+		seedRead = seed
 		if seed == nil {
 			logger.Printf("seed: none: %v", err)
 		} else {
@@ -132,9 +136,11 @@ func runInit(logger *log.Logger, seeds *SeedStore, proxy *ProxyService, control 
 			logger.Printf("init: proxy: %v", err)
 		}
 	}()
+	seedFinal := true
 	select {
 	case <-seedDone:
 	case <-time.After(3 * time.Second):
+		seedFinal = false
 		logger.Printf("seed: not found within 3s; starting DHCP anyway")
 	}
 
@@ -146,10 +152,19 @@ func runInit(logger *log.Logger, seeds *SeedStore, proxy *ProxyService, control 
 		if err := ifUp(eth); err != nil {
 			logger.Printf("init: %s up: %v", eth, err)
 		}
-		go runDHCP(r, "/bin/udhcpc", "/etc/udhcpc.script", eth, logger)
+		gn := &guestNet{r: r, log: logger, status: netStatus, ip: "/bin/ip", udhcpc: "/bin/udhcpc", script: "/etc/udhcpc.script"}
+		if seedFinal {
+			gn.Start(eth, seedRead, true)
+		} else {
+			gn.Start(eth, nil, false)
+			go func() {
+				<-seedDone
+				gn.SeedArrived(seedRead)
+			}()
+		}
 		go func() {
-			if waitFor(60*time.Second, func() bool { return hasIPv4(eth) }) {
-				logger.Printf("init: %s has an address %.1fs after init started", eth, time.Since(t0).Seconds())
+			if waitFor(60*time.Second, func() bool { return hasIPv4(gn.Iface()) }) {
+				logger.Printf("init: %s has an address %.1fs after init started", gn.Iface(), time.Since(t0).Seconds())
 			}
 		}()
 	}

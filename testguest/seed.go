@@ -13,9 +13,12 @@ import (
 
 // Seed is what the guest read from its NoCloud seed.
 type Seed struct {
-	Source        string // the device it was read from
-	MetaDataRaw   []byte
-	UserData      []byte
+	Source      string // the device it was read from
+	MetaDataRaw []byte
+	UserData    []byte
+	// NetworkConfig is the seed's network-config file (nil: none, the
+	// guest takes a DHCP lease).
+	NetworkConfig []byte
 	InstanceID    string
 	LocalHostname string
 	Meta          map[string]string
@@ -125,7 +128,8 @@ func seedFile(dir, name string) string {
 	return p
 }
 
-// ReadSeedDir reads meta-data (required) and user-data (optional) from dir.
+// ReadSeedDir reads meta-data (required), user-data and network-config
+// (optional) from dir.
 func ReadSeedDir(dir string) (*Seed, error) {
 	md, err := os.ReadFile(seedFile(dir, "meta-data"))
 	if err != nil {
@@ -139,7 +143,11 @@ func ReadSeedDir(dir string) (*Seed, error) {
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
-	s := &Seed{MetaDataRaw: md, UserData: ud, Meta: meta, InstanceID: meta["instance-id"], LocalHostname: meta["local-hostname"]}
+	nc, err := os.ReadFile(seedFile(dir, "network-config"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	s := &Seed{MetaDataRaw: md, UserData: ud, NetworkConfig: nc, Meta: meta, InstanceID: meta["instance-id"], LocalHostname: meta["local-hostname"]}
 	if s.InstanceID == "" {
 		return nil, errors.New("meta-data has no instance-id")
 	}

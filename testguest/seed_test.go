@@ -48,8 +48,13 @@ func TestReadSeedDir(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(d, "user-data"), []byte("#cloud-config\n"), 0o644)
 	s, _ = ReadSeedDir(d)
-	if string(s.UserData) != "#cloud-config\n" {
-		t.Fatalf("user-data %q", s.UserData)
+	if string(s.UserData) != "#cloud-config\n" || s.NetworkConfig != nil {
+		t.Fatalf("user-data %q, network-config %q", s.UserData, s.NetworkConfig)
+	}
+	os.WriteFile(filepath.Join(d, "network-config"), []byte("version: 2\n"), 0o644)
+	s, _ = ReadSeedDir(d)
+	if string(s.NetworkConfig) != "version: 2\n" {
+		t.Fatalf("network-config %q", s.NetworkConfig)
 	}
 }
 

@@ -195,21 +195,49 @@ func (r *reaper) start(argv []string, env []string) (int, <-chan syscall.WaitSta
 	return pid, ch, nil
 }
 
-// runDHCP keeps busybox udhcpc running in the foreground on iface.
-func runDHCP(r *reaper, udhcpc, script, iface string, logger *log.Logger) {
+// runDHCP keeps busybox udhcpc running in the foreground on iface until
+// stop is closed (nil: for ever); then it stops udhcpc and returns.
+func runDHCP(r *reaper, udhcpc, script, iface string, stop <-chan struct{}, logger *log.Logger) {
 	for {
 		argv := []string{udhcpc, "-f", "-i", iface, "-s", script, "-t", "10", "-T", "1", "-A", "2"}
 		pid, ch, err := r.start(argv, []string{"PATH=/bin:/sbin:/usr/bin:/usr/sbin"})
 		if err != nil {
 			logger.Printf("dhcp: start %s: %v", udhcpc, err)
-			time.Sleep(2 * time.Second)
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Second):
+			}
 			continue
 		}
 		logger.Printf("dhcp: udhcpc pid %d on %s", pid, iface)
-		ws := <-ch
-		logger.Printf("dhcp: udhcpc exited (%v); restarting", ws.ExitStatus())
-		time.Sleep(time.Second)
+		select {
+		case ws := <-ch:
+			logger.Printf("dhcp: udhcpc exited (%v); restarting", ws.ExitStatus())
+		case <-stop:
+			syscall.Kill(pid, syscall.SIGTERM)
+			<-ch
+			logger.Printf("dhcp: udhcpc stopped")
+			return
+		}
+		select {
+		case <-stop:
+			return
+		case <-time.After(time.Second):
+		}
 	}
+}
+
+// run runs argv to its end (output to the console) and returns its error.
+func (r *reaper) run(argv ...string) error {
+	_, ch, err := r.start(argv, []string{"PATH=/bin:/sbin:/usr/bin:/usr/sbin"})
+	if err != nil {
+		return err
+	}
+	if ws := <-ch; ws.ExitStatus() != 0 || ws.Signaled() {
+		return fmt.Errorf("%s: exit status %d", strings.Join(argv, " "), ws.ExitStatus())
+	}
+	return nil
 }
 
 // readSeedFromDisks mounts each candidate device read-only (iso9660, then
