@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -332,21 +333,38 @@ func fleet50kRun(ctx context.Context, b *bench, bin string, n int) (res fleet50k
 
 // fleet50kConfig writes the config of n proxies over hosts sim hosts:
 // the fleet section's delays, room for all with a tenth to spare, every
-// worker and health setting at its default.
+// worker and health setting at its default, and every host an address
+// plan (fleet50kPlan).
 func fleet50kConfig(dir, simDir, url string, n, hosts int) (string, error) {
 	room := (n + hosts - 1) / hosts
 	room += max(room/10, 1)
 	var b strings.Builder
 	fmt.Fprintf(&b, "nats: {url: %q}\nhosts:\n", url)
 	for h := range hosts {
-		fmt.Fprintf(&b, "  - {name: h%03d, driver: sim, max_proxies: %d, sim: {dir: %q, delay: %s, boot_delay: %s}}\n",
-			h+1, room, filepath.Join(simDir, fmt.Sprintf("h%03d", h+1)), fleetCallDelay, fleetBootDelay)
+		fmt.Fprintf(&b, "  - {name: h%03d, driver: sim, max_proxies: %d, sim: {dir: %q, delay: %s, boot_delay: %s}, addresses: %s}\n",
+			h+1, room, filepath.Join(simDir, fmt.Sprintf("h%03d", h+1)), fleetCallDelay, fleetBootDelay, fleet50kPlan(h, room))
 	}
 	b.WriteString(`images:
   - {name: img, url: "file:///dev/null", sha256: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", format: raw}
 `)
 	path := filepath.Join(dir, "config.yaml")
 	return path, os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// fleet50kPlan is host h's address plan in the fleet50k config: an IPv4
+// block of 198.18.0.0/15 with room for its proxies (a /25 for up to 126,
+// a /24 for up to 254, ...) and an IPv6 /64 of the documentation prefix,
+// 16 addresses a proxy. The sim hosts send nothing to them.
+func fleet50kPlan(h, room int) string {
+	bits := 32 - 1
+	for (1<<(32-bits))-2 < room {
+		bits--
+	}
+	size := 1 << (32 - bits)
+	base := netip.MustParseAddr("198.18.0.0").As4()
+	v := uint32(base[0])<<24 | uint32(base[1])<<16 + uint32(h*size)
+	a := netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+	return fmt.Sprintf("{ipv4: [%s], ipv6: ['2001:db8:%x::/64'], ipv6_per_proxy: 16}", netip.PrefixFrom(a, bits), h+1)
 }
 
 // publishCreates publishes n creates at once (async, each with its

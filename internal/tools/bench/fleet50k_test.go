@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"proxyfleet/config"
 )
 
 func TestParseSizes(t *testing.T) {
@@ -82,5 +84,28 @@ func TestFleet50kFigures(t *testing.T) {
 	}
 	if !strings.Contains(res.notes, "| all in the rotation (s) | 5 | 70 (over) |") {
 		t.Errorf("notes lack the growth table:\n%s", res.notes)
+	}
+}
+
+// The fleet50k config gives every host a plan with room for its proxies,
+// no two sharing an address: the config validates at each size.
+func TestFleet50kConfigPlans(t *testing.T) {
+	for _, n := range []int{2000, 12000, 50000} {
+		path, err := fleet50kConfig(t.TempDir(), "/dev/shm/x", "nats://127.0.0.1:4222", n, 500)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := config.Load(path)
+		if err != nil {
+			t.Fatalf("%d proxies: %v", n, err)
+		}
+		for name, p := range c.Plans() {
+			if p.Slots4() < c.Hosts[0].MaxProxies {
+				t.Errorf("%d proxies: %s has %d IPv4 slots for room %d", n, name, p.Slots4(), c.Hosts[0].MaxProxies)
+			}
+		}
+		if len(c.Plans()) != 500 {
+			t.Errorf("%d proxies: %d plans", n, len(c.Plans()))
+		}
 	}
 }

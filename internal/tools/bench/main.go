@@ -41,6 +41,7 @@ type sectionResult struct {
 // guests, and a failure there is cheap.
 var sections = []section{
 	{name: "control-plane", run: runControlPlane},
+	{name: "egress", run: runEgress},
 	{name: "fleet", run: runFleet},
 	{name: "fleet50k", run: runFleet50k},
 	{name: "health", run: runHealth},
