@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
@@ -378,6 +379,14 @@ func FuzzParseMark(f *testing.F) {
 	f.Add(`<domain><name>pf-p1</name><metadata><m:mark xmlns:m="https://proxyfleet.dev/xmlns/mark/1"><m:owner>proxyfleet</m:owner><m:id>p1</m:id><m:createdAt>2026-01-02T03:04:05Z</m:createdAt><m:label key="a">x</m:label><m:label key="a">y</m:label></m:mark></metadata></domain>`)
 	f.Add(`<mark><owner>proxyfleet</owner><id>p1</id><createdAt>2026-01-02T03:04:05Z</createdAt><commandId enc="base64"> YQ== </commandId></mark>`)
 	f.Add(`<mark><owner>proxyfleet</owner><id>p1</id><createdAt>2026-01-02T03:04:05.5+01:00</createdAt><host> h </host></mark>`)
+	m := testMark("p1")
+	m.Egress = []netip.Addr{netip.MustParseAddr("198.18.101.5"), netip.MustParseAddr("2001:db8::5")}
+	m.Addr = m.Egress[0]
+	if s, err := m.xml(); err == nil {
+		f.Add(s)
+	}
+	f.Add(`<mark><owner>proxyfleet</owner><id>p1</id><createdAt>2026-01-02T03:04:05Z</createdAt><egress> ::ffff:1.2.3.4 </egress><egress>2001:DB8::5</egress><addr>2001:db8::5</addr></mark>`)
+	f.Add(`<mark><owner>proxyfleet</owner><id>p1</id><createdAt>2026-01-02T03:04:05Z</createdAt><egress>fe80::1%eth0</egress><addr>fe80::1%eth0</addr></mark>`)
 	f.Fuzz(func(t *testing.T, doc string) {
 		m, ok, err := parseMark(doc)
 		if err != nil || !ok {

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -15,7 +17,9 @@ import (
 )
 
 // The mark is the element in a domain's <metadata> that says the domain is
-// proxyfleet's and which proxy, command and spec it was made for.
+// proxyfleet's and which proxy, command and spec it was made for, and, for
+// a proxy with a static network, the addresses its host's plan gave it, so
+// that Get and List report them without asking the guest or a lease.
 //
 // It is how the provider keeps no per-instance state (DESIGN.md, semantics
 // 6): Get, List and the sweeps read the domain and its mark back from libvirt
@@ -44,6 +48,13 @@ type mark struct {
 	Host      string // host entry the domain was created through
 	Image     string // ImageSource.Name
 	Labels    map[string]string
+	// Egress and Addr are the static network the host's address plan gave
+	// the proxy (fleet.Network.Egress and Addr): every address it may
+	// leave from, and its address of record, which is one of them. Both
+	// are empty for an interface left to DHCP, and in marks written
+	// before plans, which read as such.
+	Egress []netip.Addr
+	Addr   netip.Addr
 }
 
 // markXMLOut is the element as written. encoding/xml cannot choose
@@ -62,6 +73,8 @@ type markXMLOut struct {
 	Host      string        `xml:"proxyfleet:host"`
 	Image     string        `xml:"proxyfleet:image"`
 	Labels    []markLabelXM `xml:"proxyfleet:label"`
+	Egress    []string      `xml:"proxyfleet:egress"`
+	Addr      string        `xml:"proxyfleet:addr,omitempty"`
 }
 
 // markXMLIn is the element as read: encoding/xml resolves prefixes to
@@ -80,6 +93,8 @@ type markXMLIn struct {
 	Host      string        `xml:"host"`
 	Image     string        `xml:"image"`
 	Labels    []markLabelXM `xml:"label"`
+	Egress    []string      `xml:"egress"`
+	Addr      string        `xml:"addr"`
 }
 
 type markLabelXM struct {
@@ -163,6 +178,9 @@ func (m mark) xml() (string, error) {
 	if m.CreatedAt.IsZero() {
 		return "", errors.New("mark: createdAt is not set")
 	}
+	if err := checkMarkAddrs(m.Egress, m.Addr); err != nil {
+		return "", err
+	}
 	if y := m.CreatedAt.UTC().Year(); y < 1 || y > 9999 {
 		// RFC 3339 has four-digit years; parseMark could not read it back.
 		return "", fmt.Errorf("mark: createdAt %s is outside RFC 3339", m.CreatedAt)
@@ -176,6 +194,12 @@ func (m mark) xml() (string, error) {
 		CreatedAt: m.CreatedAt.UTC().Format(time.RFC3339Nano),
 		Host:      m.Host,
 		Image:     m.Image,
+	}
+	for _, a := range m.Egress {
+		out.Egress = append(out.Egress, a.String())
+	}
+	if m.Addr.IsValid() {
+		out.Addr = m.Addr.String()
 	}
 	keys := make([]string, 0, len(m.Labels))
 	for k := range m.Labels {
@@ -319,11 +343,56 @@ func (in *markXMLIn) mark() (mark, error) {
 		}
 		m.Labels[l.Key] = v
 	}
+	for _, s := range in.Egress {
+		a, err := netip.ParseAddr(strings.TrimSpace(s))
+		if err != nil {
+			return mark{}, fmt.Errorf("mark: egress: %w", err)
+		}
+		m.Egress = append(m.Egress, a)
+	}
+	if s := strings.TrimSpace(in.Addr); s != "" {
+		if m.Addr, err = netip.ParseAddr(s); err != nil {
+			return mark{}, fmt.Errorf("mark: addr: %w", err)
+		}
+	}
+	if err := checkMarkAddrs(m.Egress, m.Addr); err != nil {
+		return mark{}, err
+	}
 	return m, nil
+}
+
+// checkMarkAddrs holds a mark's planned addresses, written or read, to one
+// rule: none at all, or distinct egress addresses without zones and an
+// address of record among them.
+func checkMarkAddrs(egress []netip.Addr, addr netip.Addr) error {
+	seen := make(map[netip.Addr]bool, len(egress))
+	for _, a := range egress {
+		switch {
+		case !a.IsValid():
+			return errors.New("mark: an egress address is not set")
+		case a.Zone() != "":
+			return fmt.Errorf("mark: egress %s has a zone", a)
+		case seen[a]:
+			return fmt.Errorf("mark: egress %s twice", a)
+		}
+		seen[a] = true
+	}
+	switch {
+	case len(egress) == 0 && addr.IsValid():
+		return fmt.Errorf("mark: address of record %s without egress addresses", addr)
+	case len(egress) > 0 && !seen[addr]:
+		return fmt.Errorf("mark: address of record %s is not among the egress addresses", addr)
+	}
+	return nil
 }
 
 // instance is what the mark alone says about a proxy; the caller adds the
 // state and address it reads from the domain.
 func (m mark) instance() fleet.Instance {
-	return fleet.Instance{ID: m.ID, CommandID: m.CommandID, SpecHash: m.SpecHash, CreatedAt: m.CreatedAt}
+	return fleet.Instance{ID: m.ID, CommandID: m.CommandID, SpecHash: m.SpecHash, CreatedAt: m.CreatedAt,
+		Egress: slices.Clone(m.Egress)}
 }
+
+// static reports whether the mark records a static network (a plan's
+// addresses).
+func (m mark) static() bool { return m.Addr.IsValid() }

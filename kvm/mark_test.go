@@ -2,7 +2,9 @@ package kvm
 
 import (
 	"encoding/xml"
+	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -264,6 +266,84 @@ func TestMark_whatLibvirtReturns(t *testing.T) {
 		got, ok, err := parseMark(doc)
 		if err != nil || !ok || !reflect.DeepEqual(got, want) {
 			t.Errorf("%s:\n got %+v, %v, %v\nwant %+v", name, got, ok, err, want)
+		}
+	}
+}
+
+func TestMark_addresses(t *testing.T) {
+	m := testMark("p1")
+	egress := []netip.Addr{netip.MustParseAddr("198.18.101.5"), netip.MustParseAddr("2001:db8:101::5")}
+	m.Egress, m.Addr = egress, egress[0]
+	s, err := m.xml()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"<proxyfleet:egress>198.18.101.5</proxyfleet:egress><proxyfleet:egress>2001:db8:101::5</proxyfleet:egress>",
+		"<proxyfleet:addr>198.18.101.5</proxyfleet:addr>",
+	} {
+		if !strings.Contains(s, want) {
+			t.Fatalf("no %s in\n%s", want, s)
+		}
+	}
+	got, ok, err := parseMark(s)
+	if err != nil || !ok || !reflect.DeepEqual(got, m) {
+		t.Fatalf("round trip: %#v %v %v, want %#v", got, ok, err, m)
+	}
+	in := got.instance()
+	if !reflect.DeepEqual(in.Egress, egress) || !got.static() {
+		t.Fatalf("instance egress %v, static %v", in.Egress, got.static())
+	}
+	// As libvirt may hand it back: re-indented, prefix stripped.
+	again, ok, err := parseMark(`<mark><owner>proxyfleet</owner><id>p1</id><createdAt>2026-11-30T07:01:02Z</createdAt>
+	  <egress>
+	    2001:db8::5
+	  </egress>
+	  <addr> 2001:db8::5 </addr>
+	</mark>`)
+	if err != nil || !ok || again.Addr != netip.MustParseAddr("2001:db8::5") || !reflect.DeepEqual(again.Egress, []netip.Addr{netip.MustParseAddr("2001:db8::5")}) {
+		t.Fatalf("indented: %#v %v %v", again, ok, err)
+	}
+
+	// A mark without addresses (every mark before plans) is as before: no
+	// elements written, none read, a DHCP proxy.
+	old := testMark("p1")
+	s, _ = old.xml()
+	if strings.Contains(s, "egress") || strings.Contains(s, "addr") {
+		t.Fatalf("a mark without addresses writes them:\n%s", s)
+	}
+	got, ok, err = parseMark(s)
+	if err != nil || !ok || !reflect.DeepEqual(got, old) || got.static() || got.instance().Egress != nil {
+		t.Fatalf("old mark: %#v %v %v", got, ok, err)
+	}
+
+	for name, f := range map[string]func(*mark){
+		"addr not egress":     func(m *mark) { m.Addr = netip.MustParseAddr("198.18.101.77") },
+		"no addr":             func(m *mark) { m.Addr = netip.Addr{} },
+		"addr without egress": func(m *mark) { m.Egress = nil },
+		"egress twice":        func(m *mark) { m.Egress = append(m.Egress, m.Egress[0]) },
+		"zone":                func(m *mark) { m.Egress[1] = netip.MustParseAddr("fe80::1%eth0") },
+		"invalid egress":      func(m *mark) { m.Egress[1] = netip.Addr{} },
+	} {
+		m := testMark("p1")
+		m.Egress, m.Addr = slices.Clone(egress), egress[0]
+		f(&m)
+		if s, err := m.xml(); err == nil {
+			t.Errorf("%s: written as %s", name, s)
+		}
+	}
+	const head = `<mark><owner>proxyfleet</owner><id>p1</id><createdAt>2026-11-30T07:01:02Z</createdAt>`
+	for name, body := range map[string]string{
+		"addr not egress": `<egress>198.18.101.5</egress><addr>198.18.101.6</addr>`,
+		"no addr":         `<egress>198.18.101.5</egress>`,
+		"addr alone":      `<addr>198.18.101.5</addr>`,
+		"bad egress":      `<egress>198.18.101.256</egress><addr>198.18.101.5</addr>`,
+		"bad addr":        `<egress>198.18.101.5</egress><addr>x</addr>`,
+		"zone":            `<egress>fe80::1%eth0</egress><addr>fe80::1%eth0</addr>`,
+		"twice":           `<egress>198.18.101.5</egress><egress>198.18.101.5</egress><addr>198.18.101.5</addr>`,
+	} {
+		if m, ok, err := parseMark(head + body + `</mark>`); err == nil {
+			t.Errorf("%s: read as %#v (ours %v)", name, m, ok)
 		}
 	}
 }
