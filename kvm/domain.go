@@ -3,6 +3,7 @@ package kvm
 import (
 	"errors"
 	"fmt"
+	"net"
 	"unicode/utf8"
 
 	"libvirt.org/go/libvirtxml"
@@ -47,6 +48,9 @@ type domainParams struct {
 	MemoryMiB int
 	// Network is the host's libvirt network the proxy's interface joins.
 	Network string
+	// MAC is the interface's hardware address in canonical form (lowercase,
+	// colon-separated, as checkNetwork leaves it); "" lets libvirt choose.
+	MAC string
 	// Disk is the proxy's qcow2 overlay (vda); Seed is its NoCloud seed ISO
 	// (vdb, read-only, raw).
 	Disk diskRef
@@ -78,6 +82,9 @@ type domainParams struct {
 //   - ACPI and APIC, so a graceful shutdown (virDomainShutdown) reaches the
 //     guest.
 //   - no graphics, no sound, no USB tablet: a proxy has no screen.
+//   - the interface carries MAC when one is given (a static network: its
+//     seed's network-config finds the interface by it); without one the
+//     definition has no <mac> and libvirt chooses, as for a DHCP network.
 func domainXML(p domainParams) (string, error) {
 	if err := checkID(p.ID); err != nil {
 		return "", fmt.Errorf("domain xml: %w", err)
@@ -90,6 +97,11 @@ func domainXML(p domainParams) (string, error) {
 	}
 	if p.Network == "" {
 		return "", errors.New("domain xml: no network")
+	}
+	if p.MAC != "" {
+		if hw, err := net.ParseMAC(p.MAC); err != nil || len(hw) != 6 || hw.String() != p.MAC {
+			return "", fmt.Errorf("domain xml: mac %q is not a canonical 48-bit ethernet address", p.MAC)
+		}
 	}
 	if p.Kernel == "" && (p.Initrd != "" || p.Cmdline != "") {
 		return "", errors.New("domain xml: initrd or cmdline without a kernel")
@@ -133,6 +145,11 @@ func domainXML(p domainParams) (string, error) {
 		log = &libvirtxml.DomainChardevLog{File: p.ConsoleLog, Append: "on"}
 	}
 
+	var mac *libvirtxml.DomainInterfaceMAC
+	if p.MAC != "" {
+		mac = &libvirtxml.DomainInterfaceMAC{Address: p.MAC}
+	}
+
 	d := libvirtxml.Domain{
 		Type:     p.Type,
 		Name:     domainName(p.ID),
@@ -167,6 +184,7 @@ func domainXML(p domainParams) (string, error) {
 				},
 			},
 			Interfaces: []libvirtxml.DomainInterface{{
+				MAC: mac,
 				Source: &libvirtxml.DomainInterfaceSource{
 					Network: &libvirtxml.DomainInterfaceSourceNetwork{Network: p.Network},
 				},

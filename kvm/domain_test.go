@@ -1,6 +1,7 @@
 package kvm
 
 import (
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -293,10 +294,17 @@ func TestDomain_libvirtSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.MAC = "52:54:00:12:34:56"
+	p.Mark.Egress = []netip.Addr{netip.MustParseAddr("198.18.101.5"), netip.MustParseAddr("2001:db8:101::5")}
+	p.Mark.Addr = p.Mark.Egress[0]
+	dom3, err := domainXML(p)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ov, _ := overlayVolumeXML("p1", 1<<30, "/b.qcow2", "qcow2")
 	pv, _ := plainVolumeXML(seedVolumeName("p1"), 4096, "raw")
 	for _, c := range []struct{ file, schema, doc string }{
-		{"d1.xml", "domain", dom}, {"d2.xml", "domain", dom2},
+		{"d1.xml", "domain", dom}, {"d2.xml", "domain", dom2}, {"d3.xml", "domain", dom3},
 		{"v1.xml", "storagevol", ov}, {"v2.xml", "storagevol", pv},
 	} {
 		f := filepath.Join(dir, c.file)
@@ -344,5 +352,64 @@ func TestDomain_refusesWhatXMLCannotCarry(t *testing.T) {
 	}
 	if d := parseDomain(t, s); d.OS.Cmdline != p.Cmdline {
 		t.Fatalf("cmdline reads back as %q, want %q", d.OS.Cmdline, p.Cmdline)
+	}
+}
+
+// The zero Network leaves the domain definition exactly as it was before
+// networks were planned: the golden files are domainXML's output from
+// before (testDomainParams, then the disk-boot variant of
+// TestDomain_bootFromDiskAndKVM).
+func TestDomain_zeroNetworkIsUnchanged(t *testing.T) {
+	p := testDomainParams()
+	check := func(golden string, p domainParams) {
+		t.Helper()
+		want, err := os.ReadFile("testdata/golden/" + golden)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := domainXML(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != string(want) {
+			t.Fatalf("%s: the definition changed:\n%s\nwant\n%s", golden, got, want)
+		}
+	}
+	check("domain-kernel-boot.xml", p)
+	p.Type, p.Kernel, p.Initrd, p.Cmdline = "kvm", "", "", ""
+	p.Disk = diskRef{Pool: "default", Volume: overlayVolumeName("p1")}
+	p.Seed = diskRef{Pool: "default", Volume: seedVolumeName("p1")}
+	p.ConsoleLog = "/var/log/libvirt/qemu/pf-p1-console.log"
+	check("domain-disk-boot.xml", p)
+}
+
+// A MAC goes onto the interface as <mac address=…/>, and only a canonical
+// one (checkNetwork's form): anything else is refused, never written in
+// another form than the seed matches.
+func TestDomain_mac(t *testing.T) {
+	p := testDomainParams()
+	p.MAC = "52:54:00:ab:cd:ef"
+	p.Mark.Egress = []netip.Addr{netip.MustParseAddr("198.18.101.5")}
+	p.Mark.Addr = p.Mark.Egress[0]
+	s, err := domainXML(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := parseDomain(t, s)
+	ifc := d.Devices.Interfaces[0]
+	if ifc.MAC == nil || ifc.MAC.Address != p.MAC || ifc.Source.Network.Network != "pfnet" {
+		t.Fatalf("interface %+v (mac %+v)", ifc, ifc.MAC)
+	}
+	if !strings.Contains(s, `<mac address="52:54:00:ab:cd:ef"></mac>`) {
+		t.Fatalf("no <mac> element:\n%s", s)
+	}
+	if m, ok, err := parseMark(s); err != nil || !ok || !reflect.DeepEqual(m, p.Mark) {
+		t.Fatalf("mark reads back as %#v (ours %v, %v), want %#v", m, ok, err, p.Mark)
+	}
+	for _, bad := range []string{"52:54:00:AB:CD:EF", "52-54-00-ab-cd-ef", "5254.00ab.cdef", "52:54:00:ab:cd", "00:00:00:00:00:00:00:01", "x", "52:54:00:ab:cd:ef\x00"} {
+		p.MAC = bad
+		if s, err := domainXML(p); err == nil {
+			t.Errorf("mac %q accepted:\n%s", bad, s)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"net/netip"
 	"reflect"
 	"strings"
@@ -40,20 +41,22 @@ var hostile = []string{
 //   - mark fields that name things (spec hash, host entry, image, label
 //     keys): refused unless plain text (plainText);
 //   - free-form mark values (command id, label values): anything; what XML
-//     cannot carry is stored base64.
+//     cannot carry is stored base64;
+//   - the MAC: refused unless "" or the canonical form checkNetwork leaves.
 func FuzzDomainXML(f *testing.F) {
+	macs := []string{"", "52:54:00:12:34:56", "52:54:00:AB:CD:EF", "52-54-00-ab-cd-ef", "52:54:00:ab:cd"}
 	for i, h := range hostile {
-		f.Add("p1", h, "/k", h, "/pool/"+h, "default", h, "", h, "beelink", "debian-12", "3f2a9c", "team", h, int64(i)*1e15+123456789, i%2 == 0)
-		f.Add("p-"+string(rune('a'+i)), "pfnet", "", "", "/d", h, "", h, "cmd-42", h, h, h, h, "v", int64(-i)*1e15, i%2 == 1)
+		f.Add("p1", h, "/k", h, "/pool/"+h, "default", h, "", h, "beelink", "debian-12", "3f2a9c", "team", h, int64(i)*1e15+123456789, i%2 == 0, macs[i%len(macs)])
+		f.Add("p-"+string(rune('a'+i)), "pfnet", "", "", "/d", h, "", h, "cmd-42", h, h, h, h, "v", int64(-i)*1e15, i%2 == 1, h)
 	}
 	for _, n := range []string{"pf-base-h1-0123456789abcdef.qcow2", "pf-kernel-h-2-0123456789abcdef", "pf-initrd-h1-0123456789ABCDEF",
 		"pf-base-x-0123456789abcdef-disk.qcow2", "pf-p1-seed.iso", "pf-base-h1-0123456789abcdef.raw.qcow2", "pf-pf-p1"} {
-		f.Add("base-h1-0123456789abcdef", n, "", "", n, "default", "", "", "c", "h1", n, "", "k", "", int64(0), false)
+		f.Add("base-h1-0123456789abcdef", n, "", "", n, "default", "", "", "c", "h1", n, "", "k", "", int64(0), false, "")
 	}
 	f.Fuzz(func(t *testing.T, id, network, kernel, cmdline, diskPath, pool, consoleLog, cpuMode,
-		commandID, host, image, specHash, labelKey, labelValue string, nanos int64, kvm bool) {
+		commandID, host, image, specHash, labelKey, labelValue string, nanos int64, kvm bool, mac string) {
 		p := domainParams{
-			Type: DomainQEMU, ID: id, CPUs: 2, MemoryMiB: 256, Network: network,
+			Type: DomainQEMU, ID: id, CPUs: 2, MemoryMiB: 256, Network: network, MAC: mac,
 			Disk:    diskRef{Path: diskPath},
 			Seed:    diskRef{Pool: pool, Volume: seedVolumeName(id)},
 			Kernel:  kernel,
@@ -77,6 +80,10 @@ func FuzzDomainXML(f *testing.F) {
 		}
 		for _, v := range []string{specHash, host, image, labelKey} {
 			reject = reject || !plainText(v)
+		}
+		if mac != "" {
+			hw, err := net.ParseMAC(mac)
+			reject = reject || err != nil || len(hw) != 6 || hw.String() != mac
 		}
 
 		s, err := domainXML(p)
@@ -217,6 +224,9 @@ func checkDomainReadsBack(t *testing.T, p domainParams, s string) {
 	want := []string{p.Kernel, p.Initrd, p.Cmdline, p.Network, p.Disk.Path, p.Seed.Pool, p.Seed.Volume, mode}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("values read back as %q, want %q\n%s", got, want, s)
+	}
+	if mac := dev.Interfaces[0].MAC; (p.MAC == "") != (mac == nil) || (mac != nil && mac.Address != p.MAC) {
+		t.Fatalf("mac %+v, want %q", mac, p.MAC)
 	}
 	if log := dev.Serials[0].Log; (p.ConsoleLog == "") != (log == nil) || (log != nil && log.File != p.ConsoleLog) {
 		t.Fatalf("console log %+v, want %q", log, p.ConsoleLog)
