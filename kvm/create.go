@@ -13,7 +13,10 @@ import (
 	"proxyfleet/messages"
 )
 
-// and reported, not made again. A failed create removes what it made.
+// and reported, not made again. A failed create removes what it made. The
+// spec's Network is checked before anything (checkNetwork): a bad one is
+// permanent. A static one gives the domain its MAC, the seed its
+// network-config and the mark its addresses.
 func (p *Provider) Create(ctx context.Context, spec fleet.Spec) (fleet.Instance, error) {
 	img, ok := p.byName[spec.Image]
 	if !ok {
@@ -22,6 +25,11 @@ func (p *Provider) Create(ctx context.Context, spec fleet.Spec) (fleet.Instance,
 	if err := checkID(spec.ID); err != nil {
 		return fleet.Instance{}, fleet.Permanent(fmt.Errorf("create %s: %w", spec.ID, err))
 	}
+	network, err := checkNetwork(spec.Network)
+	if err != nil {
+		return fleet.Instance{}, fleet.Permanent(fmt.Errorf("create %s: %w", spec.ID, err))
+	}
+	spec.Network = network
 	in, err := p.Get(ctx, spec.ID)
 	switch {
 	case err == nil:
@@ -97,7 +105,7 @@ func (p *Provider) create(ctx context.Context, spec fleet.Spec, img ImageSource,
 	if err != nil {
 		return fleet.Permanent(fmt.Errorf("create %s: %w", id, err))
 	}
-	iso, err := seedISO(instanceID(spec), id, ud)
+	iso, err := seedISO(instanceID(spec), id, ud, spec.Network)
 	if err != nil {
 		return fleet.Permanent(fmt.Errorf("create %s: %w", id, err))
 	}
@@ -113,6 +121,7 @@ func (p *Provider) create(ctx context.Context, spec fleet.Spec, img ImageSource,
 	params := domainParams{
 		Type: p.opts.Host.DomainType, ID: id, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB,
 		Network: p.opts.Host.Network,
+		MAC:     spec.Network.MAC,
 		Disk:    diskRef{Pool: pool, Volume: overlayVolumeName(id)},
 		Seed:    diskRef{Pool: pool, Volume: seedVolumeName(id)},
 		Cmdline: img.Cmdline,
@@ -120,6 +129,9 @@ func (p *Provider) create(ctx context.Context, spec fleet.Spec, img ImageSource,
 			Owner: markOwner, ID: id, CommandID: spec.CommandID, SpecHash: spec.SpecHash,
 			CreatedAt: p.opts.Now().UTC(), Host: p.opts.Host.Name, Image: img.Name, Labels: spec.Labels,
 		},
+	}
+	if spec.Network.Static() {
+		params.Mark.Egress, params.Mark.Addr = spec.Network.Egress(), spec.Network.Addr()
 	}
 	if vols.Kernel != nil {
 		params.Kernel = vols.Kernel.Path

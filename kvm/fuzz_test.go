@@ -15,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 	"libvirt.org/go/libvirtxml"
 
+	"proxyfleet/fleet"
 	"proxyfleet/messages"
 )
 
@@ -254,7 +255,7 @@ func FuzzSeed(f *testing.F) {
 		_, _ = userData(tmpl, testGuestProxy, id, hostname)
 
 		instance := id
-		img, err := seedISO(instance, hostname, tmpl)
+		img, err := seedISO(instance, hostname, tmpl, fleet.Network{})
 		if want := !instanceIDRE.MatchString(instance) || !hostnameRE.MatchString(hostname) || len(hostname) > 253; want != (err != nil) {
 			t.Fatalf("seedISO(%q, %q): error %v, want refused %v", instance, hostname, err, want)
 		}
@@ -432,4 +433,57 @@ func labelKeys(m mark) []string {
 		ks = append(ks, k)
 	}
 	return ks
+}
+
+// FuzzNetworkConfig: whatever network a plan hands over, checkNetwork
+// either refuses it or returns one whose MAC the domain definition takes
+// and whose network-config reads back (under YAML 1.2, every value quoted
+// for 1.1) as exactly its addresses and gateways; the seed carries
+// network-config exactly when the network is static.
+func FuzzNetworkConfig(f *testing.F) {
+	f.Add("52:54:00:12:34:56", "198.18.101.5", "198.18.101.1", "2001:db8:101::5", "2001:db8:101::6", "fe80::1")
+	f.Add("12:34:56:12:34:56", "", "", "1:2:3:4:5:6:7:8", "", "1:2:3:4:5:6:7:1")
+	f.Add("52-54-00-AB-CD-EF", "203.0.113.7", "172.31.1.1", "", "", "")
+	f.Add("", "198.18.101.5", "198.18.101.1", "", "", "")
+	f.Add("52:54:00:12:34:56", "::ffff:198.18.101.5", "198.18.101.1", "fe80::5%eth0", "2001:db8::5", "2001:db8::5")
+	f.Add("01:00:5e:00:00:01", "", "198.18.101.1", "", "", "")
+	f.Fuzz(func(t *testing.T, mac, v4, g4, v6a, v6b, g6 string) {
+		parse := func(s string) netip.Addr {
+			a, _ := netip.ParseAddr(s)
+			return a
+		}
+		n := fleet.Network{MAC: mac, IPv4: parse(v4), IPv4Gateway: parse(g4), IPv6Gateway: parse(g6)}
+		for _, s := range []string{v6a, v6b} {
+			if a := parse(s); a.IsValid() {
+				n.IPv6 = append(n.IPv6, a)
+			}
+		}
+		n, err := checkNetwork(n)
+		if err != nil {
+			return
+		}
+		p := testDomainParams()
+		p.MAC = n.MAC
+		if _, err := domainXML(p); err != nil {
+			t.Fatalf("checked mac %q refused by the domain: %v", n.MAC, err)
+		}
+		img, err := seedISO("p1", "pf-p1", "#cloud-config\n", n)
+		if err != nil {
+			t.Fatalf("seed of checked network %+v: %v", n, err)
+		}
+		files := readISO(t, img)
+		if _, ok := files["network-config"]; ok != n.Static() || len(files) != 2+btoi(ok) {
+			t.Fatalf("network %+v (static %v): seed files %q", n, n.Static(), files)
+		}
+		if n.Static() {
+			checkNetCfg(t, files["network-config"], n)
+		}
+	})
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

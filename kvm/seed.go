@@ -8,6 +8,8 @@ import (
 	"text/template"
 
 	"github.com/kdomanski/iso9660"
+
+	"proxyfleet/fleet"
 )
 
 // The NoCloud seed: a small ISO9660 image with the volume id "cidata" and
@@ -15,7 +17,10 @@ import (
 // second virtio disk. cloud-init (and the test guest, testguest/seed.go)
 // finds it by label or by trying /dev/vd*, mounts it as iso9660, and reads
 // its instance-id and hostname from meta-data and its configuration from
-// user-data.
+// user-data. A proxy with a static network (fleet.Network.Static) gets a
+// third file, network-config (networkConfig, network.go), which cloud-init
+// applies instead of its fallback of DHCP on the first interface; without
+// one the seed is the two files as ever.
 //
 // It is written in Go (github.com/kdomanski/iso9660), not with genisoimage
 // on the worker or the host: the worker then needs no tool installed, and
@@ -25,7 +30,8 @@ import (
 // Joliet and no Rock Ridge, and every name "mangled" to lower case with a
 // ";1" version, characters outside ISO9660's d-characters becoming '_'. The
 // '-' of "meta-data" and "user-data" is kept (the library's d-character set
-// has it), so the directory records say "meta-data;1" and "user-data;1".
+// has it), so the directory records say "meta-data;1", "user-data;1" and
+// "network-config;1".
 // Linux's isofs without Rock Ridge maps names to lower case and drops the
 // ";1", so the guest sees "meta-data" and "user-data", the names cloud-init
 // wants. The test guest also accepts the other forms a plain ISO9660 writer
@@ -35,6 +41,7 @@ const (
 	seedVolumeID = "cidata"
 	metaDataFile = "meta-data"
 	userDataFile = "user-data"
+	netCfgFile   = "network-config"
 )
 
 var (
@@ -55,7 +62,10 @@ var (
 // needs escaping, so meta-data stays the simple "key: value" file every
 // NoCloud reader understands, and the quotes keep a value like "true",
 // "null" or "1.5" a string.
-func seedISO(instanceID, hostname, userData string) ([]byte, error) {
+//
+// network is the proxy's as checkNetwork left it: a static one adds
+// network-config; the zero one adds nothing.
+func seedISO(instanceID, hostname, userData string, network fleet.Network) ([]byte, error) {
 	if !instanceIDRE.MatchString(instanceID) {
 		return nil, fmt.Errorf("seed: instance id %q: want letters, digits, '.', '_' or '-'", instanceID)
 	}
@@ -63,6 +73,17 @@ func seedISO(instanceID, hostname, userData string) ([]byte, error) {
 		return nil, fmt.Errorf("seed: hostname %q is not a lowercase RFC 1123 host name", hostname)
 	}
 	metaData := "instance-id: \"" + instanceID + "\"\nlocal-hostname: \"" + hostname + "\"\n"
+	files := []struct{ name, data string }{
+		{metaDataFile, metaData},
+		{userDataFile, userData},
+	}
+	if network.Static() {
+		nc, err := networkConfig(network)
+		if err != nil {
+			return nil, fmt.Errorf("seed: %w", err)
+		}
+		files = append(files, struct{ name, data string }{netCfgFile, nc})
+	}
 
 	// The writer stages files in a temporary directory of its own, which
 	// Cleanup removes.
@@ -71,10 +92,7 @@ func seedISO(instanceID, hostname, userData string) ([]byte, error) {
 		return nil, fmt.Errorf("seed: %w", err)
 	}
 	defer w.Cleanup()
-	for _, f := range []struct{ name, data string }{
-		{metaDataFile, metaData},
-		{userDataFile, userData},
-	} {
+	for _, f := range files {
 		if err := w.AddFile(strings.NewReader(f.data), f.name); err != nil {
 			return nil, fmt.Errorf("seed: add %s: %w", f.name, err)
 		}

@@ -11,11 +11,13 @@ import (
 	"testing"
 
 	"github.com/kdomanski/iso9660"
+
+	"proxyfleet/fleet"
 )
 
 func TestSeed_readsBack(t *testing.T) {
 	ud := "#cloud-config\nhostname: pf-p1\nruncmd:\n  - [\"echo\", \"<&>\"]\n"
-	img, err := seedISO("p1-3f2a9c", "pf-p1", ud)
+	img, err := seedISO("p1-3f2a9c", "pf-p1", ud, fleet.Network{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +45,7 @@ func TestSeed_readsBack(t *testing.T) {
 // and "user-data", the names cloud-init reads (the test guest would also
 // take "meta_data").
 func TestSeed_namesAsTheGuestSeesThem(t *testing.T) {
-	img, err := seedISO("i-1", "pf-p1", "#cloud-config\n")
+	img, err := seedISO("i-1", "pf-p1", "#cloud-config\n", fleet.Network{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,11 +71,11 @@ func TestSeed_rejectsValuesThatWouldBreakMetaData(t *testing.T) {
 		{"p1", "pf_p1"},
 		{"p1", strings.Repeat("a.", 127) + "a"},
 	} {
-		if _, err := seedISO(c.id, c.host, ""); err == nil {
+		if _, err := seedISO(c.id, c.host, "", fleet.Network{}); err == nil {
 			t.Errorf("seedISO(%q, %q) accepted", c.id, c.host)
 		}
 	}
-	if _, err := seedISO("p1.2_x-Y", "pf-p1.fleet.example", ""); err != nil {
+	if _, err := seedISO("p1.2_x-Y", "pf-p1.fleet.example", "", fleet.Network{}); err != nil {
 		t.Errorf("good values refused: %v", err)
 	}
 }
@@ -248,7 +250,7 @@ func readISO(t *testing.T, img []byte) map[string]string {
 // guest gets no hostname or another one (found by FuzzSeed).
 func TestSeed_valuesReadBackAsStrings(t *testing.T) {
 	for _, v := range []string{"true", "null", "123", "1.5", "yes", "off", "012", "0x1f", "1e5"} {
-		img, err := seedISO(v, v, "")
+		img, err := seedISO(v, v, "", fleet.Network{})
 		if err != nil {
 			t.Fatalf("%q: %v", v, err)
 		}
