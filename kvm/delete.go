@@ -81,5 +81,9 @@ func (p *Provider) deleteVolume(ctx context.Context, name string) error {
 }
 
 // List returns every domain this host entry made (by its mark), with its
-// state (no address: that costs a call per source; Get reads it). Domains
-// another entry on the same daemon made are left out, so a sweep of one
+// state (no address read: that costs a call per source; Get reads it).
+// A proxy with a static network reports its plan's Egress from its mark,
+// and, while its domain is active, the address of record as IP with Source
+// plan; whether the guest holds it, and so whether it runs, is Get's to
+// say. Domains another entry on the same daemon made are left out, so a
+// sweep of one

@@ -77,6 +77,14 @@ func (p *Provider) notOurs(id, why string) error {
 // under the rule of review finding H3 (see address). Only the domain's
 // lookup can say not-found; once it was found, every failing read (mark,
 // state, address) is transient (see lookup).
+//
+// A proxy whose mark records a static network (its plan's addresses) has
+// its address before its guest boots: an active domain reports the mark's
+// address of record as IP, with Source plan, and the plan's Egress, and
+// only the guest agent is asked, to check it (planState): running unless
+// the agent answers without that address. Neither the lease nor ARP is
+// read for it (the host's DHCP knows nothing of it). The link dying or ctx
+// ending under that read is a transient error, as for any address read.
 func (p *Provider) Get(ctx context.Context, id string) (fleet.Instance, error) {
 	dom, m, err := p.lookup(ctx, id)
 	if err != nil {
@@ -107,6 +115,15 @@ func (p *Provider) Get(ctx context.Context, id string) (fleet.Instance, error) {
 		return in, nil
 	default:
 		in.State, in.Reason = messages.StateProvisioning, fmt.Sprintf("domain state %d", state)
+		return in, nil
+	}
+	if m.static() {
+		ifaces, agentErr := p.interfaces(ctx, dom, libvirt.DomainInterfaceAddressesSrcAgent)
+		if agentErr != nil && (errors.Is(agentErr, ErrLinkDead) || ctx.Err() != nil) {
+			return fleet.Instance{}, fleet.Transient(fmt.Errorf("address of %s: from %s: %w", id, messages.SourceAgent, agentErr))
+		}
+		in.IP, in.Source = m.Addr.String(), messages.SourcePlan
+		in.State, in.Reason = planState(m.Addr, ifaces, agentErr)
 		return in, nil
 	}
 	ip, source, err := p.address(ctx, dom)
@@ -145,12 +162,7 @@ var ErrNoAddressSource = errors.New("every address source failed")
 func (p *Provider) address(ctx context.Context, dom libvirt.Domain) (ip, source string, err error) {
 	var errs []error
 	for _, s := range addressSources {
-		var ifaces []libvirt.DomainInterface
-		err := p.call(ctx, func(l *libvirt.Libvirt) error {
-			var err error
-			ifaces, err = l.DomainInterfaceAddresses(dom, uint32(s.src), 0)
-			return err
-		})
+		ifaces, err := p.interfaces(ctx, dom, s.src)
 		if err != nil {
 			if errors.Is(err, ErrLinkDead) || ctx.Err() != nil {
 				return "", "", fleet.Transient(fmt.Errorf("address from %s: %w", s.name, err))
@@ -166,6 +178,23 @@ func (p *Provider) address(ctx context.Context, dom libvirt.Domain) (ip, source 
 		return "", "", fleet.Transient(fmt.Errorf("%w: %w", ErrNoAddressSource, errors.Join(errs...)))
 	}
 	return "", "", nil
+}
+
+// interfaces reads the domain's interfaces and their addresses from one
+// source.
+func (p *Provider) interfaces(ctx context.Context, dom libvirt.Domain, src libvirt.DomainInterfaceAddressesSource) ([]libvirt.DomainInterface, error) {
+	var ifaces []libvirt.DomainInterface
+	err := p.call(ctx, func(l *libvirt.Libvirt) error {
+		got, err := l.DomainInterfaceAddresses(dom, uint32(src), 0)
+		if err == nil {
+			ifaces = got
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ifaces, nil
 }
 
 func firstIPv4(ifaces []libvirt.DomainInterface) string {

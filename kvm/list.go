@@ -51,6 +51,9 @@ func (p *Provider) List(ctx context.Context) ([]fleet.Instance, error) {
 		switch libvirt.DomainState(state) {
 		case libvirt.DomainRunning, libvirt.DomainBlocked, libvirt.DomainPaused:
 			in.State = messages.StateProvisioning // active; Get reads whether it has an address
+			if m.static() {
+				in.IP, in.Source = m.Addr.String(), messages.SourcePlan
+			}
 		default:
 			in.State, in.Reason = messages.StateFailed, "domain is not running"
 		}

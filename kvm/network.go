@@ -8,14 +8,16 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/digitalocean/go-libvirt"
 	"go.yaml.in/yaml/v3"
 
 	"proxyfleet/fleet"
+	"proxyfleet/messages"
 )
 
 // A proxy's static network (fleet.Spec.Network, from its host's address
-// plan): what the provider checks and what it writes into the seed for the
-// guest.
+// plan): what the provider checks, what it writes into the seed for the
+// guest, and how Get decides that the guest took the planned address.
 //
 // The zero Network is the host network's DHCP, as before the plans: no MAC
 // in the domain (the hypervisor chooses), no network-config in the seed, and
@@ -213,4 +215,48 @@ func quoteValues(n *yaml.Node) {
 		}
 		quoteValues(c)
 	}
+}
+
+// planState decides the state of an active domain with a static network
+// whose address of record is addr, from the guest agent's answer
+// (ifaces, or agentErr if it did not answer).
+//
+// The address is the plan's, known before the guest boots, so the proxy is
+// running unless the guest says otherwise: an agent that errors (not
+// started yet, not installed, not responding) does not hold it back. An
+// agent that answers without addr on any interface but loopback means the
+// guest has not (yet) configured it, or configured another: provisioning,
+// with the addresses it reports in the reason, so the worker never
+// publishes an address the guest does not hold.
+func planState(addr netip.Addr, ifaces []libvirt.DomainInterface, agentErr error) (state, reason string) {
+	if agentErr != nil {
+		return messages.StateRunning, ""
+	}
+	var seen []string
+	for _, ifc := range ifaces {
+		if ifc.Name == "lo" {
+			continue
+		}
+		for _, a := range ifc.Addrs {
+			ip, err := netip.ParseAddr(a.Addr)
+			if err != nil {
+				continue
+			}
+			if ip.WithZone("") == addr {
+				return messages.StateRunning, ""
+			}
+			if !ip.IsLoopback() {
+				seen = append(seen, ip.String())
+			}
+		}
+	}
+	const most = 8 // a reason stays short
+	list := "no address"
+	switch {
+	case len(seen) > most:
+		list = strings.Join(seen[:most], ", ") + fmt.Sprintf(" and %d more", len(seen)-most)
+	case len(seen) > 0:
+		list = strings.Join(seen, ", ")
+	}
+	return messages.StateProvisioning, fmt.Sprintf("address mismatch: agent reports %s, plan has %s", list, addr)
 }

@@ -2,14 +2,17 @@ package kvm
 
 import (
 	"bytes"
+	"errors"
 	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
 
+	"github.com/digitalocean/go-libvirt"
 	"go.yaml.in/yaml/v3"
 
 	"proxyfleet/fleet"
+	"proxyfleet/messages"
 )
 
 var (
@@ -233,5 +236,60 @@ func TestSeed_networkConfig(t *testing.T) {
 	n.MAC = ""
 	if _, err := seedISO("p1-3f2a9c", "pf-p1", ud, n); err == nil {
 		t.Fatal("static network without a mac: seed written")
+	}
+}
+
+func agentIfaces(addrs ...string) []libvirt.DomainInterface {
+	lo := libvirt.DomainInterface{Name: "lo", Addrs: []libvirt.DomainIPAddr{
+		{Type: int32(libvirt.IPAddrTypeIpv4), Addr: "127.0.0.1", Prefix: 8},
+		{Type: int32(libvirt.IPAddrTypeIpv6), Addr: "::1", Prefix: 128},
+	}}
+	eth := libvirt.DomainInterface{Name: "eth0", Hwaddr: libvirt.OptString{"52:54:00:12:34:56"}}
+	for _, a := range addrs {
+		typ := libvirt.IPAddrTypeIpv4
+		if strings.Contains(a, ":") {
+			typ = libvirt.IPAddrTypeIpv6
+		}
+		eth.Addrs = append(eth.Addrs, libvirt.DomainIPAddr{Type: int32(typ), Addr: a})
+	}
+	return []libvirt.DomainInterface{lo, eth}
+}
+
+// planState: a static proxy is running unless its guest agent answers
+// without the address of record.
+func TestPlanState(t *testing.T) {
+	v4, v6 := addr("198.18.101.5"), addr("2001:db8:101::5")
+	for _, c := range []struct {
+		name   string
+		addr   netip.Addr
+		ifaces []libvirt.DomainInterface
+		err    error
+		state  string
+		reason string
+	}{
+		{"agent holds it", v4, agentIfaces("fe80::5054:ff:fe12:3456", "198.18.101.5", "2001:db8:101::5"), nil, messages.StateRunning, ""},
+		{"ipv6 of record", v6, agentIfaces("2001:db8:101::5"), nil, messages.StateRunning, ""},
+		{"ipv6 written long", v6, agentIfaces("2001:0db8:0101:0000:0000:0000:0000:0005"), nil, messages.StateRunning, ""},
+		{"agent not connected", v4, nil, errors.New("Guest agent is not responding: QEMU guest agent is not connected"), messages.StateRunning, ""},
+		{"agent errors, answer irrelevant", v4, agentIfaces("198.18.100.9"), errors.New("agent error"), messages.StateRunning, ""},
+		{"another address", v4, agentIfaces("fe80::5054:ff:fe12:3456", "198.18.100.9"), nil, messages.StateProvisioning,
+			"address mismatch: agent reports fe80::5054:ff:fe12:3456, 198.18.100.9, plan has 198.18.101.5"},
+		{"not configured yet", v4, agentIfaces(), nil, messages.StateProvisioning,
+			"address mismatch: agent reports no address, plan has 198.18.101.5"},
+		{"no interfaces at all", v4, nil, nil, messages.StateProvisioning,
+			"address mismatch: agent reports no address, plan has 198.18.101.5"},
+		{"only on loopback", v4, []libvirt.DomainInterface{{Name: "lo", Addrs: []libvirt.DomainIPAddr{{Addr: "198.18.101.5"}}}}, nil,
+			messages.StateProvisioning, "address mismatch: agent reports no address, plan has 198.18.101.5"},
+		{"ipv6 of record missing", v6, agentIfaces("198.18.101.5", "2001:db8:101::6"), nil, messages.StateProvisioning,
+			"address mismatch: agent reports 198.18.101.5, 2001:db8:101::6, plan has 2001:db8:101::5"},
+		{"garbage from the agent", v4, agentIfaces("not an address"), nil, messages.StateProvisioning,
+			"address mismatch: agent reports no address, plan has 198.18.101.5"},
+		{"many", v4, agentIfaces("10.9.0.1", "10.9.0.2", "10.9.0.3", "10.9.0.4", "10.9.0.5", "10.9.0.6", "10.9.0.7", "10.9.0.8", "10.9.0.9", "10.9.0.10"), nil,
+			messages.StateProvisioning, "address mismatch: agent reports 10.9.0.1, 10.9.0.2, 10.9.0.3, 10.9.0.4, 10.9.0.5, 10.9.0.6, 10.9.0.7, 10.9.0.8 and 2 more, plan has 198.18.101.5"},
+	} {
+		state, reason := planState(c.addr, c.ifaces, c.err)
+		if state != c.state || reason != c.reason {
+			t.Errorf("%s: %s %q, want %s %q", c.name, state, reason, c.state, c.reason)
+		}
 	}
 }
