@@ -20,8 +20,9 @@
 // watchdog), ssh.go (the SSH dialer); provider.go, create.go, get.go (with
 // the address), delete.go, list.go (the provider), sweep.go and sweepuse.go
 // (the volumes nothing uses); mark.go, names.go,
-// domain.go, seed.go (what it writes on the host); image.go (the cache and
-// its single flight), imagemark.go, imageupload.go, directupload.go,
+// domain.go, seed.go (what it writes on the host), network.go (a proxy's
+// static network: its check, its network-config, planState); image.go
+// (the cache and its single flight), imagemark.go, imageupload.go, directupload.go,
 // imagesource.go (the base image cache); classify.go (the errors); observe.go (the Observer).
 //
 // Options.Observer (or LinkConfig.Observer) hears, for metrics, every
@@ -89,7 +90,8 @@
 // pf-<id>, its overlay pf-<id>-disk.qcow2 and its NoCloud seed
 // pf-<id>-seed.iso, and the domain carries a mark in its metadata (mark.go:
 // owner, proxy id, command id, spec hash, createdAt, host entry, image,
-// labels). Get, Create, Delete and List read that mark back. A domain is
+// labels, and a static network's addresses). Get, Create, Delete and List
+// read that mark back. A domain is
 // this provider's only if its mark is ours, for its id, and names this host
 // entry: a domain with our name and no mark, another application's mark, or
 // the mark of another host entry on the same daemon is never touched
@@ -128,6 +130,19 @@
 // the link dying under the read, is an explicitly transient error
 // (ErrNoAddressSource, ErrLinkDead) that classification cannot turn
 // permanent.
+//
+// A proxy with a static network (fleet.Spec.Network, from its host's
+// address plan; network.go) has a domain whose interface carries the
+// plan's MAC, a seed with a network-config (cloud-init v2: the interface
+// matched by that MAC, a /32 and /128s, on-link default routes written as
+// gateway4 and gateway6, the form cloud-init 22.4's ifupdown renderer
+// turns into on-link routes), and a mark recording its egress addresses
+// and its address of record. Get reports that address (Source plan) for
+// an active domain without reading the lease or ARP, and asks only the
+// guest agent: an agent that answers without the address holds the proxy
+// in provisioning ("address mismatch"), one that errors does not (planState).
+// The zero Network is the host network's DHCP: no MAC, no network-config,
+// no addresses in the mark, the same definition and seed as ever.
 //
 // # The base image cache (H2, H4)
 //
