@@ -148,7 +148,11 @@ const guestInterface = "eth0"
 //     "accept_ra 0", and only if that stanza is IPv6: so the IPv6
 //     addresses are listed first. (ifupdown's inet6 static leaves
 //     accept_ra at the kernel's default otherwise, and stateless
-//     autoconfiguration off.)
+//     autoconfiguration off.) An IPv4-only network has no IPv6 stanza,
+//     so its eth0 keeps the kernel's accept_ra 1 and autoconf 1 (seen in
+//     the guest): on a link whose router advertises a prefix the guest
+//     would take an IPv6 address and route the plan does not know. No v2
+//     key changes that through this renderer.
 //
 // "gateway4" and "gateway6" are deprecated in netplan (Ubuntu's renderer),
 // which still honours them; other renderers were not checked.
