@@ -15,7 +15,8 @@ import (
 
 // and reported, not made again. A failed create removes what it made. The
 // spec's Network is checked before anything (checkNetwork): a bad one is
-// permanent. A static one gives the domain its MAC, the seed its
+// permanent; gateways it leaves out are the host network's own addresses
+// (withGateways). A static one gives the domain its MAC, the seed its
 // network-config and the mark its addresses.
 func (p *Provider) Create(ctx context.Context, spec fleet.Spec) (fleet.Instance, error) {
 	img, ok := p.byName[spec.Image]
@@ -25,8 +26,11 @@ func (p *Provider) Create(ctx context.Context, spec fleet.Spec) (fleet.Instance,
 	if err := checkID(spec.ID); err != nil {
 		return fleet.Instance{}, fleet.Permanent(fmt.Errorf("create %s: %w", spec.ID, err))
 	}
-	network, err := checkNetwork(spec.Network)
+	network, err := p.withGateways(ctx, spec.Network)
 	if err != nil {
+		return fleet.Instance{}, fmt.Errorf("create %s: %w", spec.ID, err)
+	}
+	if network, err = checkNetwork(network); err != nil {
 		return fleet.Instance{}, fleet.Permanent(fmt.Errorf("create %s: %w", spec.ID, err))
 	}
 	spec.Network = network

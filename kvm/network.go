@@ -1,6 +1,7 @@
 package kvm
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 	"go.yaml.in/yaml/v3"
+	"libvirt.org/go/libvirtxml"
 
 	"proxyfleet/fleet"
 	"proxyfleet/messages"
@@ -263,4 +265,71 @@ func planState(addr netip.Addr, ifaces []libvirt.DomainInterface, agentErr error
 		list = strings.Join(seen, ", ")
 	}
 	return messages.StateProvisioning, fmt.Sprintf("address mismatch: agent reports %s, plan has %s", list, addr)
+}
+
+// networkAddrs are the addresses a libvirt network's definition (doc)
+// gives itself: its first IPv4 and its first IPv6 `<ip>`, invalid where it
+// has none. They are a plan's default gateways: the host routes a plan's
+// addresses to that network, whose own address is on-link for its guests.
+func networkAddrs(doc string) (v4, v6 netip.Addr, err error) {
+	var nw libvirtxml.Network
+	if err := nw.Unmarshal(doc); err != nil {
+		return v4, v6, fmt.Errorf("read its definition: %w", err)
+	}
+	for _, ip := range nw.IPs {
+		a, err := netip.ParseAddr(ip.Address)
+		switch {
+		case err != nil:
+		case a.Is4() && !v4.IsValid():
+			v4 = a
+		case a.Is6() && !a.Is4In6() && !v6.IsValid():
+			v6 = a
+		}
+	}
+	return v4, v6, nil
+}
+
+// withGateways fills in the gateways n leaves to the host's network: the
+// addresses of the libvirt network the host entry's proxies use. A network
+// with no address of a family n needs is a permanent error naming the
+// setting to give instead.
+func (p *Provider) withGateways(ctx context.Context, n fleet.Network) (fleet.Network, error) {
+	need4 := n.IPv4.IsValid() && !n.IPv4Gateway.IsValid()
+	need6 := len(n.IPv6) > 0 && !n.IPv6Gateway.IsValid()
+	if !need4 && !need6 {
+		return n, nil
+	}
+	name := p.opts.Host.Network
+	var doc string
+	err := p.call(ctx, func(l *libvirt.Libvirt) error {
+		nw, err := l.NetworkLookupByName(name)
+		if err != nil {
+			return fmt.Errorf("look up network %s: %w", name, err)
+		}
+		doc, err = l.NetworkGetXMLDesc(nw, 0)
+		if err != nil {
+			return fmt.Errorf("read network %s: %w", name, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return n, err
+	}
+	v4, v6, err := networkAddrs(doc)
+	if err != nil {
+		return n, fleet.Permanent(fmt.Errorf("network %s: %w", name, err))
+	}
+	if need4 {
+		if !v4.IsValid() {
+			return n, fleet.Permanent(fmt.Errorf("network %s has no IPv4 address to be the guests' gateway: set the plan's ipv4_gateway", name))
+		}
+		n.IPv4Gateway = v4
+	}
+	if need6 {
+		if !v6.IsValid() {
+			return n, fleet.Permanent(fmt.Errorf("network %s has no IPv6 address to be the guests' gateway: set the plan's ipv6_gateway", name))
+		}
+		n.IPv6Gateway = v6
+	}
+	return n, nil
 }

@@ -293,3 +293,22 @@ func TestPlanState(t *testing.T) {
 		}
 	}
 }
+
+// A plan's default gateways are its network's own addresses, the first of
+// each family.
+func TestNetworkAddrs(t *testing.T) {
+	v4, v6, err := networkAddrs(`<network><name>pf</name><forward mode='open'/>
+  <ip address='198.18.100.1' netmask='255.255.255.0'/>
+  <ip family='ipv6' address='2001:db8:100::1' prefix='64'/>
+  <ip family='ipv6' address='2001:db8:200::1' prefix='64'/></network>`)
+	if err != nil || v4.String() != "198.18.100.1" || v6.String() != "2001:db8:100::1" {
+		t.Errorf("networkAddrs = %s, %s, %v", v4, v6, err)
+	}
+	v4, v6, err = networkAddrs(`<network><name>br</name><forward mode='bridge'/><bridge name='br0'/></network>`)
+	if err != nil || v4.IsValid() || v6.IsValid() {
+		t.Errorf("a bridge network: %s, %s, %v; want none", v4, v6, err)
+	}
+	if _, _, err := networkAddrs(`<network`); err == nil {
+		t.Error("a broken definition read")
+	}
+}
