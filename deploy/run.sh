@@ -50,7 +50,7 @@ cat <<TXT
 
 proxyfleet serve: embedded NATS on nats://$listen, health on http://127.0.0.1:8080, guest: $guest
 gateway: http://127.0.0.1:8888 (HTTP proxy) and socks5://127.0.0.1:1080, user demo, password in $gwpass
-host th1: libvirtd over ssh at $TESTHOST_SSH_ADDR (netns $TESTHOST_NETNS), guests on $TESTHOST_BRIDGE_IP/24
+host th1: libvirtd over ssh at $TESTHOST_SSH_ADDR (netns $TESTHOST_NETNS); its proxies take addresses of its plan: $TESTHOST_EGRESS_IPV4_CONFIG, $TESTHOST_EGRESS_IPV6_CONFIG (16 each)
 config: $cfg
 
 In another terminal (as root, from $PWD):

@@ -22,7 +22,7 @@ VM_NET6=2001:db8:100::/64
 # Egress blocks for address plans: routed to the bridge in the namespace and
 # to the namespace in the root namespace. Guests take /32s and /128s from
 # them with an on-link default route via BRIDGE_IP / BRIDGE_IP6. The lower
-# halves are the generated config's (host th1 in proxyfleet-plan.yaml), the
+# halves are the generated config's (host th1 in proxyfleet.yaml), the
 # upper halves are in no generated config: tests' own plans take them.
 EGRESS4=198.18.101.0/24
 EGRESS4_CONFIG=198.18.101.0/25

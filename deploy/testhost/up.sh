@@ -346,20 +346,16 @@ proxy:
   allow: [198.18.0.0/15]
 EOF
 }
-config_yaml >"$STATE/proxyfleet.yaml.new"
-mv -f "$STATE/proxyfleet.yaml.new" "$STATE/proxyfleet.yaml"
-# The same config with an address plan for th1 (issue 28): the lower halves of
-# the egress blocks; the upper halves stay free for tests' own plans. The
-# gateways are left to their defaults, the network's own addresses
-# ($BRIDGE_IP, $BRIDGE_IP6). A separate file until the config knows
-# `addresses`: strict decoding rejects the field before that.
-config_yaml "    # Address plan: the lower halves of the egress blocks ($EGRESS4, $EGRESS6).
-    addresses:
+# th1's address plan: the lower halves of the egress blocks; the upper halves
+# stay free for tests' own plans. The gateways are left to their defaults, the
+# network's own addresses ($BRIDGE_IP, $BRIDGE_IP6).
+config_yaml "    addresses:
       ipv4: [$EGRESS4_CONFIG]
       ipv6: [\"$EGRESS6_CONFIG\"]
       ipv6_per_proxy: 16
-" >"$STATE/proxyfleet-plan.yaml.new"
-mv -f "$STATE/proxyfleet-plan.yaml.new" "$STATE/proxyfleet-plan.yaml"
+" >"$STATE/proxyfleet.yaml.new"
+mv -f "$STATE/proxyfleet.yaml.new" "$STATE/proxyfleet.yaml"
+rm -f "$STATE/proxyfleet-plan.yaml"
 cat >"$STATE/env.new" <<EOF
 export TESTHOST_NETNS=$NS
 export TESTHOST_ROOT_IP=$ROOT_IP
@@ -402,7 +398,6 @@ export TESTHOST_DEBIAN_INITRD_SHA256=$(dsum initrd.img)
 export TESTHOST_DEBIAN_CMDLINE='$(cat "$dg/cmdline")'
 export TESTHOST_DEBIAN_IMAGE_YAML=$dg/image.yaml
 export PROXYFLEET_CONFIG=$STATE/proxyfleet.yaml
-export TESTHOST_PLAN_CONFIG=$STATE/proxyfleet-plan.yaml
 EOF
 mv -f "$STATE/env.new" "$STATE/env"
 log "ready in $(( ($(now_ms) - t_start) / 1000 ))s: source $STATE/env"
