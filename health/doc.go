@@ -116,7 +116,9 @@
 //     as a whole address: X-Forwarded-For, Forwarded, Via...), or if
 //     Proxy-Authorization reached the target (the proxy forwarded the
 //     fleet's credentials); the reason names the header. A leaky proxy is
-//     out like an open one. The egress goes into the fold, the snapshots'
+//     out like an open one. A proxy whose running event carries egress
+//     addresses (its host's plan) and whose request came from another
+//     address is out too: verdict mismatch, reason "egress mismatch: …". The egress goes into the fold, the snapshots'
 //     entries (RotationEntry.Egress) and the check records. A target that
 //     does not answer in this format (an external page, an earlier health
 //     process, most https targets) yields no egress and no leak verdict:

@@ -127,6 +127,8 @@ type FoldStats struct {
 
 	RefusedOpen  uint64 // times a candidate's verdict became open
 	RefusedLeaky uint64 // times a candidate's verdict became leaky
+	// RefusedMismatch: times a candidate's verdict became mismatch.
+	RefusedMismatch uint64
 }
 
 // proxyState is what the fold keeps of one proxy: its last seen event, its
@@ -167,6 +169,7 @@ type proxyState struct {
 	egress      string    // the address the target saw, "" if never reported
 	reported    bool      // a target reported a request of a probe
 	leak        string    // why it is leaky; "" if the last report found nothing
+	mismatch    string    // the address its requests left from, when not one of egressAddrs; "" if none
 	openState   string    // last conclusive open check: OpenRefused, OpenAnswered, or "" for none
 	openAt      time.Time // when that check was taken
 	openPending bool      // the last open check was inconclusive
@@ -368,7 +371,7 @@ func (f *Fold) resetChecks(p *proxyState) {
 	// Marked even without a record: the bucket may hold one of its
 	// address from another process, which goes with it.
 	f.markCheck(p)
-	p.egress, p.reported, p.leak = "", false, ""
+	p.egress, p.reported, p.leak, p.mismatch = "", false, "", ""
 	p.openState, p.openAt, p.openPending, p.checkAt = "", time.Time{}, false, time.Time{}
 }
 
@@ -408,8 +411,13 @@ type ProbeResult struct {
 	Open     string // the open check: OpenRefused, OpenAnswered, OpenInconclusive, or "" if none
 }
 
-// Reasons of refused proxies (CheckRecord.Reason).
-const ReasonOpen = "open proxy: answered a request without credentials"
+// Reasons of refused proxies (CheckRecord.Reason): ReasonOpen is an open
+// proxy's; ReasonMismatch starts that of a proxy whose requests left from
+// an address its plan did not give it.
+const (
+	ReasonOpen     = "open proxy: answered a request without credentials"
+	ReasonMismatch = "egress mismatch"
+)
 
 // ApplyProbe folds one probe result in and reports whether the rotation
 // changed (a proxy entered or left, or the egress of one in it changed). A
@@ -447,6 +455,8 @@ func (f *Fold) ApplyProbe(r ProbeResult) (changed bool) {
 				f.stats.RefusedOpen++
 			case messages.VerdictLeaky:
 				f.stats.RefusedLeaky++
+			case messages.VerdictMismatch:
+				f.stats.RefusedMismatch++
 			}
 		}
 	}

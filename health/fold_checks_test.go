@@ -1,6 +1,7 @@
 package health
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -150,7 +151,7 @@ func TestFoldOpenProxyLeavesAndComesBack(t *testing.T) {
 	if st := pf.f.Stats(); st.RefusedOpen != 1 {
 		t.Fatalf("refusals %d, want 1 (counted once per refusal)", st.RefusedOpen)
 	}
-	if open, leaky := pf.f.Refused(); open != 1 || leaky != 0 {
+	if open, leaky, _ := pf.f.Refused(); open != 1 || leaky != 0 {
 		t.Fatalf("refused %d open, %d leaky", open, leaky)
 	}
 	// Fixed: the next conclusive check brings it back (it kept passing).
@@ -261,7 +262,7 @@ func TestFoldChecksChangeOnlyWithTheirContent(t *testing.T) {
 		if len(pf.f.Checks()) != 0 || pf.f.ChecksGen() == gen {
 			t.Fatalf("%s: records %+v", state, pf.f.Checks())
 		}
-		if open, _ := pf.f.Refused(); open != 0 {
+		if open, _, _ := pf.f.Refused(); open != 0 {
 			t.Fatalf("%s: still counted refused", state)
 		}
 	}
@@ -323,5 +324,41 @@ func TestFoldOpenOnGrace(t *testing.T) {
 	}
 	if pf.probed("p1") {
 		t.Fatal("probed after leaving on grace")
+	}
+}
+
+// A proxy whose plan gave it addresses must leave from one of them: one
+// whose requests reach the target from another address (a NAT left in
+// place) is refused (egress mismatch), never enters, and comes back once
+// its requests leave from a planned address; a proxy without a plan may
+// leave from any address.
+func TestFoldRefusesEgressMismatch(t *testing.T) {
+	pf := newCheckFold(t)
+	e := ev("p1", 2, running, "198.18.101.5")
+	e.Egress = []string{"198.18.101.5", "2001:db8:101::10/124"}
+	pf.apply(e, false)
+	pf.apply(ev("p2", 2, running, "198.18.100.2"), false)
+	natted := ProbeResult{OK: true, Egress: "203.0.113.7", Reported: true, Open: OpenRefused}
+	for range 3 {
+		if pf.result("p1", natted) {
+			t.Fatal("a proxy leaving from an address not of its plan entered")
+		}
+		pf.result("p2", natted)
+	}
+	pf.want(map[string]string{"p2": a2})
+	r := pf.record("p1")
+	if r.Verdict != messages.VerdictMismatch || !strings.HasPrefix(r.Reason, ReasonMismatch+": ") || !strings.Contains(r.Reason, "203.0.113.7") {
+		t.Fatalf("record %+v", r)
+	}
+	if _, _, mismatch := pf.f.Refused(); mismatch != 1 || pf.f.Stats().RefusedMismatch != 1 {
+		t.Fatalf("refused mismatch %d, refusals %d", mismatch, pf.f.Stats().RefusedMismatch)
+	}
+	// Its requests leave from one of its IPv6 addresses now: admitted.
+	planned := ProbeResult{OK: true, Egress: "2001:db8:101::1a", Reported: true, Open: OpenRefused}
+	pf.result("p1", planned)
+	pf.result("p1", planned)
+	pf.want(map[string]string{"p1": "198.18.101.5:3128", "p2": a2})
+	if r := pf.record("p1"); r.Verdict != messages.VerdictOK {
+		t.Fatalf("record after a planned egress %+v", r)
 	}
 }

@@ -68,6 +68,7 @@ type FoldCounts struct {
 	Targets     int // proxies being probed
 	Checks      int // candidates with a check record
 	Open, Leaky int // candidates refused, by verdict
+	Mismatch    int
 }
 
 // Counts counts the fold's gauges: O(proxies), per scrape, not per change.
@@ -87,6 +88,9 @@ func (f *Fold) Counts() FoldCounts {
 			c.Checks++
 		case messages.VerdictLeaky:
 			c.Leaky++
+			c.Checks++
+		case messages.VerdictMismatch:
+			c.Mismatch++
 			c.Checks++
 		default:
 			c.Checks++

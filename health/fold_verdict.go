@@ -14,6 +14,12 @@ import (
 func (f *Fold) findings(p *proxyState, r ProbeResult) {
 	if r.Egress != "" {
 		p.egress = r.Egress
+		// A proxy whose plan gave it addresses must leave from one of
+		// them; one left to its network's DHCP may leave from any.
+		p.mismatch = ""
+		if len(p.egressAddrs) > 0 && !messages.EgressContains(p.egressAddrs, r.Egress) {
+			p.mismatch = r.Egress
+		}
 	}
 	if r.Reported {
 		// Only a report clears a leak: a target that reports nothing
@@ -31,7 +37,7 @@ func (f *Fold) findings(p *proxyState, r ProbeResult) {
 
 // refused reports whether p's checks keep it out of the rotation.
 func (f *Fold) refused(p *proxyState) bool {
-	return p.openState == OpenAnswered || p.leak != ""
+	return p.openState == OpenAnswered || p.leak != "" || p.mismatch != ""
 }
 
 // admissible reports whether p's checks let it enter the rotation: not
@@ -69,6 +75,8 @@ func (f *Fold) verdict(p *proxyState) string {
 		return messages.VerdictOpen
 	case p.leak != "":
 		return messages.VerdictLeaky
+	case p.mismatch != "":
+		return messages.VerdictMismatch
 	case f.CheckOpen && p.openState == "":
 		return "" // not known to refuse: nothing to call ok yet
 	case p.openState != "" || p.reported || p.egress != "":
@@ -78,13 +86,17 @@ func (f *Fold) verdict(p *proxyState) string {
 }
 
 func (f *Fold) reason(p *proxyState) string {
-	switch {
-	case p.openState == OpenAnswered && p.leak != "":
-		return ReasonOpen + "; " + p.leak
-	case p.openState == OpenAnswered:
-		return ReasonOpen
+	var parts []string
+	if p.openState == OpenAnswered {
+		parts = append(parts, ReasonOpen)
 	}
-	return p.leak
+	if p.leak != "" {
+		parts = append(parts, p.leak)
+	}
+	if p.mismatch != "" {
+		parts = append(parts, ReasonMismatch+": its requests left from "+p.mismatch+", not from an address its plan gave it")
+	}
+	return strings.Join(parts, "; ")
 }
 
 // ChecksGen grows whenever a check record (Checks) appears, changes or
@@ -162,14 +174,16 @@ func (f *Fold) record(id string, p *proxyState) messages.CheckRecord {
 }
 
 // Refused returns how many candidates are refused, by verdict.
-func (f *Fold) Refused() (open, leaky int) {
+func (f *Fold) Refused() (open, leaky, mismatch int) {
 	for _, p := range f.proxies {
 		switch f.verdict(p) {
 		case messages.VerdictOpen:
 			open++
 		case messages.VerdictLeaky:
 			leaky++
+		case messages.VerdictMismatch:
+			mismatch++
 		}
 	}
-	return open, leaky
+	return open, leaky, mismatch
 }

@@ -39,7 +39,7 @@ type Metrics struct {
 	// OpenChecks counts open checks by result (OpenRefused, ...).
 	OpenChecks map[string]uint64
 	// Refused is how many candidates are refused now, by verdict
-	// (messages.VerdictOpen, VerdictLeaky); Refusals how many times a
+	// (messages.VerdictOpen, VerdictLeaky, VerdictMismatch); Refusals how many times a
 	// candidate's verdict became one.
 	Refused  map[string]int
 	Refusals map[string]uint64
@@ -150,8 +150,8 @@ func (h *Health) Metrics() Metrics {
 		ProbesIgnored:   st.ProbesIgnored,
 		ProbeKinds:      maps.Clone(h.probeStats.kinds),
 		OpenChecks:      maps.Clone(h.probeStats.open),
-		Refused:         map[string]int{messages.VerdictOpen: c.Open, messages.VerdictLeaky: c.Leaky},
-		Refusals:        map[string]uint64{messages.VerdictOpen: st.RefusedOpen, messages.VerdictLeaky: st.RefusedLeaky},
+		Refused:         map[string]int{messages.VerdictOpen: c.Open, messages.VerdictLeaky: c.Leaky, messages.VerdictMismatch: c.Mismatch},
+		Refusals:        map[string]uint64{messages.VerdictOpen: st.RefusedOpen, messages.VerdictLeaky: st.RefusedLeaky, messages.VerdictMismatch: st.RefusedMismatch},
 		Checks:          c.Checks,
 		CheckWrites:     h.checksWrites,
 		Reports:         maps.Clone(h.reports.outcomes),

@@ -68,7 +68,7 @@ const (
 
 var openResults = []string{OpenRefused, OpenAnswered, OpenInconclusive}
 
-var verdicts = []string{messages.VerdictOpen, messages.VerdictLeaky}
+var verdicts = []string{messages.VerdictOpen, messages.VerdictLeaky, messages.VerdictMismatch}
 
 // Probe outcomes, as counted in the metrics.
 const (

@@ -50,6 +50,28 @@ func consecutive(as []netip.Addr) bool {
 	return true
 }
 
+// EgressContains says whether an egress list written by CompactEgress
+// holds addr; false for an addr that is not an address.
+func EgressContains(items []string, addr string) bool {
+	a, err := netip.ParseAddr(addr)
+	if err != nil {
+		return false
+	}
+	a = a.Unmap()
+	for _, s := range items {
+		if !strings.Contains(s, "/") {
+			if b, err := netip.ParseAddr(s); err == nil && b == a {
+				return true
+			}
+			continue
+		}
+		if p, err := netip.ParsePrefix(s); err == nil && p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
 // ExpandEgress reads an egress list written by CompactEgress: each item an
 // address or a prefix standing for all of its addresses, MaxEgress
 // addresses at most in all.

@@ -64,3 +64,15 @@ func TestExpandEgressRefusesTooMuch(t *testing.T) {
 		}
 	}
 }
+
+func TestEgressContains(t *testing.T) {
+	items := []string{"198.18.101.5", "2001:db8:101::10/124"}
+	for addr, want := range map[string]bool{
+		"198.18.101.5": true, "::ffff:198.18.101.5": true, "2001:db8:101::1f": true,
+		"2001:db8:101::20": false, "198.18.101.6": false, "nope": false, "": false,
+	} {
+		if got := EgressContains(items, addr); got != want {
+			t.Errorf("EgressContains(%q) = %v, want %v", addr, got, want)
+		}
+	}
+}

@@ -158,6 +158,11 @@ const (
 	// client's address (or the fleet's credentials) in a header. Never
 	// in the rotation.
 	VerdictLeaky = "leaky"
+	// VerdictMismatch: the proxy's requests reached the target from an
+	// address its host's plan did not give it (a NAT left in place, a
+	// wrong route): it does not leave from the addresses it stands for.
+	// Never in the rotation.
+	VerdictMismatch = "mismatch"
 )
 
 // CheckRecord is what the publishing health process found of one proxy
