@@ -101,6 +101,22 @@ func TestRealGuestsLeaveFromTheirPlannedAddresses(t *testing.T) {
 		}
 	}
 
+	// The second's guest leaves from another address (a secondary
+	// address of the routed block, not its plan's, made the default
+	// route's source): health refuses it, egress mismatch.
+	other := netip.MustParseAddr(planned[ids[1]].IP)
+	for p.Slot4Of(other) != 0 || other == netip.MustParseAddr(planned[ids[0]].IP) {
+		other = other.Next()
+	}
+	dom := "pf-" + ids[1]
+	agentExec(t, dom, "/usr/sbin/ip", "addr", "add", other.String()+"/32", "dev", "eth0")
+	agentExec(t, dom, "/usr/sbin/ip", "route", "replace", "default", "via", os.Getenv("TESTHOST_EGRESS_IPV4_GATEWAY"),
+		"dev", "eth0", "onlink", "src", other.String())
+	waitUntil(t, ids[1]+" refused: egress mismatch", 2*time.Minute, func() bool {
+		c, ok := e.check(ids[1])
+		return ok && c.Verdict == messages.VerdictMismatch && strings.Contains(c.Reason, other.String()) && !rot.has(ids[1])
+	})
+
 	// A delete frees the first's addresses; a create right after gets
 	// another address.
 	freed := planned[ids[0]].IP
