@@ -291,6 +291,7 @@ func (cc *clientConn) answer(st *relayState) (keep bool) {
 	b = append(b, HeaderProxy+": "...)
 	b = append(b, st.p.ID...)
 	b = append(b, "\r\n"...)
+	b = append(b, egressLine(st.egress)...)
 	b = cc.appendConnection(b, keep)
 	b = append(b, "\r\n"...)
 	if st.headLen > 0 {

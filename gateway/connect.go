@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"time"
 )
 
@@ -41,9 +42,11 @@ func (cc *clientConn) connect(raw []byte) (keep, tunneled bool) {
 	ctx, stopWatch := cc.watch()
 	var up net.Conn
 	var leftover []byte
+	var egress netip.Addr
 	p, err := g.attempts(ctx, kindConnect, o, func(p Proxy) (bool, error) {
 		var err error
-		up, leftover, err = g.dialConnect(ctx, p, target)
+		egress = g.egressFor(p, o, familyOf(target.host))
+		up, leftover, err = g.dialConnect(ctx, p, target, egress)
 		return true, err
 	})
 	stopWatch()
@@ -57,7 +60,9 @@ func (cc *clientConn) connect(raw []byte) (keep, tunneled bool) {
 		b := cc.startHead(ta.status)
 		b = append(b, HeaderProxy+": "...)
 		b = append(b, p.ID...)
-		b = append(b, "\r\nX-Squid-Error: "...)
+		b = append(b, "\r\n"...)
+		b = append(b, egressLine(egress)...)
+		b = append(b, "X-Squid-Error: "...)
 		b = append(b, ta.squidError...)
 		b = append(b, "\r\nContent-Type: text/plain; charset=utf-8\r\n"...)
 		return cc.finishReply(b, ta.body), false
@@ -77,7 +82,9 @@ func (cc *clientConn) connect(raw []byte) (keep, tunneled bool) {
 	}
 	b := append((*cc.out)[:0], "HTTP/1.1 200 Connection established\r\n"+HeaderProxy+": "...)
 	b = append(b, p.ID...)
-	b = append(b, "\r\n\r\n"...)
+	b = append(b, "\r\n"...)
+	b = append(b, egressLine(egress)...)
+	b = append(b, "\r\n"...)
 	if err := cc.write(b); err != nil {
 		return fail(err)
 	}

@@ -31,6 +31,7 @@ type Gateway struct {
 	pool         *pool         // the lean path's connections to proxies
 	slow         *chanListener // where the lean path hands connections to the slow one
 	draining     atomic.Bool   // Run is stopping: no connection is kept alive
+	turns        turns         // egress-rotate's counters
 
 	// hard ends when the drain ran out: what is in flight stops.
 	hard       context.Context

@@ -84,6 +84,9 @@ func kindOf(name []byte) fieldKind {
 		if eq(HeaderLabels) {
 			return fieldLabels
 		}
+		if eq(HeaderEgress) {
+			return fieldHop // the gateway's to set, on requests and answers
+		}
 	case 20:
 		if eq(HeaderSession) {
 			return fieldSession

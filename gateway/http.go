@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -126,15 +127,20 @@ func (g *Gateway) serveConnect(ctx context.Context, w http.ResponseWriter, r *ht
 	}
 	var up net.Conn
 	var leftover []byte
+	var egress netip.Addr
 	p, err := g.attempts(ctx, kindConnect, o, func(p Proxy) (bool, error) {
 		var err error
-		up, leftover, err = g.dialConnect(ctx, p, target)
+		egress = g.egressFor(p, o, familyOf(target.host))
+		up, leftover, err = g.dialConnect(ctx, p, target, egress)
 		return true, err
 	})
 	var ta *targetAnswer
 	if errors.As(err, &ta) {
 		g.m.request(kindConnect, outcomeOK).Inc()
 		w.Header().Set(HeaderProxy, p.ID)
+		if egress.IsValid() {
+			w.Header().Set(HeaderEgress, egress.String())
+		}
 		w.Header().Set("X-Squid-Error", ta.squidError)
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.WriteHeader(ta.status)
@@ -163,7 +169,7 @@ func (g *Gateway) serveConnect(ctx context.Context, w http.ResponseWriter, r *ht
 	if err := client.SetDeadline(time.Time{}); err != nil {
 		return fail(err)
 	}
-	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n"+HeaderProxy+": "+p.ID+"\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n"+HeaderProxy+": "+p.ID+"\r\n"+egressLine(egress)+"\r\n"); err != nil {
 		return fail(err)
 	}
 	// What the client sent after its CONNECT (a TLS hello) is in the
@@ -206,7 +212,7 @@ func (g *Gateway) serveConnect(ctx context.Context, w http.ResponseWriter, r *ht
 // with the gateway's own request headers.
 var hopHeaders = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
-	"Te", "Trailer", "Transfer-Encoding", "Upgrade", HeaderSession, HeaderLabels,
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade", HeaderSession, HeaderLabels, HeaderEgress,
 }
 
 func removeHop(h http.Header) {
@@ -257,6 +263,7 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 	hasBody := r.Body != nil && r.Body != http.NoBody
 	var resp *http.Response
 	var up int64
+	var egress netip.Addr
 	p, err := g.attempts(ctx, kindHTTP, o, func(p Proxy) (bool, error) {
 		pu := &url.URL{Scheme: "http", Host: p.Addr}
 		if g.cfg.UpstreamUser != "" {
@@ -267,6 +274,9 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 		out.Host = r.URL.Host // the authority checked above (net/http's r.Host for an absolute URI)
 		out.Close = false
 		removeHop(out.Header)
+		if egress = g.egressFor(p, o, familyOf(r.URL.Hostname())); egress.IsValid() {
+			out.Header.Set(HeaderEgress, egress.String())
+		}
 		var tb *trackedBody
 		if hasBody {
 			tb = &trackedBody{rc: r.Body}
@@ -306,6 +316,9 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 	}
 	removeHop(h)
 	h.Set(HeaderProxy, p.ID)
+	if egress.IsValid() {
+		h.Set(HeaderEgress, egress.String())
+	}
 	w.WriteHeader(resp.StatusCode)
 	n, err := copyFlush(w, resp.Body)
 	g.m.bytesDown.Add(float64(n))

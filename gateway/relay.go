@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"time"
 )
@@ -14,6 +15,7 @@ import (
 // relayState is one plain request's relay.
 type relayState struct {
 	p        Proxy
+	egress   netip.Addr  // the address of p's it is to leave from (HeaderEgress), if any
 	uc       *upConn     // the proxy connection that carries it
 	headLen  int         // the answer's head, still in uc.br (0: read already)
 	bodySent bool        // the request's body went with its head
@@ -159,10 +161,13 @@ func (cc *clientConn) plain(raw []byte) (keep, handed bool) {
 	defer g.m.flight(kindHTTP).Dec()
 
 	req := cc.requestHead(host)
+	hostname, _, _ := cutPort(string(host))
+	family := familyOf(hostname)
 	var st relayState
 	p, err := g.attempts(g.hard, kindHTTP, o, func(p Proxy) (bool, error) {
 		st.p = p
-		return cc.try(req, &st)
+		st.egress = g.egressFor(p, o, family)
+		return cc.try(withEgress(req, st.egress), &st)
 	})
 	g.m.bytesUp.Add(float64(st.upBytes))
 	if err != nil {
@@ -211,6 +216,20 @@ func (cc *clientConn) requestHead(host []byte) []byte {
 	b = append(b, "\r\n"...)
 	*cc.out = b[:0]
 	return b
+}
+
+// withEgress is head req (ending in its empty line) with the HeaderEgress
+// field of a, in a slice of its own (req's stays as it is for another
+// proxy); req itself for no address.
+func withEgress(req []byte, a netip.Addr) []byte {
+	if !a.IsValid() {
+		return req
+	}
+	line := egressLine(a)
+	out := make([]byte, 0, len(req)+len(line))
+	out = append(out, req[:len(req)-2]...)
+	out = append(out, line...)
+	return append(out, "\r\n"...)
 }
 
 // appendFields appends the fields that are forwarded as they are.

@@ -144,7 +144,7 @@ func (g *Gateway) serveSocksConn(c net.Conn) (handed bool) {
 	var leftover []byte
 	p, err := g.attempts(ctx, kindSocks, o, func(p Proxy) (bool, error) {
 		var err error
-		up, leftover, err = g.dialConnect(ctx, p, target)
+		up, leftover, err = g.dialConnect(ctx, p, target, g.egressFor(p, o, familyOf(target.host)))
 		return true, err
 	})
 	if err != nil {

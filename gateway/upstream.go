@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -106,7 +107,10 @@ var aLongTimeAgo = time.Unix(1, 0)
 // leftover is what the proxy sent after its answer (a server-first
 // protocol's greeting), to be passed on first. target is a hostPort, so
 // the request line and Host carry nothing but a host and a port.
-func (g *Gateway) dialConnect(ctx context.Context, p Proxy, target hostPort) (up net.Conn, leftover []byte, err error) {
+//
+// egress, if valid, is the address of p's the tunnel is to leave from
+// (HeaderEgress).
+func (g *Gateway) dialConnect(ctx context.Context, p Proxy, target hostPort, egress netip.Addr) (up net.Conn, leftover []byte, err error) {
 	start := g.cfg.Now()
 	c, err := g.dial(ctx, p.Addr)
 	if err != nil {
@@ -131,6 +135,7 @@ func (g *Gateway) dialConnect(ctx context.Context, p Proxy, target hostPort) (up
 	if g.upstreamAuth != "" {
 		req += "Proxy-Authorization: " + g.upstreamAuth + "\r\n"
 	}
+	req += egressLine(egress)
 	req += "\r\n"
 	if _, err := io.WriteString(c, req); err != nil {
 		return nil, nil, g.ctxErr(ctx, err)

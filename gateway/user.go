@@ -17,11 +17,15 @@ import (
 type options struct {
 	session string
 	labels  map[string]string
+	// rotate: each request leaves from the proxy's next address
+	// (egress-rotate), not the session's own or one at random.
+	rotate bool
 }
 
 // parseUser splits "alice-session-s1-label-country-de-pool-x" into the
 // user ("alice") and its options. Options: session-KEY, label-KEY-VALUE
-// (repeatable), pool-NAME (label pool=NAME). Keys and values have no '-'
+// (repeatable), pool-NAME (label pool=NAME), egress-rotate (each request
+// leaves from its proxy's next address). Keys and values have no '-'
 // in this form, but a pool's name may (pools are named like proxies, "eu-west"):
 // NAME runs to the next option word (session, label, pool) or the end.
 func parseUser(s string) (string, options, error) {
@@ -52,6 +56,15 @@ func parseUser(s string) (string, options, error) {
 			}
 			o.setLabel(parts[i+1], parts[i+2])
 			i += 3
+		case "egress":
+			if err := need(1); err != nil {
+				return "", o, err
+			}
+			if parts[i+1] != "rotate" {
+				return "", o, fmt.Errorf("user option %q: %q is not rotate", parts[i], parts[i+1])
+			}
+			o.rotate = true
+			i += 2
 		case "pool":
 			if err := need(1); err != nil {
 				return "", o, err
@@ -69,14 +82,14 @@ func parseUser(s string) (string, options, error) {
 			o.setLabel("pool", strings.Join(parts[i+1:j], "-"))
 			i = j
 		default:
-			return "", o, fmt.Errorf("unknown user option %q (want session-KEY, label-KEY-VALUE or pool-NAME)", parts[i])
+			return "", o, fmt.Errorf("unknown user option %q (want session-KEY, label-KEY-VALUE, pool-NAME or egress-rotate)", parts[i])
 		}
 	}
 	return parts[0], o, nil
 }
 
 // userOptions are the option words of a user name.
-var userOptions = map[string]bool{"session": true, "label": true, "pool": true}
+var userOptions = map[string]bool{"session": true, "label": true, "pool": true, "egress": true}
 
 func (o *options) setLabel(k, v string) {
 	if o.labels == nil {

@@ -6,6 +6,11 @@ import (
 	"strings"
 )
 
+// HeaderEgress names, on a request to a proxy, the address of the proxy's
+// plan that the request is to leave from (the proxy strips it before the
+// target); on a gateway's answer, the address it left from.
+const HeaderEgress = "X-Proxyfleet-Egress"
+
 // MaxEgress bounds the addresses one proxy's egress list may stand for
 // (its IPv4 address and up to 256 IPv6 addresses of its plan).
 const MaxEgress = 1 + 256
