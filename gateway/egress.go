@@ -43,21 +43,8 @@ func egressLine(a netip.Addr) string {
 	return HeaderEgress + ": " + a.String() + "\r\n"
 }
 
-// familyOf is the address family a target host needs: an address
-// literal's (an IPv6 one in brackets or not), or any for a name.
-func familyOf(host string) int {
-	if len(host) >= 2 && host[0] == '[' && host[len(host)-1] == ']' {
-		host = host[1 : len(host)-1]
-	}
-	a, err := netip.ParseAddr(host)
-	switch {
-	case err != nil:
-		return rotation.AnyFamily
-	case a.Is4() || a.Is4In6():
-		return rotation.IPv4
-	}
-	return rotation.IPv6
-}
+// familyOf is the address family a target host needs (rotation.FamilyOf).
+func familyOf(host string) int { return rotation.FamilyOf(host) }
 
 // maxTurns bounds the rotation counters kept: past it they start over
 // (a rotating client then may get an address twice in a row, once).

@@ -37,6 +37,23 @@ func egressOf(p Proxy, family int) []netip.Addr {
 	return out
 }
 
+// FamilyOf is the address family a target host needs: an address
+// literal's (IPv4, IPv6; an IPv6 one in brackets or not), or AnyFamily for
+// a name (the proxy resolves it).
+func FamilyOf(host string) int {
+	if len(host) >= 2 && host[0] == '[' && host[len(host)-1] == ']' {
+		host = host[1 : len(host)-1]
+	}
+	a, err := netip.ParseAddr(host)
+	switch {
+	case err != nil:
+		return AnyFamily
+	case a.Is4() || a.Is4In6():
+		return IPv4
+	}
+	return IPv6
+}
+
 // SessionEgress is the address of p that session key leaves from, among
 // those of family: the one whose rendezvous hash with the key is highest,
 // so a session keeps its address for as long as its proxy has it, and a

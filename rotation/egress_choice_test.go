@@ -2,6 +2,8 @@ package rotation
 
 import (
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"slices"
 	"testing"
@@ -60,5 +62,35 @@ func TestEgressAtRotates(t *testing.T) {
 	}
 	if a := RandomEgress(p, AnyFamily); !a.IsValid() {
 		t.Error("no random egress")
+	}
+}
+
+// Proxy chooses the egress with the proxy (the session's own, of the
+// target's family), and ProxyConnectHeader puts it on the CONNECT; a
+// proxy without addresses gets no header.
+func TestProxyFuncChoosesTheEgress(t *testing.T) {
+	r, err := newRotation(Config{User: "fleet", Password: "pw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := planned(16)
+	p.Addr = "198.18.101.5:3128"
+	r.idx.put(p, 1)
+	req := httptest.NewRequest(http.MethodGet, "https://[2001:db8::1]:443/", nil)
+	req = req.WithContext(WithSession(req.Context(), "s7"))
+	u, err := r.Proxy(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := r.ProxyConnectHeader(req.Context(), u, "[2001:db8::1]:443")
+	want := SessionEgress(p, "s7", IPv6).String()
+	if err != nil || h.Get(HeaderEgress) != want || u.Host != p.Addr {
+		t.Fatalf("proxy URL %s, CONNECT header %v, %v; want %s", u, h, err, want)
+	}
+	r.idx.del(p.ID)
+	r.idx.put(Proxy{ID: "bare", Addr: "198.18.100.9:3128"}, 2)
+	u, _ = r.Proxy(req)
+	if h, err := r.ProxyConnectHeader(req.Context(), u, "x:443"); err != nil || h != nil {
+		t.Fatalf("a proxy without addresses: %v, %v", h, err)
 	}
 }

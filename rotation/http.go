@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
+
+	"proxyfleet/messages"
 )
 
 // The headers Proxy reads when the request's context says nothing. They
@@ -15,6 +18,9 @@ import (
 const (
 	HeaderSession = "X-Proxyfleet-Session"
 	HeaderLabels  = "X-Proxyfleet-Labels"
+	// HeaderEgress tells a proxy which of its addresses to leave from
+	// (see ProxyConnectHeader).
+	HeaderEgress = messages.HeaderEgress
 )
 
 type sessionKey struct{}
@@ -74,7 +80,41 @@ func (r *Rotation) Proxy(req *http.Request) (*url.URL, error) {
 	if err != nil {
 		return nil, err
 	}
-	return r.ProxyURL(p), nil
+	u := r.ProxyURL(p)
+	var a netip.Addr
+	if key != "" {
+		a = SessionEgress(p, key, FamilyOf(req.URL.Hostname()))
+	} else {
+		a = RandomEgress(p, FamilyOf(req.URL.Hostname()))
+	}
+	if a.IsValid() {
+		// For ProxyConnectHeader; the transport dials Host alone, and
+		// keeps tunnels of each egress apart (the URL is their key).
+		u.Fragment = egressFragment + a.String()
+	}
+	return u, nil
+}
+
+// egressFragment starts the fragment of a proxy URL of Proxy that names
+// the egress address chosen with the proxy.
+const egressFragment = "egress="
+
+// ProxyConnectHeader is for http.Transport.GetProxyConnectHeader, beside
+// Proxy: the CONNECT of a tunnel through a proxy whose host's plan gave
+// it addresses carries HeaderEgress, the address Proxy chose for it (the
+// session's own, or one at random), so https requests leave from it.
+// Plain-http requests carry their own headers: a client sets HeaderEgress
+// on them itself (SessionEgress says which) to choose.
+func (r *Rotation) ProxyConnectHeader(_ context.Context, proxyURL *url.URL, _ string) (http.Header, error) {
+	s, ok := strings.CutPrefix(proxyURL.Fragment, egressFragment)
+	if !ok {
+		return nil, nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return nil, fmt.Errorf("rotation: proxy URL's egress %q: %w", s, err)
+	}
+	return http.Header{HeaderEgress: {a.String()}}, nil
 }
 
 // ParseLabels reads labels written "k=v,k2=v2" (spaces around items are
