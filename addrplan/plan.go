@@ -35,17 +35,10 @@ const (
 // PROXY_HOSTS.
 type Config = messages.AddrPlan
 
-// FieldError is a plan's config error, naming the field below the plan
-// (`ipv4[1]`, `macs`).
-type FieldError struct {
-	Field  string
-	Reason string
-}
-
-func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
-
+// bad is a plan's config error, a *messages.FieldError naming the field
+// below the plan (`ipv4[1]`, `macs`).
 func bad(field, format string, args ...any) error {
-	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+	return &messages.FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
 // Plan is a host's validated address plan: which addresses each slot

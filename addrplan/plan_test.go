@@ -46,7 +46,7 @@ func TestNewNamesTheBadField(t *testing.T) {
 		{Config{IPv4: []string{"203.0.113.1"}, IPv4Gateway: "203.0.113.1"}, "ipv4"},
 	} {
 		_, err := New("h1", tc.c)
-		var fe *FieldError
+		var fe *messages.FieldError
 		if !errors.As(err, &fe) || fe.Field != tc.field {
 			t.Errorf("New(%+v) = %v, want an error naming %s", tc.c, err, tc.field)
 		}

@@ -385,7 +385,7 @@ func (c *Config) validatePlans() error {
 		}
 		f := fmt.Sprintf("hosts[%d].addresses", i)
 		p, err := addrplan.New(h.Name, *h.Addresses)
-		var fe *addrplan.FieldError
+		var fe *messages.FieldError
 		if errors.As(err, &fe) {
 			return bad(f+"."+fe.Field, "%s", fe.Reason)
 		}

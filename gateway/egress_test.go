@@ -2,9 +2,7 @@ package gateway
 
 import (
 	"bufio"
-	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -19,26 +17,14 @@ import (
 // egressGet fetches u through c and returns the answer's HeaderEgress.
 func egressGet(t *testing.T, c *http.Client, u string, hdr map[string]string) string {
 	t.Helper()
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, u, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s: %v", u, err)
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
+	resp, _ := getResp(t, c, u, hdr)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET %s: %s", u, resp.Status)
 	}
 	return resp.Header.Get(HeaderEgress)
 }
 
-// upstreamEgress is the HeaderEgress of every request the upstream saw.
+// egress is the HeaderEgress of every request the upstream saw.
 func (u *upstream) egress() []string {
 	u.mu.Lock()
 	defer u.mu.Unlock()

@@ -502,6 +502,13 @@ func (tg *target) seen() []http.Header {
 // get fetches u with c and returns status, proxy header and body.
 func get(t testing.TB, c *http.Client, u string, hdr map[string]string) (int, string, string) {
 	t.Helper()
+	resp, body := getResp(t, c, u, hdr)
+	return resp.StatusCode, resp.Header.Get(HeaderProxy), body
+}
+
+// getResp fetches u with c and returns the answer, its body read.
+func getResp(t testing.TB, c *http.Client, u string, hdr map[string]string) (*http.Response, string) {
+	t.Helper()
 	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, u, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -515,5 +522,5 @@ func get(t testing.TB, c *http.Client, u string, hdr map[string]string) (int, st
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header.Get(HeaderProxy), string(b)
+	return resp, string(b)
 }
