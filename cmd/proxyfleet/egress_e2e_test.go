@@ -13,11 +13,13 @@ import (
 	"proxyfleet/messages"
 )
 
-// egressPlan is the address plan of the egress tests' host entry: a /28
-// of the test host's block left free for tests' own plans
-// (TESTHOST_EGRESS_IPV4_FREE), and a /120 of its IPv6 /64's free half at
-// 16 addresses a proxy, the gateways left to the network's own addresses.
-func egressPlan(t *testing.T) *addrplan.Config {
+// egressPlan is the address plan of a test's host entry: the n-th /28 of
+// the test host's block left free for tests' own plans
+// (TESTHOST_EGRESS_IPV4_FREE), and the n-th /120 of its IPv6 /64's free
+// half at 16 addresses a proxy, the gateways left to the network's own
+// addresses. Each test that runs proxies with a plan takes an n of its
+// own, so no two tests' entries give one address.
+func egressPlan(t *testing.T, n int) *addrplan.Config {
 	t.Helper()
 	get := func(k string) netip.Prefix {
 		p, err := netip.ParsePrefix(os.Getenv(k))
@@ -27,9 +29,12 @@ func egressPlan(t *testing.T) *addrplan.Config {
 		return p
 	}
 	v4, v6 := get("TESTHOST_EGRESS_IPV4_FREE"), get("TESTHOST_EGRESS_IPV6_FREE")
+	b4, b6 := v4.Addr().As4(), v6.Addr().As16()
+	b4[3] += byte(16 * n)
+	b6[14] += byte(n)
 	return &addrplan.Config{
-		IPv4:         []string{netip.PrefixFrom(v4.Addr(), 28).String()},
-		IPv6:         []string{netip.PrefixFrom(v6.Addr(), 120).String()},
+		IPv4:         []string{netip.PrefixFrom(netip.AddrFrom4(b4), 28).String()},
+		IPv6:         []string{netip.PrefixFrom(netip.AddrFrom16(b6), 120).String()},
 		IPv6PerProxy: 16,
 		ReuseAfter:   time.Hour,
 	}
@@ -41,7 +46,7 @@ func egressPlan(t *testing.T) *addrplan.Config {
 // source of their requests; the first's delete frees its addresses, and a
 // create right after gets none of them (reuse_after).
 func TestRealGuestsLeaveFromTheirPlannedAddresses(t *testing.T) {
-	plan := egressPlan(t)
+	plan := egressPlan(t, 0)
 	e, rot := realGuestRig(t, "th-egress", func(c *config.Config) { c.Hosts[0].Addresses = plan })
 	p, err := addrplan.New("th-egress", *plan)
 	if err != nil {

@@ -75,10 +75,12 @@ func (p *poolWatch) least() (int, time.Time) {
 // follows the rotation change by change: it never lacks a member of the
 // pool (it never holds fewer than 2, min_ready), the new members proxy,
 // and every old member's domain and volumes are gone after. Deleted, the
-// pool leaves nothing on the host.
+// pool leaves nothing on the host. The host has an address plan: the new
+// members take addresses none of the old ones had (reuse_after).
 func TestPoolRecycledOnRealGuests(t *testing.T) {
 	root := rootIP()
 	e := newE2E(t, func(c *config.Config) {
+		c.Hosts[0].Addresses = egressPlan(t, 1)
 		c.Health = config.Health{HTTP: "127.0.0.1:0", ProbeListen: root + ":0", Interval: time.Second,
 			Timeout: 800 * time.Millisecond, Rise: 2, Fall: 3, Grace: 20 * time.Second, Concurrency: 8, LeaseTTL: 3 * time.Second}
 		c.Pools = config.Pools{Interval: 500 * time.Millisecond, LeaseTTL: 3 * time.Second, BackoffInitial: 2 * time.Second, BackoffMax: 10 * time.Second}
@@ -112,8 +114,12 @@ func TestPoolRecycledOnRealGuests(t *testing.T) {
 		t.Fatalf("pool rg: %+v %v", st.Summary, err)
 	}
 	var old []string
+	oldEgress := map[string]string{} // address -> member
 	for _, m := range st.Record.Members {
 		old = append(old, m.ID)
+		for _, a := range e.lastEvent(m.ID).Egress {
+			oldEgress[a] = m.ID
+		}
 		if doms, vols := e.hostObjects(m.ID); len(doms) != 1 || len(vols) != 2 {
 			t.Errorf("%s on the host: domains %v, volumes %v", m.ID, doms, vols)
 		}
@@ -136,10 +142,18 @@ func TestPoolRecycledOnRealGuests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if len(oldEgress) != 4 {
+		t.Errorf("the old members' egress %v: want 2 addresses each (an IPv4 one, a /124)", oldEgress)
+	}
 	for _, m := range st.Record.Members {
 		for _, id := range old {
 			if m.ID == id {
 				t.Errorf("%s is still a member after its recycle", id)
+			}
+		}
+		for _, a := range e.lastEvent(m.ID).Egress {
+			if was, ok := oldEgress[a]; ok {
+				t.Errorf("new member %s got %s, old member %s's within reuse_after", m.ID, a, was)
 			}
 		}
 		for _, p := range rot.Proxies {
