@@ -26,8 +26,9 @@ const (
 	MaxIPv6PerProxy = 256
 	// MaxSlots bounds the slots of one family on one host: a plan with
 	// more addresses uses its first MaxSlots slots. It keeps an
-	// assignment's scan and a derived MAC's slot number small.
-	MaxSlots = 1 << 15
+	// assignment's scan small, and a derived MAC's slot number in 15 bits
+	// (the 16th tells an IPv6-only slot's MAC apart).
+	MaxSlots = 1<<15 - 1
 )
 
 // Config is a host's address plan as the config file gives it (the
@@ -199,27 +200,42 @@ func slots6(pr netip.Prefix, per int) int {
 	return int(n.Int64())
 }
 
+// span4 is block i's usable addresses: offsets first to last of the
+// block, less gw (the gateway's offset, -1 when it is not among them).
+func (p *Plan) span4(i int) (first, last, gw int) {
+	size := 1 << (32 - p.v4[i].Bits())
+	first, last, gw = 0, size-1, -1
+	if p.v4skip[i][0] {
+		first++
+	}
+	if p.v4skip[i][1] {
+		last--
+	}
+	if p.gw4.IsValid() && p.v4[i].Contains(p.gw4) {
+		if g := int(diff4(p.gw4, p.v4[i].Addr())); g >= first && g <= last {
+			gw = g
+		}
+	}
+	return first, last, gw
+}
+
+// usable4n is how many usable addresses block i has.
+func (p *Plan) usable4n(i int) int {
+	first, last, gw := p.span4(i)
+	n := last - first + 1
+	if gw >= 0 {
+		n--
+	}
+	return max(n, 0)
+}
+
 // count4 counts the usable IPv4 addresses, up to MaxSlots+1.
 func (p *Plan) count4() int {
 	n := 0
-	for i, pr := range p.v4 {
-		size := 1 << (32 - pr.Bits())
-		for k := 0; k < size && n <= MaxSlots; k++ {
-			if p.usable4(i, k, size) {
-				n++
-			}
-		}
+	for i := range p.v4 {
+		n = min(n+p.usable4n(i), MaxSlots+1)
 	}
 	return n
-}
-
-// usable4 says whether the k-th address of block i (of size addresses)
-// may be a proxy's.
-func (p *Plan) usable4(i, k, size int) bool {
-	if (k == 0 && p.v4skip[i][0]) || (k == size-1 && p.v4skip[i][1]) {
-		return false
-	}
-	return add4(p.v4[i].Addr(), k) != p.gw4
 }
 
 func add4(a netip.Addr, k int) netip.Addr {
@@ -250,9 +266,9 @@ func add6(a netip.Addr, k uint64) netip.Addr {
 func (p *Plan) has4(a netip.Addr) bool {
 	for i, pr := range p.v4 {
 		if pr.Contains(a) {
-			size := 1 << (32 - pr.Bits())
+			first, last, gw := p.span4(i)
 			k := int(diff4(a, pr.Addr()))
-			return p.usable4(i, k, size)
+			return k >= first && k <= last && k != gw
 		}
 	}
 	return false
@@ -288,16 +304,16 @@ func (p *Plan) IPv4(n int) netip.Addr {
 	}
 	left := n - 1
 	for i, pr := range p.v4 {
-		size := 1 << (32 - pr.Bits())
-		for k := 0; k < size; k++ {
-			if !p.usable4(i, k, size) {
-				continue
-			}
-			if left == 0 {
-				return add4(pr.Addr(), k)
-			}
-			left--
+		if c := p.usable4n(i); left >= c {
+			left -= c
+			continue
 		}
+		first, _, gw := p.span4(i)
+		off := first + left
+		if gw >= 0 && off >= gw {
+			off++
+		}
+		return add4(pr.Addr(), off)
 	}
 	return netip.Addr{}
 }
@@ -331,28 +347,23 @@ func (p *Plan) Slot4Of(a netip.Addr) int {
 	}
 	n := 0
 	for i, pr := range p.v4 {
-		size := 1 << (32 - pr.Bits())
 		if !pr.Contains(a) {
-			for k := 0; k < size && n <= p.v4n; k++ {
-				if p.usable4(i, k, size) {
-					n++
-				}
-			}
+			n += p.usable4n(i)
 			continue
 		}
+		first, last, gw := p.span4(i)
 		k := int(diff4(a, pr.Addr()))
-		if !p.usable4(i, k, size) {
+		if k < first || k > last || k == gw {
 			return 0
 		}
-		for j := 0; j < k; j++ {
-			if p.usable4(i, j, size) {
-				n++
-			}
+		n += k - first + 1
+		if gw >= 0 && k > gw {
+			n--
 		}
-		if n+1 > p.v4n {
+		if n > p.v4n {
 			return 0
 		}
-		return n + 1
+		return n
 	}
 	return 0
 }

@@ -235,3 +235,40 @@ func TestTakeRefusesAHeldSlot(t *testing.T) {
 		t.Errorf("b holds %v", s)
 	}
 }
+
+// No two slots of one host derive one MAC, IPv4 or IPv6-only, up to
+// MaxSlots.
+func TestDerivedMACsAreDistinct(t *testing.T) {
+	p := mustPlan(t, Config{IPv4: []string{"198.18.0.0/16"}, IPv6: []string{"2001:db8::/64"}})
+	seen := map[string]Slots{}
+	for n := 1; n <= MaxSlots; n++ {
+		for _, s := range []Slots{{V4: n}, {V6: n}} {
+			m := p.Network(s).MAC
+			if o, ok := seen[m]; ok {
+				t.Fatalf("slots %v and %v both derive %s", o, s, m)
+			}
+			seen[m] = s
+		}
+	}
+}
+
+// Every IPv4 slot's address is the plan's, given once, and Slot4Of finds
+// the slot again: blocks of each kind, a gateway inside one.
+func TestIPv4SlotsRoundTrip(t *testing.T) {
+	p := mustPlan(t, Config{IPv4: []string{"203.0.113.0/28", "203.0.113.16/31", "198.51.100.7", "203.0.113.64/26"}, IPv4Gateway: "203.0.113.70"})
+	// 14 + 2 + 1 + (62 less the gateway)
+	if p.Slots4() != 14+2+1+61 {
+		t.Fatalf("Slots4 = %d", p.Slots4())
+	}
+	seen := map[netip.Addr]bool{}
+	for n := 1; n <= p.Slots4(); n++ {
+		a := p.IPv4(n)
+		if !a.IsValid() || seen[a] || a.String() == "203.0.113.70" || a.String() == "203.0.113.0" || a.String() == "203.0.113.127" {
+			t.Fatalf("slot %d gives %s", n, a)
+		}
+		seen[a] = true
+		if got := p.Slot4Of(a); got != n {
+			t.Fatalf("Slot4Of(%s) = %d, want %d", a, got, n)
+		}
+	}
+}

@@ -214,7 +214,7 @@ func TestClientVerbs(t *testing.T) {
 	}
 	want("addresses", code == 0 && lines["HOST FAMILY SLOTS HELD COOLING FREE PLAN"] &&
 		lines["h1 ipv4 6 2 1 3 [203.0.113.8/29]"] &&
-		lines["h1 ipv6 32768 2 0 32766 [2001:db8:1:2::/64], 16 addresses a slot"] &&
+		lines["h1 ipv6 32767 2 0 32765 [2001:db8:1:2::/64], 16 addresses a slot"] &&
 		lines["h2 - - - - - none (the network's DHCP)"] &&
 		lines["h1 p1 203.0.113.9 2001:db8:1:2::10-2001:db8:1:2::1f (16)"] &&
 		lines["h1 p3 203.0.113.11 2001:db8:1:2::20-2001:db8:1:2::2f (16)"] &&
