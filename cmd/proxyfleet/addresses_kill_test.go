@@ -158,9 +158,12 @@ worker: {concurrency: 4, ack_wait: 2s, pinned_ttl: 2s, poll_interval: 50ms, back
 		}
 		stopSampling()
 		<-sampled
-		nSamples, overlaps := samples.result()
+		nSamples, overlaps, nOverlaps := samples.result()
 		for _, o := range overlaps {
 			t.Error(o)
+		}
+		if nOverlaps > len(overlaps) {
+			t.Errorf("and %d more pairs of domains with an address in common", nOverlaps-len(overlaps))
 		}
 		if nSamples < 10 {
 			t.Errorf("only %d samples of the domains were taken", nSamples)
@@ -716,7 +719,8 @@ type domainSampler struct {
 
 	mu       sync.Mutex
 	n        int
-	overlaps []string
+	overlaps []string        // the first 20 found, each once
+	seen     map[string]bool // every one found
 }
 
 func (s *domainSampler) run(ctx context.Context, every time.Duration) {
@@ -738,7 +742,15 @@ func (s *domainSampler) run(ctx context.Context, every time.Duration) {
 		}
 		s.mu.Lock()
 		s.n++
-		s.overlaps = append(s.overlaps, bad[:min(len(bad), 20-len(s.overlaps))]...)
+		for _, b := range bad {
+			if !s.seen[b] && len(s.overlaps) < 20 {
+				s.overlaps = append(s.overlaps, b)
+			}
+			if s.seen == nil {
+				s.seen = map[string]bool{}
+			}
+			s.seen[b] = true
+		}
 		s.mu.Unlock()
 		select {
 		case <-ctx.Done():
@@ -748,8 +760,10 @@ func (s *domainSampler) run(ctx context.Context, every time.Duration) {
 	}
 }
 
-func (s *domainSampler) result() (int, []string) {
+// result is how many samples were taken, the first overlaps found and
+// how many were found in all.
+func (s *domainSampler) result() (samples int, overlaps []string, all int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.n, s.overlaps
+	return s.n, s.overlaps, len(s.seen)
 }
