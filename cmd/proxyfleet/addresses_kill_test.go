@@ -410,8 +410,9 @@ worker: {concurrency: 4, ack_wait: 2s, pinned_ttl: 2s, poll_interval: 50ms, back
 		ev := last[id]
 		plan, _ := addrplan.New(h, *lastRecs[h].Plan)
 		want := slotAddrs(plan, lastRecs[h].Addresses.Slots[id])
-		if ev.Host != h || strings.Join(ev.Egress, " ") != joinAddrs(want) {
-			t.Errorf("%s: last event on %s with egress %v; its slots on %s give %v", id, ev.Host, ev.Egress, h, want)
+		got, err := messages.ExpandEgress(ev.Egress)
+		if ev.Host != h || err != nil || joinAddrs(got) != joinAddrs(want) {
+			t.Errorf("%s: last event on %s with egress %v (%v); its slots on %s give %v", id, ev.Host, ev.Egress, err, h, want)
 		}
 	}
 	t.Logf("creates answered %s after they were published (%d kills, %d work items redelivered): %d done (%d created again), %d rejected; proxies a host: %v",
