@@ -117,6 +117,9 @@ func TestRealGuestsLeaveFromTheirPlannedAddresses(t *testing.T) {
 	agentExec(t, dom, "/usr/sbin/ip", "addr", "add", other.String()+"/32", "dev", "eth0")
 	agentExec(t, dom, "/usr/sbin/ip", "route", "replace", "default", "via", os.Getenv("TESTHOST_EGRESS_IPV4_GATEWAY"),
 		"dev", "eth0", "onlink", "src", other.String())
+	// squid keeps its connections to the probe target: new ones take the
+	// new source.
+	agentExec(t, dom, "/usr/bin/systemctl", "restart", "squid")
 	waitUntil(t, ids[1]+" refused: egress mismatch", 2*time.Minute, func() bool {
 		c, ok := e.check(ids[1])
 		return ok && c.Verdict == messages.VerdictMismatch && strings.Contains(c.Reason, other.String()) && !rot.has(ids[1])
