@@ -105,7 +105,7 @@ func (p *Provider) create(ctx context.Context, spec fleet.Spec, img ImageSource,
 	}
 	m.overlay = true
 
-	ud, err := userData(p.opts.UserData, p.opts.Proxy, id, id)
+	ud, err := userData(p.opts.UserData, p.opts.Proxy, id, id, spec.Network.Egress())
 	if err != nil {
 		return fleet.Permanent(fmt.Errorf("create %s: %w", id, err))
 	}

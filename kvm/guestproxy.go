@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"golang.org/x/crypto/bcrypt"
+
+	"proxyfleet/messages"
 )
 
 // The proxy server in the guest. When Options.UserData is empty, every
@@ -109,9 +111,13 @@ const (
 )
 
 // squidConf is squid's whole configuration for one proxy. Every value in
-// it is checked (the port a number, the prefixes parsed, no user input
-// but those), so it needs no quoting.
-func squidConf(id, hostname string, gp GuestProxy) string {
+// it is checked (the port a number, the prefixes parsed, the addresses
+// parsed, no user input but those), so it needs no quoting.
+//
+// egress are the proxy's addresses (fleet.Network.Egress: IPv4 first);
+// with none, the configuration leaves the choice of source address to
+// the guest's kernel (squidEgress has the rules otherwise).
+func squidConf(id, hostname string, gp GuestProxy, egress []netip.Addr) string {
 	var b strings.Builder
 	line := func(s ...string) {
 		b.WriteString(strings.Join(s, " "))
@@ -169,6 +175,7 @@ func squidConf(id, hostname string, gp GuestProxy) string {
 	line("reply_header_access X-Cache-Lookup deny all")
 	line("reply_header_access Via deny all")
 	line("httpd_suppress_version_string on")
+	squidEgress(line, egress)
 	// A proxy of the fleet forwards; it caches and logs nothing.
 	line("cache deny all")
 	line("cache_mem 8 MB")
@@ -176,6 +183,52 @@ func squidConf(id, hostname string, gp GuestProxy) string {
 	line("shutdown_lifetime 1 seconds")
 	line("coredump_dir /var/spool/squid")
 	return b.String()
+}
+
+// squidEgress writes the rules by which a request leaves from the
+// address it asks for (messages.HeaderEgress): for each address an acl
+// matching the header's whole value and a tcp_outgoing_address for it,
+// then one default per family (the first address of that family) for a
+// request that asks for none or for an address not the proxy's, and the
+// header's removal before the target. squid (5.7, Debian 12's) tries the
+// tcp_outgoing_address lines in order, skips those whose family is not
+// the destination's, and takes the first whose acls match; a req_header
+// acl names its header case-insensitively and matches a POSIX extended
+// regex against the value, so an IPv4 address's dots are escaped (an
+// IPv6 address has no metacharacter).
+//
+// Persistent server connections stay on: with these rules every
+// connection squid forwards on has a local address chosen before it
+// looks for an idle one, and squid reuses an idle connection only if its
+// local address is that one (pconn.cc, IdleConnList::findUseable checks
+// the address whenever the wanted one is not the wildcard;
+// PeerSelector::handlePath sets it through getOutgoingAddress before
+// HappyConnOpener pops the pool). The defaults matter for that too: a
+// request leaving from the wildcard would take an idle connection opened
+// from any address. CONNECT tunnels never use the pool.
+// docs/ARCHITECTURE.md ("The proxy in the guest") has the evidence.
+func squidEgress(line func(...string), egress []netip.Addr) {
+	if len(egress) == 0 {
+		return
+	}
+	var def4, def6 netip.Addr
+	for i, a := range egress {
+		name := "proxyfleet_egress_" + strconv.Itoa(i)
+		line("acl", name, "req_header", messages.HeaderEgress, "^"+regexp.QuoteMeta(a.String())+"$")
+		line("tcp_outgoing_address", a.String(), name)
+		switch {
+		case a.Is4() && !def4.IsValid():
+			def4 = a
+		case a.Is6() && !def6.IsValid():
+			def6 = a
+		}
+	}
+	for _, a := range []netip.Addr{def4, def6} {
+		if a.IsValid() {
+			line("tcp_outgoing_address", a.String())
+		}
+	}
+	line("request_header_access", messages.HeaderEgress, "deny all")
 }
 
 // passwdLine is the password file's one line: the user and a bcrypt hash
@@ -213,7 +266,7 @@ var installAndStart = [][]string{
 // configured. Scalars that carry values are JSON strings (valid YAML
 // double-quoted scalars, so "true" or "012" stay strings under YAML 1.1
 // and 1.2); the files are literal blocks of lines checked above.
-func defaultUserData(id, hostname string, gp GuestProxy) (string, error) {
+func defaultUserData(id, hostname string, gp GuestProxy, egress []netip.Addr) (string, error) {
 	var b strings.Builder
 	q := strconv.Quote
 	b.WriteString("#cloud-config\n")
@@ -234,7 +287,7 @@ func defaultUserData(id, hostname string, gp GuestProxy) (string, error) {
 		}
 		b.WriteString("\n")
 	}
-	block(squidConfPath, "", "0644", squidConf(id, hostname, gp))
+	block(squidConfPath, "", "0644", squidConf(id, hostname, gp, egress))
 	if gp.User != "" {
 		pw, err := passwdLine(gp)
 		if err != nil {

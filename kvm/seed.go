@@ -3,6 +3,7 @@ package kvm
 import (
 	"bytes"
 	"fmt"
+	"net/netip"
 	"regexp"
 	"strings"
 	"text/template"
@@ -112,7 +113,12 @@ type userDataVars struct {
 	User     string   // the credential's user; "" when none is required
 	Password string   // its password (the seed then holds it: see PasswordHash)
 	Allow    []string // the source networks that may use the proxy, as CIDRs; empty: any
-	gp       GuestProxy
+	// Egress are the proxy's addresses (IPv4 first, as fleet.Network.Egress
+	// lists them) as text; empty for a proxy whose network is the host's
+	// DHCP. A request names the one it is to leave from in the header
+	// messages.HeaderEgress, which the proxy must remove.
+	Egress []string
+	gp     GuestProxy
 }
 
 // PasswordHash is the password's bcrypt hash (with a fresh salt), for a
@@ -130,8 +136,9 @@ func (v userDataVars) PasswordHash() (string, error) {
 }
 
 // userData renders the Options.UserData template for one proxy
-// (text/template, fields .ID, .Hostname, .Port, .User, .Password, .Allow
-// and .PasswordHash); an empty template means the default one, which
+// (text/template, fields .ID, .Hostname, .Port, .User, .Password, .Allow,
+// .Egress and .PasswordHash); egress are the proxy's addresses
+// (fleet.Network.Egress), none for a network left to DHCP. An empty template means the default one, which
 // configures squid (see guestproxy.go). A template that names another
 // field, or does not parse, is an error rather than a seed with "<no
 // value>" in it. The values are not escaped: the id and hostname are
@@ -139,7 +146,7 @@ func (v userDataVars) PasswordHash() (string, error) {
 // the template is the operator's. A template should quote them
 // ("{{.ID}}"), as the default one does: bare, a valid id or hostname may
 // read as a bool, null or number.
-func userData(tmpl string, gp GuestProxy, id, hostname string) (string, error) {
+func userData(tmpl string, gp GuestProxy, id, hostname string, egress []netip.Addr) (string, error) {
 	if err := checkID(id); err != nil {
 		return "", fmt.Errorf("user-data: %w", err)
 	}
@@ -147,18 +154,28 @@ func userData(tmpl string, gp GuestProxy, id, hostname string) (string, error) {
 		return "", fmt.Errorf("user-data: hostname %q is not a lowercase RFC 1123 host name", hostname)
 	}
 	if tmpl == "" {
-		return defaultUserData(id, hostname, gp)
+		return defaultUserData(id, hostname, gp, egress)
 	}
 	t, err := parseUserData(tmpl)
 	if err != nil {
 		return "", err
 	}
 	var b strings.Builder
-	v := userDataVars{ID: id, Hostname: hostname, Port: gp.port(), User: gp.User, Password: gp.Password, Allow: gp.allowStrings(), gp: gp}
+	v := userDataVars{ID: id, Hostname: hostname, Port: gp.port(), User: gp.User, Password: gp.Password, Allow: gp.allowStrings(), Egress: addrStrings(egress), gp: gp}
 	if err := t.Execute(&b, v); err != nil {
 		return "", fmt.Errorf("user-data template: %w", err)
 	}
 	return b.String(), nil
+}
+
+// addrStrings are addresses as text; empty, not nil, for none, so a
+// template's range and len see a list either way.
+func addrStrings(as []netip.Addr) []string {
+	out := make([]string, len(as))
+	for i, a := range as {
+		out[i] = a.String()
+	}
+	return out
 }
 
 // parseUserData parses a user-data template; New calls it too, so a

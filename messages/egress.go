@@ -108,3 +108,14 @@ func ExpandEgress(items []string) ([]netip.Addr, error) {
 	}
 	return out, nil
 }
+
+// HeaderEgress is the request header by which a client of a proxy (the
+// gateway) names the proxy's address the request is to leave from: one
+// of its egress addresses, written as netip.Addr writes it (an IPv4
+// address in dotted decimal, an IPv6 one in RFC 5952's lowercase
+// compressed form). The proxy removes it before the target sees it. A
+// request without it, or naming an address that is not the proxy's,
+// leaves from the proxy's default address of the target's family. The
+// address is used only for a target reached over its family: one of IPv6
+// for a target reached over IPv4 is not.
+const HeaderEgress = "X-Proxyfleet-Egress"
