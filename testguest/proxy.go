@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net"
@@ -45,6 +46,85 @@ type ProxyHandler struct {
 
 	mu      sync.Mutex
 	tunnels map[net.Conn]struct{}
+	// byEgress are the transports of requests whose connections
+	// tcp_outgoing_address binds: one per choice, so that, as in squid,
+	// an idle connection serves only a request that chose its address.
+	byEgress map[egress]*http.Transport
+}
+
+// egress is the local addresses tcp_outgoing_address gives one request's
+// connections: v4 to IPv4 destinations, v6 to IPv6 ones; an invalid one
+// leaves that family's choice to the kernel.
+type egress struct{ v4, v6 netip.Addr }
+
+func (e egress) forDst(dst netip.Addr) netip.Addr {
+	if dst.Unmap().Is4() {
+		return e.v4
+	}
+	return e.v6
+}
+
+// egressOf is the request's egress, and false when the policy has no
+// tcp_outgoing_address (then Dial and Transport serve it).
+func egressOf(pol *ProxyPolicy, areq *AccessRequest) (egress, bool) {
+	if pol.Squid == nil || !pol.Squid.HasOutgoing() {
+		return egress{}, false
+	}
+	return egress{
+		v4: pol.Squid.OutgoingAddress(areq, netip.IPv4Unspecified()),
+		v6: pol.Squid.OutgoingAddress(areq, netip.IPv6Unspecified()),
+	}, true
+}
+
+// dialFrom connects to addr (host:port) from the local address e gives
+// each of its destination addresses: a literal one, or those the host
+// name resolves to, tried in order.
+func dialFrom(ctx context.Context, addr string, e egress) (net.Conn, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	var dsts []netip.Addr
+	if ip, err := netip.ParseAddr(host); err == nil {
+		dsts = []netip.Addr{ip}
+	} else if dsts, err = net.DefaultResolver.LookupNetIP(ctx, "ip", host); err != nil {
+		return nil, err
+	}
+	var first error
+	for _, dst := range dsts {
+		d := net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+		if local := e.forDst(dst); local.IsValid() {
+			d.LocalAddr = &net.TCPAddr{IP: local.AsSlice()}
+		}
+		c, err := d.DialContext(ctx, "tcp", net.JoinHostPort(dst.Unmap().String(), port))
+		if err == nil {
+			return c, nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	if first == nil {
+		first = fmt.Errorf("%s: no address", host)
+	}
+	return nil, first
+}
+
+// transportFor is the transport of requests with egress e.
+func (p *ProxyHandler) transportFor(e egress) *http.Transport {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if t, ok := p.byEgress[e]; ok {
+		return t
+	}
+	if p.byEgress == nil {
+		p.byEgress = map[egress]*http.Transport{}
+	}
+	t := newTransport(func(ctx context.Context, _, addr string) (net.Conn, error) {
+		return dialFrom(ctx, addr, e)
+	})
+	p.byEgress[e] = t
+	return t
 }
 
 // SetPolicy sets what the handler enforces; nil: answer 503 to everything.
@@ -81,24 +161,27 @@ func (p *ProxyHandler) CloseTunnels() {
 	if t, ok := p.Transport.(*http.Transport); ok {
 		t.CloseIdleConnections()
 	}
+	for _, t := range p.byEgress {
+		t.CloseIdleConnections()
+	}
 }
 
 // NewProxyHandler returns a handler with a plain dialer and its own transport.
 func NewProxyHandler(logger *log.Logger) *ProxyHandler {
 	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
-	return &ProxyHandler{
-		Dial: d.DialContext,
-		Transport: &http.Transport{
-			Proxy:                 nil,
-			DialContext:           d.DialContext,
-			MaxIdleConns:          16,
-			IdleConnTimeout:       30 * time.Second,
-			ResponseHeaderTimeout: 30 * time.Second,
-			// A proxy passes Accept-Encoding as the client sent it (the
-			// transport would add gzip and unpack the reply itself).
-			DisableCompression: true,
-		},
-		Log: logger,
+	return &ProxyHandler{Dial: d.DialContext, Transport: newTransport(d.DialContext), Log: logger}
+}
+
+func newTransport(dial func(ctx context.Context, network, addr string) (net.Conn, error)) *http.Transport {
+	return &http.Transport{
+		Proxy:                 nil,
+		DialContext:           dial,
+		MaxIdleConns:          16,
+		IdleConnTimeout:       30 * time.Second,
+		ResponseHeaderTimeout: 30 * time.Second,
+		// A proxy passes Accept-Encoding as the client sent it (the
+		// transport would add gzip and unpack the reply itself).
+		DisableCompression: true,
 	}
 }
 
@@ -154,7 +237,11 @@ func (p *ProxyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.ContentLength == 0 {
 		out.Body = nil
 	}
-	resp, err := p.Transport.RoundTrip(out)
+	rt := p.Transport
+	if e, ok := egressOf(pol, areq); ok {
+		rt = p.transportFor(e)
+	}
+	resp, err := rt.RoundTrip(out)
 	if err != nil {
 		p.logf("proxy: %s %s: %v", r.Method, r.URL, err)
 		p.writeError(w, pol, areq, "proxy: "+err.Error(), http.StatusBadGateway)
@@ -249,7 +336,12 @@ func (p *ProxyHandler) connect(w http.ResponseWriter, r *http.Request, pol *Prox
 	if !p.allowed(w, r, pol, areq) {
 		return
 	}
-	up, err := p.Dial(r.Context(), "tcp", target)
+	var up net.Conn
+	if e, ok := egressOf(pol, areq); ok {
+		up, err = dialFrom(r.Context(), target, e)
+	} else {
+		up, err = p.Dial(r.Context(), "tcp", target)
+	}
 	if err != nil {
 		p.logf("proxy: CONNECT %s: %v", target, err)
 		p.writeError(w, pol, areq, "proxy: "+err.Error(), http.StatusBadGateway)

@@ -20,9 +20,9 @@ const SquidConfPath = "/etc/squid/squid.conf"
 const defaultRealm = "Squid proxy-caching web server"
 
 // SquidConfig is the part of a squid.conf the test guest emulates: http_port,
-// basic auth through basic_ncsa_auth, the acl types src, dst, proxy_auth, port
-// and method, http_access, via, forwarded_for, visible_hostname and
-// request/reply_header_access. Directives that only tune squid itself (cache,
+// basic auth through basic_ncsa_auth, the acl types src, dst, proxy_auth, port,
+// method and req_header, http_access, via, forwarded_for, visible_hostname,
+// request/reply_header_access and tcp_outgoing_address. Directives that only tune squid itself (cache,
 // logs, helpers' counts) are listed in Ignored; a directive or acl that would
 // change who may use the proxy and is not emulated is an error, so that such a
 // config fails closed instead of running with other semantics.
@@ -45,6 +45,14 @@ type SquidConfig struct {
 	access        []accessRule
 	requestHeader []headerRule
 	replyHeader   []headerRule
+	outgoing      []outgoingRule
+}
+
+// outgoingRule is one tcp_outgoing_address line: the local address and
+// the acls (all must match) that select it.
+type outgoingRule struct {
+	addr netip.Addr
+	acls []aclRef
 }
 
 type aclKind int
@@ -237,6 +245,19 @@ func ParseSquidConf(b []byte, files map[string][]byte) (*SquidConfig, error) {
 			default:
 				return nil, errf("forwarded_for: %q is not on, off, delete, transparent or truncate", f[1])
 			}
+		case "tcp_outgoing_address":
+			if err := need(2); err != nil {
+				return nil, err
+			}
+			a, err := netip.ParseAddr(f[1])
+			if err != nil || a.Zone() != "" {
+				return nil, errf("tcp_outgoing_address: %q is not an address", f[1])
+			}
+			refs, err := c.refs(f[2:])
+			if err != nil {
+				return nil, errf("tcp_outgoing_address: %v", err)
+			}
+			c.outgoing = append(c.outgoing, outgoingRule{addr: a.Unmap(), acls: refs})
 		case "visible_hostname":
 			if err := need(2); err != nil {
 				return nil, err

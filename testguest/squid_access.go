@@ -261,3 +261,35 @@ func filterHeaders(h http.Header, rules []headerRule, s *evalState) {
 		}
 	}
 }
+
+// HasOutgoing reports whether the config has tcp_outgoing_address lines:
+// without any, the kernel chooses every connection's source address.
+func (c *SquidConfig) HasOutgoing() bool { return len(c.outgoing) > 0 }
+
+// OutgoingAddress is the local address tcp_outgoing_address gives a
+// connection of req to a destination of dst's family, as squid (5.7)
+// chooses it: the lines in order, each skipped unless its address is of
+// that family, the first whose acls all match (a line without acls
+// matches). Invalid when none does: the kernel chooses. An acl that
+// needs credentials the request lacks does not match.
+func (c *SquidConfig) OutgoingAddress(req *AccessRequest, dst netip.Addr) netip.Addr {
+	s := &evalState{req: req}
+	is4 := dst.Unmap().Is4()
+	for _, r := range c.outgoing {
+		if r.addr.Is4() != is4 {
+			continue
+		}
+		all := true
+		for _, ref := range r.acls {
+			m, needAuth := s.match(ref.acl)
+			if needAuth || m == ref.not {
+				all = false
+				break
+			}
+		}
+		if all {
+			return r.addr
+		}
+	}
+	return netip.Addr{}
+}
