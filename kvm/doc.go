@@ -136,8 +136,10 @@
 // plan's MAC, a seed with a network-config (cloud-init v2: the interface
 // matched by that MAC, a /32 and /128s, on-link default routes written as
 // gateway4 and gateway6, the form cloud-init 22.4's ifupdown renderer
-// turns into on-link routes), and a mark recording its egress addresses
-// and its address of record. Get reports that address (Source plan) for
+// turns into on-link routes), a default user-data whose squid leaves
+// from the address a request names in messages.HeaderEgress (squidEgress,
+// guestproxy.go), and a mark recording its egress addresses and its
+// address of record. Get reports that address (Source plan) for
 // an active domain without reading the lease or ARP, and asks only the
 // guest agent: an agent that answers without the address holds the proxy
 // in provisioning ("address mismatch"), one that errors does not (planState).
