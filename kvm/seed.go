@@ -138,8 +138,9 @@ func (v userDataVars) PasswordHash() (string, error) {
 // userData renders the Options.UserData template for one proxy
 // (text/template, fields .ID, .Hostname, .Port, .User, .Password, .Allow,
 // .Egress and .PasswordHash); egress are the proxy's addresses
-// (fleet.Network.Egress), none for a network left to DHCP. An empty template means the default one, which
-// configures squid (see guestproxy.go). A template that names another
+// (fleet.Network.Egress, as checkNetwork left them), none for a network
+// left to DHCP. An empty template means the default one, which configures
+// squid (see guestproxy.go). A template that names another
 // field, or does not parse, is an error rather than a seed with "<no
 // value>" in it. The values are not escaped: the id and hostname are
 // restricted to characters that need no escaping in YAML, and the rest of
