@@ -6,11 +6,6 @@ import (
 	"strings"
 )
 
-// HeaderEgress names, on a request to a proxy, the address of the proxy's
-// plan that the request is to leave from (the proxy strips it before the
-// target); on a gateway's answer, the address it left from.
-const HeaderEgress = "X-Proxyfleet-Egress"
-
 // MaxEgress bounds the addresses one proxy's egress list may stand for
 // (its IPv4 address and up to 256 IPv6 addresses of its plan).
 const MaxEgress = 1 + 256
@@ -117,5 +112,6 @@ func ExpandEgress(items []string) ([]netip.Addr, error) {
 // request without it, or naming an address that is not the proxy's,
 // leaves from the proxy's default address of the target's family. The
 // address is used only for a target reached over its family: one of IPv6
-// for a target reached over IPv4 is not.
+// for a target reached over IPv4 is not. On a gateway's answer it names
+// the address the request left from.
 const HeaderEgress = "X-Proxyfleet-Egress"
