@@ -284,9 +284,12 @@ func cloneAddrs(a messages.AddrState) messages.AddrState {
 // bytes read last is not decoded again. The record's Proxies map is
 // shared with other readers: never change it.
 func (w *Worker) readHost(ctx context.Context, host string) (messages.HostRecord, uint64, error) {
-	rec := messages.HostRecord{V: messages.Version, Host: host, MaxProxies: w.catalog.maxProxies(host), Plan: w.catalog.planConfig(host), State: messages.HostOK}
+	// No Plan here: a record is decoded into rec, and decoding into a
+	// plan would write into the catalog's.
+	rec := messages.HostRecord{V: messages.Version, Host: host, MaxProxies: w.catalog.maxProxies(host), State: messages.HostOK}
 	e, err := w.hosts.Get(ctx, host)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		rec.Plan = w.catalog.planConfig(host)
 		return rec, 0, nil
 	}
 	if err != nil {

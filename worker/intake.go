@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -46,11 +47,12 @@ func (c Catalog) maxProxies(host string) int {
 	return DefaultMaxProxies
 }
 
-// planConfig is host's address plan as its record shows it; nil without
-// one.
+// planConfig is host's address plan as its record shows it, a copy of
+// its own (a record may be decoded into it); nil without one.
 func (c Catalog) planConfig(host string) *messages.AddrPlan {
 	if p := c.Plans[host]; p != nil {
 		pc := p.Config()
+		pc.IPv4, pc.IPv6, pc.MACs = slices.Clone(pc.IPv4), slices.Clone(pc.IPv6), maps.Clone(pc.MACs)
 		return &pc
 	}
 	return nil
