@@ -45,7 +45,7 @@ func TestCheckNetwork(t *testing.T) {
 	if err != nil || n.MAC != "52:54:00:12:34:5a" || n.IPv4 != good.IPv4 || !reflect.DeepEqual(n.IPv6, good.IPv6) {
 		t.Fatalf("dual stack: %+v, %v", n, err)
 	}
-	v4only := fleet.Network{MAC: "52:54:00:12:34:56", IPv4: addr("203.0.113.7"), IPv4Gateway: addr("172.31.1.1")}
+	v4only := fleet.Network{MAC: "52:54:00:12:34:56", IPv4: addr("203.0.113.7"), IPv4Gateway: addr("203.0.113.1")}
 	v6only := fleet.Network{MAC: "52:54:00:12:34:56", IPv6: []netip.Addr{addr("2001:db8::7")}, IPv6Gateway: addr("2001:db8::1")}
 	for _, n := range []fleet.Network{v4only, v6only} {
 		if _, err := checkNetwork(n); err != nil {
@@ -284,8 +284,8 @@ func TestPlanState(t *testing.T) {
 			"address mismatch: agent reports 198.18.101.5, 2001:db8:101::6, plan has 2001:db8:101::5"},
 		{"garbage from the agent", v4, agentIfaces("not an address"), nil, messages.StateProvisioning,
 			"address mismatch: agent reports no address, plan has 198.18.101.5"},
-		{"many", v4, agentIfaces("10.9.0.1", "10.9.0.2", "10.9.0.3", "10.9.0.4", "10.9.0.5", "10.9.0.6", "10.9.0.7", "10.9.0.8", "10.9.0.9", "10.9.0.10"), nil,
-			messages.StateProvisioning, "address mismatch: agent reports 10.9.0.1, 10.9.0.2, 10.9.0.3, 10.9.0.4, 10.9.0.5, 10.9.0.6, 10.9.0.7, 10.9.0.8 and 2 more, plan has 198.18.101.5"},
+		{"many", v4, agentIfaces("198.19.9.1", "198.19.9.2", "198.19.9.3", "198.19.9.4", "198.19.9.5", "198.19.9.6", "198.19.9.7", "198.19.9.8", "198.19.9.9", "198.19.9.10"), nil,
+			messages.StateProvisioning, "address mismatch: agent reports 198.19.9.1, 198.19.9.2, 198.19.9.3, 198.19.9.4, 198.19.9.5, 198.19.9.6, 198.19.9.7, 198.19.9.8 and 2 more, plan has 198.18.101.5"},
 	} {
 		state, reason := planState(c.addr, c.ifaces, c.err)
 		if state != c.state || reason != c.reason {
