@@ -372,8 +372,9 @@ func TestEndToEndRotation(t *testing.T) {
 	}
 
 	// An agent-only outage in which no other address source answers:
-	// e2e-b's guest agent stops and the DHCP lease forgets it (ARP always
-	// errors on this libvirt), so the lease source answers cleanly with
+	// e2e-b's guest agent stops and the DHCP lease forgets it (ARP errors
+	// on this libvirt while the host's neighbour table is small, which
+	// flushNeighbours sees to), so the lease source answers cleanly with
 	// nothing and the worker reports provisioning with no address (H3).
 	// The same command and host report it: e2e-b keeps its place on its
 	// grace, still probed and passing, and never leaves; agent and lease
@@ -383,6 +384,7 @@ func TestEndToEndRotation(t *testing.T) {
 	n := e.eventCount("e2e-b")
 	restoreLease := hideLease(t, e.cfg.Hosts[0].Network, ipB)
 	guestControl(t, ipB, "/agent/stop")
+	flushNeighbours(t)
 	outage := time.Now()
 	var prov messages.StateEvent
 	waitUntil(t, "e2e-b reported provisioning with no address", observe+slack, func() bool {
