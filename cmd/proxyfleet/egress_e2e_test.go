@@ -107,16 +107,20 @@ func TestRealGuestsLeaveFromTheirPlannedAddresses(t *testing.T) {
 	}
 
 	// The second's guest leaves from another address (a secondary
-	// address of the routed block, not its plan's, made the default
-	// route's source): health refuses it, egress mismatch.
+	// address of the routed block, not its plan's, which squid is made to
+	// bind in place of its plan's): health refuses it, egress mismatch.
 	other := netip.MustParseAddr(planned[ids[1]].IP)
 	for p.Slot4Of(other) != 0 || other == netip.MustParseAddr(planned[ids[0]].IP) {
 		other = other.Next()
 	}
 	dom := "pf-" + ids[1]
 	agentExec(t, dom, "/usr/sbin/ip", "addr", "add", other.String()+"/32", "dev", "eth0")
-	agentExec(t, dom, "/usr/sbin/ip", "route", "replace", "default", "via", os.Getenv("TESTHOST_EGRESS_IPV4_GATEWAY"),
-		"dev", "eth0", "onlink", "src", other.String())
+	planIP := strings.ReplaceAll(planned[ids[1]].IP, ".", `\.`)
+	agentExec(t, dom, "/usr/bin/sed", "-i", "-E",
+		`s/^tcp_outgoing_address `+planIP+`( |$)/tcp_outgoing_address `+other.String()+`\1/`, "/etc/squid/squid.conf")
+	if conf := agentExec(t, dom, "/usr/bin/cat", "/etc/squid/squid.conf"); !strings.Contains(conf, "tcp_outgoing_address "+other.String()) {
+		t.Fatalf("squid.conf binds no %s:\n%s", other, conf)
+	}
 	// squid keeps its connections to the probe target: new ones take the
 	// new source.
 	agentExec(t, dom, "/usr/bin/systemctl", "restart", "squid")
