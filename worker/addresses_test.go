@@ -118,8 +118,8 @@ func TestConcurrentCreatesGetDistinctAddresses(t *testing.T) {
 	// The record says who holds which slot, one slot a proxy.
 	for _, h := range r.hosts {
 		rec, _ := r.hostRecord(h)
-		if len(rec.Addresses.Slots) != len(rec.Proxies) {
-			t.Errorf("%s: %d proxies hold room, %d hold slots", h, len(rec.Proxies), len(rec.Addresses.Slots))
+		if st := mustAddrs(t, rec); len(st.Slots) != len(rec.Proxies) {
+			t.Errorf("%s: %d proxies hold room, %d hold slots", h, len(rec.Proxies), len(st.Slots))
 		}
 	}
 
@@ -138,8 +138,8 @@ func TestConcurrentCreatesGetDistinctAddresses(t *testing.T) {
 		t.Fatalf("delete %s: %s (%s)", gone, res.Outcome, res.Reason)
 	}
 	rec, _ := r.hostRecord("h2")
-	if _, ok := rec.Addresses.Slots[gone]; ok || len(rec.Addresses.V4.Freed) != 1 {
-		t.Errorf("after the delete, h2's record: slots %v, freed %v", rec.Addresses.Slots, rec.Addresses.V4.Freed)
+	if st := mustAddrs(t, rec); st.Slots[gone] != (messages.AddrSlots{}) || len(st.V4.Freed) != 1 {
+		t.Errorf("after the delete, h2's record: slots %v, freed %v", st.Slots, st.V4.Freed)
 	}
 	r.create("b1", "cb1", `,"host":"h2"`)
 	if res := r.waitFinal("cb1"); res.Outcome != messages.OutcomeRejected || !strings.Contains(res.Reason, "freed within reuse_after") {
@@ -157,4 +157,14 @@ func TestConcurrentCreatesGetDistinctAddresses(t *testing.T) {
 			t.Errorf("freed address %s was %s's, want %s's", a, id, gone)
 		}
 	}
+}
+
+// mustAddrs is rec's address assignments, decoded.
+func mustAddrs(t *testing.T, rec messages.HostRecord) messages.AddrState {
+	t.Helper()
+	st, err := rec.Addresses.Decode()
+	if err != nil {
+		t.Fatalf("%s: %v", rec.Host, err)
+	}
+	return st
 }

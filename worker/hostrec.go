@@ -211,7 +211,6 @@ func (hw *hostWriter) apply(ctx context.Context, batch []hostEdit) []error {
 		}
 		// The record read or viewed is shared: the edits change a copy.
 		rec.Proxies = maps.Clone(rec.Proxies)
-		rec.Addresses = cloneAddrs(rec.Addresses)
 		if rec.Proxies == nil {
 			rec.Proxies = map[string]uint64{}
 		}
@@ -269,14 +268,6 @@ func (hw *hostWriter) apply(ctx context.Context, batch []hostEdit) []error {
 		}
 	}
 	return all(fmt.Errorf("write host record of %s: lost the race %d times", hw.host, maxHostWrites))
-}
-
-// cloneAddrs copies a record's address assignments, for edits to change.
-func cloneAddrs(a messages.AddrState) messages.AddrState {
-	a.Slots = maps.Clone(a.Slots)
-	a.V4.Freed = maps.Clone(a.V4.Freed)
-	a.V6.Freed = maps.Clone(a.V6.Freed)
-	return a
 }
 
 // readHost reads host's record from the server; a host with none has an

@@ -251,17 +251,19 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descProxies, prometheus.GaugeValue, float64(len(rec.Proxies)), h)
 			ch <- prometheus.MustNewConstMetric(descQuarantined, prometheus.GaugeValue, b2f(rec.Quarantined()), h)
 			if plan := w.catalog.Plans[h]; plan != nil {
-				v4, v6 := plan.Usage(&rec.Addresses, time.Now())
-				for _, f := range []struct {
-					name string
-					u    addrplan.Usage
-				}{{"ipv4", v4}, {"ipv6", v6}} {
-					if f.u.Slots == 0 {
-						continue
+				if st, err := addrsOf(&rec); err == nil {
+					v4, v6 := plan.Usage(&st, time.Now())
+					for _, f := range []struct {
+						name string
+						u    addrplan.Usage
+					}{{"ipv4", v4}, {"ipv6", v6}} {
+						if f.u.Slots == 0 {
+							continue
+						}
+						ch <- prometheus.MustNewConstMetric(descAddresses, prometheus.GaugeValue, float64(f.u.Held), h, f.name, "held")
+						ch <- prometheus.MustNewConstMetric(descAddresses, prometheus.GaugeValue, float64(f.u.Cooling), h, f.name, "cooling")
+						ch <- prometheus.MustNewConstMetric(descAddresses, prometheus.GaugeValue, float64(f.u.Free), h, f.name, "free")
 					}
-					ch <- prometheus.MustNewConstMetric(descAddresses, prometheus.GaugeValue, float64(f.u.Held), h, f.name, "held")
-					ch <- prometheus.MustNewConstMetric(descAddresses, prometheus.GaugeValue, float64(f.u.Cooling), h, f.name, "cooling")
-					ch <- prometheus.MustNewConstMetric(descAddresses, prometheus.GaugeValue, float64(f.u.Free), h, f.name, "free")
 				}
 			}
 		}

@@ -95,7 +95,16 @@ func (w *Worker) reserveSlots(ctx context.Context, host, id string, seq uint64, 
 // the slots the proxy holds.
 func reserveEdit(rec *messages.HostRecord, host, id string, seq uint64, room int, force bool, plan *addrplan.Plan, now time.Time) (addrplan.Slots, error) {
 	r, ok := rec.Proxies[id]
-	slots, hasSlots := addrplan.Held(&rec.Addresses, id)
+	var st messages.AddrState
+	var slots addrplan.Slots
+	hasSlots := false
+	if plan != nil {
+		var err error
+		if st, err = addrsOf(rec); err != nil {
+			return addrplan.Slots{}, err
+		}
+		slots, hasSlots = addrplan.Held(&st, id)
+	}
 	if ok && r >= seq && (plan == nil || hasSlots) {
 		return slots, errNoChange
 	}
@@ -104,15 +113,26 @@ func reserveEdit(rec *messages.HostRecord, host, id string, seq uint64, room int
 	}
 	if plan != nil && !hasSlots {
 		var err error
-		slots, err = plan.Assign(&rec.Addresses, id, now)
+		slots, err = plan.Assign(&st, id, now)
 		if err != nil {
 			return addrplan.Slots{}, &fullError{host: host, n: len(rec.Proxies), maxRoom: room, addr: err}
 		}
+		rec.Addresses = messages.EncodeAddrs(st)
 	}
 	if !ok || r < seq {
 		rec.Proxies[id] = seq
 	}
 	return slots, nil
+}
+
+// addrsOf parses rec's address assignments, an error naming the host if
+// they are malformed.
+func addrsOf(rec *messages.HostRecord) (messages.AddrState, error) {
+	st, err := rec.Addresses.Decode()
+	if err != nil {
+		return st, fmt.Errorf("host record of %s: %w", rec.Host, err)
+	}
+	return st, nil
 }
 
 // release frees id's room on host for the command of seq, whose removal of
@@ -125,7 +145,16 @@ func (w *Worker) release(ctx context.Context, host, id string, seq uint64) error
 			return errNoChange
 		}
 		delete(rec.Proxies, id)
-		addrplan.Release(&rec.Addresses, id, time.Now())
+		if rec.Addresses.IsZero() {
+			return nil
+		}
+		st, err := addrsOf(rec)
+		if err != nil {
+			return err
+		}
+		if addrplan.Release(&st, id, time.Now()) {
+			rec.Addresses = messages.EncodeAddrs(st)
+		}
 		return nil
 	})
 }
@@ -142,9 +171,15 @@ func (e *executor) ensureRoom(ctx context.Context, d *messages.Desired, present 
 	// Releases happen under the proxy's lock, which this holds: a
 	// reservation read here stays until the create is done.
 	if rec, _, err := e.w.readHost(ctx, e.host); err == nil {
-		slots, hasSlots := addrplan.Held(&rec.Addresses, d.ID)
-		if r, ok := rec.Proxies[d.ID]; ok && r >= d.Seq && (plan == nil || hasSlots) {
-			return planNetwork(plan, slots), nil
+		if r, ok := rec.Proxies[d.ID]; ok && r >= d.Seq {
+			if plan == nil {
+				return fleet.Network{}, nil
+			}
+			if st, err := addrsOf(&rec); err == nil {
+				if slots, ok := addrplan.Held(&st, d.ID); ok {
+					return planNetwork(plan, slots), nil
+				}
+			}
 		}
 	}
 	slots, err := e.w.reserveSlots(ctx, e.host, d.ID, d.Seq, present)
@@ -261,7 +296,12 @@ func (e *executor) reserveFound(ctx context.Context, id string) {
 		}
 		rec.Proxies[id] = 0
 		if plan != nil && len(in.Egress) > 0 {
-			conflict = plan.Take(&rec.Addresses, id, slotsOf(plan, in.Egress), time.Now())
+			st, err := addrsOf(rec)
+			if err != nil {
+				return err
+			}
+			conflict = plan.Take(&st, id, slotsOf(plan, in.Egress), time.Now())
+			rec.Addresses = messages.EncodeAddrs(st)
 		}
 		return nil
 	})

@@ -378,8 +378,9 @@ worker: {concurrency: 4, ack_wait: 2s, pinned_ttl: 2s, poll_interval: 50ms, back
 		if err != nil {
 			t.Fatalf("%s: the record's plan: %v", h, err)
 		}
+		held := recSlots(rec)
 		doms := readDomains(filepath.Join(dir, h))
-		for id, s := range rec.Addresses.Slots {
+		for id, s := range held {
 			placed[id] = h
 			perHost[h]++
 			want := slotAddrs(plan, s)
@@ -390,7 +391,7 @@ worker: {concurrency: 4, ack_wait: 2s, pinned_ttl: 2s, poll_interval: 50ms, back
 			}
 		}
 		for id := range doms {
-			if _, ok := rec.Addresses.Slots[id]; !ok {
+			if _, ok := held[id]; !ok {
 				t.Errorf("%s has a domain on %s and holds no slot there", id, h)
 			}
 		}
@@ -409,7 +410,7 @@ worker: {concurrency: 4, ack_wait: 2s, pinned_ttl: 2s, poll_interval: 50ms, back
 		h := placed[id]
 		ev := last[id]
 		plan, _ := addrplan.New(h, *lastRecs[h].Plan)
-		want := slotAddrs(plan, lastRecs[h].Addresses.Slots[id])
+		want := slotAddrs(plan, recSlots(lastRecs[h])[id])
 		got, err := messages.ExpandEgress(ev.Egress)
 		if ev.Host != h || err != nil || joinAddrs(got) != joinAddrs(want) {
 			t.Errorf("%s: last event on %s with egress %v (%v); its slots on %s give %v", id, ev.Host, ev.Egress, err, h, want)
@@ -433,7 +434,7 @@ worker: {concurrency: 4, ack_wait: 2s, pinned_ttl: 2s, poll_interval: 50ms, back
 	freed := poll.Wait(60*time.Second, func() bool {
 		lastRecs = readHostRecords(t, kv, hosts)
 		for _, h := range hosts {
-			if len(lastRecs[h].Addresses.Slots) > 0 || len(lastRecs[h].Proxies) > 0 {
+			if len(recSlots(lastRecs[h])) > 0 || len(lastRecs[h].Proxies) > 0 {
 				return false
 			}
 		}
@@ -441,7 +442,7 @@ worker: {concurrency: 4, ack_wait: 2s, pinned_ttl: 2s, poll_interval: 50ms, back
 	})
 	if !freed {
 		for _, h := range hosts {
-			t.Errorf("%s after the deletes: %d proxies hold room, slots held %v", h, len(lastRecs[h].Proxies), lastRecs[h].Addresses.Slots)
+			t.Errorf("%s after the deletes: %d proxies hold room, slots held %v", h, len(lastRecs[h].Proxies), recSlots(lastRecs[h]))
 		}
 	}
 	for _, h := range hosts {
@@ -557,7 +558,11 @@ func (l *recordLog) check() (writes, revs int, notDelivered uint64, bad []string
 // have, a proxy holding slots and no room.
 func recordProblems(rec messages.HostRecord) []string {
 	var bad []string
-	if len(rec.Addresses.Slots) > 0 && rec.Plan == nil {
+	st, err := rec.Addresses.Decode()
+	if err != nil {
+		return []string{err.Error()}
+	}
+	if len(st.Slots) > 0 && rec.Plan == nil {
 		return []string{"slots held with no plan"}
 	}
 	var plan *addrplan.Plan
@@ -568,8 +573,8 @@ func recordProblems(rec messages.HostRecord) []string {
 		}
 	}
 	v4, v6 := map[int]string{}, map[int]string{}
-	for _, id := range sortedKeys(rec.Addresses.Slots) {
-		s := rec.Addresses.Slots[id]
+	for _, id := range sortedKeys(st.Slots) {
+		s := st.Slots[id]
 		if _, ok := rec.Proxies[id]; !ok {
 			bad = append(bad, fmt.Sprintf("%s holds slots %+v and no room", id, s))
 		}
@@ -587,6 +592,13 @@ func recordProblems(rec messages.HostRecord) []string {
 	return bad
 }
 
+// recSlots are the slots rec says each proxy holds; none if its
+// addresses do not decode (recordProblems reports that).
+func recSlots(rec messages.HostRecord) map[string]messages.AddrSlots {
+	st, _ := rec.Addresses.Decode()
+	return st.Slots
+}
+
 func sortedKeys[V any](m map[string]V) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {
@@ -598,10 +610,14 @@ func sortedKeys[V any](m map[string]V) []string {
 
 // heldOnce says whether every one of ids holds slots on want hosts.
 func heldOnce(recs map[string]messages.HostRecord, ids []string, want int) error {
+	var held []map[string]messages.AddrSlots
+	for _, rec := range recs {
+		held = append(held, recSlots(rec))
+	}
 	for _, id := range ids {
 		n := 0
-		for _, rec := range recs {
-			if _, ok := rec.Addresses.Slots[id]; ok {
+		for _, h := range held {
+			if _, ok := h[id]; ok {
 				n++
 			}
 		}

@@ -96,14 +96,19 @@ func addressesOf(rec messages.HostRecord, now time.Time) hostAddresses {
 		ha.Error = err.Error()
 		return ha
 	}
-	v4, v6 := p.Usage(&rec.Addresses, now)
+	st, err := rec.Addresses.Decode()
+	if err != nil {
+		ha.Error = err.Error()
+		return ha
+	}
+	v4, v6 := p.Usage(&st, now)
 	if v4.Slots > 0 {
 		ha.IPv4 = &familyUsage{Slots: v4.Slots, PerSlot: 1, Held: v4.Held, Cooling: v4.Cooling, Free: v4.Free}
 	}
 	if v6.Slots > 0 {
 		ha.IPv6 = &familyUsage{Slots: v6.Slots, PerSlot: p.PerProxy6(), Held: v6.Held, Cooling: v6.Cooling, Free: v6.Free}
 	}
-	for id, s := range rec.Addresses.Slots {
+	for id, s := range st.Slots {
 		pa := proxyAddrs{ID: id}
 		if s.V4 != 0 {
 			pa.IPv4 = p.IPv4(s.V4)
@@ -123,13 +128,13 @@ func addressesOf(rec messages.HostRecord, now time.Time) hostAddresses {
 			}
 		}
 	}
-	cool(rec.Addresses.V4, func(k int) []netip.Addr {
+	cool(st.V4, func(k int) []netip.Addr {
 		if a := p.IPv4(k); a.IsValid() {
 			return []netip.Addr{a}
 		}
 		return nil
 	})
-	cool(rec.Addresses.V6, p.IPv6)
+	cool(st.V6, p.IPv6)
 	sort.Slice(ha.Cooling, func(i, j int) bool { return ha.Cooling[i].Until.Before(ha.Cooling[j].Until) })
 	return ha
 }

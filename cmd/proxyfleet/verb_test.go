@@ -202,11 +202,11 @@ func TestClientVerbs(t *testing.T) {
 	// plan, p1 and p3 hold slots, one IPv4 slot cools.
 	put(hkv, "h1", messages.HostRecord{V: 1, Host: "h1", MaxProxies: 20, Proxies: map[string]uint64{"p1": 1, "p3": 3}, State: messages.HostOK, Since: now,
 		Plan: &messages.AddrPlan{IPv4: []string{"203.0.113.8/29"}, IPv6: []string{"2001:db8:1:2::/64"}, IPv6PerProxy: 16},
-		Addresses: messages.AddrState{
+		Addresses: messages.EncodeAddrs(messages.AddrState{
 			Slots: map[string]messages.AddrSlots{"p1": {V4: 1, V6: 1}, "p3": {V4: 3, V6: 2}},
 			V4:    messages.SlotSpace{Next: 3, Freed: map[int]time.Time{2: now.Add(-time.Minute)}},
 			V6:    messages.SlotSpace{Next: 2},
-		}})
+		})})
 	o, e, code = cli("addresses")
 	lines := map[string]bool{} // each line's words, one space apart
 	for _, l := range strings.Split(o, "\n") {

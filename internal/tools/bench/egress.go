@@ -32,19 +32,21 @@ func runEgress(_ context.Context, b *bench) (sectionResult, error) {
 	planned.Proxies = map[string]uint64{}
 	pc := plan.Config()
 	planned.Plan = &pc
+	var st messages.AddrState
 	for i := range egressPerHost {
 		id := fmt.Sprintf("p%05d", i)
 		base.Proxies[id] = uint64(i + 1)
 		planned.Proxies[id] = uint64(i + 1)
-		if _, err := plan.Assign(&planned.Addresses, id, now); err != nil {
+		if _, err := plan.Assign(&st, id, now); err != nil {
 			return sectionResult{}, err
 		}
 	}
 	// Some freed slots cooling, as churn leaves them.
 	for i := range 10 {
-		plan.Release(&planned.Addresses, fmt.Sprintf("p%05d", i), now)
+		plan.Release(&st, fmt.Sprintf("p%05d", i), now)
 		delete(planned.Proxies, fmt.Sprintf("p%05d", i))
 	}
+	planned.Addresses = messages.EncodeAddrs(st)
 	rawBase, _ := json.Marshal(base)
 	rawPlanned, _ := json.Marshal(planned)
 	edit := func(raw []byte, withPlan bool) func(*testing.B) {
@@ -57,9 +59,14 @@ func runEgress(_ context.Context, b *bench) (sectionResult, error) {
 				id := fmt.Sprintf("new%d", i)
 				rec.Proxies[id] = 1
 				if withPlan {
-					if _, err := plan.Assign(&rec.Addresses, id, now); err != nil {
+					st, err := rec.Addresses.Decode()
+					if err != nil {
 						tb.Fatal(err)
 					}
+					if _, err := plan.Assign(&st, id, now); err != nil {
+						tb.Fatal(err)
+					}
+					rec.Addresses = messages.EncodeAddrs(st)
 				}
 				if _, err := json.Marshal(rec); err != nil {
 					tb.Fatal(err)

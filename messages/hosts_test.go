@@ -1,0 +1,78 @@
+package messages
+
+import (
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestHostAddrsRoundTrip(t *testing.T) {
+	freed := time.Date(2026, 12, 5, 7, 0, 0, 0, time.UTC)
+	st := AddrState{
+		Slots: map[string]AddrSlots{"p1": {V4: 1, V6: 1}, "p2": {V4: 3}},
+		V4:    SlotSpace{Next: 3, Freed: map[int]time.Time{2: freed}},
+		V6:    SlotSpace{Next: 1},
+	}
+	rec := HostRecord{V: 1, Host: "h1", Proxies: map[string]uint64{"p1": 1, "p2": 2}, Addresses: EncodeAddrs(st)}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back HostRecord
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	got, err := back.Addresses.Decode()
+	if err != nil || !reflect.DeepEqual(got, st) {
+		t.Fatalf("decoded %+v, %v; want %+v", got, err, st)
+	}
+	// What Decode returns is the caller's: changing it changes no copy.
+	got.Slots["p3"] = AddrSlots{V4: 4}
+	if again, _ := back.Addresses.Decode(); len(again.Slots) != 2 {
+		t.Errorf("a change to a decoded state reached the record: %+v", again.Slots)
+	}
+}
+
+func TestHostAddrsEmptyIsOmitted(t *testing.T) {
+	b, err := json.Marshal(HostRecord{V: 1, Host: "h1", Addresses: EncodeAddrs(AddrState{Slots: map[string]AddrSlots{}})})
+	if err != nil || strings.Contains(string(b), "addresses") {
+		t.Fatalf("a record with no assignments: %s, %v; want no addresses field", b, err)
+	}
+	for _, in := range []string{`{"v":1}`, `{"v":1,"addresses":null}`, `{"v":1,"addresses":{}}`} {
+		var rec HostRecord
+		if err := json.Unmarshal([]byte(in), &rec); err != nil || !rec.Addresses.IsZero() {
+			t.Errorf("%s: %+v, %v; want no assignments", in, rec.Addresses, err)
+		}
+		if st, err := rec.Addresses.Decode(); err != nil || st.Slots != nil {
+			t.Errorf("%s: decoded %+v, %v", in, st, err)
+		}
+	}
+}
+
+func TestHostAddrsMalformed(t *testing.T) {
+	var rec HostRecord
+	if err := json.Unmarshal([]byte(`{"v":1,"addresses":[1]}`), &rec); err == nil || !strings.Contains(err.Error(), "addresses") {
+		t.Errorf("addresses as an array: %v, want an error naming addresses", err)
+	}
+	if err := json.Unmarshal([]byte(`{"v":1,"addresses":{"slots":{"p1":"x"}}}`), &rec); err != nil {
+		t.Fatalf("a record whose addresses are malformed inside still decodes: %v", err)
+	}
+	if _, err := rec.Addresses.Decode(); err == nil || !strings.Contains(err.Error(), "decode addresses") {
+		t.Errorf("Decode of a malformed slot: %v, want an error", err)
+	}
+}
+
+func TestAddrSlotsArePairs(t *testing.T) {
+	b, err := json.Marshal(AddrState{Slots: map[string]AddrSlots{"p1": {V4: 1, V6: 2}}})
+	if err != nil || string(b) != `{"slots":{"p1":[1,2]}}` {
+		t.Fatalf("encoded %s, %v", b, err)
+	}
+	for _, bad := range []string{`{"slots":{"p1":[1]}}`, `{"slots":{"p1":[1,-2]}}`, `{"slots":{"p1":{"v4":1}}}`} {
+		var st AddrState
+		if err := json.Unmarshal([]byte(bad), &st); err == nil || !strings.Contains(err.Error(), "slots") {
+			t.Errorf("%s: %v, want an error naming slots", bad, err)
+		}
+	}
+}
