@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math/big"
 	"net"
 	"net/netip"
@@ -29,6 +30,9 @@ const (
 	// assignment's scan small, and a derived MAC's slot number in 15 bits
 	// (the 16th tells an IPv6-only slot's MAC apart).
 	MaxSlots = 1<<15 - 1
+	// MaxNameservers bounds nameservers: glibc's resolver reads the
+	// first three of resolv.conf.
+	MaxNameservers = 3
 )
 
 // Config is a host's address plan as the config file gives it (the
@@ -58,6 +62,7 @@ type Plan struct {
 	v6n    int
 	v6cnt  []int // slots of each v6 prefix
 	gw6    netip.Addr
+	dns    []netip.Addr
 	reuse  time.Duration
 }
 
@@ -160,6 +165,19 @@ func New(host string, c Config) (*Plan, error) {
 	}
 	for _, n := range p.v6cnt {
 		p.v6n = min(p.v6n+n, MaxSlots)
+	}
+	if len(c.Nameservers) > MaxNameservers {
+		return nil, bad("nameservers", "%d given, at most %d (a guest's resolver reads no more)", len(c.Nameservers), MaxNameservers)
+	}
+	for i, s := range c.Nameservers {
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Zone() != "" || a.Is4In6() || a.IsUnspecified() || a.IsMulticast() {
+			return nil, bad(fmt.Sprintf("nameservers[%d]", i), "%q is not a unicast IP address without a zone", s)
+		}
+		if slices.Contains(p.dns, a) {
+			return nil, bad(fmt.Sprintf("nameservers[%d]", i), "%s given twice", a)
+		}
+		p.dns = append(p.dns, a)
 	}
 	switch {
 	case c.ReuseAfter < 0:
@@ -280,8 +298,13 @@ func diff4(a, b netip.Addr) uint32 {
 		(uint32(y[0])<<24 | uint32(y[1])<<16 | uint32(y[2])<<8 | uint32(y[3]))
 }
 
-// Config is the plan as its config gave it.
-func (p *Plan) Config() Config { return p.cfg }
+// Config is the plan as its config gave it: a copy, the caller's to
+// change or decode into.
+func (p *Plan) Config() Config {
+	c := p.cfg
+	c.IPv4, c.IPv6, c.Nameservers, c.MACs = slices.Clone(c.IPv4), slices.Clone(c.IPv6), slices.Clone(c.Nameservers), maps.Clone(c.MACs)
+	return c
+}
 
 // Host is the name of the plan's host.
 func (p *Plan) Host() string { return p.host }
@@ -393,8 +416,9 @@ func (p *Plan) Slot6Of(a netip.Addr) int {
 }
 
 // Network is the interface slots s give on this plan's host: addresses,
-// gateways (invalid where the plan leaves them to the host's network)
-// and MAC.
+// gateways (invalid where the plan leaves them to the host's network),
+// MAC and nameservers (none where the plan leaves them to the host's
+// network).
 func (p *Plan) Network(s Slots) fleet.Network {
 	var n fleet.Network
 	if s.V4 > 0 {
@@ -411,6 +435,7 @@ func (p *Plan) Network(s Slots) fleet.Network {
 	}
 	if n.Static() {
 		n.MAC = p.mac(s, n.IPv4)
+		n.Nameservers = slices.Clone(p.dns)
 	}
 	return n
 }

@@ -44,6 +44,11 @@ func TestNewNamesTheBadField(t *testing.T) {
 		{Config{IPv6: []string{"2001:db8::/126"}, IPv6PerProxy: 4}, "ipv6[0]"},
 		{Config{IPv6: []string{"2001:db8::/64"}, IPv6Gateway: "203.0.113.1"}, "ipv6_gateway"},
 		{Config{IPv4: []string{"203.0.113.1"}, IPv4Gateway: "203.0.113.1"}, "ipv4"},
+		{Config{IPv4: []string{"203.0.113.1"}, Nameservers: []string{"198.51.100.53", "resolver"}}, "nameservers[1]"},
+		{Config{IPv4: []string{"203.0.113.1"}, Nameservers: []string{"fe80::1%eth0"}}, "nameservers[0]"},
+		{Config{IPv4: []string{"203.0.113.1"}, Nameservers: []string{"0.0.0.0"}}, "nameservers[0]"},
+		{Config{IPv4: []string{"203.0.113.1"}, Nameservers: []string{"198.51.100.53", "198.51.100.53"}}, "nameservers[1]"},
+		{Config{IPv4: []string{"203.0.113.1"}, Nameservers: []string{"198.51.100.1", "198.51.100.2", "198.51.100.3", "198.51.100.4"}}, "nameservers"},
 	} {
 		_, err := New("h1", tc.c)
 		var fe *messages.FieldError
@@ -60,6 +65,7 @@ func TestSlotsGiveTheirAddresses(t *testing.T) {
 		MACs:         map[string]string{"198.51.100.7": "00:50:56:00:12:34"},
 		IPv6:         []string{"2001:db8:1:2::/64"},
 		IPv6PerProxy: 16,
+		Nameservers:  []string{"198.51.100.53", "2001:db8:53::53"},
 	})
 	// .8 (network), .9 (gateway) and .15 (broadcast) are left out.
 	want4 := []string{"203.0.113.10", "203.0.113.11", "203.0.113.12", "203.0.113.13", "203.0.113.14", "198.51.100.7"}
@@ -102,7 +108,8 @@ func TestSlotsGiveTheirAddresses(t *testing.T) {
 	}
 
 	n := p.Network(Slots{V4: 6, V6: 1})
-	if n.IPv4.String() != "198.51.100.7" || n.MAC != "00:50:56:00:12:34" || n.IPv4Gateway.String() != "203.0.113.9" || len(n.IPv6) != 16 {
+	if n.IPv4.String() != "198.51.100.7" || n.MAC != "00:50:56:00:12:34" || n.IPv4Gateway.String() != "203.0.113.9" || len(n.IPv6) != 16 ||
+		fmt.Sprint(n.Nameservers) != "[198.51.100.53 2001:db8:53::53]" {
 		t.Errorf("Network(6, 1) = %+v", n)
 	}
 	m1, m2 := p.Network(Slots{V4: 1}).MAC, p.Network(Slots{V4: 2}).MAC
@@ -112,7 +119,7 @@ func TestSlotsGiveTheirAddresses(t *testing.T) {
 	if v6only := p.Network(Slots{V6: 1}).MAC; v6only == m1 {
 		t.Errorf("an IPv6-only slot shares MAC %s with IPv4 slot 1", v6only)
 	}
-	if n := p.Network(Slots{}); n.Static() || n.MAC != "" {
+	if n := p.Network(Slots{}); n.Static() || n.MAC != "" || n.Nameservers != nil {
 		t.Errorf("no slots give %+v", n)
 	}
 }

@@ -43,6 +43,10 @@ type Network struct {
 	// their on-link default gateway.
 	IPv6        []netip.Addr
 	IPv6Gateway netip.Addr
+	// Nameservers are the guest's DNS resolvers (squid's among them);
+	// none: the host network's own addresses where its DNS answers, as
+	// the provider finds them, else the guest image's.
+	Nameservers []netip.Addr
 }
 
 // Static reports whether the plan configures the interface (any address).

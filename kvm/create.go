@@ -16,7 +16,7 @@ import (
 // and reported, not made again. A failed create removes what it made. The
 // spec's Network is checked before anything (checkNetwork): a bad one is
 // permanent; gateways it leaves out are the host network's own addresses
-// (withGateways). A static one gives the domain its MAC, the seed its
+// (withNetworkDefaults). A static one gives the domain its MAC, the seed its
 // network-config and the mark its addresses.
 func (p *Provider) Create(ctx context.Context, spec fleet.Spec) (fleet.Instance, error) {
 	img, ok := p.byName[spec.Image]
@@ -26,7 +26,7 @@ func (p *Provider) Create(ctx context.Context, spec fleet.Spec) (fleet.Instance,
 	if err := checkID(spec.ID); err != nil {
 		return fleet.Instance{}, fleet.Permanent(fmt.Errorf("create %s: %w", spec.ID, err))
 	}
-	network, err := p.withGateways(ctx, spec.Network)
+	network, err := p.withNetworkDefaults(ctx, spec.Network)
 	if err != nil {
 		return fleet.Instance{}, fmt.Errorf("create %s: %w", spec.ID, err)
 	}
@@ -105,7 +105,7 @@ func (p *Provider) create(ctx context.Context, spec fleet.Spec, img ImageSource,
 	}
 	m.overlay = true
 
-	ud, err := userData(p.opts.UserData, p.opts.Proxy, id, id, spec.Network.Egress())
+	ud, err := userData(p.opts.UserData, p.opts.Proxy, id, id, spec.Network)
 	if err != nil {
 		return fleet.Permanent(fmt.Errorf("create %s: %w", id, err))
 	}

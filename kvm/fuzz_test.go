@@ -252,7 +252,7 @@ func FuzzSeed(f *testing.F) {
 		// An operator's template that quotes the values, as seed.go says to.
 		checkUserData(t, "#cloud-config\nfqdn: \"{{.Hostname}}.example\"\nwrite_files:\n  - path: /etc/proxy-id\n    content: '{{.ID}}'\n", id, hostname)
 		// Any template: an error or a rendering, never a panic.
-		_, _ = userData(tmpl, testGuestProxy, id, hostname, nil)
+		_, _ = userData(tmpl, testGuestProxy, id, hostname, fleet.Network{})
 
 		instance := id
 		img, err := seedISO(instance, hostname, tmpl, fleet.Network{})
@@ -277,7 +277,7 @@ func FuzzSeed(f *testing.F) {
 // back with id and hostname as they went in, or that they were refused.
 func checkUserData(t *testing.T, tmpl, id, hostname string) {
 	t.Helper()
-	ud, err := userData(tmpl, testGuestProxy, id, hostname, nil)
+	ud, err := userData(tmpl, testGuestProxy, id, hostname, fleet.Network{})
 	if want := !messages.ValidID(id) || !hostnameRE.MatchString(hostname) || len(hostname) > 253; want != (err != nil) {
 		t.Fatalf("userData(%q, %q): error %v, want refused %v", id, hostname, err, want)
 	}

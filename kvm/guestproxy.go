@@ -116,8 +116,10 @@ const (
 //
 // egress are the proxy's addresses (fleet.Network.Egress: IPv4 first);
 // with none, the configuration leaves the choice of source address to
-// the guest's kernel (squidEgress has the rules otherwise).
-func squidConf(id, hostname string, gp GuestProxy, egress []netip.Addr) string {
+// the guest's kernel (squidEgress has the rules otherwise). dns are the
+// resolvers squid asks (dns_nameservers); with none, those of the
+// guest's resolv.conf.
+func squidConf(id, hostname string, gp GuestProxy, egress, dns []netip.Addr) string {
 	var b strings.Builder
 	line := func(s ...string) {
 		b.WriteString(strings.Join(s, " "))
@@ -176,6 +178,13 @@ func squidConf(id, hostname string, gp GuestProxy, egress []netip.Addr) string {
 	line("reply_header_access Via deny all")
 	line("httpd_suppress_version_string on")
 	squidEgress(line, egress)
+	if len(dns) > 0 {
+		ns := []string{"dns_nameservers"}
+		for _, a := range dns {
+			ns = append(ns, a.String())
+		}
+		line(ns...)
+	}
 	// A proxy of the fleet forwards; it caches and logs nothing.
 	line("cache deny all")
 	line("cache_mem 8 MB")
@@ -266,7 +275,7 @@ var installAndStart = [][]string{
 // configured. Scalars that carry values are JSON strings (valid YAML
 // double-quoted scalars, so "true" or "012" stay strings under YAML 1.1
 // and 1.2); the files are literal blocks of lines checked above.
-func defaultUserData(id, hostname string, gp GuestProxy, egress []netip.Addr) (string, error) {
+func defaultUserData(id, hostname string, gp GuestProxy, egress, dns []netip.Addr) (string, error) {
 	var b strings.Builder
 	q := strconv.Quote
 	b.WriteString("#cloud-config\n")
@@ -287,7 +296,7 @@ func defaultUserData(id, hostname string, gp GuestProxy, egress []netip.Addr) (s
 		}
 		b.WriteString("\n")
 	}
-	block(squidConfPath, "", "0644", squidConf(id, hostname, gp, egress))
+	block(squidConfPath, "", "0644", squidConf(id, hostname, gp, egress, dns))
 	if gp.User != "" {
 		pw, err := passwdLine(gp)
 		if err != nil {

@@ -54,6 +54,8 @@ func checkNetwork(n fleet.Network) (fleet.Network, error) {
 		return n, fmt.Errorf("network: ipv4 gateway %s without an ipv4 address", n.IPv4Gateway)
 	case n.IPv6Gateway.IsValid() && len(n.IPv6) == 0:
 		return n, fmt.Errorf("network: ipv6 gateway %s without an ipv6 address", n.IPv6Gateway)
+	case len(n.Nameservers) > 0 && !n.Static():
+		return n, errors.New("network: nameservers without an address")
 	case !n.Static():
 		return n, nil
 	case n.MAC == "":
@@ -94,8 +96,20 @@ func checkNetwork(n fleet.Network) (fleet.Network, error) {
 	if seen[n.IPv4Gateway] || seen[n.IPv6Gateway] {
 		return n, errors.New("network: a gateway is one of the proxy's own addresses")
 	}
+	if len(n.Nameservers) > maxNameservers {
+		return n, fmt.Errorf("network: %d nameservers, at most %d", len(n.Nameservers), maxNameservers)
+	}
+	for _, a := range n.Nameservers {
+		if err := guestAddr("nameserver", a, a.Is4(), false); err != nil {
+			return n, err
+		}
+	}
 	return n, nil
 }
+
+// maxNameservers bounds a static network's nameservers: glibc reads the
+// first three of resolv.conf.
+const maxNameservers = 3
 
 // guestAddr checks one address of a static network: of its family (IPv4
 // when v4, else IPv6 that is not IPv4-mapped), without a zone, and neither
@@ -127,7 +141,11 @@ const guestInterface = "eth0"
 // either family and no router advertisements, holds n's IPv4 address as a
 // /32 and each IPv6 address as a /128, and has a default route per family
 // to that family's gateway, on-link (the gateway is outside every prefix
-// the guest holds).
+// the guest holds), and n's nameservers. eni renders those as
+// dns-nameservers, which only resolvconf (not in Debian's cloud image)
+// acts on: squid, the one program that resolves names for a proxy, is
+// given them in its own configuration (squidConf), which holds whatever
+// the image's resolver does.
 //
 // Why this form (cloud-init 22.4.2 of Debian 12, whose image renders
 // network config for ifupdown, its "eni" renderer, read in
@@ -165,6 +183,9 @@ func networkConfig(n fleet.Network) (string, error) {
 	type match struct {
 		MACAddress string `yaml:"macaddress"`
 	}
+	type dns struct {
+		Addresses []string `yaml:"addresses"`
+	}
 	type ethernet struct {
 		Match     match    `yaml:"match"`
 		SetName   string   `yaml:"set-name"`
@@ -174,6 +195,7 @@ func networkConfig(n fleet.Network) (string, error) {
 		Addresses []string `yaml:"addresses"`
 		Gateway4  string   `yaml:"gateway4,omitempty"`
 		Gateway6  string   `yaml:"gateway6,omitempty"`
+		DNS       *dns     `yaml:"nameservers,omitempty"`
 	}
 	type config struct {
 		Version   int                 `yaml:"version"`
@@ -189,6 +211,12 @@ func networkConfig(n fleet.Network) (string, error) {
 	if n.IPv4.IsValid() {
 		eth.Addresses = append(eth.Addresses, netip.PrefixFrom(n.IPv4, 32).String())
 		eth.Gateway4 = n.IPv4Gateway.String()
+	}
+	if len(n.Nameservers) > 0 {
+		eth.DNS = &dns{}
+		for _, a := range n.Nameservers {
+			eth.DNS.Addresses = append(eth.DNS.Addresses, a.String())
+		}
 	}
 	var doc yaml.Node
 	if err := doc.Encode(config{Version: 2, Ethernets: map[string]ethernet{guestInterface: eth}}); err != nil {
@@ -271,10 +299,12 @@ func planState(addr netip.Addr, ifaces []libvirt.DomainInterface, agentErr error
 // gives itself: its first IPv4 and its first IPv6 `<ip>`, invalid where it
 // has none. They are a plan's default gateways: the host routes a plan's
 // addresses to that network, whose own address is on-link for its guests.
-func networkAddrs(doc string) (v4, v6 netip.Addr, err error) {
+// dns says whether libvirt's dnsmasq answers DNS on them (a network with
+// addresses, unless its `<dns enable="no">`).
+func networkAddrs(doc string) (v4, v6 netip.Addr, dns bool, err error) {
 	var nw libvirtxml.Network
 	if err := nw.Unmarshal(doc); err != nil {
-		return v4, v6, fmt.Errorf("read its definition: %w", err)
+		return v4, v6, false, fmt.Errorf("read its definition: %w", err)
 	}
 	for _, ip := range nw.IPs {
 		a, err := netip.ParseAddr(ip.Address)
@@ -286,17 +316,22 @@ func networkAddrs(doc string) (v4, v6 netip.Addr, err error) {
 			v6 = a
 		}
 	}
-	return v4, v6, nil
+	dns = (v4.IsValid() || v6.IsValid()) && (nw.DNS == nil || nw.DNS.Enable != "no")
+	return v4, v6, dns, nil
 }
 
-// withGateways fills in the gateways n leaves to the host's network: the
-// addresses of the libvirt network the host entry's proxies use. A network
-// with no address of a family n needs is a permanent error naming the
-// setting to give instead.
-func (p *Provider) withGateways(ctx context.Context, n fleet.Network) (fleet.Network, error) {
+// withNetworkDefaults fills in what a static n leaves to the host's
+// network, from the definition of the libvirt network the host entry's
+// proxies use: the gateways are its addresses, and with no nameservers,
+// its addresses of the families the guest has are, where its DNS answers
+// (none otherwise: the guest image's resolver). A network with no
+// address of a family whose gateway n needs is a permanent error naming
+// the setting to give instead.
+func (p *Provider) withNetworkDefaults(ctx context.Context, n fleet.Network) (fleet.Network, error) {
 	need4 := n.IPv4.IsValid() && !n.IPv4Gateway.IsValid()
 	need6 := len(n.IPv6) > 0 && !n.IPv6Gateway.IsValid()
-	if !need4 && !need6 {
+	needDNS := n.Static() && len(n.Nameservers) == 0
+	if !need4 && !need6 && !needDNS {
 		return n, nil
 	}
 	name := p.opts.Host.Network
@@ -315,7 +350,7 @@ func (p *Provider) withGateways(ctx context.Context, n fleet.Network) (fleet.Net
 	if err != nil {
 		return n, err
 	}
-	v4, v6, err := networkAddrs(doc)
+	v4, v6, dns, err := networkAddrs(doc)
 	if err != nil {
 		return n, fleet.Permanent(fmt.Errorf("network %s: %w", name, err))
 	}
@@ -330,6 +365,14 @@ func (p *Provider) withGateways(ctx context.Context, n fleet.Network) (fleet.Net
 			return n, fleet.Permanent(fmt.Errorf("network %s has no IPv6 address to be the guests' gateway: set the plan's ipv6_gateway", name))
 		}
 		n.IPv6Gateway = v6
+	}
+	if needDNS && dns {
+		if n.IPv4.IsValid() && v4.IsValid() {
+			n.Nameservers = append(n.Nameservers, v4)
+		}
+		if len(n.IPv6) > 0 && v6.IsValid() {
+			n.Nameservers = append(n.Nameservers, v6)
+		}
 	}
 	return n, nil
 }

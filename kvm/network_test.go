@@ -80,6 +80,16 @@ func TestCheckNetwork(t *testing.T) {
 		"ipv6 gateway is own":  func(n *fleet.Network) { n.IPv6Gateway = n.IPv6[1] },
 		"ipv6 gateway is ipv4": func(n *fleet.Network) { n.IPv6Gateway = gw4 },
 		"gateways, no address": func(n *fleet.Network) { n.IPv4, n.IPv6 = netip.Addr{}, nil },
+		"dns, no address": func(n *fleet.Network) {
+			n.IPv4, n.IPv6, n.IPv4Gateway, n.IPv6Gateway = netip.Addr{}, nil, netip.Addr{}, netip.Addr{}
+			n.Nameservers = []netip.Addr{addr("198.18.0.1")}
+		},
+		"dns unspecified": func(n *fleet.Network) { n.Nameservers = []netip.Addr{addr("0.0.0.0")} },
+		"dns multicast":   func(n *fleet.Network) { n.Nameservers = []netip.Addr{addr("ff02::fb")} },
+		"dns zone":        func(n *fleet.Network) { n.Nameservers = []netip.Addr{addr("fe80::1%eth0")} },
+		"dns four": func(n *fleet.Network) {
+			n.Nameservers = []netip.Addr{addr("198.18.0.1"), addr("198.18.0.2"), addr("198.18.0.3"), addr("198.18.0.4")}
+		},
 	} {
 		n := testNetwork()
 		f(&n)
@@ -105,6 +115,9 @@ type netCfgV2 struct {
 		Gateway4  string   `yaml:"gateway4"`
 		Gateway6  string   `yaml:"gateway6"`
 		Routes    []any    `yaml:"routes"`
+		DNS       *struct {
+			Addresses []string `yaml:"addresses"`
+		} `yaml:"nameservers"`
 	} `yaml:"ethernets"`
 }
 
@@ -144,6 +157,13 @@ func checkNetCfg(t *testing.T, s string, n fleet.Network) {
 		!reflect.DeepEqual(eth.Addresses, want) || eth.Gateway4 != gw(n.IPv4Gateway) || eth.Gateway6 != gw(n.IPv6Gateway) || eth.Routes != nil {
 		t.Fatalf("network-config reads as %+v, want addresses %q, gateways %v %v:\n%s", eth, want, n.IPv4Gateway, n.IPv6Gateway, s)
 	}
+	var dns []string
+	if eth.DNS != nil {
+		dns = eth.DNS.Addresses
+	}
+	if len(dns) != len(n.Nameservers) || (len(dns) > 0 && !reflect.DeepEqual(dns, addrStrings(n.Nameservers))) || (eth.DNS != nil && len(dns) == 0) {
+		t.Fatalf("network-config's nameservers %v, want %v:\n%s", dns, n.Nameservers, s)
+	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal([]byte(s), &doc); err != nil {
 		t.Fatal(err)
@@ -170,7 +190,9 @@ func TestNetworkConfig(t *testing.T) {
 	// 1:2:3:4:5:6:7:8 and a MAC of decimal digits are base-60 integers to
 	// YAML 1.1 unless quoted.
 	sexagesimal := fleet.Network{MAC: "12:34:56:12:34:56", IPv6: []netip.Addr{addr("1:2:3:4:5:6:7:8")}, IPv6Gateway: addr("1:2:3:4:5:6:7:1")}
-	for _, n := range []fleet.Network{dual, v4, v6, sexagesimal} {
+	withDNS := v4
+	withDNS.Nameservers = []netip.Addr{addr("198.18.101.1"), addr("2001:db8:101::1")}
+	for _, n := range []fleet.Network{dual, v4, v6, sexagesimal, withDNS} {
 		s, err := networkConfig(n)
 		if err != nil {
 			t.Fatal(err)
@@ -295,20 +317,26 @@ func TestPlanState(t *testing.T) {
 }
 
 // A plan's default gateways are its network's own addresses, the first of
-// each family.
+// each family, and so are its default nameservers unless the network's DNS
+// is off.
 func TestNetworkAddrs(t *testing.T) {
-	v4, v6, err := networkAddrs(`<network><name>pf</name><forward mode='open'/>
+	v4, v6, dns, err := networkAddrs(`<network><name>pf</name><forward mode='open'/>
   <ip address='198.18.100.1' netmask='255.255.255.0'/>
   <ip family='ipv6' address='2001:db8:100::1' prefix='64'/>
   <ip family='ipv6' address='2001:db8:200::1' prefix='64'/></network>`)
-	if err != nil || v4.String() != "198.18.100.1" || v6.String() != "2001:db8:100::1" {
-		t.Errorf("networkAddrs = %s, %s, %v", v4, v6, err)
+	if err != nil || v4.String() != "198.18.100.1" || v6.String() != "2001:db8:100::1" || !dns {
+		t.Errorf("networkAddrs = %s, %s, dns %v, %v", v4, v6, dns, err)
 	}
-	v4, v6, err = networkAddrs(`<network><name>br</name><forward mode='bridge'/><bridge name='br0'/></network>`)
-	if err != nil || v4.IsValid() || v6.IsValid() {
-		t.Errorf("a bridge network: %s, %s, %v; want none", v4, v6, err)
+	_, _, dns, err = networkAddrs(`<network><name>pf</name><forward mode='route'/><dns enable='no'/>
+  <ip address='198.18.100.1' netmask='255.255.255.0'/></network>`)
+	if err != nil || dns {
+		t.Errorf("a network with DNS off: dns %v, %v", dns, err)
 	}
-	if _, _, err := networkAddrs(`<network`); err == nil {
+	v4, v6, dns, err = networkAddrs(`<network><name>br</name><forward mode='bridge'/><bridge name='br0'/></network>`)
+	if err != nil || v4.IsValid() || v6.IsValid() || dns {
+		t.Errorf("a bridge network: %s, %s, dns %v, %v; want none", v4, v6, dns, err)
+	}
+	if _, _, _, err := networkAddrs(`<network`); err == nil {
 		t.Error("a broken definition read")
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 
+	"proxyfleet/fleet"
 	"proxyfleet/messages"
 )
 
@@ -262,7 +263,7 @@ func (o Options) Validate() error {
 	if o.UserData != "" {
 		// A template that does not parse, or names a field there is
 		// not, stops the provider now rather than failing every create.
-		if _, err := userData(o.UserData, o.Proxy, "p1", "p1", nil); err != nil {
+		if _, err := userData(o.UserData, o.Proxy, "p1", "p1", fleet.Network{}); err != nil {
 			return badOption("UserData", "%v", err)
 		}
 	}

@@ -118,7 +118,9 @@ type userDataVars struct {
 	// DHCP. A request names the one it is to leave from in the header
 	// messages.HeaderEgress, which the proxy must remove.
 	Egress []string
-	gp     GuestProxy
+	// Nameservers are the guest's DNS resolvers (fleet.Network.Nameservers).
+	Nameservers []string
+	gp          GuestProxy
 }
 
 // PasswordHash is the password's bcrypt hash (with a fresh salt), for a
@@ -137,9 +139,9 @@ func (v userDataVars) PasswordHash() (string, error) {
 
 // userData renders the Options.UserData template for one proxy
 // (text/template, fields .ID, .Hostname, .Port, .User, .Password, .Allow,
-// .Egress and .PasswordHash); egress are the proxy's addresses
-// (fleet.Network.Egress, as checkNetwork left them), none for a network
-// left to DHCP. An empty template means the default one, which configures
+// .Egress, .Nameservers and .PasswordHash); .Egress are n's addresses
+// (fleet.Network.Egress, as checkNetwork left them) and .Nameservers its
+// resolvers, none for a network left to DHCP. An empty template means the default one, which configures
 // squid (see guestproxy.go). A template that names another
 // field, or does not parse, is an error rather than a seed with "<no
 // value>" in it. The values are not escaped: the id and hostname are
@@ -147,7 +149,7 @@ func (v userDataVars) PasswordHash() (string, error) {
 // the template is the operator's. A template should quote them
 // ("{{.ID}}"), as the default one does: bare, a valid id or hostname may
 // read as a bool, null or number.
-func userData(tmpl string, gp GuestProxy, id, hostname string, egress []netip.Addr) (string, error) {
+func userData(tmpl string, gp GuestProxy, id, hostname string, n fleet.Network) (string, error) {
 	if err := checkID(id); err != nil {
 		return "", fmt.Errorf("user-data: %w", err)
 	}
@@ -155,14 +157,15 @@ func userData(tmpl string, gp GuestProxy, id, hostname string, egress []netip.Ad
 		return "", fmt.Errorf("user-data: hostname %q is not a lowercase RFC 1123 host name", hostname)
 	}
 	if tmpl == "" {
-		return defaultUserData(id, hostname, gp, egress)
+		return defaultUserData(id, hostname, gp, n.Egress(), n.Nameservers)
 	}
 	t, err := parseUserData(tmpl)
 	if err != nil {
 		return "", err
 	}
 	var b strings.Builder
-	v := userDataVars{ID: id, Hostname: hostname, Port: gp.port(), User: gp.User, Password: gp.Password, Allow: gp.allowStrings(), Egress: addrStrings(egress), gp: gp}
+	v := userDataVars{ID: id, Hostname: hostname, Port: gp.port(), User: gp.User, Password: gp.Password, Allow: gp.allowStrings(),
+		Egress: addrStrings(n.Egress()), Nameservers: addrStrings(n.Nameservers), gp: gp}
 	if err := t.Execute(&b, v); err != nil {
 		return "", fmt.Errorf("user-data template: %w", err)
 	}

@@ -81,16 +81,16 @@ func TestSeed_rejectsValuesThatWouldBreakMetaData(t *testing.T) {
 }
 
 func TestUserData(t *testing.T) {
-	got, err := userData("#cloud-config\nfqdn: {{.Hostname}}.example\nwrite_files:\n  - path: /etc/proxy-id\n    content: {{.ID}}\n", testGuestProxy, "p1", "pf-p1", nil)
+	got, err := userData("#cloud-config\nfqdn: {{.Hostname}}.example\nwrite_files:\n  - path: /etc/proxy-id\n    content: {{.ID}}\n", testGuestProxy, "p1", "pf-p1", fleet.Network{})
 	if err != nil || got != "#cloud-config\nfqdn: pf-p1.example\nwrite_files:\n  - path: /etc/proxy-id\n    content: p1\n" {
 		t.Fatalf("template: %q, %v", got, err)
 	}
 	// A template gets the proxy's settings too.
-	got, err = userData("{{.Port}} {{.User}} {{.Password}} {{range .Allow}}{{.}},{{end}}", testGuestProxy, "p1", "pf-p1", nil)
+	got, err = userData("{{.Port}} {{.User}} {{.Password}} {{range .Allow}}{{.}},{{end}}", testGuestProxy, "p1", "pf-p1", fleet.Network{})
 	if err != nil || got != "3128 fleet pw-for-tests 198.18.0.0/15,198.18.0.1/32," {
 		t.Fatalf("proxy fields: %q, %v", got, err)
 	}
-	got, err = userData("{{.PasswordHash}}", testGuestProxy, "p1", "pf-p1", nil)
+	got, err = userData("{{.PasswordHash}}", testGuestProxy, "p1", "pf-p1", fleet.Network{})
 	if err != nil || bcrypt.CompareHashAndPassword([]byte(got), []byte(testGuestProxy.Password)) != nil {
 		t.Fatalf("PasswordHash %q does not check: %v", got, err)
 	}
@@ -100,7 +100,7 @@ func TestUserData(t *testing.T) {
 		"bad id":        {"", "p1\nruncmd: [x]", "pf-p1"},
 		"bad hostname":  {"", "p1", "pf-p1\nruncmd: [x]"},
 	} {
-		if got, err := userData(c.tmpl, testGuestProxy, c.id, c.host, nil); err == nil {
+		if got, err := userData(c.tmpl, testGuestProxy, c.id, c.host, fleet.Network{}); err == nil {
 			t.Errorf("%s: rendered %q", name, got)
 		}
 	}
@@ -121,7 +121,7 @@ func TestDefaultUserData_configuresSquid(t *testing.T) {
 	}
 	render := func(gp GuestProxy) (string, map[string]file) {
 		t.Helper()
-		ud, err := userData("", gp, "p1", "pf-p1", nil)
+		ud, err := userData("", gp, "p1", "pf-p1", fleet.Network{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -258,7 +258,7 @@ func TestSeed_valuesReadBackAsStrings(t *testing.T) {
 		if got := yamlStrings(t, md); got["instance-id"] != v || got["local-hostname"] != v {
 			t.Errorf("%q: meta-data reads as %q:\n%s", v, got, md)
 		}
-		ud, err := userData("", testGuestProxy, "p1", v, nil)
+		ud, err := userData("", testGuestProxy, "p1", v, fleet.Network{})
 		if err != nil {
 			t.Fatalf("%q: %v", v, err)
 		}

@@ -32,7 +32,7 @@ func TestSquidConf_noEgressUnchanged(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, egress := range [][]netip.Addr{nil, {}} {
-			if got := squidConf(c.id, "pf-"+c.id, c.gp, egress); got != string(want) {
+			if got := squidConf(c.id, "pf-"+c.id, c.gp, egress, nil); got != string(want) {
 				t.Errorf("%s: the configuration changed:\n%s\nwant\n%s", c.golden, got, want)
 			}
 		}
@@ -41,7 +41,7 @@ func TestSquidConf_noEgressUnchanged(t *testing.T) {
 
 func TestSquidConf_egress(t *testing.T) {
 	n := goldenNetwork()
-	got := squidConf("p1", "pf-p1", goldenAuthProxy, n.Egress())
+	got := squidConf("p1", "pf-p1", goldenAuthProxy, n.Egress(), n.Nameservers)
 	want, err := os.ReadFile("testdata/golden/squid-egress.conf")
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +50,7 @@ func TestSquidConf_egress(t *testing.T) {
 		t.Fatalf("the configuration changed:\n%s\nwant\n%s", got, want)
 	}
 	// Its lines beyond the DHCP one's are the egress rules alone.
-	base := squidConf("p1", "pf-p1", goldenAuthProxy, nil)
+	base := squidConf("p1", "pf-p1", goldenAuthProxy, nil, nil)
 	var extra []string
 	for _, l := range strings.Split(strings.TrimSuffix(got, "\n"), "\n") {
 		if !strings.Contains(base, l+"\n") {
@@ -67,6 +67,7 @@ func TestSquidConf_egress(t *testing.T) {
 		`tcp_outgoing_address 198.18.101.200`,
 		`tcp_outgoing_address 2001:db8:101:0:8000::ff00`,
 		`request_header_access X-Proxyfleet-Egress deny all`,
+		`dns_nameservers 198.18.101.1 2001:db8:101::1`,
 	}
 	if strings.Join(extra, "\n") != strings.Join(wantExtra, "\n") {
 		t.Fatalf("egress lines:\n%s\nwant\n%s", strings.Join(extra, "\n"), strings.Join(wantExtra, "\n"))
@@ -79,7 +80,7 @@ func TestSquidConf_egress(t *testing.T) {
 // One family alone gets one default, of that family.
 func TestSquidConf_egressOneFamily(t *testing.T) {
 	v6 := []netip.Addr{netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("2001:db8::2")}
-	got := squidConf("p1", "pf-p1", goldenOpenProxy, v6)
+	got := squidConf("p1", "pf-p1", goldenOpenProxy, v6, nil)
 	if !strings.Contains(got, "\ntcp_outgoing_address 2001:db8::1\n") {
 		t.Errorf("no IPv6 default:\n%s", got)
 	}
@@ -87,7 +88,7 @@ func TestSquidConf_egressOneFamily(t *testing.T) {
 		t.Errorf("want 2 chosen and 1 default tcp_outgoing_address:\n%s", got)
 	}
 	v4 := []netip.Addr{netip.MustParseAddr("198.18.101.201")}
-	got = squidConf("p1", "pf-p1", goldenOpenProxy, v4)
+	got = squidConf("p1", "pf-p1", goldenOpenProxy, v4, nil)
 	if !strings.Contains(got, `req_header X-Proxyfleet-Egress ^198\.18\.101\.201$`) || !strings.Contains(got, "\ntcp_outgoing_address 198.18.101.201\n") {
 		t.Errorf("IPv4 alone:\n%s", got)
 	}
@@ -95,18 +96,21 @@ func TestSquidConf_egressOneFamily(t *testing.T) {
 
 func TestUserData_egressForTemplates(t *testing.T) {
 	n := goldenNetwork()
-	got, err := userData("{{range .Egress}}{{.}},{{end}}{{len .Egress}}", testGuestProxy, "p1", "pf-p1", n.Egress())
+	got, err := userData("{{range .Egress}}{{.}},{{end}}{{len .Egress}}", testGuestProxy, "p1", "pf-p1", n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := "198.18.101.200,2001:db8:101:0:8000::ff00,2001:db8:101:0:8000::ff01,3"; got != want {
 		t.Fatalf("got %q, want %q", got, want)
 	}
-	if got, err = userData("{{len .Egress}}", testGuestProxy, "p1", "pf-p1", nil); err != nil || got != "0" {
+	if got, err = userData("{{len .Egress}} {{len .Nameservers}}", testGuestProxy, "p1", "pf-p1", fleet.Network{}); err != nil || got != "0 0" {
 		t.Fatalf("no egress: %q, %v", got, err)
 	}
+	if got, err = userData("{{range .Nameservers}}{{.}},{{end}}", testGuestProxy, "p1", "pf-p1", n); err != nil || got != "198.18.101.1,2001:db8:101::1," {
+		t.Fatalf("nameservers: %q, %v", got, err)
+	}
 	// The default user-data carries the rules.
-	ud, err := userData("", testGuestProxy, "p1", "pf-p1", n.Egress())
+	ud, err := userData("", testGuestProxy, "p1", "pf-p1", n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,5 +126,6 @@ func goldenNetwork() fleet.Network {
 		IPv4Gateway: netip.MustParseAddr("198.18.101.1"),
 		IPv6:        []netip.Addr{netip.MustParseAddr("2001:db8:101:0:8000::ff00"), netip.MustParseAddr("2001:db8:101:0:8000::ff01")},
 		IPv6Gateway: netip.MustParseAddr("2001:db8:101::1"),
+		Nameservers: []netip.Addr{netip.MustParseAddr("198.18.101.1"), netip.MustParseAddr("2001:db8:101::1")},
 	}
 }

@@ -73,6 +73,10 @@ type AddrPlan struct {
 	// network's own address.
 	IPv6Gateway  string `json:"ipv6_gateway,omitempty" yaml:"ipv6_gateway"`
 	IPv6PerProxy int    `json:"ipv6_per_proxy,omitempty" yaml:"ipv6_per_proxy"`
+	// Nameservers are the DNS resolvers a guest with a planned address
+	// uses (at most 3); none: the host network's own addresses where its
+	// DNS answers (libvirt's dnsmasq), else the guest image's resolver.
+	Nameservers []string `json:"nameservers,omitempty" yaml:"nameservers"`
 	// ReuseAfter is how long a freed address waits before it is given
 	// again; 0 takes addrplan's default (an hour), a negative one none.
 	ReuseAfter time.Duration `json:"reuse_after_ns,omitempty" yaml:"reuse_after"`

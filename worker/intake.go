@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -52,7 +51,6 @@ func (c Catalog) maxProxies(host string) int {
 func (c Catalog) planConfig(host string) *messages.AddrPlan {
 	if p := c.Plans[host]; p != nil {
 		pc := p.Config()
-		pc.IPv4, pc.IPv6, pc.MACs = slices.Clone(pc.IPv4), slices.Clone(pc.IPv6), maps.Clone(pc.MACs)
 		return &pc
 	}
 	return nil
