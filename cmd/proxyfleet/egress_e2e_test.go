@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -56,6 +57,19 @@ func TestRealGuestsLeaveFromTheirPlannedAddresses(t *testing.T) {
 	e.cleanupProxies(append(ids, "egress-c")...)
 	token := "egress-" + time.Now().Format("150405.000")
 	targetURL, requests := recordingTarget(t, rootIP(), token)
+	// The target by a name only the host network's DNS (libvirt's
+	// dnsmasq) knows: a static guest is told no resolver but the one the
+	// plan defaults to, the network's own address.
+	targetName := "egress-target.pftest.test"
+	network := e.cfg.Hosts[0].Network
+	dnsHost := "<host ip='" + rootIP() + "'><hostname>" + targetName + "</hostname></host>"
+	dropHost := func() {
+		_ = exec.Command("virsh", "-c", "qemu:///system", "net-update", network, "delete", "dns-host", dnsHost, "--live").Run()
+	}
+	dropHost() // left by a run that was killed
+	virsh(t, "net-update", network, "add", "dns-host", dnsHost, "--live")
+	t.Cleanup(dropHost)
+	byName := strings.Replace(targetURL, rootIP(), targetName, 1)
 
 	var cmds []string
 	for _, id := range ids {
@@ -103,6 +117,9 @@ func TestRealGuestsLeaveFromTheirPlannedAddresses(t *testing.T) {
 		}
 		if from != ev.IP {
 			t.Errorf("%s: the target saw the request come from %q, want %s", id, from, ev.IP)
+		}
+		if got, err := e.through(addr, byName); err != nil || got != token {
+			t.Errorf("through %s to %s: %q, %v; want the target's token (the name resolved by the network's DNS)", addr, byName, got, err)
 		}
 	}
 
