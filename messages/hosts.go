@@ -3,7 +3,12 @@ package messages
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -92,9 +97,9 @@ type AddrPlan struct {
 // of the whole record.
 type AddrState struct {
 	// Slots are the slots each proxy holds, by proxy id.
-	Slots map[string]AddrSlots `json:"slots,omitempty"`
-	V4    SlotSpace            `json:"v4,omitzero"`
-	V6    SlotSpace            `json:"v6,omitzero"`
+	Slots SlotMap   `json:"slots,omitempty"`
+	V4    SlotSpace `json:"v4,omitzero"`
+	V6    SlotSpace `json:"v6,omitzero"`
 }
 
 // HostAddrs is a host record's AddrState as the record stores it. A
@@ -113,10 +118,63 @@ func EncodeAddrs(st AddrState) HostAddrs {
 	if len(st.Slots) == 0 && st.V4.IsZero() && st.V6.IsZero() {
 		return HostAddrs{}
 	}
-	b, err := json.Marshal(st)
-	if err != nil {
-		panic(fmt.Sprintf("encode address state: %v", err)) // maps of ints and strings always encode
+	// By hand, as encoding/json would write it (TestEncodeAddrsIsJSON):
+	// json.Marshal checks and compacts what a MarshalJSON returns, which
+	// was half of the encoding's cost.
+	b := make([]byte, 0, 32+len(st.Slots)*20+(len(st.V4.Freed)+len(st.V6.Freed))*48)
+	b = append(b, '{')
+	if len(st.Slots) > 0 {
+		slots, err := st.Slots.MarshalJSON()
+		if err != nil {
+			panic(fmt.Sprintf("encode address slots: %v", err)) // ints and strings always encode
+		}
+		b = append(b, `"slots":`...)
+		b = append(b, slots...)
 	}
+	for _, f := range []struct {
+		name string
+		sp   SlotSpace
+	}{{"v4", st.V4}, {"v6", st.V6}} {
+		if f.sp.IsZero() {
+			continue
+		}
+		if len(b) > 1 {
+			b = append(b, ',')
+		}
+		b = append(b, '"')
+		b = append(b, f.name...)
+		b = append(b, `":{`...)
+		if f.sp.Next != 0 {
+			b = append(b, `"next":`...)
+			b = strconv.AppendInt(b, int64(f.sp.Next), 10)
+		}
+		if len(f.sp.Freed) > 0 {
+			if f.sp.Next != 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `"freed":{`...)
+			// Sorted as their text, as encoding/json sorts int keys.
+			keys := slices.SortedFunc(maps.Keys(f.sp.Freed), func(x, y int) int {
+				return strings.Compare(strconv.Itoa(x), strconv.Itoa(y))
+			})
+			for i, k := range keys {
+				if i > 0 {
+					b = append(b, ',')
+				}
+				b = append(b, '"')
+				b = strconv.AppendInt(b, int64(k), 10)
+				b = append(b, `":`...)
+				at, err := f.sp.Freed[k].MarshalJSON()
+				if err != nil {
+					panic(fmt.Sprintf("encode freed time: %v", err)) // a year past 9999
+				}
+				b = append(b, at...)
+			}
+			b = append(b, '}')
+		}
+		b = append(b, '}')
+	}
+	b = append(b, '}')
 	return HostAddrs{raw: b}
 }
 
@@ -159,6 +217,123 @@ func (h *HostAddrs) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// SlotMap is AddrState.Slots: each proxy's slots by id, written as a
+// JSON object of [v4, v6] pairs. A reservation on a host with a plan
+// decodes and encodes every pair of its host's record, so both are done
+// by hand for the form this package writes (keys sorted, nothing to
+// escape, no whitespace), at a fifth of what reflection cost; anything
+// else is read by encoding/json.
+type SlotMap map[string]AddrSlots
+
+// MarshalJSON writes m with its keys sorted, as encoding/json does.
+func (m SlotMap) MarshalJSON() ([]byte, error) {
+	if m == nil {
+		return []byte("null"), nil
+	}
+	keys := make([]string, 0, len(m))
+	size := 2
+	for k := range m {
+		if !plainKey(k) {
+			return json.Marshal(map[string]AddrSlots(m))
+		}
+		keys = append(keys, k)
+		size += len(k) + 16
+	}
+	slices.Sort(keys)
+	b := make([]byte, 0, size)
+	b = append(b, '{')
+	for i, k := range keys {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '"')
+		b = append(b, k...)
+		b = append(b, '"', ':', '[')
+		b = strconv.AppendInt(b, int64(m[k].V4), 10)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, int64(m[k].V6), 10)
+		b = append(b, ']')
+	}
+	return append(b, '}'), nil
+}
+
+// plainKey says whether k is written as it is between quotes by
+// encoding/json (no control byte, quote, backslash, HTML-escaped byte or
+// non-ASCII byte).
+func plainKey(k string) bool {
+	for i := 0; i < len(k); i++ {
+		switch c := k[i]; {
+		case c < 0x20, c >= 0x80, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
+}
+
+// UnmarshalJSON reads what MarshalJSON writes directly and anything else
+// through encoding/json; null changes nothing.
+func (m *SlotMap) UnmarshalJSON(b []byte) error {
+	if bytes.Equal(b, []byte("null")) {
+		return nil
+	}
+	if out, ok := parseSlotMap(b); ok {
+		*m = out
+		return nil
+	}
+	var plain map[string]AddrSlots
+	if err := json.Unmarshal(b, &plain); err != nil {
+		return err
+	}
+	*m = plain
+	return nil
+}
+
+// parseSlotMap parses the form MarshalJSON writes: {"id":[v4,v6],...}
+// with plain keys and no whitespace; false for anything else (the caller
+// then decodes it the general way). The keys share one string.
+func parseSlotMap(b []byte) (SlotMap, bool) {
+	if len(b) < 2 || b[0] != '{' || b[len(b)-1] != '}' {
+		return nil, false
+	}
+	src := string(b)
+	out := make(SlotMap, bytes.Count(b, []byte("]")))
+	i := 1
+	for i < len(src)-1 {
+		if src[i] != '"' {
+			return nil, false
+		}
+		end := strings.IndexByte(src[i+1:], '"')
+		if end < 0 {
+			return nil, false
+		}
+		key := src[i+1 : i+1+end]
+		if !plainKey(key) {
+			return nil, false
+		}
+		i += end + 2
+		if !strings.HasPrefix(src[i:], ":[") {
+			return nil, false
+		}
+		close := strings.IndexByte(src[i:], ']')
+		if close < 0 {
+			return nil, false
+		}
+		var s AddrSlots
+		if s.UnmarshalJSON(b[i+1:i+close+1]) != nil {
+			return nil, false
+		}
+		out[key] = s
+		i += close + 1
+		if i < len(src)-1 {
+			if src[i] != ',' {
+				return nil, false
+			}
+			i++
+		}
+	}
+	return out, true
+}
+
 // AddrSlots are one proxy's slots: its IPv4 slot and its IPv6 slot, 0
 // where the plan has none of that family. A record writes them as the
 // pair [v4, v6], a third of the bytes of an object with a hundred
@@ -168,22 +343,58 @@ type AddrSlots struct {
 	V6 int
 }
 
-// MarshalJSON writes s as [v4, v6].
+// MarshalJSON writes s as [v4, v6]. (By hand: a reservation encodes
+// every pair of its host's record, and reflection made that most of its
+// cost.)
 func (s AddrSlots) MarshalJSON() ([]byte, error) {
-	return json.Marshal([2]int{s.V4, s.V6})
+	b := make([]byte, 0, 16)
+	b = append(b, '[')
+	b = strconv.AppendInt(b, int64(s.V4), 10)
+	b = append(b, ',')
+	b = strconv.AppendInt(b, int64(s.V6), 10)
+	return append(b, ']'), nil
 }
 
-// UnmarshalJSON reads [v4, v6]; slots are never negative.
+// UnmarshalJSON reads [v4, v6] (JSON whitespace allowed): two slot
+// numbers, 0 or more.
 func (s *AddrSlots) UnmarshalJSON(b []byte) error {
-	var pair []int
-	if err := json.Unmarshal(b, &pair); err != nil {
-		return fmt.Errorf("slots: want [v4, v6]: %w", err)
+	bad := func() error { return fmt.Errorf("slots: want [v4, v6] of slots 0 or more, got %.40s", b) }
+	rest, ok := bytes.CutPrefix(bytes.TrimSpace(b), []byte("["))
+	if !ok {
+		return bad()
 	}
-	if len(pair) != 2 || pair[0] < 0 || pair[1] < 0 {
-		return fmt.Errorf("slots: want [v4, v6] of slots 0 or more, got %v", pair)
+	rest, ok = bytes.CutSuffix(rest, []byte("]"))
+	if !ok {
+		return bad()
 	}
-	s.V4, s.V6 = pair[0], pair[1]
+	first, second, ok := bytes.Cut(rest, []byte(","))
+	if !ok {
+		return bad()
+	}
+	v4, err4 := slotNumber(first)
+	v6, err6 := slotNumber(second)
+	if err4 != nil || err6 != nil {
+		return bad()
+	}
+	s.V4, s.V6 = v4, v6
 	return nil
+}
+
+// slotNumber parses one slot number of a pair: decimal digits, at most
+// nine (slots are far fewer), surrounded by JSON whitespace.
+func slotNumber(b []byte) (int, error) {
+	b = bytes.TrimSpace(b)
+	if len(b) == 0 || len(b) > 9 {
+		return 0, errors.New("not a slot")
+	}
+	n := 0
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, errors.New("not a slot")
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, nil
 }
 
 // SlotSpace is what a host's record keeps of one family's slots besides

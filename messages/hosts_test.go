@@ -69,10 +69,55 @@ func TestAddrSlotsArePairs(t *testing.T) {
 	if err != nil || string(b) != `{"slots":{"p1":[1,2]}}` {
 		t.Fatalf("encoded %s, %v", b, err)
 	}
-	for _, bad := range []string{`{"slots":{"p1":[1]}}`, `{"slots":{"p1":[1,-2]}}`, `{"slots":{"p1":{"v4":1}}}`} {
+	var st AddrState
+	if err := json.Unmarshal([]byte(`{"slots":{"p1":[ 3 , 0 ]}}`), &st); err != nil || st.Slots["p1"] != (AddrSlots{V4: 3}) {
+		t.Errorf("a pair with whitespace: %+v, %v", st.Slots, err)
+	}
+	for _, bad := range []string{`{"slots":{"p1":[1]}}`, `{"slots":{"p1":[1,-2]}}`, `{"slots":{"p1":{"v4":1}}}`,
+		`{"slots":{"p1":[1,2,3]}}`, `{"slots":{"p1":[1.5,2]}}`, `{"slots":{"p1":["1",2]}}`, `{"slots":{"p1":[1,9999999999]}}`} {
 		var st AddrState
 		if err := json.Unmarshal([]byte(bad), &st); err == nil || !strings.Contains(err.Error(), "slots") {
 			t.Errorf("%s: %v, want an error naming slots", bad, err)
+		}
+	}
+}
+
+// EncodeAddrs writes what encoding/json writes of the same state.
+func TestEncodeAddrsIsJSON(t *testing.T) {
+	at := time.Date(2026, 12, 5, 7, 0, 0, 123456789, time.UTC)
+	for _, st := range []AddrState{
+		{Slots: SlotMap{"p1": {V4: 1, V6: 1}}},
+		{V4: SlotSpace{Next: 3}},
+		{V6: SlotSpace{Freed: map[int]time.Time{2: at}}},
+		{
+			Slots: SlotMap{"b": {V4: 2}, "a": {V6: 12}, "c<&>": {V4: 3, V6: 4}},
+			V4:    SlotSpace{Next: 3, Freed: map[int]time.Time{1: at, 10: at.Add(time.Hour), 2: at}},
+			V6:    SlotSpace{Next: 12, Freed: map[int]time.Time{3: at.In(time.FixedZone("x", 3600))}},
+		},
+	} {
+		type plain struct { // AddrState's fields without their MarshalJSON
+			Slots map[string][2]int `json:"slots,omitempty"`
+			V4    SlotSpace         `json:"v4,omitzero"`
+			V6    SlotSpace         `json:"v6,omitzero"`
+		}
+		p := plain{V4: st.V4, V6: st.V6}
+		for k, v := range st.Slots {
+			if p.Slots == nil {
+				p.Slots = map[string][2]int{}
+			}
+			p.Slots[k] = [2]int{v.V4, v.V6}
+		}
+		want, err := json.Marshal(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := json.Marshal(EncodeAddrs(st))
+		if string(got) != string(want) {
+			t.Errorf("EncodeAddrs(%+v):\n%s\nwant\n%s", st, got, want)
+		}
+		back, err := EncodeAddrs(st).Decode()
+		if err != nil || !reflect.DeepEqual(back.Slots, st.Slots) || back.V4.Next != st.V4.Next || len(back.V6.Freed) != len(st.V6.Freed) {
+			t.Errorf("round trip of %+v: %+v, %v", st, back, err)
 		}
 	}
 }

@@ -56,9 +56,13 @@ type domain struct {
 	Stopped bool `json:"stopped,omitempty"`
 	// MAC and Egress are the static network the spec asked for (its
 	// address of record first), as a kvm domain's interface and seed
-	// keep them; absent for a proxy left to DHCP.
+	// keep them; absent for a proxy left to DHCP. Egress is in the
+	// wire's compact form (messages.CompactEgress: sixteen IPv6
+	// addresses in a row are one prefix), which reads back with two
+	// address parses instead of seventeen.
 	MAC    string       `json:"mac,omitempty"`
-	Egress []netip.Addr `json:"egress,omitempty"`
+	Egress []string     `json:"egress,omitempty"`
+	egress []netip.Addr // Egress read (read, Create)
 }
 
 // New opens (and makes) the host directory.
@@ -198,6 +202,9 @@ func (d *Driver) read(id string) (domain, error) {
 	if err := json.Unmarshal(b, &dom); err != nil {
 		return domain{}, fleet.Permanent(fmt.Errorf("read domain %s: %w", id, err))
 	}
+	if dom.egress, err = messages.ExpandEgress(dom.Egress); err != nil {
+		return domain{}, fleet.Permanent(fmt.Errorf("read domain %s: %w", id, err))
+	}
 	return dom, nil
 }
 
@@ -214,13 +221,13 @@ func (d *Driver) instance(dom domain) fleet.Instance {
 		in.State = messages.StateRunning
 		in.IP = SimIP(dom.ID)
 		in.Source = messages.SourceSim
-		if len(dom.Egress) > 0 {
-			// The plan's address, still of source sim: health never
-			// probes a simulated proxy.
-			in.IP = dom.Egress[0].String()
-		}
 	}
-	in.Egress = dom.Egress
+	in.Egress = dom.egress
+	if in.State == messages.StateRunning && len(in.Egress) > 0 {
+		// The plan's address, still of source sim: health never probes a
+		// simulated proxy.
+		in.IP = in.Egress[0].String()
+	}
 	return in
 }
 
@@ -253,7 +260,8 @@ func (d *Driver) Create(ctx context.Context, spec fleet.Spec) (fleet.Instance, e
 		Image: spec.Image, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, CreatedAt: d.cfg.Now().UTC(),
 	}
 	if spec.Network.Static() {
-		dom.MAC, dom.Egress = spec.Network.MAC, spec.Network.Egress()
+		dom.MAC, dom.egress = spec.Network.MAC, spec.Network.Egress()
+		dom.Egress = messages.CompactEgress(dom.egress)
 	}
 	if err := d.write(dom); err != nil {
 		return fleet.Instance{}, err

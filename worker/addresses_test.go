@@ -35,12 +35,20 @@ func (r *rig) simEgress(host, id string) []string {
 		return nil
 	}
 	var dom struct {
-		Egress []string `json:"egress"`
+		Egress []string `json:"egress"` // messages.CompactEgress's form
 	}
 	if err := json.Unmarshal(b, &dom); err != nil {
 		r.t.Fatal(err)
 	}
-	return dom.Egress
+	addrs, err := messages.ExpandEgress(dom.Egress)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	var out []string
+	for _, a := range addrs {
+		out = append(out, a.String())
+	}
+	return out
 }
 
 // Concurrent creates from three workers on two hosts whose plans have

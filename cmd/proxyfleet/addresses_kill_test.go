@@ -717,13 +717,13 @@ func readDomains(dir string) map[string][]netip.Addr {
 			continue
 		}
 		var dom struct {
-			ID     string       `json:"id"`
-			Egress []netip.Addr `json:"egress"`
+			ID     string   `json:"id"`
+			Egress []string `json:"egress"`
 		}
 		if json.Unmarshal(b, &dom) != nil {
 			continue
 		}
-		out[dom.ID] = dom.Egress
+		out[dom.ID], _ = messages.ExpandEgress(dom.Egress)
 	}
 	return out
 }

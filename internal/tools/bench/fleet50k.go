@@ -36,6 +36,7 @@ import (
 type fleet50kOpts struct {
 	sizes      []int
 	hosts      int
+	noPlans    bool // no address plans (every host has one otherwise)
 	workers    int
 	healths    int
 	deadline   time.Duration // all in the rotation within this, or the size fails
@@ -225,7 +226,7 @@ func fleet50kRun(ctx context.Context, b *bench, bin string, n int) (res fleet50k
 		return res, err
 	}
 	defer os.RemoveAll(simDir)
-	cfg, err := fleet50kConfig(dir, simDir, s.ClientURL(), n, o.hosts)
+	cfg, err := fleet50kConfig(dir, simDir, s.ClientURL(), n, o.hosts, !o.noPlans)
 	if err != nil {
 		return res, err
 	}
@@ -335,14 +336,18 @@ func fleet50kRun(ctx context.Context, b *bench, bin string, n int) (res fleet50k
 // the fleet section's delays, room for all with a tenth to spare, every
 // worker and health setting at its default, and every host an address
 // plan (fleet50kPlan).
-func fleet50kConfig(dir, simDir, url string, n, hosts int) (string, error) {
+func fleet50kConfig(dir, simDir, url string, n, hosts int, plans bool) (string, error) {
 	room := (n + hosts - 1) / hosts
 	room += max(room/10, 1)
 	var b strings.Builder
 	fmt.Fprintf(&b, "nats: {url: %q}\nhosts:\n", url)
 	for h := range hosts {
-		fmt.Fprintf(&b, "  - {name: h%03d, driver: sim, max_proxies: %d, sim: {dir: %q, delay: %s, boot_delay: %s}, addresses: %s}\n",
-			h+1, room, filepath.Join(simDir, fmt.Sprintf("h%03d", h+1)), fleetCallDelay, fleetBootDelay, fleet50kPlan(h, room))
+		plan := ""
+		if plans {
+			plan = ", addresses: " + fleet50kPlan(h, room)
+		}
+		fmt.Fprintf(&b, "  - {name: h%03d, driver: sim, max_proxies: %d, sim: {dir: %q, delay: %s, boot_delay: %s}%s}\n",
+			h+1, room, filepath.Join(simDir, fmt.Sprintf("h%03d", h+1)), fleetCallDelay, fleetBootDelay, plan)
 	}
 	b.WriteString(`images:
   - {name: img, url: "file:///dev/null", sha256: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", format: raw}

@@ -91,7 +91,7 @@ func TestFleet50kFigures(t *testing.T) {
 // no two sharing an address: the config validates at each size.
 func TestFleet50kConfigPlans(t *testing.T) {
 	for _, n := range []int{2000, 12000, 50000} {
-		path, err := fleet50kConfig(t.TempDir(), "/dev/shm/x", "nats://127.0.0.1:4222", n, 500)
+		path, err := fleet50kConfig(t.TempDir(), "/dev/shm/x", "nats://127.0.0.1:4222", n, 500, true)
 		if err != nil {
 			t.Fatal(err)
 		}
