@@ -176,6 +176,11 @@ log "pool $POOL ready"
 
 # --- VM network -------------------------------------------------------------
 # no-ping: dnsmasq otherwise pings an address for ~3 s before offering it.
+# no-resolv: the namespace reaches no resolver (the host's would be outside
+# the test ranges), so dnsmasq answers what it knows (leases, dns-host
+# entries a test adds) and refuses the rest at once instead of forwarding
+# it to be lost (a query for a name it has only an IPv4 address of, AAAA,
+# would hang its asker until its DNS timeout).
 net_xml="<network xmlns:dnsmasq='http://libvirt.org/schemas/network/dnsmasq/1.0'>
   <name>$NETWORK</name>
   <forward mode='open'/>
@@ -188,12 +193,13 @@ net_xml="<network xmlns:dnsmasq='http://libvirt.org/schemas/network/dnsmasq/1.0'
   <ip family='ipv6' address='$BRIDGE_IP6' prefix='64'/>
   <dnsmasq:options>
     <dnsmasq:option value='no-ping'/>
+    <dnsmasq:option value='no-resolv'/>
   </dnsmasq:options>
 </network>"
 if virsh_ net-info "$NETWORK" >/dev/null 2>&1; then
 	cur=$(virsh_ net-dumpxml --inactive "$NETWORK")
 	if ! grep -q "<forward mode='open'/>" <<<"$cur" || ! grep -q "name='$BRIDGE'" <<<"$cur" ||
-		! grep -q "address='$BRIDGE_IP'" <<<"$cur" || ! grep -q "start='198.18.100.10' end='198.18.100.250'" <<<"$cur" || ! grep -q "no-ping" <<<"$cur" ||
+		! grep -q "address='$BRIDGE_IP'" <<<"$cur" || ! grep -q "start='198.18.100.10' end='198.18.100.250'" <<<"$cur" || ! grep -q "no-ping" <<<"$cur" || ! grep -q "no-resolv" <<<"$cur" ||
 		! grep -q "family='ipv6' address='$BRIDGE_IP6' prefix='64'" <<<"$cur"; then
 		log "network $NETWORK has another definition: redefining"
 		virsh_ net-destroy "$NETWORK" >/dev/null 2>&1 || true
