@@ -237,6 +237,7 @@ func runHealth(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	log = log.With("role", "health", "pid", os.Getpid())
+	roleGC(log, healthGCPercent, false)
 	c := &config.Config{Hosts: []config.Host{{Name: "none", Driver: "sim", Sim: config.Sim{Dir: "/nonexistent"}}}}
 	if *cfgPath != "" {
 		if c, err = loadRoleConfig(*cfgPath); err != nil {
