@@ -11,6 +11,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"proxyfleet/addrplan"
+	"proxyfleet/deny"
 	"proxyfleet/messages"
 )
 
@@ -141,6 +142,11 @@ type Proxy struct {
 	// open to anyone who reaches them (no Auth and no Allow): an open
 	// proxy is never made by accident.
 	Open bool `yaml:"open"`
+	// Deny lists the destination networks (CIDRs, or single addresses)
+	// the proxies refuse to reach, a name that resolves into one of them
+	// included (squid's dst acl). Absent (or null): deny.Default; an
+	// empty list: none. DenyList reads it.
+	Deny *[]string `yaml:"deny"`
 }
 
 // ProxyAuth is the proxies' credential. The password comes from
@@ -303,6 +309,12 @@ type Gateway struct {
 	// /readyz (overridden by --http; empty: no listener); `serve` serves
 	// the gateway's metrics on health.http.
 	HTTP string `yaml:"http"`
+	// Deny lists the destination networks (CIDRs, or single addresses)
+	// the gateway refuses, before it picks a proxy, when a target's host
+	// is an address in them (names are not resolved: the proxies' squid
+	// refuses those resolving into proxy.deny). Absent (or null):
+	// deny.Default; an empty list: none. DenyList reads it.
+	Deny *[]string `yaml:"deny"`
 }
 
 // GatewayUser is one user of the gateway. The password comes from
@@ -313,6 +325,21 @@ type GatewayUser struct {
 	// MaxConns bounds the user's connections at once (default 256).
 	MaxConns int    `yaml:"max_conns"`
 	Password Secret `yaml:"-" json:"-"`
+}
+
+// DenyList is proxy.deny: deny.Default when absent, the empty List for
+// an empty list. Its error names the entry (Validate refuses the config
+// first).
+func (p Proxy) DenyList() (deny.List, error) { return denyList("proxy.deny", p.Deny) }
+
+// DenyList is gateway.deny, as Proxy.DenyList is proxy.deny.
+func (g Gateway) DenyList() (deny.List, error) { return denyList("gateway.deny", g.Deny) }
+
+func denyList(field string, entries *[]string) (deny.List, error) {
+	if entries == nil {
+		return deny.Default(), nil
+	}
+	return deny.Parse(field, *entries)
 }
 
 // Load reads, defaults and validates the file at path.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"proxyfleet/addrplan"
+	"proxyfleet/deny"
 )
 
 const good = `
@@ -83,6 +85,13 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "gateway: {strategy: fastest}\n", "gateway.strategy"},
 		{good + "gateway: {retries: 11}\n", "gateway.retries"},
 		{good + "gateway: {connect_timeout: -1s}\n", "gateway.connect_timeout"},
+		{good + "gateway: {deny: [10.0.0.0/8, 'fd00::/8', x]}\n", "gateway.deny[2]"},
+		{good + "gateway: {deny: ['fe80::1%eth0']}\n", "gateway.deny[0]"},
+		{strings.Replace(good, "proxy:\n", "proxy:\n  deny: [169.254.0.0/16, example.com]\n", 1), "proxy.deny[1]"},
+		{strings.Replace(good, "proxy:\n", "proxy:\n  deny: ['10.0.0.0/33']\n", 1), "proxy.deny[0]"},
+		{good + "health: {probe_listen: '127.0.0.1:8081'}\n", "health.probe_listen"},
+		{good + "health: {target: 'http://169.254.169.254/probe'}\n", "health.target"},
+		{good + "health: {target: 'http://[fd00::1]:8081/probe'}\n", "health.target"},
 		{"hosts:\n  - {name: a, driver: sim, sim: {dir: /x}, addresses: {ipv4: [203.0.113.8/33]}}\n", "hosts[0].addresses.ipv4[0]"},
 		{"hosts:\n  - {name: a, driver: sim, sim: {dir: /x}, addresses: {ipv6: ['2001:db8::/64'], ipv6_per_proxy: 300}}\n", "hosts[0].addresses.ipv6_per_proxy"},
 		{"hosts:\n  - {name: a, driver: sim, sim: {dir: /x}, addresses: {}}\n", "hosts[0].addresses.ipv4"},
@@ -267,5 +276,85 @@ func TestSecretRedacts(t *testing.T) {
 	}
 	if s.Reveal() != "hunter2" {
 		t.Errorf("Reveal = %q", s.Reveal())
+	}
+}
+
+// proxy.deny and gateway.deny: absent (or null) is the default list, an
+// empty list denies nothing, a list is read as written.
+func TestDenyLists(t *testing.T) {
+	def := deny.Default().Strings()
+	for _, tc := range []struct {
+		name, edit     string
+		proxy, gateway []string
+	}{
+		{"absent", good, def, def},
+		{"null", strings.Replace(good, "proxy:\n", "proxy:\n  deny: null\n", 1) + "gateway: {deny: ~}\n", def, def},
+		{"empty", strings.Replace(good, "proxy:\n", "proxy:\n  deny: []\n", 1) + "gateway: {deny: []}\n", []string{}, []string{}},
+		{"lists", strings.Replace(good, "proxy:\n", "proxy:\n  deny: [169.254.169.254, 'fd00::/8']\n", 1) + "gateway: {deny: ['10.1.2.3/8', '::ffff:127.0.0.1']}\n",
+			[]string{"169.254.169.254/32", "fd00::/8"}, []string{"10.0.0.0/8", "127.0.0.1/32"}},
+		{"one of them", good + "gateway: {deny: []}\n", def, []string{}},
+	} {
+		c, err := Parse([]byte(tc.edit))
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		p, err := c.Proxy.DenyList()
+		if err != nil || !slices.Equal(p.Strings(), tc.proxy) {
+			t.Errorf("%s: proxy.deny %v, %v; want %v", tc.name, p.Strings(), err, tc.proxy)
+		}
+		g, err := c.Gateway.DenyList()
+		if err != nil || !slices.Equal(g.Strings(), tc.gateway) {
+			t.Errorf("%s: gateway.deny %v, %v; want %v", tc.name, g.Strings(), err, tc.gateway)
+		}
+	}
+	// A list that does not parse is named by the error, entry and all.
+	_, err := Parse([]byte(good + "gateway: {deny: [10.0.0.0/8, 'fd00::/8', x]}\n"))
+	if want := `invalid config: gateway.deny[2]: "x" is not a CIDR or address`; err == nil || err.Error() != want {
+		t.Errorf("error %v, want %s", err, want)
+	}
+	// A config written back out reads back the same: absent stays absent
+	// (the default), empty stays empty.
+	for _, edit := range []string{good, good + "gateway: {deny: []}\n"} {
+		c, err := Parse([]byte(edit))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := yaml.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c2, err := Parse(b)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, b)
+		}
+		g1, _ := c.Gateway.DenyList()
+		g2, _ := c2.Gateway.DenyList()
+		if !slices.Equal(g1.Strings(), g2.Strings()) {
+			t.Errorf("written and read back: gateway.deny %v, was %v", g2.Strings(), g1.Strings())
+		}
+	}
+}
+
+// A probe target in proxy.deny is refused only where the default squid
+// enforces proxy.deny: with kvm hosts and no user_data template.
+func TestProbeTargetInProxyDeny(t *testing.T) {
+	sim := "hosts:\n  - {name: sim1, driver: sim, sim: {dir: /tmp/x}}\n"
+	for _, tc := range []struct {
+		name, yaml string
+		ok         bool
+	}{
+		{"kvm, default list", good + "health: {probe_listen: '127.0.0.1:8081'}\n", false},
+		{"kvm, target by name", good + "health: {target: 'http://probe.example:8081/probe'}\n", true},
+		{"kvm, outside the list", good + "health: {probe_listen: '198.18.0.1:8081'}\n", true},
+		{"kvm, the list without it", strings.Replace(good, "proxy:\n", "proxy:\n  deny: ['fd00::/8']\n", 1) + "health: {probe_listen: '127.0.0.1:8081'}\n", true},
+		{"kvm, nothing denied", strings.Replace(good, "proxy:\n", "proxy:\n  deny: []\n", 1) + "health: {probe_listen: '127.0.0.1:8081'}\n", true},
+		{"kvm, a template", strings.Replace(good, "proxy:\n", "proxy:\n  user_data: '#cloud-config'\n", 1) + "health: {probe_listen: '127.0.0.1:8081'}\n", true},
+		{"sim only", sim + "health: {target: 'http://127.0.0.1:8081/probe', probe_listen: '127.0.0.1:8081'}\n", true},
+	} {
+		_, err := Parse([]byte(tc.yaml))
+		if tc.ok && err != nil || !tc.ok && err == nil {
+			t.Errorf("%s: %v, want ok %v", tc.name, err, tc.ok)
+		}
 	}
 }

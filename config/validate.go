@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"proxyfleet/addrplan"
+	"proxyfleet/deny"
 	"proxyfleet/messages"
 )
 
@@ -233,7 +234,7 @@ func (c *Config) Validate() error {
 			return bad("health.probe_listen", "%q: with no health.target, an IP the guests can reach (not a name or a wildcard)", l)
 		}
 	}
-	return nil
+	return c.validateProbeDenied()
 }
 
 // proxyUserRE is a user name every proxy server and client carries
@@ -256,6 +257,9 @@ func (p Proxy) validateAccess(hosts []Host) error {
 		if _, err := ParseAllow(s); err != nil {
 			return bad(fmt.Sprintf("proxy.allow[%d]", i), "%v", err)
 		}
+	}
+	if err := validateDeny("proxy.deny", p.Deny); err != nil {
+		return err
 	}
 	if a.User != "" || len(p.Allow) > 0 || p.Open {
 		return nil
@@ -371,6 +375,51 @@ func (g Gateway) validate() error {
 	}
 	if g.Retries < 0 || g.Retries > 10 {
 		return bad("gateway.retries", "%d is out of range [0, 10]", g.Retries)
+	}
+	return validateDeny("gateway.deny", g.Deny)
+}
+
+// validateDeny checks each entry of a deny list (absent: the default,
+// which is good).
+func validateDeny(field string, entries *[]string) error {
+	if entries == nil {
+		return nil
+	}
+	for i, s := range *entries {
+		if _, err := deny.ParseEntry(s); err != nil {
+			return bad(fmt.Sprintf("%s[%d]", field, i), "%v", err)
+		}
+	}
+	return nil
+}
+
+// validateProbeDenied refuses a health probe target that proxy.deny
+// denies when kvm hosts' proxies run the default user-data (whose squid
+// enforces proxy.deny): every probe through them would be refused, and
+// none would ever enter the rotation. Only an address is checked (a
+// target's name is resolved by the proxies, not here); a sim host's
+// proxies are never probed through, and a template's squid is the
+// operator's.
+func (c *Config) validateProbeDenied() error {
+	kvm := slices.ContainsFunc(c.Hosts, func(h Host) bool { return h.Driver == "kvm" })
+	if !kvm || c.Proxy.UserData != "" {
+		return nil
+	}
+	d, err := c.Proxy.DenyList()
+	if err != nil {
+		return err // (validateAccess named the entry)
+	}
+	field, host := "health.probe_listen", ""
+	if t := c.Health.Target; t != "" {
+		field = "health.target"
+		if u, err := url.Parse(t); err == nil {
+			host = u.Hostname()
+		}
+	} else if l := c.Health.ProbeListen; l != "" {
+		host, _, _ = net.SplitHostPort(l)
+	}
+	if a, err := netip.ParseAddr(host); err == nil && d.Denies(a) {
+		return bad(field, "%s is in proxy.deny: the proxies would refuse every probe (take it out of proxy.deny, or probe another address)", a)
 	}
 	return nil
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"proxyfleet/deny"
 )
 
 // Config is the gateway's configuration. Field errors name the field as
@@ -50,6 +52,16 @@ type Config struct {
 	// IdleTimeout closes an HTTP client connection idle between
 	// requests for that long (default 90s).
 	IdleTimeout time.Duration
+	// Deny is the destinations refused: a target whose host is an
+	// address in it (a CONNECT's, a plain request's URI host, a SOCKS5
+	// request's address, its domain form included) is answered 403
+	// Forbidden (SOCKS5: reply 2, not allowed by ruleset) before any
+	// proxy is picked. A host name is not resolved here: the proxies
+	// refuse names that resolve into their own list. Unless the list is
+	// empty, the addresses the gateway listens on are refused too (those
+	// that are not unspecified). nil: deny.Default(); an empty List:
+	// nothing refused.
+	Deny *deny.List
 
 	Logger *slog.Logger
 	// Registry is where the gateway registers its metrics
@@ -107,6 +119,10 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.Deny == nil {
+		d := deny.Default()
+		c.Deny = &d
 	}
 	return c
 }

@@ -55,6 +55,20 @@
 // else the client gets 400, or SOCKS5 reply 4 (host unreachable), and no
 // proxy is picked.
 //
+// # Denied destinations
+//
+// A target whose host is an address that Config.Deny lists (by default
+// deny.Default: loopback, 0.0.0.0/8 and ::, link-local with a cloud's
+// metadata service, RFC 1918, 100.64.0.0/10, fc00::/7; IPv4-mapped IPv6
+// addresses unmapped first) is refused before any proxy is picked, on
+// both HTTP paths and for SOCKS5, an address given as a SOCKS5 domain
+// included: 403 Forbidden with "destination A is denied", or SOCKS5
+// reply 2 (connection not allowed by ruleset); no proxy hears of it. The
+// addresses the gateway listens on (when not unspecified) are refused
+// too, unless the list is empty. A host name is not resolved by the
+// gateway: the proxy resolves it, and its squid refuses a name that
+// resolves into its own list (proxy.deny).
+//
 // # Two paths
 //
 // The HTTP proxy's connections are served by a lean loop of the
@@ -97,7 +111,7 @@
 // # Metrics
 //
 // proxyfleet_gateway_requests_total{kind=connect|http|socks, outcome=ok|
-// auth|limit|empty|upstream_failed|client_gone|error},
+// auth|limit|empty|upstream_failed|client_gone|error|denied},
 // _auth_failures_total{kind,reason=missing|wrong}, _retries_total{kind},
 // _upstream_failures_total{cause=refused|timeout|status|reset|other},
 // _reports_total{result=ok|error}, _in_flight{kind},

@@ -7,12 +7,15 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"proxyfleet/deny"
 )
 
 // Gateway is the fleet's clients' one address: an HTTP forward proxy and
@@ -32,6 +35,9 @@ type Gateway struct {
 	slow         *chanListener // where the lean path hands connections to the slow one
 	draining     atomic.Bool   // Run is stopping: no connection is kept alive
 	turns        turns         // egress-rotate's counters
+	// deny is Config.Deny, with the addresses Run listens on once it
+	// does (set before anything is served: read without a lock).
+	deny deny.List
 
 	// hard ends when the drain ran out: what is in flight stops.
 	hard       context.Context
@@ -72,6 +78,7 @@ func New(picker Picker, cfg Config) (*Gateway, error) {
 		track:   newTracker(),
 		pool:    newPool(),
 		started: make(chan struct{}),
+		deny:    *cfg.Deny,
 	}
 	g.dialer = net.Dialer{KeepAlive: 30 * time.Second}
 	if cfg.UpstreamUser != "" {
@@ -100,6 +107,29 @@ func New(picker Picker, cfg Config) (*Gateway, error) {
 		ExpectContinueTimeout: time.Second,
 	}
 	return g, nil
+}
+
+// denyWithOwn is d with the addresses of the listeners, those that are
+// not unspecified (a client must not reach the gateway's own host
+// through the fleet); d itself when it is empty (nothing refused).
+func denyWithOwn(d deny.List, lns ...net.Listener) deny.List {
+	if d.Len() == 0 {
+		return d
+	}
+	var own []netip.Addr
+	for _, ln := range lns {
+		if ln == nil {
+			continue
+		}
+		ta, ok := ln.Addr().(*net.TCPAddr)
+		if !ok {
+			continue
+		}
+		if a, ok := netip.AddrFromSlice(ta.IP); ok && !a.Unmap().IsUnspecified() {
+			own = append(own, a)
+		}
+	}
+	return d.With(own...)
 }
 
 // proxyURLKey carries a plain request's proxy URL to the transport.
@@ -161,6 +191,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	g.mu.Lock()
 	g.httpLn, g.socksLn = httpLn, socksLn
 	g.mu.Unlock()
+	g.deny = denyWithOwn(*g.cfg.Deny, httpLn, socksLn)
 
 	// The lean path serves httpLn and hands what it does not take to
 	// srv (the slow path) through g.slow.

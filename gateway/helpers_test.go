@@ -22,6 +22,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"proxyfleet/deny"
 	"proxyfleet/internal/runtest"
 )
 
@@ -399,6 +400,10 @@ func startGateway(t testing.TB, picker Picker, mod func(*Config)) *testGateway {
 		DrainTimeout:     time.Second,
 		Logger:           slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Registry:         reg,
+		// Nothing denied, explicitly: the tests' targets and proxies are
+		// on loopback, which the default list refuses. The refusal has
+		// tests of its own (deny_test.go), which set a list.
+		Deny: &deny.List{},
 	}
 	if mod != nil {
 		mod(&cfg)

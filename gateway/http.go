@@ -91,12 +91,17 @@ func (g *Gateway) authHTTP(w http.ResponseWriter, r *http.Request, kind string) 
 	return nil, options{}, false
 }
 
-// answerFailure answers a request no proxy carried: 503 when none
-// matched, 502 when those tried failed, and counts it.
+// answerFailure answers a request no proxy carried: 403 for a denied
+// destination, 503 when none matched, 502 when those tried failed, and
+// counts it.
 func (g *Gateway) answerFailure(w http.ResponseWriter, kind string, err error) {
 	var empty *emptyError
 	var failed *allFailed
+	var denied *deniedError
 	switch {
+	case errors.As(err, &denied):
+		g.m.request(kind, outcomeDenied).Inc()
+		http.Error(w, denied.Error(), http.StatusForbidden)
 	case errors.As(err, &empty):
 		g.m.request(kind, outcomeEmpty).Inc()
 		w.Header().Set("Retry-After", strconv.Itoa(int(math.Max(1, math.Ceil(g.cfg.RetryAfter.Seconds())))))
@@ -128,7 +133,7 @@ func (g *Gateway) serveConnect(ctx context.Context, w http.ResponseWriter, r *ht
 	var up net.Conn
 	var leftover []byte
 	var egress netip.Addr
-	p, err := g.attempts(ctx, kindConnect, o, func(p Proxy) (bool, error) {
+	p, err := g.attempts(ctx, kindConnect, target.host, o, func(p Proxy) (bool, error) {
 		var err error
 		egress = g.egressFor(p, o, familyOf(target.host))
 		up, leftover, err = g.dialConnect(ctx, p, target, egress)
@@ -264,7 +269,7 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 	var resp *http.Response
 	var up int64
 	var egress netip.Addr
-	p, err := g.attempts(ctx, kindHTTP, o, func(p Proxy) (bool, error) {
+	p, err := g.attempts(ctx, kindHTTP, r.URL.Hostname(), o, func(p Proxy) (bool, error) {
 		pu := &url.URL{Scheme: "http", Host: p.Addr}
 		if g.cfg.UpstreamUser != "" {
 			pu.User = url.UserPassword(g.cfg.UpstreamUser, g.cfg.UpstreamPassword)

@@ -20,6 +20,7 @@ const (
 	outcomeUpstreamFailed = "upstream_failed" // every proxy tried failed
 	outcomeClientGone     = "client_gone"     // the client left before its answer
 	outcomeError          = "error"           // a bad request
+	outcomeDenied         = "denied"          // the target is a destination Config.Deny refuses
 )
 
 // Causes of an upstream failure (proxyfleet_gateway_upstream_failures_total).
@@ -54,7 +55,7 @@ type metrics struct {
 
 var (
 	kinds    = [...]string{kindConnect, kindHTTP, kindSocks}
-	outcomes = [...]string{outcomeOK, outcomeAuth, outcomeLimit, outcomeEmpty, outcomeUpstreamFailed, outcomeClientGone, outcomeError}
+	outcomes = [...]string{outcomeOK, outcomeAuth, outcomeLimit, outcomeEmpty, outcomeUpstreamFailed, outcomeClientGone, outcomeError, outcomeDenied}
 	causes   = [...]string{causeRefused, causeTimeout, causeStatus, causeReset, causeOther}
 )
 

@@ -127,7 +127,11 @@ func (cc *clientConn) fail(kind string, err error) bool {
 	g := cc.g
 	var empty *emptyError
 	var failed *allFailed
+	var denied *deniedError
 	switch {
+	case errors.As(err, &denied):
+		g.m.request(kind, outcomeDenied).Inc()
+		return cc.reply(http.StatusForbidden, denied.Error())
 	case errors.As(err, &empty):
 		g.m.request(kind, outcomeEmpty).Inc()
 		return cc.reply(http.StatusServiceUnavailable, empty.Error(), "Retry-After: "+strconv.Itoa(int(math.Max(1, math.Ceil(g.cfg.RetryAfter.Seconds())))))
@@ -164,7 +168,7 @@ func (cc *clientConn) plain(raw []byte) (keep, handed bool) {
 	hostname, _, _ := cutPort(string(host))
 	family := familyOf(hostname)
 	var st relayState
-	p, err := g.attempts(g.hard, kindHTTP, o, func(p Proxy) (bool, error) {
+	p, err := g.attempts(g.hard, kindHTTP, hostname, o, func(p Proxy) (bool, error) {
 		st.p = p
 		st.egress = g.egressFor(p, o, family)
 		return cc.try(withEgress(req, st.egress), &st)

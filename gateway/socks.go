@@ -29,6 +29,7 @@ const (
 
 	repSucceeded         = 0
 	repGeneralFailure    = 1
+	repNotAllowed        = 2 // connection not allowed by ruleset
 	repNetUnreachable    = 3
 	repHostUnreachable   = 4
 	repConnRefused       = 5
@@ -142,7 +143,7 @@ func (g *Gateway) serveSocksConn(c net.Conn) (handed bool) {
 	}()
 	var up net.Conn
 	var leftover []byte
-	p, err := g.attempts(ctx, kindSocks, o, func(p Proxy) (bool, error) {
+	p, err := g.attempts(ctx, kindSocks, target.host, o, func(p Proxy) (bool, error) {
 		var err error
 		up, leftover, err = g.dialConnect(ctx, p, target, g.egressFor(p, o, familyOf(target.host)))
 		return true, err
@@ -151,9 +152,12 @@ func (g *Gateway) serveSocksConn(c net.Conn) (handed bool) {
 		var empty *emptyError
 		var failed *allFailed
 		var ta *targetAnswer
+		var denied *deniedError
 		code := byte(repGeneralFailure)
 		outcome := outcomeError
 		switch {
+		case errors.As(err, &denied):
+			code, outcome = repNotAllowed, outcomeDenied
 		case errors.As(err, &ta):
 			code, outcome = repHostUnreachable, outcomeOK
 			if ta.squidError == "ERR_CONNECT_FAIL" {

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 )
 
 // The target a client names (CONNECT's host:port, a SOCKS5 request's
@@ -29,6 +30,15 @@ import (
 //
 // Nothing else passes: no space, control byte, '@', '/', '%', '_' or
 // byte over 0x7f.
+//
+// A target that passed is then checked against Config.Deny, once for
+// every kind of request, in attempts (before a proxy is picked): a host
+// that is an address (targetAddr) the list denies is refused there. The
+// rule leaves an IPv4 address one form (no "127.1", no "0x7f.0.0.1", no
+// decimal integer: a last label of digits is no name), and an IPv6 one
+// is compared parsed, not as text, so the check sees every address a
+// client can name; a host name is not resolved (the proxies' squid
+// checks what it resolves to).
 
 // hostPort is a target that passed the rule. parseHostPort and
 // newHostPort, which apply it, are its only constructors; dialConnect
@@ -104,6 +114,19 @@ func validAuthority[T string | []byte](a T) bool {
 		}
 	}
 	return hostKind(host) != hostBad
+}
+
+// targetAddr is the address a host that passed the rule is (an IPv6
+// one with or without brackets); false for a host name.
+func targetAddr(host string) (netip.Addr, bool) {
+	if len(host) >= 2 && host[0] == '[' && host[len(host)-1] == ']' {
+		host = host[1 : len(host)-1]
+	}
+	if !isIPv4(host) && strings.IndexByte(host, ':') < 0 {
+		return netip.Addr{}, false // a name: no need to parse (nor allocate an error)
+	}
+	a, err := netip.ParseAddr(host)
+	return a, err == nil
 }
 
 // What a host is.

@@ -191,6 +191,12 @@ func (e *emptyError) Error() string {
 	return "no proxy matches labels " + formatLabels(e.labels)
 }
 
+// deniedError: the target is an address Config.Deny refuses; answered
+// 403 (SOCKS5: reply 2), no proxy picked.
+type deniedError struct{ addr netip.Addr }
+
+func (e *deniedError) Error() string { return "destination " + e.addr.String() + " is denied" }
+
 // allFailed: every proxy tried failed; answered 502.
 type allFailed struct{ failures []string }
 
@@ -203,7 +209,19 @@ func (e *allFailed) Error() string {
 // excluded from the next pick (a session moves). try returns an
 // *upstreamError (or an error classify makes one of) for a proxy's
 // failure; retryable says whether another attempt may follow it.
-func (g *Gateway) attempts(ctx context.Context, kind string, o options, try func(p Proxy) (retryable bool, err error)) (Proxy, error) {
+//
+// host is the request's target host, as it passed the target rule (a
+// name, an IPv4 address, an IPv6 one with or without brackets): every
+// kind of request comes here before a proxy is picked, so this is where
+// a denied address is refused (a *deniedError; no proxy picked, none
+// reported).
+func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, try func(p Proxy) (retryable bool, err error)) (Proxy, error) {
+	if g.deny.Len() > 0 {
+		if a, ok := targetAddr(host); ok && g.deny.Denies(a) {
+			g.log.Debug("gateway: destination denied", "kind", kind, "addr", a.String())
+			return Proxy{}, &deniedError{a}
+		}
+	}
 	var tried []string
 	var failures []string
 	for i := 0; ; i++ {

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 
+	"proxyfleet/deny"
 	"proxyfleet/messages"
 )
 
@@ -43,6 +44,10 @@ type GuestProxy struct {
 	// them: without it, Validate refuses a GuestProxy with neither a User
 	// nor an Allow-list.
 	Open bool
+	// Deny lists the destinations the proxy refuses to reach: an address
+	// in it, or a name that resolves into it (squid's dst acl resolves
+	// the name). nil: deny.Default(); an empty List: none.
+	Deny *deny.List
 }
 
 // DefaultProxyPort is GuestProxy.Port's default (squid's own).
@@ -104,6 +109,15 @@ func (gp GuestProxy) allowStrings() []string {
 	return out
 }
 
+// denyStrings are the destinations refused as CIDRs, for templates and
+// squid (deny.Default's when Deny is nil); empty, not nil, for none.
+func (gp GuestProxy) denyStrings() []string {
+	if gp.Deny == nil {
+		return deny.Default().Strings()
+	}
+	return gp.Deny.Strings()
+}
+
 // Paths in the guest of what the default user-data writes.
 const (
 	squidConfPath   = "/etc/squid/squid.conf"
@@ -112,7 +126,9 @@ const (
 
 // squidConf is squid's whole configuration for one proxy. Every value in
 // it is checked (the port a number, the prefixes parsed, the addresses
-// parsed, no user input but those), so it needs no quoting.
+// parsed, no user input but those), so it needs no quoting. The
+// destinations refused (proxyfleet_guest, and proxyfleet_deny from
+// gp.Deny) are denied before anything is allowed, to every client.
 //
 // egress are the proxy's addresses (fleet.Network.Egress: IPv4 first);
 // with none, the configuration leaves the choice of source address to
@@ -145,14 +161,24 @@ func squidConf(id, hostname string, gp GuestProxy, egress, dns []netip.Addr) str
 	}
 	// Nothing on the guest itself, nor the link-local range (a cloud's
 	// metadata service, which holds the seed's secrets too), through the
-	// proxy.
+	// proxy, whatever Deny says.
 	line("acl proxyfleet_guest dst 127.0.0.0/8 ::1 169.254.0.0/16 fe80::/10")
+	// Nor what Deny lists: dst resolves a target's name, so a name that
+	// resolves into the list is refused too. An empty list writes no
+	// acl (squid refuses an acl without values).
+	denied := gp.denyStrings()
+	if len(denied) > 0 {
+		line(append([]string{"acl proxyfleet_deny dst"}, denied...)...)
+	}
 	// Debian's safe ports: no mail relay (25, 465, 587) nor other low
 	// services through the proxy. CONNECT may go to any of them, not only
 	// 443, as clients tunnel to other TLS ports too.
 	line("acl proxyfleet_safe_ports port 80 21 443 70 210 1025-65535 280 488 591 777")
 	line("http_access deny !proxyfleet_safe_ports")
 	line("http_access deny proxyfleet_guest")
+	if len(denied) > 0 {
+		line("http_access deny proxyfleet_deny")
+	}
 	if len(gp.Allow) > 0 {
 		line("http_access deny !proxyfleet_allow")
 	}

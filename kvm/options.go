@@ -173,8 +173,8 @@ type Options struct {
 	// hostname and configures the guest's proxy server from Proxy.
 	UserData string
 	// Proxy configures the guests' proxy servers: port, credential,
-	// allow-list. Validate refuses proxies open to anyone unless
-	// Proxy.Open says so.
+	// allow-list, the destinations refused. Validate refuses proxies
+	// open to anyone unless Proxy.Open says so.
 	Proxy  GuestProxy
 	Logger *slog.Logger     // nil: slog.Default()
 	Now    func() time.Time // stamps marks; nil: time.Now

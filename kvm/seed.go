@@ -113,6 +113,9 @@ type userDataVars struct {
 	User     string   // the credential's user; "" when none is required
 	Password string   // its password (the seed then holds it: see PasswordHash)
 	Allow    []string // the source networks that may use the proxy, as CIDRs; empty: any
+	// Deny are the destination networks the proxy must refuse, as CIDRs
+	// (GuestProxy.Deny; the default list when that is nil); empty: none.
+	Deny []string
 	// Egress are the proxy's addresses (IPv4 first, as fleet.Network.Egress
 	// lists them) as text; empty for a proxy whose network is the host's
 	// DHCP. A request names the one it is to leave from in the header
@@ -139,7 +142,7 @@ func (v userDataVars) PasswordHash() (string, error) {
 
 // userData renders the Options.UserData template for one proxy
 // (text/template, fields .ID, .Hostname, .Port, .User, .Password, .Allow,
-// .Egress, .Nameservers and .PasswordHash); .Egress are n's addresses
+// .Deny, .Egress, .Nameservers and .PasswordHash); .Egress are n's addresses
 // (fleet.Network.Egress, as checkNetwork left them) and .Nameservers its
 // resolvers, none for a network left to DHCP. An empty template means the default one, which configures
 // squid (see guestproxy.go). A template that names another
@@ -165,7 +168,7 @@ func userData(tmpl string, gp GuestProxy, id, hostname string, n fleet.Network) 
 	}
 	var b strings.Builder
 	v := userDataVars{ID: id, Hostname: hostname, Port: gp.port(), User: gp.User, Password: gp.Password, Allow: gp.allowStrings(),
-		Egress: addrStrings(n.Egress()), Nameservers: addrStrings(n.Nameservers), gp: gp}
+		Deny: gp.denyStrings(), Egress: addrStrings(n.Egress()), Nameservers: addrStrings(n.Nameservers), gp: gp}
 	if err := t.Execute(&b, v); err != nil {
 		return "", fmt.Errorf("user-data template: %w", err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kdomanski/iso9660"
 
+	"proxyfleet/deny"
 	"proxyfleet/fleet"
 )
 
@@ -90,6 +91,25 @@ func TestUserData(t *testing.T) {
 	if err != nil || got != "3128 fleet pw-for-tests 198.18.0.0/15,198.18.0.1/32," {
 		t.Fatalf("proxy fields: %q, %v", got, err)
 	}
+	// .Deny: the default list without one, the list as given, none.
+	got, err = userData("{{range .Deny}}{{.}},{{end}}{{len .Deny}}", testGuestProxy, "p1", "pf-p1", fleet.Network{})
+	if want := strings.Join(deny.Default().Strings(), ",") + ",11"; err != nil || got != want {
+		t.Fatalf("Deny by default: %q, %v; want %q", got, err, want)
+	}
+	mine, err := deny.Parse("proxy.deny", []string{"fd00::/8"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		d    *deny.List
+		want string
+	}{{&mine, "fd00::/8,1"}, {&deny.List{}, "0"}} {
+		gp := testGuestProxy
+		gp.Deny = c.d
+		if got, err = userData("{{range .Deny}}{{.}},{{end}}{{len .Deny}}", gp, "p1", "pf-p1", fleet.Network{}); err != nil || got != c.want {
+			t.Fatalf("Deny %v: %q, %v; want %q", c.d.Strings(), got, err, c.want)
+		}
+	}
 	got, err = userData("{{.PasswordHash}}", testGuestProxy, "p1", "pf-p1", fleet.Network{})
 	if err != nil || bcrypt.CompareHashAndPassword([]byte(got), []byte(testGuestProxy.Password)) != nil {
 		t.Fatalf("PasswordHash %q does not check: %v", got, err)
@@ -150,7 +170,8 @@ func TestDefaultUserData_configuresSquid(t *testing.T) {
 		"http_port 3128\nvisible_hostname pf-p1\n", "http_access deny !proxyfleet_safe_ports\n",
 		"request_header_access Cache-Control deny all\n", "auth_param basic program /usr/lib/squid/basic_ncsa_auth /etc/squid/proxyfleet.passwd\n",
 		"acl proxyfleet_users proxy_auth REQUIRED\n", "acl proxyfleet_allow src 198.18.0.0/15 198.18.0.1/32\n",
-		"http_access deny !proxyfleet_safe_ports\nhttp_access deny proxyfleet_guest\nhttp_access deny !proxyfleet_allow\nhttp_access allow proxyfleet_users\nhttp_access deny all\n",
+		"acl proxyfleet_deny dst 127.0.0.0/8 ::1/128 0.0.0.0/8 ::/128 169.254.0.0/16 fe80::/10 10.0.0.0/8 172.16.0.0/12 192.168.0.0/16 100.64.0.0/10 fc00::/7\n",
+		"http_access deny !proxyfleet_safe_ports\nhttp_access deny proxyfleet_guest\nhttp_access deny proxyfleet_deny\nhttp_access deny !proxyfleet_allow\nhttp_access allow proxyfleet_users\nhttp_access deny all\n",
 		"via off\n", "forwarded_for delete\n", "request_header_access X-Forwarded-For deny all\n",
 		"request_header_access Forwarded deny all\n", "access_log none\n",
 	} {
@@ -180,6 +201,23 @@ func TestDefaultUserData_configuresSquid(t *testing.T) {
 	_, files = render(GuestProxy{User: "fleet", Password: "x"})
 	if conf = files[squidConfPath].Content; strings.Contains(conf, "proxyfleet_allow") {
 		t.Errorf("credential only:\n%s", conf)
+	}
+	// A deny list of its own replaces the default; the guest's own
+	// addresses stay refused.
+	mine, err := deny.Parse("proxy.deny", []string{"fd00::/8", "198.51.100.7"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, files = render(GuestProxy{User: "fleet", Password: "x", Deny: &mine})
+	if conf = files[squidConfPath].Content; !strings.Contains(conf, "\nacl proxyfleet_deny dst fd00::/8 198.51.100.7/32\n") ||
+		!strings.Contains(conf, "\nhttp_access deny proxyfleet_guest\nhttp_access deny proxyfleet_deny\nhttp_access allow proxyfleet_users\n") {
+		t.Errorf("a deny list:\n%s", conf)
+	}
+	// An empty one: no acl (squid refuses one without values), no rule.
+	_, files = render(GuestProxy{User: "fleet", Password: "x", Deny: &deny.List{}})
+	if conf = files[squidConfPath].Content; strings.Contains(conf, "proxyfleet_deny") ||
+		!strings.Contains(conf, "\nhttp_access deny proxyfleet_guest\nhttp_access allow proxyfleet_users\n") {
+		t.Errorf("nothing denied:\n%s", conf)
 	}
 }
 

@@ -17,8 +17,9 @@ var (
 )
 
 // A proxy whose network is the host's DHCP has no egress addresses: its
-// squid.conf is the one written before address plans, byte for byte (the
-// golden files are that output).
+// squid.conf has no egress rule and no dns_nameservers, and is byte for
+// byte the golden file of its access settings (credential and allow-list,
+// or open; the default deny list), whether egress is nil or empty.
 func TestSquidConf_noEgressUnchanged(t *testing.T) {
 	for _, c := range []struct {
 		golden, id string

@@ -175,6 +175,35 @@ func TestSquidProxyAllowListAndGuestTargets(t *testing.T) {
 	}
 }
 
+// TestSquidProxyDenyList: the proxy refuses a plain request and a CONNECT
+// to a literal destination of the deny list with 403 and squid's
+// ERR_ACCESS_DENIED, before it connects anywhere (every connection of
+// this proxy would go to the origin, which sees nothing); one outside
+// the list goes through.
+func TestSquidProxyDenyList(t *testing.T) {
+	o := newOrigin(t)
+	ud := exampleUserData(exampleSquidConf(true, "198.18.0.0/15"), bcryptHash(t, "s3cret"))
+	auth := http.Header{"Proxy-Authorization": {basic("fleet", "s3cret")}}
+	p, _ := squidProxy(t, ud, allowedClient, o.Listener.Addr().String())
+	for _, target := range []string{"http://[fd00::1]/", "http://0.0.0.0:8080/", "http://[::ffff:100.64.0.1]/", "http://10.1.2.3/"} {
+		if resp := proxyGet(t, p, target, auth); resp.StatusCode != 403 || resp.Header.Get("X-Squid-Error") != "ERR_ACCESS_DENIED 0" {
+			t.Errorf("GET %s: %d %v, want 403 ERR_ACCESS_DENIED", target, resp.StatusCode, resp.Header)
+		}
+	}
+	good := "Proxy-Authorization: " + basic("fleet", "s3cret") + "\r\n"
+	for _, target := range []string{"[fd00::1]:443", "100.64.0.1:443", "[::ffff:192.168.1.1]:443"} {
+		if resp, _, _ := connect(t, p, target, good); resp.StatusCode != 403 {
+			t.Errorf("CONNECT %s: %d, want 403", target, resp.StatusCode)
+		}
+	}
+	if n := len(o.requests()); n != 0 {
+		t.Fatalf("%d denied requests reached the origin", n)
+	}
+	if resp := proxyGet(t, p, "http://198.18.0.1:18080/", auth); resp.StatusCode != 200 {
+		t.Fatalf("GET outside the list: %d", resp.StatusCode)
+	}
+}
+
 func TestSquidProxyForwardedForOn(t *testing.T) {
 	o := newOrigin(t)
 	// An operator's template that leaks: squid's defaults plus forwarded_for on.

@@ -8,9 +8,14 @@ import (
 	"time"
 )
 
+// exampleDeny is the acl of the destinations proxyfleet's default list
+// (proxy.deny absent) refuses, as kvm renders it.
+const exampleDeny = "acl proxyfleet_deny dst 127.0.0.0/8 ::1/128 0.0.0.0/8 ::/128 169.254.0.0/16 fe80::/10 10.0.0.0/8 172.16.0.0/12 192.168.0.0/16 100.64.0.0/10 fc00::/7\n"
+
 // exampleSquidConf is the squid.conf proxyfleet renders for a kvm proxy
-// (p1, user fleet, allow-list 198.18.0.0/15, port 3128); auth=false and
-// allow="" give its variants without credentials and without allow-list.
+// (p1, user fleet, allow-list 198.18.0.0/15, port 3128, the default deny
+// list); auth=false and allow="" give its variants without credentials
+// and without allow-list.
 func exampleSquidConf(auth bool, allow string) string {
 	var b strings.Builder
 	b.WriteString("# Written by proxyfleet for proxy p1.\nhttp_port 3128\n")
@@ -22,7 +27,8 @@ func exampleSquidConf(auth bool, allow string) string {
 	if allow != "" {
 		b.WriteString("acl proxyfleet_allow src " + allow + "\n")
 	}
-	b.WriteString("acl proxyfleet_guest dst 127.0.0.0/8 ::1 169.254.0.0/16 fe80::/10\nhttp_access deny proxyfleet_guest\n")
+	b.WriteString("acl proxyfleet_guest dst 127.0.0.0/8 ::1 169.254.0.0/16 fe80::/10\n" + exampleDeny)
+	b.WriteString("http_access deny proxyfleet_guest\nhttp_access deny proxyfleet_deny\n")
 	if allow != "" {
 		b.WriteString("http_access deny !proxyfleet_allow\n")
 	}
@@ -61,7 +67,8 @@ func TestParseSquidConfExample(t *testing.T) {
 		c.CredentialsTTL != time.Hour || c.Via || c.ForwardedFor != "delete" || !c.UsesAuth() || c.CaseSensitive {
 		t.Fatalf("%+v", c)
 	}
-	if len(c.access) != 4 || !c.access[2].allow || c.access[1].acls[0].not != true || c.access[1].acls[0].acl.name != "proxyfleet_allow" {
+	if len(c.access) != 5 || !c.access[3].allow || c.access[1].acls[0].acl.name != "proxyfleet_deny" ||
+		c.access[2].acls[0].not != true || c.access[2].acls[0].acl.name != "proxyfleet_allow" {
 		t.Fatalf("access %+v", c.access)
 	}
 	if len(c.requestHeader) != 3 || len(c.replyHeader) != 3 || c.requestHeader[0].name != "X-Forwarded-For" || c.replyHeader[1].name != "X-Cache-Lookup" {
@@ -77,7 +84,7 @@ func TestParseSquidConfExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.UsesAuth() || c.PasswdFile != "" || c.Realm != defaultRealm || len(c.access) != 3 {
+	if c.UsesAuth() || c.PasswdFile != "" || c.Realm != defaultRealm || len(c.access) != 4 {
 		t.Fatalf("%+v", c)
 	}
 }
@@ -152,6 +159,38 @@ func TestParseSquidConfErrors(t *testing.T) {
 	} {
 		if c, err := ParseSquidConf([]byte(conf), nil); err == nil {
 			t.Errorf("%q: want an error, got %+v", conf, c)
+		}
+	}
+}
+
+// TestSquidAccessDenyList: the acl of proxyfleet's deny list refuses a
+// literal destination in it, whatever the credentials (it comes before
+// them), IPv4-mapped and bracketed forms included; one outside it goes
+// on. A name is not resolved by the emulation (squid resolves it).
+func TestSquidAccessDenyList(t *testing.T) {
+	c, err := ParseSquidConf([]byte(exampleSquidConf(true, "198.18.0.0/15")), examplePasswdFiles)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth := func() (string, bool) { return "fleet", true }
+	for _, host := range []string{
+		"0.0.0.0", "0.1.2.3", "[::]", "10.1.2.3", "172.16.0.1", "192.168.1.1", "100.64.0.1",
+		"fd00::1", "[fd00::1]", "[fc00::1]", "[::ffff:10.1.2.3]", "::ffff:100.64.0.1", "fd00::1%eth0",
+	} {
+		for _, a := range []func() (string, bool){auth, nil} {
+			v := c.Access(&AccessRequest{Src: netip.MustParseAddr("198.18.0.7"), Host: host, Port: 443, Method: "CONNECT", Auth: a})
+			if v.Allow || v.Status != 403 || v.Rule != "http_access deny proxyfleet_deny" {
+				t.Errorf("%s (credentials %v): %+v, want 403 by http_access deny proxyfleet_deny", host, a != nil, v)
+			}
+		}
+	}
+	// What proxyfleet_guest refuses it refuses first.
+	if v := c.Access(&AccessRequest{Src: netip.MustParseAddr("198.18.0.7"), Host: "169.254.169.254", Port: 80, Method: "GET", Auth: auth}); v.Status != 403 || v.Rule != "http_access deny proxyfleet_guest" {
+		t.Errorf("169.254.169.254: %+v", v)
+	}
+	for _, host := range []string{"198.18.0.1", "[2001:db8::1]", "::ffff:198.18.0.1", "t.example"} {
+		if v := c.Access(&AccessRequest{Src: netip.MustParseAddr("198.18.0.7"), Host: host, Port: 443, Method: "CONNECT", Auth: auth}); !v.Allow {
+			t.Errorf("%s: %+v, want allowed", host, v)
 		}
 	}
 }

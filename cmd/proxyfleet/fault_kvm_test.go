@@ -259,7 +259,11 @@ func domainsLike(t *testing.T, prefix string) []string {
 // back what is on the host.
 func (f *kvmFault) provider() *kvm.Provider {
 	f.t.Helper()
-	p, err := kvm.New(kvmOptions(f.cfg, f.cfg.Hosts[0], slog.New(slog.DiscardHandler)))
+	opts, err := kvmOptions(f.cfg, f.cfg.Hosts[0], slog.New(slog.DiscardHandler))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	p, err := kvm.New(opts)
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -48,10 +48,15 @@ func gatewayComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg pro
 	if err := registerRotationMetrics(reg, rot); err != nil {
 		return component{}, nil, err
 	}
+	denied, err := c.Gateway.DenyList()
+	if err != nil {
+		return component{}, nil, fmt.Errorf("gateway: %w", err)
+	}
 	gc := gateway.Config{
 		Listen: c.Gateway.Listen, SocksListen: c.Gateway.SocksListen,
 		UpstreamUser: c.Proxy.Auth.User, UpstreamPassword: c.Proxy.Auth.Password.Reveal(),
 		Retries: c.Gateway.Retries, ConnectTimeout: c.Gateway.ConnectTimeout, ResponseTimeout: c.Gateway.ResponseTimeout,
+		Deny:   &denied,
 		Logger: log, Registry: reg,
 	}
 	for _, u := range c.Gateway.Users {

@@ -4,10 +4,12 @@ import (
 	"log/slog"
 	"net/netip"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
 	"proxyfleet/config"
+	"proxyfleet/deny"
 	"proxyfleet/kvm"
 )
 
@@ -31,7 +33,8 @@ images:
      kernel: {url: "file:///k", sha256: "` + testSHA + `"}, initrd: {url: "file:///i", sha256: "` + testSHA + `"},
      cmdline: "console=ttyS0"}
   - {name: b, url: "file:///b.qcow2", sha256: "` + testSHA + `"}
-proxy: {port: 8080, user_data: "#cloud-config\n", auth: {user: fleet}, allow: [198.18.0.0/15, 198.18.0.1], open: true}
+proxy: {port: 8080, user_data: "#cloud-config\n", auth: {user: fleet}, allow: [198.18.0.0/15, 198.18.0.1], open: true,
+        deny: ['fd00::/8', 169.254.169.254]}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +43,11 @@ proxy: {port: 8080, user_data: "#cloud-config\n", auth: {user: fleet}, allow: [1
 		t.Fatal(err)
 	}
 	log := slog.New(slog.DiscardHandler)
-	got := kvmOptions(c, c.Hosts[0], log)
+	got, err := kvmOptions(c, c.Hosts[0], log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	denied, _ := deny.Parse("proxy.deny", []string{"fd00::/8", "169.254.169.254"})
 	want := kvm.Options{
 		Host: kvm.HostOptions{
 			Name: "beelink", Address: "host.example:2222", User: "pf", KeyFile: "/k", KnownHosts: "/kh",
@@ -57,7 +64,8 @@ proxy: {port: 8080, user_data: "#cloud-config\n", auth: {user: fleet}, allow: [1
 		},
 		UserData: "#cloud-config\n",
 		Proxy: kvm.GuestProxy{Port: 8080, User: "fleet", Password: "from-env", Open: true,
-			Allow: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15"), netip.MustParsePrefix("198.18.0.1/32")}},
+			Allow: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15"), netip.MustParsePrefix("198.18.0.1/32")},
+			Deny:  &denied},
 		Logger: log,
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -82,7 +90,11 @@ proxy: {open: true}
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := kvmOptions(c, c.Hosts[0], slog.New(slog.DiscardHandler)).WithDefaults()
+	o, err := kvmOptions(c, c.Hosts[0], slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o = o.WithDefaults()
 	h := o.Host
 	if h.Socket != "/run/libvirt/libvirt-sock" || h.URI != "qemu:///system" || h.Pool != "default" ||
 		h.Network != "default" || h.DomainType != "kvm" || o.Images[0].Format != "qcow2" {
@@ -95,5 +107,9 @@ proxy: {open: true}
 	}
 	if o.Proxy.Port != 3128 {
 		t.Errorf("proxy port %d, want 3128", o.Proxy.Port)
+	}
+	// proxy.deny absent: the default list, written out.
+	if o.Proxy.Deny == nil || !slices.Equal(o.Proxy.Deny.Strings(), deny.Default().Strings()) {
+		t.Errorf("proxy deny %v, want the default list", o.Proxy.Deny)
 	}
 }

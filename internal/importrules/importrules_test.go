@@ -37,13 +37,16 @@ var rules = []rule{
 	// The contract has one home and any client can be checked against it.
 	{pkg: "messages", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	{pkg: "fleet", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
-	{pkg: "config", allow: []string{"messages", "addrplan", "fleet"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	// The destinations refused are one list, read alike by the config,
+	// the gateway and the guests' configuration: pure, it leans on nothing.
+	{pkg: "deny", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	{pkg: "config", allow: []string{"messages", "addrplan", "fleet", "deny"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	// Address plans and their assignments are pure decisions: the worker
 	// and the config both lean on them, and they on nothing that runs.
 	{pkg: "addrplan", allow: []string{"fleet", "messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	// A library for libvirt over SSH, not shaped by one YAML schema nor by
 	// the worker that drives it.
-	{pkg: "kvm", allow: []string{"fleet", "messages"}, forbid: [][]string{natsPkgs}},
+	{pkg: "kvm", allow: []string{"fleet", "messages", "deny"}, forbid: [][]string{natsPkgs}},
 	{pkg: "sim", allow: []string{"fleet", "messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	// Set-up and repair serve every role, so they lean on none of them.
 	{pkg: "topology", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
@@ -58,7 +61,7 @@ var rules = []rule{
 	// The clients' one address: it reads the rotation through a Picker
 	// it declares (package rotation implements it), never health's or
 	// the worker's insides.
-	{pkg: "gateway", allow: []string{"messages", "rotation"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "gateway", allow: []string{"messages", "rotation", "deny"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// The pool controller keeps pools by the commands any client may
 	// send, reading the rotation through its library: nothing of the
 	// worker's or health's insides.

@@ -102,6 +102,7 @@ proxy: {auth: {user: %s, password_file: %q}}
 gateway:
   listen: %q
   users: [{name: %s, password_file: %q, max_conns: 20000}]
+  deny: []            # the target is on loopback, which the default list refuses
 `, s.ClientURL(), filepath.Join(dir, "sim"), gwFleetUser, fleetPW, gwAddr, gwUser, gwPW)
 	cfgPath := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {

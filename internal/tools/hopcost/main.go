@@ -41,6 +41,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"proxyfleet/deny"
 	"proxyfleet/gateway"
 )
 
@@ -283,6 +284,7 @@ func runChild(hop, listen, up, prof string) error {
 			Listen: listen, Users: []gateway.User{{Name: gwUser, Password: gwPass, MaxConns: 20000}},
 			UpstreamUser: fleetUser, UpstreamPassword: fleetPass,
 			Logger: slog.New(slog.DiscardHandler),
+			Deny:   &deny.List{}, // the target is on loopback, which the default list refuses
 		})
 		if err != nil {
 			return err
