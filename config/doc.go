@@ -5,8 +5,9 @@
 // SetDefaults; validate.go checks a config. The package imports nothing
 // of proxyfleet but the pure messages, addrplan and deny:
 // cmd/proxyfleet maps a Config onto each role's options. A deny list
-// (proxy.deny, gateway.deny) is left nil when absent, so that absent (the
-// default list) and empty (nothing denied) stay apart; DenyList reads it. The defaults of the worker's, the topology's, the
+// (proxy.deny, gateway.deny) is left nil when absent, so that absent
+// (the default list) and empty (nothing denied) stay apart; DenyList
+// reads it. The defaults of the worker's, the topology's, the
 // repairer's and the health process's settings are those packages' own
 // (their Config.WithDefaults); the values SetDefaults fills for them are
 // copies, which cmd/proxyfleet's TestConfigDefaultsAreTheRoles holds
