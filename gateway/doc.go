@@ -71,6 +71,14 @@
 // is ServeHTTP (the slow path, an http.Transport to the proxies), which
 // answers as it always has.
 //
+// # Framing
+//
+// A request with both Content-Length and Transfer-Encoding: chunked is
+// carried as chunked (its length is not forwarded), answered, and its
+// connection closed (RFC 9112 6.1). The slow path cannot tell it from a
+// plain chunked request (net/http drops the length before the handler
+// sees it), so it closes after every chunked request.
+//
 // # Failover and reports
 //
 // A proxy that refuses the connection, does not accept or (for CONNECT)

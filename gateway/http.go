@@ -28,6 +28,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodConnect {
 		kind = kindConnect
 	}
+	if closeAfter(r) {
+		w.Header().Set("Connection", "close")
+	}
 	u, o, ok := g.authHTTP(w, r, kind)
 	if !ok {
 		return
@@ -62,6 +65,17 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer g.m.flight(kind).Dec()
 	g.servePlain(ctx, w, r, o)
+}
+
+// closeAfter says whether the connection closes after the answer to r:
+// a chunked request. net/http drops a Content-Length that came with
+// Transfer-Encoding: chunked before the handler sees it, so the slow
+// path cannot tell such a request (which RFC 9112 6.1 says must close
+// the connection) from a plain chunked one, and closes after both: a
+// chunked upload costs a new connection, never a request smuggled
+// behind it.
+func closeAfter(r *http.Request) bool {
+	return len(r.TransferEncoding) > 0
 }
 
 // authHTTP checks Proxy-Authorization; without or with a wrong one it
@@ -315,6 +329,9 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 		h[k] = vs
 	}
 	removeHop(h)
+	if closeAfter(r) {
+		h.Set("Connection", "close")
+	}
 	h.Set(HeaderProxy, p.ID)
 	if egress.IsValid() {
 		h.Set(HeaderEgress, egress.String())
