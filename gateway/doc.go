@@ -90,11 +90,17 @@
 // is tried on another proxy (Selector.Exclude the ones tried), up to
 // Retries more times; a session moves then, and the answer names the
 // proxy that carried it. A plain request with a body is tried again only
-// if the failed proxy took none of it. A kept-alive connection the proxy
-// closed meanwhile is nobody's failure: one idle for over a second, or
-// taken for a request that could not be sent again, is looked at first
-// (a peek); a request without a body and of an idempotent method that
-// finds it closed goes once more on a new connection to the same proxy. What speaks for the target is
+// if the failed proxy took none of it. A connection to a proxy is kept
+// only at a clean message boundary: its answer read to the end (framed
+// one way: not Content-Length with chunked), nothing buffered after it,
+// the request's body sent whole before the answer came; and before it
+// is used again it is looked at (a peek that does not wait): anything
+// readable on it (the proxy's close, or bytes it sent unasked, which
+// would be taken for the next request's answer) and it is closed. A
+// kept-alive connection the proxy closed meanwhile is nobody's failure:
+// a request without a body and of an idempotent method that finds it
+// closed goes once more on a new connection to the same proxy. What
+// speaks for the target is
 // passed on and held against no proxy: every plain answer but 407, and an
 // answer to CONNECT that carries squid's X-Squid-Error (the target did
 // not answer, its name did not resolve), 407 aside. When nothing matches

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -62,4 +63,59 @@ func TestLengthWithChunkedCloses(t *testing.T) {
 			t.Fatal("the connection stays open")
 		}
 	})
+}
+
+// TestPoisonedUpstreamNotReused: a proxy that sends more than its
+// answer (bytes after its length or its last chunk, a body to HEAD, a
+// second answer sent a moment later) does not have that taken for the
+// next request's answer, another user's on another connection: the
+// connection is not kept, or is found unusable before it is used.
+func TestPoisonedUpstreamNotReused(t *testing.T) {
+	const bogus = "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nbogus!"
+	for _, c := range []struct {
+		name, method, answer string
+		late                 bool // the bogus answer comes in a write of its own, after the real one was read
+	}{
+		{"after its length", "GET", "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok" + bogus, false},
+		{"after its last chunk", "GET", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n" + bogus, false},
+		{"a body to HEAD", "HEAD", "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false},
+		{"length with chunked", "GET", "HTTP/1.1 200 OK\r\nContent-Length: 20\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n", false},
+		{"later", "GET", "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			read := make(chan struct{})
+			written := make(chan struct{})
+			up := newScriptProxy(t, func(conn net.Conn, r *seenRequest) bool {
+				if strings.HasSuffix(r.uri, "/next") {
+					_, _ = io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nnext")
+					return true
+				}
+				_, _ = io.WriteString(conn, c.answer)
+				if c.late {
+					<-read
+					_, _ = io.WriteString(conn, bogus)
+					close(written)
+				}
+				return true
+			})
+			g := startGateway(t, newPicker(Proxy{ID: "p1", Addr: up.addr()}), nil)
+			first := dialGateway(t, g)
+			first.send(strings.Replace(get1("http://t.example/first"), "GET", c.method, 1))
+			if resp, _ := first.read(c.method); resp.StatusCode != 200 {
+				t.Fatalf("first: %s", resp.Status)
+			}
+			if c.late {
+				close(read)
+				<-written
+			}
+			next := dialGateway(t, g)
+			next.send("GET http://t.example/next HTTP/1.1\r\nHost: x\r\nProxy-Authorization: " + basic("bob", bobPass) + "\r\n\r\n")
+			if resp, body := next.read("GET"); resp.StatusCode != 200 || body != "next" {
+				t.Fatalf("the next request got %s %q, want its own answer %q", resp.Status, body, "next")
+			}
+			if r := g.Gateway.picker.(*fakePicker).gotReports(); len(r) != 0 {
+				t.Fatalf("reports %v", r)
+			}
+		})
+	}
 }

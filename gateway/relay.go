@@ -20,7 +20,11 @@ type relayState struct {
 	headLen  int         // the answer's head, still in uc.br (0: read already)
 	bodySent bool        // the request's body went with its head
 	sender   *bodySender // or goes on in a goroutine
-	upBytes  int64       // body bytes taken from the client
+	// early: the answer's head came before the sender had sent the
+	// whole body; the proxy may read what followed as another request,
+	// so its connection is not kept.
+	early   bool
+	upBytes int64 // body bytes taken from the client
 }
 
 // consumeHead drops the request's head from the client's reader.
@@ -258,7 +262,7 @@ func (cc *clientConn) try(req []byte, st *relayState) (retryable bool, err error
 		var uc *upConn
 		now := time.Now()
 		if attempt == 0 {
-			uc = g.pool.get(st.p.Addr, now, !cc.replayable())
+			uc = g.pool.get(st.p.Addr, now)
 		}
 		if uc == nil {
 			c, err := g.dial(g.hard, st.p.Addr)
@@ -371,6 +375,13 @@ func (cc *clientConn) readAnswerHead(uc *upConn, st *relayState, now time.Time) 
 			return &upstreamError{causeStatus, "answered 407 Proxy Authentication Required"}
 		}
 		uc.limit.Store(0)
+		if s := st.sender; s != nil {
+			select {
+			case <-s.done:
+			default:
+				st.early = true
+			}
+		}
 		return nil
 	}
 }
