@@ -299,6 +299,10 @@ type Gateway struct {
 	// Cooldown: a proxy this gateway reported is passed over for this long
 	// (unless no other matches), default 10s.
 	Cooldown time.Duration `yaml:"cooldown"`
+	// AuthFailures: failed credentials one source address may present
+	// within a minute (default 5); then its attempts are refused
+	// unchecked (HTTP 429, SOCKS5 failure) until the minute has passed.
+	AuthFailures int `yaml:"auth_failures"`
 	// HTTP is where `proxyfleet gateway` serves /metrics, /healthz and
 	// /readyz (overridden by --http; empty: no listener); `serve` serves
 	// the gateway's metrics on health.http.
@@ -442,6 +446,9 @@ func (c *Config) SetDefaults() {
 	setDur(&g.ConnectTimeout, 5*time.Second)
 	setDur(&g.ResponseTimeout, 30*time.Second)
 	setDur(&g.Cooldown, 10*time.Second)
+	if g.AuthFailures == 0 {
+		g.AuthFailures = 5
+	}
 	for i := range g.Users {
 		if g.Users[i].MaxConns == 0 {
 			g.Users[i].MaxConns = 256

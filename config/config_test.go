@@ -82,6 +82,7 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "gateway: {listen: ':8888', users: [{name: a, password_file: /p, max_conns: -2}]}\n", "gateway.users[0].max_conns"},
 		{good + "gateway: {strategy: fastest}\n", "gateway.strategy"},
 		{good + "gateway: {retries: 11}\n", "gateway.retries"},
+		{good + "gateway: {auth_failures: -1}\n", "gateway.auth_failures"},
 		{good + "gateway: {connect_timeout: -1s}\n", "gateway.connect_timeout"},
 		{"hosts:\n  - {name: a, driver: sim, sim: {dir: /x}, addresses: {ipv4: [203.0.113.8/33]}}\n", "hosts[0].addresses.ipv4[0]"},
 		{"hosts:\n  - {name: a, driver: sim, sim: {dir: /x}, addresses: {ipv6: ['2001:db8::/64'], ipv6_per_proxy: 300}}\n", "hosts[0].addresses.ipv6_per_proxy"},
@@ -232,7 +233,7 @@ func TestGatewayDefaultsAndSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := c.Gateway
-	if g.Strategy != "round-robin" || g.Retries != 2 || g.ConnectTimeout != 5*time.Second || g.Cooldown != 10*time.Second ||
+	if g.Strategy != "round-robin" || g.Retries != 2 || g.ConnectTimeout != 5*time.Second || g.Cooldown != 10*time.Second || g.AuthFailures != 5 ||
 		g.Users[0].MaxConns != 256 || c.Health.ReportInterval != 5*time.Second || c.Health.ReportRate != 20 {
 		t.Fatalf("defaults not filled: %+v %+v", g, c.Health)
 	}

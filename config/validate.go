@@ -372,6 +372,9 @@ func (g Gateway) validate() error {
 	if g.Retries < 0 || g.Retries > 10 {
 		return bad("gateway.retries", "%d is out of range [0, 10]", g.Retries)
 	}
+	if g.AuthFailures < 1 || g.AuthFailures > 10_000 {
+		return bad("gateway.auth_failures", "%d is out of range [1, 10000]", g.AuthFailures)
+	}
 	return nil
 }
 

@@ -50,6 +50,11 @@ type Config struct {
 	// IdleTimeout closes an HTTP client connection idle between
 	// requests for that long (default 90s).
 	IdleTimeout time.Duration
+	// AuthFailures is how many failed credentials one source address
+	// may present within a minute (default 5); then its attempts are
+	// refused (HTTP 429 with Retry-After, SOCKS5 status failure) without
+	// a password being checked, until the minute has passed.
+	AuthFailures int
 
 	Logger *slog.Logger
 	// Registry is where the gateway registers its metrics
@@ -80,6 +85,7 @@ const (
 	DefaultHandshakeTimeout = 10 * time.Second
 	DefaultIdleTimeout      = 90 * time.Second
 	DefaultMaxConns         = 256
+	DefaultAuthFailures     = 5
 )
 
 // WithDefaults returns c with every zero value that has a default
@@ -94,6 +100,9 @@ func (c Config) WithDefaults() Config {
 	setDur(&c.DrainTimeout, DefaultDrainTimeout)
 	setDur(&c.HandshakeTimeout, DefaultHandshakeTimeout)
 	setDur(&c.IdleTimeout, DefaultIdleTimeout)
+	if c.AuthFailures == 0 {
+		c.AuthFailures = DefaultAuthFailures
+	}
 	users := make([]User, len(c.Users))
 	copy(users, c.Users)
 	for i := range users {
@@ -167,6 +176,9 @@ func (c Config) Validate() error {
 		if u.MaxConns < 1 || u.MaxConns > 1<<20 {
 			return bad(f+".max_conns", "%d is out of range [1, 1048576]", u.MaxConns)
 		}
+	}
+	if c.AuthFailures < 1 || c.AuthFailures > 10_000 {
+		return bad("gateway.auth_failures", "%d is out of range [1, 10000]", c.AuthFailures)
 	}
 	if c.Retries > 10 {
 		return bad("gateway.retries", "%d is out of range [0, 10]", c.Retries)

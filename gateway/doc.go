@@ -15,9 +15,20 @@
 // Every request needs one of Config.Users: Proxy-Authorization: Basic for
 // HTTP (none or wrong: 407 with Proxy-Authenticate: Basic
 // realm="proxyfleet"), RFC 1929 for SOCKS5 (no method offered but
-// username/password: "no acceptable methods"; wrong: status 1). New
-// refuses a config without users. Passwords are compared in constant
-// time (of their SHA-256) and never logged, put in an error or a metric.
+// username/password: "no acceptable methods"; wrong: status 1). A 407
+// for a wrong credential closes the connection; one for a missing
+// credential keeps it (a browser sends it on the same connection once
+// asked). New refuses a config without users. Passwords are compared
+// in constant time (of their SHA-256) and never logged, put in an error
+// or a metric.
+//
+// After AuthFailures (default 5) failed credentials from one source
+// address within a minute (from the first of them), that address's
+// credentials are refused without a password being checked until the
+// minute has passed: 429 with Retry-After (and a close) for HTTP, RFC
+// 1929 status 1 for SOCKS5. A connection's credential that passed
+// before is taken again as ever. The table of addresses holds at most
+// 10,000; a new one evicts the one whose minute began first.
 // Each user has at most MaxConns requests and tunnels at once; over it:
 // 429, or a SOCKS5 general failure.
 //
@@ -111,8 +122,8 @@
 // # Metrics
 //
 // proxyfleet_gateway_requests_total{kind=connect|http|socks, outcome=ok|
-// auth|limit|empty|upstream_failed|client_gone|error},
-// _auth_failures_total{kind,reason=missing|wrong}, _retries_total{kind},
+// auth|throttled|limit|empty|upstream_failed|client_gone|error},
+// _auth_failures_total{kind,reason=missing|wrong|throttled}, _retries_total{kind},
 // _upstream_failures_total{cause=refused|timeout|status|reset|other},
 // _reports_total{result=ok|error}, _in_flight{kind},
 // _bytes_total{direction=up|down} (a tunnel's bytes are added when it

@@ -32,6 +32,7 @@ type Gateway struct {
 	slow         *chanListener // where the lean path hands connections to the slow one
 	draining     atomic.Bool   // Run is stopping: no connection is kept alive
 	turns        turns         // egress-rotate's counters
+	authThrottle *throttle     // failed credentials by source address
 
 	// hard ends when the drain ran out: what is in flight stops.
 	hard       context.Context
@@ -63,15 +64,16 @@ func New(picker Picker, cfg Config) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway metrics: %w", err)
 	}
 	g := &Gateway{
-		cfg:     cfg,
-		log:     cfg.Logger.With("component", "gateway"),
-		picker:  picker,
-		users:   newUsers(cfg.Users),
-		m:       m,
-		retries: max(cfg.Retries, 0),
-		track:   newTracker(),
-		pool:    newPool(),
-		started: make(chan struct{}),
+		cfg:          cfg,
+		log:          cfg.Logger.With("component", "gateway"),
+		picker:       picker,
+		users:        newUsers(cfg.Users),
+		m:            m,
+		retries:      max(cfg.Retries, 0),
+		track:        newTracker(),
+		pool:         newPool(),
+		authThrottle: newThrottle(cfg.AuthFailures, authFailWindow, maxAuthSources),
+		started:      make(chan struct{}),
 	}
 	g.dialer = net.Dialer{KeepAlive: 30 * time.Second}
 	if cfg.UpstreamUser != "" {

@@ -1,10 +1,16 @@
 package gateway
 
 import (
+	"bufio"
 	"io"
 	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // The gateway faces the internet: framing that could smuggle a request,
@@ -117,5 +123,175 @@ func TestPoisonedUpstreamNotReused(t *testing.T) {
 				t.Fatalf("reports %v", r)
 			}
 		})
+	}
+}
+
+// TestWrongCredentialCloses: a 407 for a wrong credential closes the
+// connection; one for a missing credential keeps it (a browser sends
+// its credential on the same connection once asked), on both paths.
+func TestWrongCredentialCloses(t *testing.T) {
+	_, pk := fleet(t, 1)
+	g := startGateway(t, pk, nil)
+	tg := newTarget(t, false)
+	for _, path := range []struct{ name, more string }{
+		{"lean", ""},
+		{"slow", "Cookie: " + strings.Repeat("k", 12<<10) + "\r\n"},
+	} {
+		t.Run(path.name, func(t *testing.T) {
+			rc := dialGateway(t, g)
+			rc.send("GET " + tg.srv.URL + "/ HTTP/1.1\r\nHost: x\r\n" + path.more + "\r\n")
+			if resp, _ := rc.read("GET"); resp.StatusCode != http.StatusProxyAuthRequired || resp.Close {
+				t.Fatalf("missing: %s close %v, want 407 keeping the connection", resp.Status, resp.Close)
+			}
+			rc.send(get1(tg.srv.URL+"/", path.more))
+			if resp, body := rc.read("GET"); resp.StatusCode != 200 || body != "hello from target" {
+				t.Fatalf("then right: %s %q", resp.Status, body)
+			}
+			rc.send("GET " + tg.srv.URL + "/ HTTP/1.1\r\nHost: x\r\n" + path.more + "Proxy-Authorization: " + basic("alice", "nope") + "\r\n\r\n")
+			if resp, _ := rc.read("GET"); resp.StatusCode != http.StatusProxyAuthRequired || !resp.Close {
+				t.Fatalf("wrong: %s close %v, want 407 saying close", resp.Status, resp.Close)
+			}
+			if !rc.closed() {
+				t.Fatal("the connection stays open after a wrong credential")
+			}
+		})
+	}
+}
+
+// clock is a Config.Now that can be moved forward.
+type clock struct{ offset atomic.Int64 }
+
+func (c *clock) now() time.Time          { return time.Now().Add(time.Duration(c.offset.Load())) }
+func (c *clock) advance(d time.Duration) { c.offset.Add(int64(d)) }
+func (g *testGateway) socksAuthStatus(t *testing.T, user, pw string) byte {
+	t.Helper()
+	c, err := net.Dial("tcp", g.SocksAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	msg := []byte{5, 1, 2, 1, byte(len(user))}
+	msg = append(msg, user...)
+	msg = append(msg, byte(len(pw)))
+	msg = append(msg, pw...)
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	var b [4]byte
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		t.Fatal(err)
+	}
+	if b[0] != 5 || b[1] != 2 || b[2] != 1 {
+		t.Fatalf("SOCKS5 answers % x", b)
+	}
+	return b[3]
+}
+
+// TestAuthThrottle: after AuthFailures failed credentials from one
+// address within a minute, its attempts are refused without the
+// password being checked (the right one too): 429 with Retry-After on
+// both HTTP paths (the connection closed), RFC 1929 failure on SOCKS5,
+// counted as throttled; once the minute has passed, the right password
+// works again.
+func TestAuthThrottle(t *testing.T) {
+	_, pk := fleet(t, 1)
+	var clk clock
+	g := startGateway(t, pk, func(c *Config) { c.AuthFailures = 3; c.Now = clk.now })
+	tg := newTarget(t, false)
+	big := "Cookie: " + strings.Repeat("k", 12<<10) + "\r\n"
+	wrong := func(more string) {
+		t.Helper()
+		rc := dialGateway(t, g)
+		rc.send("GET " + tg.srv.URL + "/ HTTP/1.1\r\nHost: x\r\n" + more + "Proxy-Authorization: " + basic("alice", "guess") + "\r\n\r\n")
+		if resp, _ := rc.read("GET"); resp.StatusCode != http.StatusProxyAuthRequired {
+			t.Fatalf("a wrong guess: %s, want 407", resp.Status)
+		}
+	}
+	wrong("")
+	wrong(big)
+	if s := g.socksAuthStatus(t, "alice", "guess"); s == 0 {
+		t.Fatal("SOCKS5 took a wrong password")
+	}
+	// Three failures: now even the right password is not checked.
+	for _, more := range []string{"", big} {
+		rc := dialGateway(t, g)
+		rc.send(get1(tg.srv.URL+"/", more))
+		resp, _ := rc.read("GET")
+		if resp.StatusCode != http.StatusTooManyRequests || !resp.Close {
+			t.Fatalf("throttled (big head %v): %s close %v, want 429 saying close", more != "", resp.Status, resp.Close)
+		}
+		if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || ra < 1 || ra > 60 {
+			t.Fatalf("Retry-After %q, want 1 to 60 seconds", resp.Header.Get("Retry-After"))
+		}
+		if !rc.closed() {
+			t.Fatal("a throttled connection stays open")
+		}
+	}
+	if s := g.socksAuthStatus(t, "alice", alicePass); s == 0 {
+		t.Fatal("SOCKS5 checked a throttled source's password")
+	}
+	// Another address is not throttled.
+	if v6 := dialFrom(t, g.Addr(), "127.0.0.2"); v6 != nil {
+		v6.send(get1(tg.srv.URL + "/"))
+		if resp, _ := v6.read("GET"); resp.StatusCode != 200 {
+			t.Fatalf("from another address: %s", resp.Status)
+		}
+	}
+	got := requests(g, kindHTTP, outcomeThrottled) + requests(g, kindSocks, outcomeThrottled)
+	if got != 3 {
+		t.Fatalf("throttled counted %v, want 3", got)
+	}
+	clk.advance(61 * time.Second)
+	rc := dialGateway(t, g)
+	rc.send(get1(tg.srv.URL + "/"))
+	if resp, body := rc.read("GET"); resp.StatusCode != 200 || body != "hello from target" {
+		t.Fatalf("after the minute: %s %q", resp.Status, body)
+	}
+	if s := g.socksAuthStatus(t, "alice", alicePass); s != 0 {
+		t.Fatalf("SOCKS5 after the minute: status %d", s)
+	}
+}
+
+// dialFrom connects to addr from the local address from (nil when the
+// machine does not have it).
+func dialFrom(t *testing.T, addr, from string) *rawClient {
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 10 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Logf("no connection from %s: %v", from, err)
+		return nil
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	return &rawClient{t: t, c: c, br: bufio.NewReader(c)}
+}
+
+// TestThrottleTableBounded: the table of sources holds at most its
+// max; a new source evicts the one whose window began first.
+func TestThrottleTableBounded(t *testing.T) {
+	th := newThrottle(2, time.Minute, 3)
+	now := time.Unix(1_000_000, 0)
+	addr := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{198, 18, 0, byte(i)}) }
+	for i := range 10 {
+		th.fail(addr(i), now.Add(time.Duration(i)*time.Second))
+		th.fail(addr(i), now.Add(time.Duration(i)*time.Second))
+		if th.len() > 3 {
+			t.Fatalf("%d sources held, want at most 3", th.len())
+		}
+	}
+	at := now.Add(10 * time.Second)
+	for i := range 7 {
+		if _, blocked := th.blocked(addr(i), at); blocked {
+			t.Fatalf("source %d, evicted, is still blocked", i)
+		}
+	}
+	for i := 7; i < 10; i++ {
+		if wait, blocked := th.blocked(addr(i), at); !blocked || wait <= 0 || wait > time.Minute {
+			t.Fatalf("source %d: blocked %v for %s", i, blocked, wait)
+		}
+	}
+	if _, blocked := th.blocked(addr(9), now.Add(70*time.Second)); blocked {
+		t.Fatal("blocked after its window")
 	}
 }

@@ -79,11 +79,23 @@ func closeAfter(r *http.Request) bool {
 }
 
 // authHTTP checks Proxy-Authorization; without or with a wrong one it
-// answers 407 and counts it.
+// answers 407 and counts it (a wrong one closes the connection). A
+// credential from a source address that failed too often lately is
+// refused unchecked: 429 with Retry-After, and the connection closes.
 func (g *Gateway) authHTTP(w http.ResponseWriter, r *http.Request, kind string) (*user, options, bool) {
 	h := r.Header.Get("Proxy-Authorization")
 	reason := authMissing
 	if h != "" {
+		src := sourceOfString(r.RemoteAddr)
+		now := g.cfg.Now()
+		if wait, blocked := g.authThrottle.blocked(src, now); blocked {
+			g.m.request(kind, outcomeThrottled).Inc()
+			g.m.authFailures.WithLabelValues(kind, authThrottled).Inc()
+			w.Header().Set("Connection", "close")
+			w.Header().Set("Retry-After", strconv.Itoa(retryAfter(wait)))
+			http.Error(w, "too many failed credentials from this address", http.StatusTooManyRequests)
+			return nil, options{}, false
+		}
 		reason = authWrong
 		if name, pw, ok := basicCredentials(h); ok {
 			u, o, err := g.users.check(name, pw)
@@ -96,6 +108,8 @@ func (g *Gateway) authHTTP(w http.ResponseWriter, r *http.Request, kind string) 
 				return nil, o, false
 			}
 		}
+		g.authThrottle.fail(src, now)
+		w.Header().Set("Connection", "close") // a wrong credential ends the connection
 	}
 	g.m.request(kind, outcomeAuth).Inc()
 	g.m.authFailures.WithLabelValues(kind, reason).Inc()

@@ -15,6 +15,7 @@ const (
 const (
 	outcomeOK             = "ok"              // a proxy carried it (whatever the target answered)
 	outcomeAuth           = "auth"            // no or wrong credentials
+	outcomeThrottled      = "throttled"       // refused unchecked: too many failed credentials from its address
 	outcomeLimit          = "limit"           // the user's max_conns were all taken
 	outcomeEmpty          = "empty"           // no proxy matched
 	outcomeUpstreamFailed = "upstream_failed" // every proxy tried failed
@@ -54,7 +55,7 @@ type metrics struct {
 
 var (
 	kinds    = [...]string{kindConnect, kindHTTP, kindSocks}
-	outcomes = [...]string{outcomeOK, outcomeAuth, outcomeLimit, outcomeEmpty, outcomeUpstreamFailed, outcomeClientGone, outcomeError}
+	outcomes = [...]string{outcomeOK, outcomeAuth, outcomeThrottled, outcomeLimit, outcomeEmpty, outcomeUpstreamFailed, outcomeClientGone, outcomeError}
 	causes   = [...]string{causeRefused, causeTimeout, causeStatus, causeReset, causeOther}
 )
 
@@ -91,7 +92,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		}, []string{"kind", "outcome"}),
 		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_gateway_auth_failures_total",
-			Help: "Requests refused for their credentials: missing or wrong (unknown user or wrong password).",
+			Help: "Requests refused for their credentials: missing, wrong (unknown user or wrong password), or throttled (not checked: too many failed from their source address within a minute).",
 		}, []string{"kind", "reason"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_gateway_retries_total",
@@ -134,6 +135,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		m.inFlightOf[i] = m.inFlight.WithLabelValues(k)
 		m.authFailures.WithLabelValues(k, authMissing)
 		m.authFailures.WithLabelValues(k, authWrong)
+		m.authFailures.WithLabelValues(k, authThrottled)
 	}
 	for i, c := range causes {
 		m.failOf[i] = m.upstreamFail.WithLabelValues(c)

@@ -75,7 +75,10 @@ func authority(target []byte) (host []byte, ok bool) {
 
 // authenticate checks the request's Proxy-Authorization (the last one
 // that passed on this connection is taken again without a hash). On a
-// refusal it has answered; keep says whether the connection goes on.
+// refusal it has answered; keep says whether the connection goes on:
+// only after a missing credential (a browser sends it on the same
+// connection once asked). A credential from a source address that
+// failed too often lately is refused unchecked (429, see throttle).
 func (cc *clientConn) authenticate(kind string) (u *user, o options, ok, keep bool) {
 	g := cc.g
 	a := cc.h.auth
@@ -84,6 +87,14 @@ func (cc *clientConn) authenticate(kind string) (u *user, o options, ok, keep bo
 	}
 	reason := authMissing
 	if len(a) > 0 {
+		src := sourceOf(cc.c.RemoteAddr())
+		now := g.cfg.Now()
+		if wait, blocked := g.authThrottle.blocked(src, now); blocked {
+			g.m.request(kind, outcomeThrottled).Inc()
+			g.m.authFailures.WithLabelValues(kind, authThrottled).Inc()
+			cc.h.close = true
+			return nil, options{}, false, cc.reply(http.StatusTooManyRequests, "too many failed credentials from this address", "Retry-After: "+strconv.Itoa(retryAfter(wait)))
+		}
 		reason = authWrong
 		if name, pw, found := basicCredentials(string(a)); found {
 			u, o, err := g.users.check(name, pw)
@@ -97,6 +108,8 @@ func (cc *clientConn) authenticate(kind string) (u *user, o options, ok, keep bo
 				return nil, o, false, cc.reply(http.StatusBadRequest, err.Error())
 			}
 		}
+		g.authThrottle.fail(src, now)
+		cc.h.close = true // a wrong credential ends the connection
 	}
 	g.m.request(kind, outcomeAuth).Inc()
 	g.m.authFailures.WithLabelValues(kind, reason).Inc()

@@ -248,10 +248,21 @@ func (g *Gateway) socksAuth(c net.Conn) (*user, options, bool) {
 		g.m.request(kindSocks, outcomeError).Inc()
 		return nil, options{}, false
 	}
+	src := sourceOf(c.RemoteAddr())
+	now := g.cfg.Now()
+	if _, blocked := g.authThrottle.blocked(src, now); blocked {
+		// Refused unchecked: too many failed from this address lately.
+		clear(b[:])
+		g.m.request(kindSocks, outcomeThrottled).Inc()
+		g.m.authFailures.WithLabelValues(kindSocks, authThrottled).Inc()
+		_, _ = c.Write([]byte{socksAuthVersion, socksAuthFailed})
+		return nil, options{}, false
+	}
 	u, o, err := g.users.check(name, string(pw))
 	clear(b[:]) // the password leaves no copy of ours
 	if err != nil {
 		if errors.Is(err, errAuth) {
+			g.authThrottle.fail(src, now)
 			g.m.request(kindSocks, outcomeAuth).Inc()
 			g.m.authFailures.WithLabelValues(kindSocks, authWrong).Inc()
 		} else {
