@@ -83,6 +83,10 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "gateway: {strategy: fastest}\n", "gateway.strategy"},
 		{good + "gateway: {retries: 11}\n", "gateway.retries"},
 		{good + "gateway: {auth_failures: -1}\n", "gateway.auth_failures"},
+		{good + "gateway: {max_header_bytes: 4096}\n", "gateway.max_header_bytes"},
+		{good + "gateway: {max_header_fields: -1}\n", "gateway.max_header_fields"},
+		{good + "gateway: {header_timeout: -1s}\n", "gateway.header_timeout"},
+		{good + "gateway: {max_unauthenticated: -1}\n", "gateway.max_unauthenticated"},
 		{good + "gateway: {connect_timeout: -1s}\n", "gateway.connect_timeout"},
 		{"hosts:\n  - {name: a, driver: sim, sim: {dir: /x}, addresses: {ipv4: [203.0.113.8/33]}}\n", "hosts[0].addresses.ipv4[0]"},
 		{"hosts:\n  - {name: a, driver: sim, sim: {dir: /x}, addresses: {ipv6: ['2001:db8::/64'], ipv6_per_proxy: 300}}\n", "hosts[0].addresses.ipv6_per_proxy"},
@@ -234,6 +238,7 @@ func TestGatewayDefaultsAndSecrets(t *testing.T) {
 	}
 	g := c.Gateway
 	if g.Strategy != "round-robin" || g.Retries != 2 || g.ConnectTimeout != 5*time.Second || g.Cooldown != 10*time.Second || g.AuthFailures != 5 ||
+		g.MaxHeaderBytes != 64<<10 || g.MaxHeaderFields != 100 || g.HeaderTimeout != 10*time.Second || g.MaxUnauthenticated != 1024 ||
 		g.Users[0].MaxConns != 256 || c.Health.ReportInterval != 5*time.Second || c.Health.ReportRate != 20 {
 		t.Fatalf("defaults not filled: %+v %+v", g, c.Health)
 	}

@@ -82,6 +82,24 @@
 // is ServeHTTP (the slow path, an http.Transport to the proxies), which
 // answers as it always has.
 //
+// # Limits before authentication
+//
+// What a client that has not authenticated can cost is bounded. An HTTP
+// request's head is due HeaderTimeout (default 10s) after the
+// connection's accept, or for a next request on a kept-alive connection
+// after its first byte; not complete by then, the connection is closed
+// (the lean path's read deadline; net/http's ReadHeaderTimeout, brought
+// forward to the same time for a head handed over). A head over
+// MaxHeaderBytes (default 64 KiB; the lean path takes up to 8 KiB and
+// hands larger ones to net/http, whose MaxHeaderBytes is set so) or with
+// more than MaxHeaderFields fields (default 100; counted by the lean
+// parser, and by the handler on the slow path) is answered 431 Request
+// Header Fields Too Large before its credential is looked at, and the
+// connection closed. At most MaxUnauthenticated connections (default
+// 1024, HTTP and SOCKS5 together) are open at once that have not yet
+// presented a valid credential; over it, a new connection is closed as
+// it is accepted (proxyfleet_gateway_unauthenticated_refused_total).
+//
 // # Framing
 //
 // A request with both Content-Length and Transfer-Encoding: chunked is
@@ -127,7 +145,8 @@
 // _upstream_failures_total{cause=refused|timeout|status|reset|other},
 // _reports_total{result=ok|error}, _in_flight{kind},
 // _bytes_total{direction=up|down} (a tunnel's bytes are added when it
-// ends) and _upstream_connect_duration_seconds. No label carries a proxy
+// ends), _upstream_connect_duration_seconds,
+// _unauthenticated_connections and _unauthenticated_refused_total. No label carries a proxy
 // id or a user name.
 //
 // # Lifecycle

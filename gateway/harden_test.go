@@ -2,15 +2,22 @@ package gateway
 
 import (
 	"bufio"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"proxyfleet/internal/poll"
 )
 
 // The gateway faces the internet: framing that could smuggle a request,
@@ -294,4 +301,174 @@ func TestThrottleTableBounded(t *testing.T) {
 	if _, blocked := th.blocked(addr(9), now.Add(70*time.Second)); blocked {
 		t.Fatal("blocked after its window")
 	}
+}
+
+// manyFields is n header field lines.
+func manyFields(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "X-F%d: v\r\n", i)
+	}
+	return b.String()
+}
+
+// TestHeadLimits: a head over MaxHeaderBytes or with more than
+// MaxHeaderFields fields is answered 431 before its credential is
+// looked at (none is sent), and the connection closes, on the lean path
+// and the slow one; a head within both is carried.
+func TestHeadLimits(t *testing.T) {
+	_, pk := fleet(t, 1)
+	g := startGateway(t, pk, func(c *Config) { c.MaxHeaderFields = 20 })
+	tg := newTarget(t, false)
+	u := tg.srv.URL + "/"
+	big := "Cookie: " + strings.Repeat("k", 12<<10) + "\r\n" // to the slow path
+	for _, c := range []struct {
+		name, head string
+		want       int
+	}{
+		{"lean fields", "GET " + u + " HTTP/1.1\r\nHost: x\r\n" + manyFields(20) + "\r\n", 431},
+		{"slow fields", "GET " + u + " HTTP/1.1\r\nHost: x\r\n" + big + manyFields(20) + "\r\n", 431},
+		{"slow bytes", "GET " + u + " HTTP/1.1\r\nHost: x\r\nCookie: " + strings.Repeat("k", 65<<10) + "\r\n\r\n", 431},
+		{"CONNECT fields", "CONNECT t.example:443 HTTP/1.1\r\nHost: t.example:443\r\n" + manyFields(20) + "\r\n", 431},
+		{"within", get1(u, big, manyFields(15)), 200},
+		{"within bytes", get1(u, "Cookie: "+strings.Repeat("k", 62<<10)+"\r\n"), 200},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rc := dialGateway(t, g)
+			rc.send(c.head)
+			resp, err := http.ReadResponse(rc.br, &http.Request{Method: http.MethodGet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			if resp.StatusCode != c.want {
+				t.Fatalf("%s, want %d", resp.Status, c.want)
+			}
+			if c.want == 431 && !rc.closed() {
+				t.Fatal("the connection stays open after 431")
+			}
+		})
+	}
+	if got := testutil.ToFloat64(g.m.authFailures.WithLabelValues(kindHTTP, authMissing)); got != 0 {
+		t.Fatalf("%v credentials looked at for refused heads", got)
+	}
+}
+
+// TestHeaderTimeout: a connection that sends no head, or only part of
+// one, within HeaderTimeout of its accept is closed, on the lean path
+// and after a hand-over to the slow one; on a kept-alive connection a
+// next head is due HeaderTimeout after its first byte.
+func TestHeaderTimeout(t *testing.T) {
+	up := newScriptProxy(t, func(c net.Conn, r *seenRequest) bool {
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		return true
+	})
+	g := startGateway(t, newPicker(Proxy{ID: "p1", Addr: up.addr()}), func(c *Config) {
+		c.HeaderTimeout = 300 * time.Millisecond // IdleTimeout stays 90s
+	})
+	for _, c := range []struct{ name, sent string }{
+		{"nothing", ""},
+		{"part of a head", "GET http://t.example/ HTTP/1.1\r\nHost: x\r\n"},
+		{"part of a head handed over", "GET http://t.example/ HTTP/1.1\r\nCookie: " + strings.Repeat("k", 12<<10)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rc := dialGateway(t, g)
+			if c.sent != "" {
+				rc.send(c.sent)
+			}
+			if !rc.closed() {
+				t.Fatal("the connection stays open")
+			}
+		})
+	}
+	t.Run("kept alive", func(t *testing.T) {
+		rc := dialGateway(t, g)
+		rc.send(get1("http://t.example/"))
+		if resp, body := rc.read("GET"); resp.StatusCode != 200 || body != "ok" {
+			t.Fatalf("%s %q", resp.Status, body)
+		}
+		rc.send("GET http://t.example/ HTTP/1.1\r\n")
+		if !rc.closed() {
+			t.Fatal("the connection stays open with part of a next head")
+		}
+	})
+}
+
+// TestMaxUnauthenticated: at most MaxUnauthenticated connections open at
+// once without a valid credential yet; over it, new ones (HTTP or
+// SOCKS5) are closed at once and counted; one that authenticates, or
+// ends, gives its place back.
+func TestMaxUnauthenticated(t *testing.T) {
+	_, pk := fleet(t, 1)
+	g := startGateway(t, pk, func(c *Config) { c.MaxUnauthenticated = 2 })
+	tg := newTarget(t, false)
+	unauth := func() float64 { return gathered(t, g, "proxyfleet_gateway_unauthenticated_connections") }
+	a := dialGateway(t, g)
+	b := dialGateway(t, g)
+	poll.Until(t, "two connections held", 10*time.Second, func() bool { return unauth() == 2 })
+	over := dialGateway(t, g)
+	if !over.closed() {
+		t.Fatal("a third unauthenticated connection stays open")
+	}
+	sc, err := net.Dial("tcp", g.SocksAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	_ = sc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, _ = sc.Write([]byte{5, 1, 2})
+	// Closed unanswered: EOF, or a reset (the greeting arrived unread).
+	if n, err := sc.Read(make([]byte, 2)); n > 0 || err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a SOCKS5 connection over the limit: read %d, %v; want it closed", n, err)
+	}
+	if got := gathered(t, g, "proxyfleet_gateway_unauthenticated_refused_total"); got != 2 {
+		t.Fatalf("refused counted %v, want 2", got)
+	}
+	// a authenticates (and stays open): its place is free again.
+	a.send(get1(tg.srv.URL + "/"))
+	if resp, _ := a.read("GET"); resp.StatusCode != 200 {
+		t.Fatalf("a: %s", resp.Status)
+	}
+	poll.Until(t, "a's place given back", 10*time.Second, func() bool { return unauth() == 1 })
+	c := dialGateway(t, g)
+	c.send(get1(tg.srv.URL + "/"))
+	if resp, _ := c.read("GET"); resp.StatusCode != 200 {
+		t.Fatalf("c: %s", resp.Status)
+	}
+	// b ends: its place too; and a handed-over one gives it back on
+	// authenticating.
+	b.c.Close()
+	poll.Until(t, "b's place given back", 10*time.Second, func() bool { return unauth() == 0 })
+	d := dialGateway(t, g)
+	d.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n") // origin-form: the slow path
+	if resp, _ := d.read("GET"); resp.StatusCode != http.StatusProxyAuthRequired {
+		t.Fatalf("d: %s", resp.Status)
+	}
+	poll.Until(t, "d holds a place on the slow path", 10*time.Second, func() bool { return unauth() == 1 })
+	d.send(get1(tg.srv.URL + "/"))
+	if resp, _ := d.read("GET"); resp.StatusCode != 200 {
+		t.Fatalf("d: %s", resp.Status)
+	}
+	poll.Until(t, "d's place given back", 10*time.Second, func() bool { return unauth() == 0 })
+}
+
+// gathered is the value of the gateway's metric name (without labels),
+// -1 if it has none.
+func gathered(t *testing.T, g *testGateway, name string) float64 {
+	t.Helper()
+	mfs, err := g.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name || len(mf.GetMetric()) != 1 {
+			continue
+		}
+		m := mf.GetMetric()[0]
+		if c := m.GetCounter(); c != nil {
+			return c.GetValue()
+		}
+		return m.GetGauge().GetValue()
+	}
+	return -1
 }

@@ -31,6 +31,14 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if closeAfter(r) {
 		w.Header().Set("Connection", "close")
 	}
+	// net/http bounds the head's bytes (Server.MaxHeaderBytes) but not
+	// its fields: counted here, before the credential is looked at.
+	if n := fieldCount(r); n > g.cfg.MaxHeaderFields {
+		g.m.request(kind, outcomeError).Inc()
+		w.Header().Set("Connection", "close")
+		http.Error(w, fmt.Sprintf("more than %d header fields", g.cfg.MaxHeaderFields), http.StatusRequestHeaderFieldsTooLarge)
+		return
+	}
 	u, o, ok := g.authHTTP(w, r, kind)
 	if !ok {
 		return
@@ -67,6 +75,27 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.servePlain(ctx, w, r, o)
 }
 
+// connKey carries a slow-path request's connection in its context
+// (Server.ConnContext).
+type connKey struct{}
+
+// fieldCount is how many header field lines r came with, as the lean
+// parser counts them (Host, which net/http takes out of the header, and
+// Transfer-Encoding each count one).
+func fieldCount(r *http.Request) int {
+	n := 0
+	for _, vs := range r.Header {
+		n += len(vs)
+	}
+	if r.Host != "" {
+		n++
+	}
+	if len(r.TransferEncoding) > 0 {
+		n++
+	}
+	return n
+}
+
 // closeAfter says whether the connection closes after the answer to r:
 // a chunked request. net/http drops a Content-Length that came with
 // Transfer-Encoding: chunked before the handler sees it, so the slow
@@ -100,6 +129,9 @@ func (g *Gateway) authHTTP(w http.ResponseWriter, r *http.Request, kind string) 
 		if name, pw, ok := basicCredentials(h); ok {
 			u, o, err := g.users.check(name, pw)
 			if err == nil {
+				if pc, ok := r.Context().Value(connKey{}).(*prefixConn); ok {
+					pc.unauth.release()
+				}
 				return u, o, true
 			}
 			if !errors.Is(err, errAuth) {

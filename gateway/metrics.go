@@ -42,6 +42,10 @@ type metrics struct {
 	inFlight     *prometheus.GaugeVec
 	bytes        *prometheus.CounterVec
 	connectDur   prometheus.Histogram
+	// refusedUnauth counts connections closed at accept: MaxUnauthenticated
+	// were open already.
+	refusedUnauth prometheus.Counter
+	unauthGauge   prometheus.GaugeFunc
 
 	// The children of the vectors above, bound once: a request counts
 	// without a label lookup (hashing and a lock each).
@@ -84,7 +88,9 @@ func (m *metrics) retry(kind string) prometheus.Counter {
 // failure is the upstream failures counter of cause.
 func (m *metrics) failure(cause string) prometheus.Counter { return m.failOf[index(causes[:], cause)] }
 
-func newMetrics(r prometheus.Registerer) (*metrics, error) {
+// newMetrics registers the gateway's metrics in r; unauth reads how
+// many connections are open and not yet authenticated.
+func newMetrics(r prometheus.Registerer, unauth func() float64) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_gateway_requests_total",
@@ -119,8 +125,16 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			Help:    "Time to connect to a proxy (and, for a tunnel, its answer to CONNECT), successful attempts and failed ones alike.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}),
+		refusedUnauth: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "proxyfleet_gateway_unauthenticated_refused_total",
+			Help: "Connections (HTTP and SOCKS5) closed as they were accepted: max_unauthenticated connections without a valid credential yet were open.",
+		}),
+		unauthGauge: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "proxyfleet_gateway_unauthenticated_connections",
+			Help: "Connections (HTTP and SOCKS5) open that have not yet presented a valid credential.",
+		}, unauth),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.authFailures, m.retries, m.upstreamFail, m.reports, m.inFlight, m.bytes, m.connectDur} {
+	for _, c := range []prometheus.Collector{m.requests, m.authFailures, m.retries, m.upstreamFail, m.reports, m.inFlight, m.bytes, m.connectDur, m.refusedUnauth, m.unauthGauge} {
 		if err := r.Register(c); err != nil {
 			return nil, err
 		}

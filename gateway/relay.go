@@ -101,6 +101,7 @@ func (cc *clientConn) authenticate(kind string) (u *user, o options, ok, keep bo
 			if err == nil {
 				cc.authRaw = append(cc.authRaw[:0], a...)
 				cc.authUser, cc.authOpts = u, o
+				cc.unauth.release()
 				return u, o, true, true
 			}
 			if !errors.Is(err, errAuth) {

@@ -44,9 +44,16 @@ const (
 // first: then it returns nil).
 func (g *Gateway) serveSocks(ln net.Listener, stop <-chan struct{}) error {
 	return g.accept(ln, stop, "SOCKS5", func(c net.Conn) {
+		slot := &unauthSlot{}
+		if !slot.take(g.unauth) {
+			g.m.refusedUnauth.Inc()
+			c.Close()
+			return
+		}
 		g.track.add(c)
 		go func() {
-			if g.serveSocksConn(c) {
+			defer slot.release()
+			if g.serveSocksConn(c, slot) {
 				g.track.done() // c is the tunnel's now
 			} else {
 				g.track.done(c)
@@ -97,7 +104,7 @@ func socksReply(c net.Conn, code byte) error {
 // serveSocksConn runs one client: greeting, authentication, request,
 // then the tunnel in this goroutine and one more. It says whether a
 // tunnel took c over.
-func (g *Gateway) serveSocksConn(c net.Conn) (handed bool) {
+func (g *Gateway) serveSocksConn(c net.Conn, unauth *unauthSlot) (handed bool) {
 	defer func() {
 		if !handed {
 			c.Close()
@@ -110,6 +117,7 @@ func (g *Gateway) serveSocksConn(c net.Conn) (handed bool) {
 	if !ok {
 		return false
 	}
+	unauth.release()
 	target, err := socksRequest(c)
 	if err != nil {
 		var re *socksRequestError

@@ -52,8 +52,10 @@ func gatewayComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg pro
 		Listen: c.Gateway.Listen, SocksListen: c.Gateway.SocksListen,
 		UpstreamUser: c.Proxy.Auth.User, UpstreamPassword: c.Proxy.Auth.Password.Reveal(),
 		Retries: c.Gateway.Retries, ConnectTimeout: c.Gateway.ConnectTimeout, ResponseTimeout: c.Gateway.ResponseTimeout,
-		AuthFailures: c.Gateway.AuthFailures,
-		Logger:       log, Registry: reg,
+		AuthFailures:   c.Gateway.AuthFailures,
+		MaxHeaderBytes: c.Gateway.MaxHeaderBytes, MaxHeaderFields: c.Gateway.MaxHeaderFields,
+		HeaderTimeout: c.Gateway.HeaderTimeout, MaxUnauthenticated: c.Gateway.MaxUnauthenticated,
+		Logger: log, Registry: reg,
 	}
 	for _, u := range c.Gateway.Users {
 		gc.Users = append(gc.Users, gateway.User{Name: u.Name, Password: u.Password.Reveal(), MaxConns: u.MaxConns})
