@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -117,6 +118,11 @@ func TestPoisonedUpstreamNotReused(t *testing.T) {
 			if resp, _ := first.read(c.method); resp.StatusCode != 200 {
 				t.Fatalf("first: %s", resp.Status)
 			}
+			// Once the first request has ended (its proxy connection kept or
+			// not): the next one would find it in the pool.
+			poll.Until(t, "the first request ended", 10*time.Second, func() bool {
+				return testutil.ToFloat64(g.m.inFlight.WithLabelValues(kindHTTP)) == 0
+			})
 			if c.late {
 				close(read)
 				<-written
@@ -471,4 +477,108 @@ func gathered(t *testing.T, g *testGateway, name string) float64 {
 		return m.GetGauge().GetValue()
 	}
 	return -1
+}
+
+// TestEarlyAnswerNotReused: a proxy that answers before it has the
+// request's whole body may take what follows for another request: its
+// connection is not kept, and the next request goes on a new one.
+func TestEarlyAnswerNotReused(t *testing.T) {
+	answered := make(chan struct{})
+	up := newRawProxy(t, func(c net.Conn, br *bufio.Reader, n int) bool {
+		r, err := http.ReadRequest(br)
+		if err != nil {
+			return false
+		}
+		if n == 0 {
+			// Answers at the head, then reads the body.
+			_, _ = io.WriteString(c, "HTTP/1.1 413 Too Large\r\nContent-Length: 0\r\n\r\n")
+			close(answered)
+		} else {
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nnext")
+		}
+		_, err = io.Copy(io.Discard, r.Body)
+		return err == nil
+	})
+	g := startGateway(t, newPicker(Proxy{ID: "p1", Addr: up.addr()}), nil)
+	rc := dialGateway(t, g)
+	rc.send("POST http://t.example/ HTTP/1.1\r\nHost: x\r\n" + aliceAuth + "Content-Length: 10\r\n\r\nhalf.")
+	<-answered
+	// The answer is relayed while the body is still being sent.
+	if resp, _ := rc.read("POST"); resp.StatusCode != 413 {
+		t.Fatalf("%s, want the proxy's 413", resp.Status)
+	}
+	rc.send("rest.")
+	poll.Until(t, "the first request ended", 10*time.Second, func() bool {
+		return testutil.ToFloat64(g.m.inFlight.WithLabelValues(kindHTTP)) == 0
+	})
+	next := dialGateway(t, g)
+	next.send(get1("http://t.example/next"))
+	if resp, body := next.read("GET"); resp.StatusCode != 200 || body != "next" {
+		t.Fatalf("next: %s %q", resp.Status, body)
+	}
+	if n := up.conns(); n != 2 {
+		t.Fatalf("the proxy saw %d connections, want 2 (the early answer's not kept)", n)
+	}
+}
+
+// rawProxy is a fake proxy that serves each connection with serve
+// (its n-th request, counted over all connections) until it says stop.
+type rawProxy struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	n     int
+	count int
+	live  map[net.Conn]struct{}
+	wg    sync.WaitGroup
+}
+
+func newRawProxy(t *testing.T, serve func(c net.Conn, br *bufio.Reader, n int) bool) *rawProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &rawProxy{ln: ln, live: map[net.Conn]struct{}{}}
+	p.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			p.count++
+			p.live[c] = struct{}{}
+			p.mu.Unlock()
+			p.wg.Go(func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					p.mu.Lock()
+					n := p.n
+					p.n++
+					p.mu.Unlock()
+					if !serve(c, br, n) {
+						return
+					}
+				}
+			})
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		p.mu.Lock()
+		for c := range p.live {
+			c.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *rawProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *rawProxy) conns() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.count
 }
