@@ -305,6 +305,23 @@ type Gateway struct {
 	// Cooldown: a proxy this gateway reported is passed over for this long
 	// (unless no other matches), default 10s.
 	Cooldown time.Duration `yaml:"cooldown"`
+	// AuthFailures: failed credentials one source address may present
+	// within a minute (default 5); then its attempts are refused
+	// unchecked (HTTP 429, SOCKS5 failure) until the minute has passed.
+	AuthFailures int `yaml:"auth_failures"`
+	// MaxHeaderBytes (default 64 KiB, at least 8 KiB) and MaxHeaderFields
+	// (default 100) bound an HTTP request's head: over either, 431 before
+	// the credential is looked at, and the connection closes.
+	MaxHeaderBytes  int `yaml:"max_header_bytes"`
+	MaxHeaderFields int `yaml:"max_header_fields"`
+	// HeaderTimeout: an HTTP request's head not complete this long after
+	// the accept (or a next request's first byte) closes the connection
+	// (default 10s).
+	HeaderTimeout time.Duration `yaml:"header_timeout"`
+	// MaxUnauthenticated: connections (HTTP and SOCKS5) open at once
+	// without a valid credential yet (default 1024); over it, new ones
+	// are closed as they are accepted.
+	MaxUnauthenticated int `yaml:"max_unauthenticated"`
 	// HTTP is where `proxyfleet gateway` serves /metrics, /healthz and
 	// /readyz (overridden by --http; empty: no listener); `serve` serves
 	// the gateway's metrics on health.http.
@@ -469,6 +486,19 @@ func (c *Config) SetDefaults() {
 	setDur(&g.ConnectTimeout, 5*time.Second)
 	setDur(&g.ResponseTimeout, 30*time.Second)
 	setDur(&g.Cooldown, 10*time.Second)
+	if g.AuthFailures == 0 {
+		g.AuthFailures = 5
+	}
+	if g.MaxHeaderBytes == 0 {
+		g.MaxHeaderBytes = 64 << 10
+	}
+	if g.MaxHeaderFields == 0 {
+		g.MaxHeaderFields = 100
+	}
+	setDur(&g.HeaderTimeout, 10*time.Second)
+	if g.MaxUnauthenticated == 0 {
+		g.MaxUnauthenticated = 1024
+	}
 	for i := range g.Users {
 		if g.Users[i].MaxConns == 0 {
 			g.Users[i].MaxConns = 256

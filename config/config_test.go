@@ -84,6 +84,11 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "gateway: {listen: ':8888', users: [{name: a, password_file: /p, max_conns: -2}]}\n", "gateway.users[0].max_conns"},
 		{good + "gateway: {strategy: fastest}\n", "gateway.strategy"},
 		{good + "gateway: {retries: 11}\n", "gateway.retries"},
+		{good + "gateway: {auth_failures: -1}\n", "gateway.auth_failures"},
+		{good + "gateway: {max_header_bytes: 4096}\n", "gateway.max_header_bytes"},
+		{good + "gateway: {max_header_fields: -1}\n", "gateway.max_header_fields"},
+		{good + "gateway: {header_timeout: -1s}\n", "gateway.header_timeout"},
+		{good + "gateway: {max_unauthenticated: -1}\n", "gateway.max_unauthenticated"},
 		{good + "gateway: {connect_timeout: -1s}\n", "gateway.connect_timeout"},
 		{good + "gateway: {deny: [10.0.0.0/8, 'fd00::/8', x]}\n", "gateway.deny[2]"},
 		{good + "gateway: {deny: ['fe80::1%eth0']}\n", "gateway.deny[0]"},
@@ -241,7 +246,8 @@ func TestGatewayDefaultsAndSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := c.Gateway
-	if g.Strategy != "round-robin" || g.Retries != 2 || g.ConnectTimeout != 5*time.Second || g.Cooldown != 10*time.Second ||
+	if g.Strategy != "round-robin" || g.Retries != 2 || g.ConnectTimeout != 5*time.Second || g.Cooldown != 10*time.Second || g.AuthFailures != 5 ||
+		g.MaxHeaderBytes != 64<<10 || g.MaxHeaderFields != 100 || g.HeaderTimeout != 10*time.Second || g.MaxUnauthenticated != 1024 ||
 		g.Users[0].MaxConns != 256 || c.Health.ReportInterval != 5*time.Second || c.Health.ReportRate != 20 {
 		t.Fatalf("defaults not filled: %+v %+v", g, c.Health)
 	}

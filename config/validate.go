@@ -73,6 +73,7 @@ func (c *Config) Validate() error {
 		{"gateway.connect_timeout", c.Gateway.ConnectTimeout},
 		{"gateway.response_timeout", c.Gateway.ResponseTimeout},
 		{"gateway.cooldown", c.Gateway.Cooldown},
+		{"gateway.header_timeout", c.Gateway.HeaderTimeout},
 	} {
 		if d.v < 0 {
 			return bad(d.f, "negative duration %s", d.v)
@@ -375,6 +376,18 @@ func (g Gateway) validate() error {
 	}
 	if g.Retries < 0 || g.Retries > 10 {
 		return bad("gateway.retries", "%d is out of range [0, 10]", g.Retries)
+	}
+	if g.AuthFailures < 1 || g.AuthFailures > 10_000 {
+		return bad("gateway.auth_failures", "%d is out of range [1, 10000]", g.AuthFailures)
+	}
+	if g.MaxHeaderBytes < 8<<10 || g.MaxHeaderBytes > 16<<20 {
+		return bad("gateway.max_header_bytes", "%d is out of range [8192, 16777216]", g.MaxHeaderBytes)
+	}
+	if g.MaxHeaderFields < 1 || g.MaxHeaderFields > 10_000 {
+		return bad("gateway.max_header_fields", "%d is out of range [1, 10000]", g.MaxHeaderFields)
+	}
+	if g.MaxUnauthenticated < 1 || g.MaxUnauthenticated > 1<<20 {
+		return bad("gateway.max_unauthenticated", "%d is out of range [1, 1048576]", g.MaxUnauthenticated)
 	}
 	return validateDeny("gateway.deny", g.Deny)
 }

@@ -272,7 +272,9 @@ func (cc *clientConn) answer(st *relayState) (keep bool) {
 	}
 	toChunks := (mode == bodyChunked || mode == bodyClose) && !h.http10
 	keep = cc.keepAlive() && (mode == bodyNone || mode == bodyLength || toChunks)
-	upKeep := !rh.close && (!rh.http10 || rh.keepAlive) && mode != bodyClose
+	// The proxy's connection is kept only for an answer framed one way
+	// (not Content-Length with chunked) that the proxy will not close.
+	upKeep := !rh.close && (!rh.http10 || rh.keepAlive) && mode != bodyClose && !rh.both && !st.early
 
 	b := append((*cc.out)[:0], "HTTP/1.1 "...)
 	b = append(b, rh.line[1]...)
@@ -338,7 +340,10 @@ func (cc *clientConn) answer(st *relayState) (keep bool) {
 	}
 	g.m.request(kindHTTP, outcomeOK).Inc()
 	cc.lastEnd = time.Now()
-	if upKeep {
+	// Only at a clean boundary: the answer read to its end and nothing
+	// after it. A byte more (a second answer nobody asked for) would
+	// be read as another request's answer.
+	if upKeep && uc.br.Buffered() == 0 {
 		g.pool.put(uc, cc.lastEnd)
 	} else {
 		uc.c.Close()

@@ -47,8 +47,23 @@ type Config struct {
 	// requests and tunnels in flight before it closes them (default 5s).
 	DrainTimeout time.Duration
 	// HandshakeTimeout bounds a SOCKS5 client's greeting, authentication
-	// and request, and an HTTP client's request header (default 10s).
+	// and request (default 10s).
 	HandshakeTimeout time.Duration
+	// HeaderTimeout bounds an HTTP request's head (default 10s): from the
+	// connection's accept for its first request, from the first byte of
+	// a next one on a kept-alive connection; not complete by then, the
+	// connection is closed.
+	HeaderTimeout time.Duration
+	// MaxHeaderBytes (default 64 KiB, at least 8 KiB) and
+	// MaxHeaderFields (default 100) bound an HTTP request's head: one
+	// over either is answered 431 Request Header Fields Too Large, before
+	// its credential is looked at, and the connection is closed.
+	MaxHeaderBytes, MaxHeaderFields int
+	// MaxUnauthenticated bounds the connections (HTTP and SOCKS5
+	// together) open at once that have not yet presented a valid
+	// credential (default 1024): over it, a new connection is closed as
+	// soon as it is accepted.
+	MaxUnauthenticated int
 	// IdleTimeout closes an HTTP client connection idle between
 	// requests for that long (default 90s).
 	IdleTimeout time.Duration
@@ -62,6 +77,11 @@ type Config struct {
 	// that are not unspecified). nil: deny.Default(); an empty List:
 	// nothing refused.
 	Deny *deny.List
+	// AuthFailures is how many failed credentials one source address
+	// may present within a minute (default 5); then its attempts are
+	// refused (HTTP 429 with Retry-After, SOCKS5 status failure) without
+	// a password being checked, until the minute has passed.
+	AuthFailures int
 
 	Logger *slog.Logger
 	// Registry is where the gateway registers its metrics
@@ -84,14 +104,22 @@ type User struct {
 
 // Defaults of Config.
 const (
-	DefaultRetries          = 2
-	DefaultConnectTimeout   = 5 * time.Second
-	DefaultResponseTimeout  = 30 * time.Second
-	DefaultRetryAfter       = 5 * time.Second
-	DefaultDrainTimeout     = 5 * time.Second
-	DefaultHandshakeTimeout = 10 * time.Second
-	DefaultIdleTimeout      = 90 * time.Second
-	DefaultMaxConns         = 256
+	DefaultRetries            = 2
+	DefaultConnectTimeout     = 5 * time.Second
+	DefaultResponseTimeout    = 30 * time.Second
+	DefaultRetryAfter         = 5 * time.Second
+	DefaultDrainTimeout       = 5 * time.Second
+	DefaultHandshakeTimeout   = 10 * time.Second
+	DefaultIdleTimeout        = 90 * time.Second
+	DefaultMaxConns           = 256
+	DefaultAuthFailures       = 5
+	DefaultHeaderTimeout      = 10 * time.Second
+	DefaultMaxHeaderBytes     = 64 << 10
+	DefaultMaxHeaderFields    = 100
+	DefaultMaxUnauthenticated = 1024
+	// MinMaxHeaderBytes is MaxHeaderBytes's least value: the lean
+	// path's buffer (a head larger goes to net/http, which enforces it).
+	MinMaxHeaderBytes = clientReadSize
 )
 
 // WithDefaults returns c with every zero value that has a default
@@ -106,6 +134,19 @@ func (c Config) WithDefaults() Config {
 	setDur(&c.DrainTimeout, DefaultDrainTimeout)
 	setDur(&c.HandshakeTimeout, DefaultHandshakeTimeout)
 	setDur(&c.IdleTimeout, DefaultIdleTimeout)
+	if c.AuthFailures == 0 {
+		c.AuthFailures = DefaultAuthFailures
+	}
+	setDur(&c.HeaderTimeout, DefaultHeaderTimeout)
+	if c.MaxHeaderBytes == 0 {
+		c.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if c.MaxHeaderFields == 0 {
+		c.MaxHeaderFields = DefaultMaxHeaderFields
+	}
+	if c.MaxUnauthenticated == 0 {
+		c.MaxUnauthenticated = DefaultMaxUnauthenticated
+	}
 	users := make([]User, len(c.Users))
 	copy(users, c.Users)
 	for i := range users {
@@ -184,6 +225,18 @@ func (c Config) Validate() error {
 			return bad(f+".max_conns", "%d is out of range [1, 1048576]", u.MaxConns)
 		}
 	}
+	if c.AuthFailures < 1 || c.AuthFailures > 10_000 {
+		return bad("gateway.auth_failures", "%d is out of range [1, 10000]", c.AuthFailures)
+	}
+	if c.MaxHeaderBytes < MinMaxHeaderBytes || c.MaxHeaderBytes > 16<<20 {
+		return bad("gateway.max_header_bytes", "%d is out of range [%d, %d]", c.MaxHeaderBytes, MinMaxHeaderBytes, 16<<20)
+	}
+	if c.MaxHeaderFields < 1 || c.MaxHeaderFields > 10_000 {
+		return bad("gateway.max_header_fields", "%d is out of range [1, 10000]", c.MaxHeaderFields)
+	}
+	if c.MaxUnauthenticated < 1 || c.MaxUnauthenticated > 1<<20 {
+		return bad("gateway.max_unauthenticated", "%d is out of range [1, 1048576]", c.MaxUnauthenticated)
+	}
 	if c.Retries > 10 {
 		return bad("gateway.retries", "%d is out of range [0, 10]", c.Retries)
 	}
@@ -196,6 +249,7 @@ func (c Config) Validate() error {
 		{"gateway.retry_after", c.RetryAfter},
 		{"gateway.drain_timeout", c.DrainTimeout},
 		{"gateway.handshake_timeout", c.HandshakeTimeout},
+		{"gateway.header_timeout", c.HeaderTimeout},
 		{"gateway.idle_timeout", c.IdleTimeout},
 	} {
 		if d.v < 0 {

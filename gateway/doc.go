@@ -15,9 +15,20 @@
 // Every request needs one of Config.Users: Proxy-Authorization: Basic for
 // HTTP (none or wrong: 407 with Proxy-Authenticate: Basic
 // realm="proxyfleet"), RFC 1929 for SOCKS5 (no method offered but
-// username/password: "no acceptable methods"; wrong: status 1). New
-// refuses a config without users. Passwords are compared in constant
-// time (of their SHA-256) and never logged, put in an error or a metric.
+// username/password: "no acceptable methods"; wrong: status 1). A 407
+// for a wrong credential closes the connection; one for a missing
+// credential keeps it (a browser sends it on the same connection once
+// asked). New refuses a config without users. Passwords are compared
+// in constant time (of their SHA-256) and never logged, put in an error
+// or a metric.
+//
+// After AuthFailures (default 5) failed credentials from one source
+// address within a minute (from the first of them), that address's
+// credentials are refused without a password being checked until the
+// minute has passed: 429 with Retry-After (and a close) for HTTP, RFC
+// 1929 status 1 for SOCKS5. A connection's credential that passed
+// before is taken again as ever. The table of addresses holds at most
+// 10,000; a new one evicts the one whose minute began first.
 // Each user has at most MaxConns requests and tunnels at once; over it:
 // 429, or a SOCKS5 general failure.
 //
@@ -85,6 +96,32 @@
 // is ServeHTTP (the slow path, an http.Transport to the proxies), which
 // answers as it always has.
 //
+// # Limits before authentication
+//
+// What a client that has not authenticated can cost is bounded. An HTTP
+// request's head is due HeaderTimeout (default 10s) after the
+// connection's accept, or for a next request on a kept-alive connection
+// after its first byte; not complete by then, the connection is closed
+// (the lean path's read deadline; net/http's ReadHeaderTimeout, brought
+// forward to the same time for a head handed over). A head over
+// MaxHeaderBytes (default 64 KiB; the lean path takes up to 8 KiB and
+// hands larger ones to net/http, whose MaxHeaderBytes is set so) or with
+// more than MaxHeaderFields fields (default 100; counted by the lean
+// parser, and by the handler on the slow path) is answered 431 Request
+// Header Fields Too Large before its credential is looked at, and the
+// connection closed. At most MaxUnauthenticated connections (default
+// 1024, HTTP and SOCKS5 together) are open at once that have not yet
+// presented a valid credential; over it, a new connection is closed as
+// it is accepted (proxyfleet_gateway_unauthenticated_refused_total).
+//
+// # Framing
+//
+// A request with both Content-Length and Transfer-Encoding: chunked is
+// carried as chunked (its length is not forwarded), answered, and its
+// connection closed (RFC 9112 6.1). The slow path cannot tell it from a
+// plain chunked request (net/http drops the length before the handler
+// sees it), so it closes after every chunked request.
+//
 // # Failover and reports
 //
 // A proxy that refuses the connection, does not accept or (for CONNECT)
@@ -96,11 +133,17 @@
 // is tried on another proxy (Selector.Exclude the ones tried), up to
 // Retries more times; a session moves then, and the answer names the
 // proxy that carried it. A plain request with a body is tried again only
-// if the failed proxy took none of it. A kept-alive connection the proxy
-// closed meanwhile is nobody's failure: one idle for over a second, or
-// taken for a request that could not be sent again, is looked at first
-// (a peek); a request without a body and of an idempotent method that
-// finds it closed goes once more on a new connection to the same proxy. What speaks for the target is
+// if the failed proxy took none of it. A connection to a proxy is kept
+// only at a clean message boundary: its answer read to the end (framed
+// one way: not Content-Length with chunked), nothing buffered after it,
+// the request's body sent whole before the answer came; and before it
+// is used again it is looked at (a peek that does not wait): anything
+// readable on it (the proxy's close, or bytes it sent unasked, which
+// would be taken for the next request's answer) and it is closed. A
+// kept-alive connection the proxy closed meanwhile is nobody's failure:
+// a request without a body and of an idempotent method that finds it
+// closed goes once more on a new connection to the same proxy. What
+// speaks for the target is
 // passed on and held against no proxy: every plain answer but 407, and an
 // answer to CONNECT that carries squid's X-Squid-Error (the target did
 // not answer, its name did not resolve), 407 aside. When nothing matches
@@ -111,13 +154,15 @@
 // # Metrics
 //
 // proxyfleet_gateway_requests_total{kind=connect|http|socks, outcome=ok|
-// auth|limit|empty|upstream_failed|client_gone|error|denied},
-// _auth_failures_total{kind,reason=missing|wrong}, _retries_total{kind},
+// auth|throttled|limit|empty|upstream_failed|client_gone|error|denied},
+// _auth_failures_total{kind,reason=missing|wrong|throttled},
+// _retries_total{kind},
 // _upstream_failures_total{cause=refused|timeout|status|reset|other},
 // _reports_total{result=ok|error}, _in_flight{kind},
 // _bytes_total{direction=up|down} (a tunnel's bytes are added when it
-// ends) and _upstream_connect_duration_seconds. No label carries a proxy
-// id or a user name.
+// ends), _upstream_connect_duration_seconds,
+// _unauthenticated_connections and _unauthenticated_refused_total. No
+// label carries a proxy id or a user name.
 //
 // # Lifecycle
 //

@@ -35,6 +35,8 @@ type Gateway struct {
 	slow         *chanListener // where the lean path hands connections to the slow one
 	draining     atomic.Bool   // Run is stopping: no connection is kept alive
 	turns        turns         // egress-rotate's counters
+	authThrottle *throttle     // failed credentials by source address
+	unauth       *unauthGate   // connections not yet authenticated
 	// deny is Config.Deny, with the addresses Run listens on once it
 	// does (set before anything is served: read without a lock).
 	deny deny.List
@@ -64,21 +66,24 @@ func New(picker Picker, cfg Config) (*Gateway, error) {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	m, err := newMetrics(reg)
+	unauth := &unauthGate{max: int64(cfg.MaxUnauthenticated)}
+	m, err := newMetrics(reg, func() float64 { return float64(unauth.n.Load()) })
 	if err != nil {
 		return nil, fmt.Errorf("gateway metrics: %w", err)
 	}
 	g := &Gateway{
-		cfg:     cfg,
-		log:     cfg.Logger.With("component", "gateway"),
-		picker:  picker,
-		users:   newUsers(cfg.Users),
-		m:       m,
-		retries: max(cfg.Retries, 0),
-		track:   newTracker(),
-		pool:    newPool(),
-		started: make(chan struct{}),
-		deny:    *cfg.Deny,
+		cfg:          cfg,
+		log:          cfg.Logger.With("component", "gateway"),
+		picker:       picker,
+		users:        newUsers(cfg.Users),
+		m:            m,
+		retries:      max(cfg.Retries, 0),
+		track:        newTracker(),
+		pool:         newPool(),
+		authThrottle: newThrottle(cfg.AuthFailures, authFailWindow, maxAuthSources),
+		unauth:       unauth,
+		started:      make(chan struct{}),
+		deny:         *cfg.Deny,
 	}
 	g.dialer = net.Dialer{KeepAlive: 30 * time.Second}
 	if cfg.UpstreamUser != "" {
@@ -197,10 +202,22 @@ func (g *Gateway) Run(ctx context.Context) error {
 	// srv (the slow path) through g.slow.
 	srv := &http.Server{
 		Handler:           g,
-		ReadHeaderTimeout: g.cfg.HandshakeTimeout,
-		IdleTimeout:       g.cfg.IdleTimeout,
-		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
-		BaseContext:       func(net.Listener) context.Context { return g.hard },
+		ReadHeaderTimeout: g.cfg.HeaderTimeout,
+		// net/http takes a head of up to MaxHeaderBytes plus 4 KiB (its
+		// read-ahead): so a head of at most cfg.MaxHeaderBytes passes;
+		// larger, it answers 431 and closes.
+		MaxHeaderBytes: g.cfg.MaxHeaderBytes - 4096,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		},
+		ConnState: func(c net.Conn, s http.ConnState) {
+			if pc, ok := c.(*prefixConn); ok && (s == http.StateClosed || s == http.StateHijacked) {
+				pc.unauth.release()
+			}
+		},
+		IdleTimeout: g.cfg.IdleTimeout,
+		ErrorLog:    slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+		BaseContext: func(net.Listener) context.Context { return g.hard },
 	}
 	errc := make(chan error, 3)
 	var serving sync.WaitGroup

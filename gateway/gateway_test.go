@@ -45,7 +45,9 @@ func requests(g *testGateway, kind, outcome string) float64 {
 
 func TestAuthHTTP(t *testing.T) {
 	_, pk := fleet(t, 1)
-	g := startGateway(t, pk, nil)
+	// More wrong credentials than the default throttle allows: this is
+	// about each answer (TestAuthThrottle about the throttle).
+	g := startGateway(t, pk, func(c *Config) { c.AuthFailures = 100 })
 	tg := newTarget(t, false)
 
 	for _, c := range []struct {

@@ -141,7 +141,11 @@ type head struct {
 	close, keepAlive bool  // Connection (or Proxy-Connection): close, keep-alive
 	length           int64 // Content-Length, -1 without
 	chunked          bool  // Transfer-Encoding: chunked
-	expect100        bool  // Expect: 100-continue
+	// both: Content-Length came with Transfer-Encoding: chunked (framed
+	// as chunked, its length dropped). RFC 9112 6.1: the connection
+	// closes after the answer (a request's) or is not kept (a proxy's).
+	both      bool
+	expect100 bool // Expect: 100-continue
 
 	auth, session, labels []byte // the first of each, nil without
 	hasSession, hasLabels bool
@@ -246,10 +250,12 @@ func (h *head) parse(raw []byte, request bool) error {
 		h.fields = append(h.fields, f)
 	}
 	if h.chunked && h.length >= 0 {
+		// Chunked wins (RFC 9112 6.3, as net/http); the length is not
+		// forwarded, and the connection is not used again.
+		h.length, h.both = -1, true
 		if request {
-			return errHeadFraming // RFC 9112 6.3: either, never both
+			h.close = true
 		}
-		h.length = -1 // an answer's chunked wins (as http.Transport)
 	}
 	if h.nTokens > 0 {
 		for i := range h.fields {

@@ -47,7 +47,11 @@ func TestHeadParse(t *testing.T) {
 		{"control in value", "GET http://a/ HTTP/1.1\r\nX-A: 1\x002\r\n\r\n", true, errHeadSyntax, nil},
 		{"HTTP/2.0", "GET http://a/ HTTP/2.0\r\n\r\n", true, errHeadSyntax, nil},
 		{"space in target", "GET http://a/ b HTTP/1.1\r\n\r\n", true, errHeadSyntax, nil},
-		{"chunked and length", "POST http://a/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", true, errHeadFraming, nil},
+		{"chunked and length", "POST http://a/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", true, nil, func(t *testing.T, h *head) {
+			if !h.chunked || h.length != -1 || !h.both || !h.close {
+				t.Fatalf("chunked %v length %d both %v close %v; want chunked, no length, closing", h.chunked, h.length, h.both, h.close)
+			}
+		}},
 		{"two lengths", "POST http://a/ HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n", true, errHeadFraming, nil},
 		{"bad length", "POST http://a/ HTTP/1.1\r\nContent-Length: +3\r\n\r\n", true, errHeadFraming, nil},
 		{"gzip coding", "POST http://a/ HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", true, errHeadFraming, nil},

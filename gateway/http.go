@@ -28,6 +28,17 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodConnect {
 		kind = kindConnect
 	}
+	if closeAfter(r) {
+		w.Header().Set("Connection", "close")
+	}
+	// net/http bounds the head's bytes (Server.MaxHeaderBytes) but not
+	// its fields: counted here, before the credential is looked at.
+	if n := fieldCount(r); n > g.cfg.MaxHeaderFields {
+		g.m.request(kind, outcomeError).Inc()
+		w.Header().Set("Connection", "close")
+		http.Error(w, fmt.Sprintf("more than %d header fields", g.cfg.MaxHeaderFields), http.StatusRequestHeaderFieldsTooLarge)
+		return
+	}
 	u, o, ok := g.authHTTP(w, r, kind)
 	if !ok {
 		return
@@ -64,16 +75,63 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.servePlain(ctx, w, r, o)
 }
 
+// connKey carries a slow-path request's connection in its context
+// (Server.ConnContext).
+type connKey struct{}
+
+// fieldCount is how many header field lines r came with, as the lean
+// parser counts them (Host, which net/http takes out of the header, and
+// Transfer-Encoding each count one).
+func fieldCount(r *http.Request) int {
+	n := 0
+	for _, vs := range r.Header {
+		n += len(vs)
+	}
+	if r.Host != "" {
+		n++
+	}
+	if len(r.TransferEncoding) > 0 {
+		n++
+	}
+	return n
+}
+
+// closeAfter says whether the connection closes after the answer to r:
+// a chunked request. net/http drops a Content-Length that came with
+// Transfer-Encoding: chunked before the handler sees it, so the slow
+// path cannot tell such a request (which RFC 9112 6.1 says must close
+// the connection) from a plain chunked one, and closes after both: a
+// chunked upload costs a new connection, never a request smuggled
+// behind it.
+func closeAfter(r *http.Request) bool {
+	return len(r.TransferEncoding) > 0
+}
+
 // authHTTP checks Proxy-Authorization; without or with a wrong one it
-// answers 407 and counts it.
+// answers 407 and counts it (a wrong one closes the connection). A
+// credential from a source address that failed too often lately is
+// refused unchecked: 429 with Retry-After, and the connection closes.
 func (g *Gateway) authHTTP(w http.ResponseWriter, r *http.Request, kind string) (*user, options, bool) {
 	h := r.Header.Get("Proxy-Authorization")
 	reason := authMissing
 	if h != "" {
+		src := sourceOfString(r.RemoteAddr)
+		now := g.cfg.Now()
+		if wait, blocked := g.authThrottle.blocked(src, now); blocked {
+			g.m.request(kind, outcomeThrottled).Inc()
+			g.m.authFailures.WithLabelValues(kind, authThrottled).Inc()
+			w.Header().Set("Connection", "close")
+			w.Header().Set("Retry-After", strconv.Itoa(retryAfter(wait)))
+			http.Error(w, "too many failed credentials from this address", http.StatusTooManyRequests)
+			return nil, options{}, false
+		}
 		reason = authWrong
 		if name, pw, ok := basicCredentials(h); ok {
 			u, o, err := g.users.check(name, pw)
 			if err == nil {
+				if pc, ok := r.Context().Value(connKey{}).(*prefixConn); ok {
+					pc.unauth.release()
+				}
 				return u, o, true
 			}
 			if !errors.Is(err, errAuth) {
@@ -82,6 +140,8 @@ func (g *Gateway) authHTTP(w http.ResponseWriter, r *http.Request, kind string) 
 				return nil, o, false
 			}
 		}
+		g.authThrottle.fail(src, now)
+		w.Header().Set("Connection", "close") // a wrong credential ends the connection
 	}
 	g.m.request(kind, outcomeAuth).Inc()
 	g.m.authFailures.WithLabelValues(kind, reason).Inc()
@@ -320,6 +380,9 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 		h[k] = vs
 	}
 	removeHop(h)
+	if closeAfter(r) {
+		h.Set("Connection", "close")
+	}
 	h.Set(HeaderProxy, p.ID)
 	if egress.IsValid() {
 		h.Set(HeaderEgress, egress.String())

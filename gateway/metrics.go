@@ -15,6 +15,7 @@ const (
 const (
 	outcomeOK             = "ok"              // a proxy carried it (whatever the target answered)
 	outcomeAuth           = "auth"            // no or wrong credentials
+	outcomeThrottled      = "throttled"       // refused unchecked: too many failed credentials from its address
 	outcomeLimit          = "limit"           // the user's max_conns were all taken
 	outcomeEmpty          = "empty"           // no proxy matched
 	outcomeUpstreamFailed = "upstream_failed" // every proxy tried failed
@@ -42,6 +43,10 @@ type metrics struct {
 	inFlight     *prometheus.GaugeVec
 	bytes        *prometheus.CounterVec
 	connectDur   prometheus.Histogram
+	// refusedUnauth counts connections closed at accept: MaxUnauthenticated
+	// were open already.
+	refusedUnauth prometheus.Counter
+	unauthGauge   prometheus.GaugeFunc
 
 	// The children of the vectors above, bound once: a request counts
 	// without a label lookup (hashing and a lock each).
@@ -55,7 +60,7 @@ type metrics struct {
 
 var (
 	kinds    = [...]string{kindConnect, kindHTTP, kindSocks}
-	outcomes = [...]string{outcomeOK, outcomeAuth, outcomeLimit, outcomeEmpty, outcomeUpstreamFailed, outcomeClientGone, outcomeError, outcomeDenied}
+	outcomes = [...]string{outcomeOK, outcomeAuth, outcomeThrottled, outcomeLimit, outcomeEmpty, outcomeUpstreamFailed, outcomeClientGone, outcomeError, outcomeDenied}
 	causes   = [...]string{causeRefused, causeTimeout, causeStatus, causeReset, causeOther}
 )
 
@@ -84,7 +89,9 @@ func (m *metrics) retry(kind string) prometheus.Counter {
 // failure is the upstream failures counter of cause.
 func (m *metrics) failure(cause string) prometheus.Counter { return m.failOf[index(causes[:], cause)] }
 
-func newMetrics(r prometheus.Registerer) (*metrics, error) {
+// newMetrics registers the gateway's metrics in r; unauth reads how
+// many connections are open and not yet authenticated.
+func newMetrics(r prometheus.Registerer, unauth func() float64) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_gateway_requests_total",
@@ -92,7 +99,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		}, []string{"kind", "outcome"}),
 		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_gateway_auth_failures_total",
-			Help: "Requests refused for their credentials: missing or wrong (unknown user or wrong password).",
+			Help: "Requests refused for their credentials: missing, wrong (unknown user or wrong password), or throttled (not checked: too many failed from their source address within a minute).",
 		}, []string{"kind", "reason"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_gateway_retries_total",
@@ -119,8 +126,16 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			Help:    "Time to connect to a proxy (and, for a tunnel, its answer to CONNECT), successful attempts and failed ones alike.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}),
+		refusedUnauth: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "proxyfleet_gateway_unauthenticated_refused_total",
+			Help: "Connections (HTTP and SOCKS5) closed as they were accepted: max_unauthenticated connections without a valid credential yet were open.",
+		}),
+		unauthGauge: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "proxyfleet_gateway_unauthenticated_connections",
+			Help: "Connections (HTTP and SOCKS5) open that have not yet presented a valid credential.",
+		}, unauth),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.authFailures, m.retries, m.upstreamFail, m.reports, m.inFlight, m.bytes, m.connectDur} {
+	for _, c := range []prometheus.Collector{m.requests, m.authFailures, m.retries, m.upstreamFail, m.reports, m.inFlight, m.bytes, m.connectDur, m.refusedUnauth, m.unauthGauge} {
 		if err := r.Register(c); err != nil {
 			return nil, err
 		}
@@ -135,6 +150,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		m.inFlightOf[i] = m.inFlight.WithLabelValues(k)
 		m.authFailures.WithLabelValues(k, authMissing)
 		m.authFailures.WithLabelValues(k, authWrong)
+		m.authFailures.WithLabelValues(k, authThrottled)
 	}
 	for i, c := range causes {
 		m.failOf[i] = m.upstreamFail.WithLabelValues(c)

@@ -19,9 +19,6 @@ const (
 	maxIdlePerProxy = 64               // idle connections kept per proxy
 	maxIdleTotal    = 1024             // and in all
 	idleConnTimeout = 90 * time.Second // an idle connection older is closed
-	// staleCheckAfter: a connection idle longer is looked at (a peek,
-	// no wait) before a request goes on it: the proxy may have closed it.
-	staleCheckAfter = time.Second
 	// pollEvery is how often a wait for a proxy's answer looks whether
 	// the client is still there (and whether the response timeout ran
 	// out): the read deadline of the proxy's connection.
@@ -128,10 +125,12 @@ type pool struct {
 func newPool() *pool { return &pool{idle: map[string][]*upConn{}} }
 
 // get takes an idle connection to addr (nil if none), the most
-// recently used first; those idle too long are closed. check: look at
-// it first even if it was idle only briefly (for a request that could
-// not be sent again).
-func (p *pool) get(addr string, now time.Time, check bool) *upConn {
+// recently used first. Each is looked at first, however briefly it was
+// idle (usable: nothing buffered, a peek that does not wait finds
+// nothing): one the proxy closed, or on which it sent anything while it
+// was idle (an answer nobody asked for would be taken for the next
+// request's), is closed, as is one idle for idleConnTimeout or longer.
+func (p *pool) get(addr string, now time.Time) *upConn {
 	for {
 		p.mu.Lock()
 		l := p.idle[addr]
@@ -144,7 +143,7 @@ func (p *pool) get(addr string, now time.Time, check bool) *upConn {
 		p.idle[addr] = l[:len(l)-1]
 		p.n--
 		p.mu.Unlock()
-		if now.Sub(u.idleSince) < idleConnTimeout && (!check && now.Sub(u.idleSince) < staleCheckAfter || u.usable()) {
+		if now.Sub(u.idleSince) < idleConnTimeout && u.usable() {
 			u.reused = true
 			return u
 		}
@@ -153,7 +152,9 @@ func (p *pool) get(addr string, now time.Time, check bool) *upConn {
 }
 
 // put keeps u for another request, or closes it when the pool is full
-// or closed.
+// or closed. The caller puts only a connection at a message boundary:
+// its answer read whole, nothing buffered after it, no request body
+// still being sent.
 func (p *pool) put(u *upConn, now time.Time) {
 	u.client.Store(nil)
 	u.idleSince = now

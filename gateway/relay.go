@@ -20,7 +20,11 @@ type relayState struct {
 	headLen  int         // the answer's head, still in uc.br (0: read already)
 	bodySent bool        // the request's body went with its head
 	sender   *bodySender // or goes on in a goroutine
-	upBytes  int64       // body bytes taken from the client
+	// early: the answer's head came before the sender had sent the
+	// whole body; the proxy may read what followed as another request,
+	// so its connection is not kept.
+	early   bool
+	upBytes int64 // body bytes taken from the client
 }
 
 // consumeHead drops the request's head from the client's reader.
@@ -71,7 +75,10 @@ func authority(target []byte) (host []byte, ok bool) {
 
 // authenticate checks the request's Proxy-Authorization (the last one
 // that passed on this connection is taken again without a hash). On a
-// refusal it has answered; keep says whether the connection goes on.
+// refusal it has answered; keep says whether the connection goes on:
+// only after a missing credential (a browser sends it on the same
+// connection once asked). A credential from a source address that
+// failed too often lately is refused unchecked (429, see throttle).
 func (cc *clientConn) authenticate(kind string) (u *user, o options, ok, keep bool) {
 	g := cc.g
 	a := cc.h.auth
@@ -80,12 +87,21 @@ func (cc *clientConn) authenticate(kind string) (u *user, o options, ok, keep bo
 	}
 	reason := authMissing
 	if len(a) > 0 {
+		src := sourceOf(cc.c.RemoteAddr())
+		now := g.cfg.Now()
+		if wait, blocked := g.authThrottle.blocked(src, now); blocked {
+			g.m.request(kind, outcomeThrottled).Inc()
+			g.m.authFailures.WithLabelValues(kind, authThrottled).Inc()
+			cc.h.close = true
+			return nil, options{}, false, cc.reply(http.StatusTooManyRequests, "too many failed credentials from this address", "Retry-After: "+strconv.Itoa(retryAfter(wait)))
+		}
 		reason = authWrong
 		if name, pw, found := basicCredentials(string(a)); found {
 			u, o, err := g.users.check(name, pw)
 			if err == nil {
 				cc.authRaw = append(cc.authRaw[:0], a...)
 				cc.authUser, cc.authOpts = u, o
+				cc.unauth.release()
 				return u, o, true, true
 			}
 			if !errors.Is(err, errAuth) {
@@ -93,6 +109,8 @@ func (cc *clientConn) authenticate(kind string) (u *user, o options, ok, keep bo
 				return nil, o, false, cc.reply(http.StatusBadRequest, err.Error())
 			}
 		}
+		g.authThrottle.fail(src, now)
+		cc.h.close = true // a wrong credential ends the connection
 	}
 	g.m.request(kind, outcomeAuth).Inc()
 	g.m.authFailures.WithLabelValues(kind, reason).Inc()
@@ -262,7 +280,7 @@ func (cc *clientConn) try(req []byte, st *relayState) (retryable bool, err error
 		var uc *upConn
 		now := time.Now()
 		if attempt == 0 {
-			uc = g.pool.get(st.p.Addr, now, !cc.replayable())
+			uc = g.pool.get(st.p.Addr, now)
 		}
 		if uc == nil {
 			c, err := g.dial(g.hard, st.p.Addr)
@@ -375,6 +393,13 @@ func (cc *clientConn) readAnswerHead(uc *upConn, st *relayState, now time.Time) 
 			return &upstreamError{causeStatus, "answered 407 Proxy Authentication Required"}
 		}
 		uc.limit.Store(0)
+		if s := st.sender; s != nil {
+			select {
+			case <-s.done:
+			default:
+				st.early = true
+			}
+		}
 		return nil
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strconv"
@@ -61,6 +62,12 @@ type clientConn struct {
 
 	idleUntil time.Time // the read deadline set for the next request
 	lastEnd   time.Time // when the last answer ended (zero: not known)
+	// headBy is the deadline of the head being read (HeaderTimeout from
+	// the accept, or from a next request's first byte); zero: none yet.
+	headBy time.Time
+	// unauth is the connection's place under MaxUnauthenticated until
+	// it presents a valid credential.
+	unauth unauthSlot
 
 	// The last credential that passed, and what it gave: a connection
 	// sends the same one with every request.
@@ -83,6 +90,12 @@ type clientConn struct {
 func (g *Gateway) serveHTTP(ln net.Listener, stop <-chan struct{}) error {
 	return g.accept(ln, stop, "HTTP", func(c net.Conn) {
 		cc := &clientConn{g: g, c: c}
+		if !cc.unauth.take(g.unauth) {
+			g.m.refusedUnauth.Inc()
+			c.Close()
+			return
+		}
+		cc.headBy = time.Now().Add(g.cfg.HeaderTimeout)
 		if sc, ok := c.(syscall.Conn); ok {
 			cc.rc, _ = sc.SyscallConn()
 		}
@@ -146,16 +159,27 @@ func (cc *clientConn) serve() {
 	defer func() {
 		cc.release()
 		if !handed {
+			cc.unauth.release()
 			cc.c.Close()
 		}
 	}()
+	// The first request's head is due HeaderTimeout after the accept
+	// (headBy), however long it takes to begin.
+	first := true
+	if cc.c.SetReadDeadline(cc.headBy) != nil {
+		return
+	}
 	for {
 		// Idle: the drain may close it now.
 		cc.state.Store(connIdle)
 		if g.draining.Load() || cc.closed.Load() {
 			return
 		}
-		if cc.br.Buffered() == 0 {
+		if first {
+			if _, err := cc.br.Peek(1); err != nil {
+				return
+			}
+		} else if cc.br.Buffered() == 0 {
 			// The deadline is set again only once it is more than a
 			// slack older than IdleTimeout (setting it costs; so does
 			// reading the clock: the last answer's end is taken).
@@ -178,8 +202,13 @@ func (cc *clientConn) serve() {
 			return // closed by the drain
 		}
 		raw, err := peekHead(cc.br, true, func() error {
+			if first {
+				return nil // due since the accept
+			}
+			// A next request: due HeaderTimeout after its first byte.
 			cc.idleUntil = time.Time{}
-			return cc.c.SetReadDeadline(time.Now().Add(g.cfg.HandshakeTimeout))
+			cc.headBy = time.Now().Add(g.cfg.HeaderTimeout)
+			return cc.c.SetReadDeadline(cc.headBy)
 		})
 		if err == nil {
 			err = cc.h.parse(raw, true)
@@ -187,6 +216,12 @@ func (cc *clientConn) serve() {
 		cc.headLen, cc.sentContinue = 0, false
 		var keep bool
 		switch {
+		case err == nil && len(cc.h.fields) > g.cfg.MaxHeaderFields:
+			// Before the credential is looked at; the connection closes.
+			cc.h.close = true
+			g.m.request(headKind(&cc.h), outcomeError).Inc()
+			cc.reply(http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("more than %d header fields", g.cfg.MaxHeaderFields))
+			return
 		case errors.Is(err, errHeadSyntax), errors.Is(err, errHeadFraming), errors.Is(err, errHeadTooLarge):
 			handed = cc.handOver()
 			return
@@ -210,7 +245,16 @@ func (cc *clientConn) serve() {
 			return
 		}
 		cc.consumeHead() // (every answer that keeps the connection did)
+		first, cc.headBy = false, time.Time{}
 	}
+}
+
+// headKind is the kind label of a request refused for its head.
+func headKind(h *head) string {
+	if string(h.line[0]) == http.MethodConnect {
+		return kindConnect
+	}
+	return kindHTTP
 }
 
 func hasPrefixHTTP(target []byte) bool { return bytes.HasPrefix(target, []byte("http://")) }
@@ -237,7 +281,7 @@ func (cc *clientConn) release() {
 // path (net/http). It says whether the server took it.
 func (cc *clientConn) handOver() bool {
 	buffered, _ := cc.br.Peek(cc.br.Buffered())
-	pc := &prefixConn{Conn: cc.c, prefix: bytes.Clone(buffered)}
+	pc := &prefixConn{Conn: cc.c, prefix: bytes.Clone(buffered), headBy: cc.headBy, unauth: &cc.unauth}
 	if cc.c.SetReadDeadline(time.Time{}) != nil {
 		return false
 	}
@@ -249,6 +293,26 @@ func (cc *clientConn) handOver() bool {
 type prefixConn struct {
 	net.Conn
 	prefix []byte
+	// headBy (if not zero) is when the head being read is due: net/http
+	// sets the read deadline of its ReadHeaderTimeout (from when it began
+	// to read) first, then clears it once it has the head; the first is
+	// brought forward to headBy, so a head handed over is due when it was
+	// on the lean path.
+	headBy time.Time
+	// unauth is the connection's place under MaxUnauthenticated, given
+	// back once a request on it passes authentication or it ends.
+	unauth *unauthSlot
+}
+
+func (c *prefixConn) SetReadDeadline(t time.Time) error {
+	if !c.headBy.IsZero() {
+		if t.IsZero() {
+			c.headBy = time.Time{} // the head is read
+		} else if t.After(c.headBy) {
+			t = c.headBy
+		}
+	}
+	return c.Conn.SetReadDeadline(t)
 }
 
 func (c *prefixConn) Read(p []byte) (int, error) {

@@ -45,9 +45,16 @@ const (
 // first: then it returns nil).
 func (g *Gateway) serveSocks(ln net.Listener, stop <-chan struct{}) error {
 	return g.accept(ln, stop, "SOCKS5", func(c net.Conn) {
+		slot := &unauthSlot{}
+		if !slot.take(g.unauth) {
+			g.m.refusedUnauth.Inc()
+			c.Close()
+			return
+		}
 		g.track.add(c)
 		go func() {
-			if g.serveSocksConn(c) {
+			defer slot.release()
+			if g.serveSocksConn(c, slot) {
 				g.track.done() // c is the tunnel's now
 			} else {
 				g.track.done(c)
@@ -98,7 +105,7 @@ func socksReply(c net.Conn, code byte) error {
 // serveSocksConn runs one client: greeting, authentication, request,
 // then the tunnel in this goroutine and one more. It says whether a
 // tunnel took c over.
-func (g *Gateway) serveSocksConn(c net.Conn) (handed bool) {
+func (g *Gateway) serveSocksConn(c net.Conn, unauth *unauthSlot) (handed bool) {
 	defer func() {
 		if !handed {
 			c.Close()
@@ -111,6 +118,7 @@ func (g *Gateway) serveSocksConn(c net.Conn) (handed bool) {
 	if !ok {
 		return false
 	}
+	unauth.release()
 	target, err := socksRequest(c)
 	if err != nil {
 		var re *socksRequestError
@@ -252,10 +260,21 @@ func (g *Gateway) socksAuth(c net.Conn) (*user, options, bool) {
 		g.m.request(kindSocks, outcomeError).Inc()
 		return nil, options{}, false
 	}
+	src := sourceOf(c.RemoteAddr())
+	now := g.cfg.Now()
+	if _, blocked := g.authThrottle.blocked(src, now); blocked {
+		// Refused unchecked: too many failed from this address lately.
+		clear(b[:])
+		g.m.request(kindSocks, outcomeThrottled).Inc()
+		g.m.authFailures.WithLabelValues(kindSocks, authThrottled).Inc()
+		_, _ = c.Write([]byte{socksAuthVersion, socksAuthFailed})
+		return nil, options{}, false
+	}
 	u, o, err := g.users.check(name, string(pw))
 	clear(b[:]) // the password leaves no copy of ours
 	if err != nil {
 		if errors.Is(err, errAuth) {
+			g.authThrottle.fail(src, now)
 			g.m.request(kindSocks, outcomeAuth).Inc()
 			g.m.authFailures.WithLabelValues(kindSocks, authWrong).Inc()
 		} else {

@@ -157,6 +157,8 @@ func (u *user) release() { u.current.Add(-1) }
 const (
 	authMissing = "missing" // no credentials
 	authWrong   = "wrong"   // unknown user or wrong password
+	// throttled: not checked, too many failed from the source address
+	authThrottled = "throttled"
 )
 
 var errAuth = errors.New("authentication failed")
