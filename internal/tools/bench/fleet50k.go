@@ -37,6 +37,7 @@ type fleet50kOpts struct {
 	sizes      []int
 	hosts      int
 	noPlans    bool // no address plans (every host has one otherwise)
+	peer       bool // with plans: the largest size once more without, as the peer figure
 	workers    int
 	healths    int
 	deadline   time.Duration // all in the rotation within this, or the size fails
@@ -166,7 +167,21 @@ func runFleet50k(ctx context.Context, b *bench) (sectionResult, error) {
 		}
 		results = append(results, med)
 	}
-	res := fleet50kFigures(o, results)
+	// The peer of the same run: the largest size once more with no
+	// address plan, so the cost of the plans is read against the
+	// machine as it is now.
+	var peer *fleet50kResult
+	if o.peer && !o.noPlans && len(results) > 0 && ctx.Err() == nil {
+		b.fleet50k.noPlans = true
+		r, err := fleet50kRun(ctx, b, bin, largest)
+		b.fleet50k.noPlans = false
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%d proxies without plans (the peer): %w", largest, err))
+		} else {
+			peer = &r
+		}
+	}
+	res := fleet50kFigures(o, results, peer)
 	return res, errors.Join(errs...)
 }
 

@@ -8,13 +8,13 @@ import (
 
 // fleet50kFigures turns each size's measurements into figures, each with
 // its bound, and a note with how every figure grows with the fleet.
-func fleet50kFigures(o fleet50kOpts, results []fleet50kResult) sectionResult {
+func fleet50kFigures(o fleet50kOpts, results []fleet50kResult, peer *fleet50kResult) sectionResult {
 	sync := "at the server's default sync interval, as a 3-node cluster runs it (nats.conf's `sync_interval: always` is for a single node: with it every stored write waits for its own fsync, which is what bounds `fleet_2000_s`)"
 	if o.syncAlways {
 		sync = "with sync_always, as nats.conf"
 	}
-	how := fmt.Sprintf("one embedded nats-server in the bench process (not a 3-node cluster; file store %s, default limits: max_payload 1 MiB), `proxyfleet setup`, then %d `proxyfleet worker` and %d `proxyfleet health` processes (the binary built once)%s, all started at once, on a config of %d hosts of driver `sim` (%s per call, %s from create to an address; max_proxies the fleet's share of each host plus a tenth; the sim hosts' files in /dev/shm, as a hypervisor keeps its domains in memory) with every worker and health setting at its default (health probes nothing on sim hosts: a `running` event with an address puts a proxy in the rotation). The size's create commands (no host named) are published at once (async, each with a Nats-Msg-Id) from the first publish on; RLIMIT_NOFILE raised to its hard limit for every process; one run per size, but %d of the largest, whose figures are those of the run of the median time into the rotation (every run's time is listed beside that figure).",
-		sync, o.workers, o.healths, maxProcsNote(o), o.hosts, fleetCallDelay, fleetBootDelay, max(o.runs, 1))
+	how := fmt.Sprintf("one embedded nats-server in the bench process (not a 3-node cluster; file store %s, default limits: max_payload 1 MiB), `proxyfleet setup`, then %d `proxyfleet worker` and %d `proxyfleet health` processes (the binary built once)%s, all started at once, on a config of %d hosts of driver `sim` (%s per call, %s from create to an address; max_proxies the fleet's share of each host plus a tenth; %s; the sim hosts' files in /dev/shm, as a hypervisor keeps its domains in memory) with every worker and health setting at its default (health probes nothing on sim hosts: a `running` event with an address puts a proxy in the rotation). The size's create commands (no host named) are published at once (async, each with a Nats-Msg-Id) from the first publish on; RLIMIT_NOFILE raised to its hard limit for every process; one run per size, but %d of the largest, whose figures are those of the run of the median time into the rotation (every run's time is listed beside that figure).",
+		sync, o.workers, o.healths, maxProcsNote(o), o.hosts, fleetCallDelay, fleetBootDelay, plansNote(o), max(o.runs, 1))
 	var figs []figure
 	type row struct {
 		key, label, unit string
@@ -111,6 +111,10 @@ func fleet50kFigures(o fleet50kOpts, results []fleet50kResult) sectionResult {
 		}
 		notes.WriteString("\n\n")
 	}
+	if peer != nil {
+		fmt.Fprintf(&notes, "The peer of the same run, %d proxies once more with no address plan on any host (the network's DHCP): all in the rotation after %.1f s, worker peak RSS %.1f MiB, health peak RSS %.0f MiB. %s.\n\n",
+			peer.n, peer.inRotation.Seconds(), maxOf(peer.workerHWM), maxOf(peer.healthHWM), peer.cpu)
+	}
 	if len(results) > 0 {
 		notes.WriteString("How each figure grows with the fleet (one run per size, the median of 3 at the largest):\n\n| figure |")
 		for _, r := range results {
@@ -148,4 +152,12 @@ func maxProcsNote(o fleet50kOpts) string {
 		return fmt.Sprintf(", each with GOMAXPROCS %d", mp)
 	}
 	return fmt.Sprintf(", each with GOMAXPROCS %d, its share of the %d cores, as docs/OPERATIONS.md says for processes packed on one machine", mp, cores)
+}
+
+// plansNote says which address plans the hosts have.
+func plansNote(o fleet50kOpts) string {
+	if o.noPlans {
+		return "no address plan (the network's DHCP)"
+	}
+	return "each host with an address plan (fleet50kPlan: an IPv4 block of 198.18.0.0/15 with room for its proxies and an IPv6 /64 of 2001:db8::/32, 16 addresses a proxy)"
 }

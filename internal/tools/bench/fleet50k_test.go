@@ -60,12 +60,17 @@ func TestWarningsSince(t *testing.T) {
 // shows how each grows.
 func TestFleet50kFigures(t *testing.T) {
 	o := fleet50kOpts{hosts: 500, workers: 10, healths: 2, settle: 10 * time.Second, quiet: 30 * time.Second}
-	res := fleet50kFigures(o, []fleet50kResult{
+	results := []fleet50kResult{
 		{n: 2000, inRotation: 5 * time.Second, workerHWM: []float64{50, 52}, healthHWM: []float64{40}, maxMsg: 1 << 20, rotBytes: 4 << 20,
 			changes: 2000, verbs: map[string]float64{"list": 0.1, "get": 0.02, "hosts": 0.03, "rotation": 0.05, "watch": 0.04}},
 		{n: 50000, inRotation: 70 * time.Second, workerHWM: []float64{80}, healthHWM: []float64{170}, maxMsg: 900, rotBytes: 50000 * 300,
 			changes: 50000, warnings: []string{"h2 WARN x"}, verbs: map[string]float64{"list": 2.4}},
-	})
+	}
+	peer := &fleet50kResult{n: 50000, inRotation: 60 * time.Second, workerHWM: []float64{61.5}, healthHWM: []float64{150}, cpu: "CPU x"}
+	res := fleet50kFigures(o, results, peer)
+	if !strings.Contains(res.notes, "The peer of the same run, 50000 proxies once more with no address plan on any host (the network's DHCP): all in the rotation after 60.0 s, worker peak RSS 61.5 MiB, health peak RSS 150 MiB. CPU x.") {
+		t.Errorf("no peer in the notes:\n%s", res.notes)
+	}
 	met := map[string]bool{}
 	for _, f := range res.figures {
 		f.check()

@@ -72,6 +72,7 @@ func main() {
 	sizes := flag.String("fleet-sizes", "2000,12000,50000", "fleet50k: the fleet sizes to run, one run each (the largest -fleet-runs times)")
 	flag.IntVar(&f50.hosts, "fleet-hosts", 500, "fleet50k: sim hosts")
 	flag.BoolVar(&f50.noPlans, "fleet-no-plans", false, "fleet50k: give the hosts no address plan (the network's DHCP), to compare")
+	flag.BoolVar(&f50.peer, "fleet-peer", true, "fleet50k: run the largest size once more without address plans, the peer figure of the same run")
 	flag.IntVar(&f50.workers, "fleet-workers", 10, "fleet50k: worker processes")
 	flag.IntVar(&f50.healths, "fleet-healths", 2, "fleet50k: health processes")
 	flag.DurationVar(&f50.deadline, "fleet-deadline", 10*time.Minute, "fleet50k: a size fails if its fleet is not all in the rotation within this")
