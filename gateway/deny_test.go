@@ -78,17 +78,7 @@ func TestDeniedDestinations(t *testing.T) {
 		"GET https://[::1]/ HTTP/1.1\r\nHost: x\r\n",
 	}
 	for _, req := range slow {
-		rc := dialGateway(t, g)
-		rc.send("GET / HTTP/1.1\r\nHost: x\r\n" + aliceAuth + "\r\n") // origin-form: handed over
-		if resp, _ := rc.read(http.MethodGet); resp.StatusCode != http.StatusBadRequest {
-			t.Fatalf("origin-form: %s", resp.Status)
-		}
-		method := http.MethodGet
-		if req[0] == 'C' {
-			method = http.MethodConnect
-		}
-		rc.send(req + aliceAuth + "\r\n")
-		if resp, body := rc.read(method); resp.StatusCode != http.StatusForbidden || !strings.Contains(body, " is denied") {
+		if resp, body := onSlowPath(t, g, req); resp.StatusCode != http.StatusForbidden || !strings.Contains(body, " is denied") {
 			t.Errorf("slow path %q: %s %q, want 403", strings.SplitN(req, "\r\n", 2)[0], resp.Status, body)
 		}
 	}

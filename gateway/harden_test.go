@@ -178,12 +178,7 @@ func (c *clock) now() time.Time          { return time.Now().Add(time.Duration(c
 func (c *clock) advance(d time.Duration) { c.offset.Add(int64(d)) }
 func (g *testGateway) socksAuthStatus(t *testing.T, user, pw string) byte {
 	t.Helper()
-	c, err := net.Dial("tcp", g.SocksAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	c := dialSocks(t, g)
 	msg := []byte{5, 1, 2, 1, byte(len(user))}
 	msg = append(msg, user...)
 	msg = append(msg, byte(len(pw)))

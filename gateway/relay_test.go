@@ -147,6 +147,38 @@ func (rc *rawClient) read(method string) (*http.Response, string) {
 	return resp, string(b)
 }
 
+// onSlowPath sends req (a request head without its credential and blank
+// line) as alice on a connection the lean path has handed to the slow
+// one (an origin-form request first, answered 400), and returns its
+// answer.
+func onSlowPath(t testing.TB, g *testGateway, req string) (*http.Response, string) {
+	t.Helper()
+	rc := dialGateway(t, g)
+	rc.send("GET / HTTP/1.1\r\nHost: x\r\n" + aliceAuth + "\r\n") // origin-form: handed over
+	if resp, _ := rc.read(http.MethodGet); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("origin-form: %s", resp.Status)
+	}
+	method := http.MethodGet
+	if strings.HasPrefix(req, "CONNECT ") {
+		method = http.MethodConnect
+	}
+	rc.send(req + aliceAuth + "\r\n")
+	return rc.read(method)
+}
+
+// dialSocks connects to the gateway's SOCKS5 listener, closed when the
+// test ends, with a deadline that bounds a hang.
+func dialSocks(t testing.TB, g *testGateway) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", g.SocksAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	return c
+}
+
 // closed says whether the gateway closed the connection (EOF next).
 func (rc *rawClient) closed() bool {
 	_ = rc.c.SetReadDeadline(time.Now().Add(10 * time.Second))

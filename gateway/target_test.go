@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 )
 
 // A target the gateway refuses never reaches a proxy: the client is
@@ -34,12 +33,7 @@ func squidLike(c net.Conn, r *seenRequest) bool {
 // and returns the reply's code.
 func socksConnectRaw(t *testing.T, g *testGateway, atyp byte, addr []byte, port uint16) byte {
 	t.Helper()
-	c, err := net.Dial("tcp", g.SocksAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	c := dialSocks(t, g)
 	b := []byte{socksVersion, 1, socksAuthUserPW}
 	b = append(b, socksAuthVersion, byte(len("alice")))
 	b = append(b, "alice"...)
@@ -200,17 +194,7 @@ func TestSlowPathRefusesBadTarget(t *testing.T) {
 		"GET http://[fe80::1%25a%20b]/ HTTP/1.1\r\nHost: x\r\n",
 		"GET https://t.example:0/ HTTP/1.1\r\nHost: x\r\n",
 	} {
-		rc := dialGateway(t, g)
-		rc.send("GET / HTTP/1.1\r\nHost: x\r\n" + aliceAuth + "\r\n") // origin-form: handed over
-		if resp, _ := rc.read(http.MethodGet); resp.StatusCode != http.StatusBadRequest {
-			t.Fatalf("origin-form: %s", resp.Status)
-		}
-		method := http.MethodGet
-		if req[0] == 'C' {
-			method = http.MethodConnect
-		}
-		rc.send(req + aliceAuth + "\r\n")
-		if resp, body := rc.read(method); resp.StatusCode != http.StatusBadRequest {
+		if resp, body := onSlowPath(t, g, req); resp.StatusCode != http.StatusBadRequest {
 			t.Errorf("%q: %s %q, want 400", req, resp.Status, body)
 		}
 	}
