@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -294,14 +295,18 @@ const workerGCPercent = 50
 // (make bench: fleet_50k_health_rss_mib).
 const healthGCPercent = 75
 
+// memProfileOff turns allocation sampling off once (roleGC).
+var memProfileOff sync.Once
+
 // roleGC sets a role's GOGC to percent, unless the environment sets one.
 // Without pprof nobody can read a heap profile, so the process samples no
 // allocations for one either: the profiler's buckets were 1.5 MiB of a
 // worker's 34 MiB of its own memory at 50,000 proxies (make bench:
-// fleet_50k_worker_rss_mib).
+// fleet_50k_worker_rss_mib). A process runs one role; where several run
+// in one process (the tests), the first to start decides that, once.
 func roleGC(log *slog.Logger, percent int, pprof bool) {
 	if !pprof {
-		runtime.MemProfileRate = 0
+		memProfileOff.Do(func() { runtime.MemProfileRate = 0 })
 	}
 	if os.Getenv("GOGC") != "" {
 		return
