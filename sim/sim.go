@@ -190,7 +190,21 @@ func (d *Driver) enter(ctx context.Context, op, id string) (func(), error) {
 	return unlock, nil
 }
 
+// read reads id's domain file, its egress addresses expanded.
 func (d *Driver) read(id string) (domain, error) {
+	dom, err := d.readMark(id)
+	if err != nil {
+		return dom, err
+	}
+	if dom.egress, err = messages.ExpandEgress(dom.Egress); err != nil {
+		return domain{}, fleet.Permanent(fmt.Errorf("read domain %s: %w", id, err))
+	}
+	return dom, nil
+}
+
+// readMark reads id's domain file and leaves its egress in the compact
+// form it is stored in.
+func (d *Driver) readMark(id string) (domain, error) {
 	b, err := os.ReadFile(d.domainPath(id))
 	if errors.Is(err, os.ErrNotExist) {
 		return domain{}, fleet.NotFound(fmt.Errorf("proxy %s on %s: no domain", id, d.cfg.Host))
@@ -200,9 +214,6 @@ func (d *Driver) read(id string) (domain, error) {
 	}
 	var dom domain
 	if err := json.Unmarshal(b, &dom); err != nil {
-		return domain{}, fleet.Permanent(fmt.Errorf("read domain %s: %w", id, err))
-	}
-	if dom.egress, err = messages.ExpandEgress(dom.Egress); err != nil {
 		return domain{}, fleet.Permanent(fmt.Errorf("read domain %s: %w", id, err))
 	}
 	return dom, nil
@@ -223,12 +234,21 @@ func (d *Driver) instance(dom domain) fleet.Instance {
 		in.Source = messages.SourceSim
 	}
 	in.Egress = dom.egress
-	if in.State == messages.StateRunning && len(in.Egress) > 0 {
-		// The plan's address, still of source sim: health never probes a
-		// simulated proxy.
-		in.IP = in.Egress[0].String()
+	if in.State == messages.StateRunning && len(dom.Egress) > 0 {
+		// The plan's address of record (its first), still of source
+		// sim: health never probes a simulated proxy.
+		in.IP = firstEgress(dom.Egress[0])
 	}
 	return in
+}
+
+// firstEgress is the first address of an item of a compact egress list
+// (an address, or a prefix standing for its addresses).
+func firstEgress(item string) string {
+	if p, err := netip.ParsePrefix(item); err == nil {
+		return p.Addr().String()
+	}
+	return item
 }
 
 // SimIP is the made-up address of a simulated proxy: 198.19.x.y, inside the
@@ -330,7 +350,9 @@ func (d *Driver) List(ctx context.Context) ([]fleet.Instance, error) {
 	sort.Strings(names)
 	var out []fleet.Instance
 	for _, n := range names {
-		dom, err := d.read(strings.TrimSuffix(filepath.Base(n), ".json"))
+		// A summary, as Provider.List promises: the egress addresses are
+		// Get's to expand (every observation pass lists every domain).
+		dom, err := d.readMark(strings.TrimSuffix(filepath.Base(n), ".json"))
 		if fleet.ClassOf(err) == fleet.ClassNotFound {
 			continue // deleted while listing
 		}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -180,5 +182,39 @@ func TestBusyWhileACallRuns(t *testing.T) {
 	<-done
 	if busy, err := Busy(dir, "p1"); err != nil || busy {
 		t.Fatalf("after the call: busy %v, %v", busy, err)
+	}
+}
+
+// A static proxy's Get gives every egress address; List gives a summary:
+// its address of record, and no egress list to expand.
+func TestStaticEgressGetAndList(t *testing.T) {
+	now := time.Now()
+	d, err := New(Config{Host: "h1", Dir: t.TempDir(), Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	v6 := make([]netip.Addr, 16)
+	for i, a := 0, netip.MustParseAddr("2001:db8:101::10"); i < len(v6); i, a = i+1, a.Next() {
+		v6[i] = a
+	}
+	n := fleet.Network{MAC: "52:54:00:00:00:01", IPv4: netip.MustParseAddr("198.18.101.5"), IPv6: v6}
+	if _, err := d.Create(ctx, fleet.Spec{ID: "p1", CommandID: "c1", Network: n}); err != nil {
+		t.Fatal(err)
+	}
+	in, err := d.Get(ctx, "p1")
+	if err != nil || in.State != messages.StateRunning || in.IP != "198.18.101.5" || !slices.Equal(in.Egress, n.Egress()) {
+		t.Fatalf("get: %+v %v", in, err)
+	}
+	list, err := d.List(ctx)
+	if err != nil || len(list) != 1 || list[0].ID != "p1" || list[0].IP != "198.18.101.5" || list[0].Egress != nil {
+		t.Fatalf("list: %+v %v", list, err)
+	}
+	v6only := fleet.Network{IPv6: v6}
+	if _, err := d.Create(ctx, fleet.Spec{ID: "p2", CommandID: "c2", Network: v6only}); err != nil {
+		t.Fatal(err)
+	}
+	if list, err := d.List(ctx); err != nil || len(list) != 2 || list[1].IP != "2001:db8:101::10" {
+		t.Fatalf("list of an IPv6-only proxy: %+v %v", list, err)
 	}
 }

@@ -29,7 +29,10 @@ type Provider interface {
 	// not there is success. It never touches what another host entry or
 	// someone else made.
 	Delete(ctx context.Context, id string) error
-	// List returns every proxy this project made on the host.
+	// List returns every proxy this project made on the host, each as a
+	// summary: its ID and mark (CommandID, SpecHash, CreatedAt) and
+	// whether its domain runs. What only Get reads for certain (the
+	// address, Egress) may be left out.
 	List(ctx context.Context) ([]fleet.Instance, error)
 	// Close releases the provider's connections.
 	Close() error

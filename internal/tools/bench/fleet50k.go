@@ -219,6 +219,9 @@ func fleet50kRun(ctx context.Context, b *bench, bin string, n int) (res fleet50k
 		return res, err
 	}
 	defer func() {
+		if o.profileDir != "" {
+			copyLogs(dir, o.profileDir, sizeName(n))
+		}
 		if err != nil {
 			keepLogs(dir, &err)
 		}
@@ -502,6 +505,21 @@ func keepLogs(dir string, err *error) {
 		}
 	}
 	*err = fmt.Errorf("%w (logs in %s)", *err, keep)
+}
+
+// copyLogs copies the roles' logs of a run into the profile directory,
+// named after the run's size (a worker run with GODEBUG=gctrace=1 logs each
+// collection's heap there).
+func copyLogs(dir, to, size string) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".log") {
+			continue
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, e.Name())); err == nil {
+			_ = os.WriteFile(filepath.Join(to, "fleet50k-"+size+"-"+e.Name()), b, 0o644)
+		}
+	}
 }
 
 // maxOf is the largest of vs (0 for none).

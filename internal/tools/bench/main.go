@@ -79,7 +79,7 @@ func main() {
 	flag.DurationVar(&f50.settle, "fleet-settle", 10*time.Second, "fleet50k: how long after the last proxy entered the burst counts as settled")
 	flag.DurationVar(&f50.quiet, "fleet-quiet", 30*time.Second, "fleet50k: how long after it settled the logs are watched for warnings")
 	flag.BoolVar(&f50.syncAlways, "fleet-sync-always", false, "fleet50k: run the server with sync_always (as nats.conf for a single node)")
-	flag.StringVar(&f50.profileDir, "fleet-profile", "", "fleet50k: write the workers' profiles here (CPU of w01 during the burst, every heap after); workers run with --pprof")
+	flag.StringVar(&f50.profileDir, "fleet-profile", "", "fleet50k: write the workers' profiles and every role's log here (CPU of w01 during the burst, every heap after); workers run with --pprof")
 	flag.DurationVar(&f50.profileFor, "fleet-profile-for", 20*time.Second, "fleet50k: how long the CPU profile lasts")
 	flag.IntVar(&f50.maxProcs, "fleet-gomaxprocs", 0, "fleet50k: GOMAXPROCS of each worker and health process; 0: its share of the cores (at least 1), -1: Go's default")
 	flag.IntVar(&f50.runs, "fleet-runs", 3, "fleet50k: runs of the largest size; its figures are those of the median run by time into the rotation")
