@@ -297,6 +297,31 @@ var installAndStart = [][]string{
 	{"sh", "-c", "if systemctl is-active --quiet squid && [ -e /run/squid.pid ] && [ ! " + squidConfPath + " -nt /run/squid.pid ]; then :; else systemctl restart squid; fi"},
 }
 
+// An IPv4-only plan gives the guest no IPv6 address, and the network-config
+// cannot stop router advertisements for it (networkConfig: cloud-init's
+// ifupdown renderer writes accept_ra only into an IPv6 stanza, and there
+// is none): on a link whose router advertises a prefix the guest would
+// take an address and a route the plan does not know, and squid could
+// leave from it for an IPv6 target. The default user-data turns IPv6 off
+// on eth0 instead, at once (bootcmd, every boot; it drops what an
+// advertisement gave) and for later boots (a sysctl.d file). A user-data
+// template must do the same itself (.Egress holds no IPv6 address then).
+const (
+	noIPv6Key    = "net.ipv6.conf." + guestInterface + ".disable_ipv6"
+	noIPv6Path   = "/etc/sysctl.d/60-proxyfleet-ipv4-only.conf"
+	noIPv6Sysctl = noIPv6Key + " = 1\n"
+)
+
+// ipv4Only says whether a plan's egress addresses are all IPv4 (and some).
+func ipv4Only(egress []netip.Addr) bool {
+	for _, a := range egress {
+		if !a.Is4() {
+			return false
+		}
+	}
+	return len(egress) > 0
+}
+
 // defaultUserData renders the cloud-config of a proxy when no template is
 // configured. Scalars that carry values are JSON strings (valid YAML
 // double-quoted scalars, so "true" or "012" stay strings under YAML 1.1
@@ -309,6 +334,11 @@ func defaultUserData(id, hostname string, gp GuestProxy, egress, dns []netip.Add
 	// The name in /etc/hosts too, so nothing on the guest waits for DNS
 	// to find itself.
 	b.WriteString("manage_etc_hosts: localhost\n")
+	if ipv4Only(egress) {
+		// The first boot: cloud-init brought eth0 up before this runs,
+		// and router advertisements may have given it an address.
+		b.WriteString("bootcmd:\n- [\"sysctl\", \"-w\", " + q(noIPv6Key+"=1") + "]\n")
+	}
 	b.WriteString("write_files:\n")
 	block := func(path, owner, perm, content string) {
 		b.WriteString("- path: " + q(path) + "\n")
@@ -331,6 +361,11 @@ func defaultUserData(id, hostname string, gp GuestProxy, egress, dns []netip.Add
 		// Squid runs as user proxy (in Debian's and Ubuntu's base
 		// passwd, so the group exists before squid is installed).
 		block(squidPasswdPath, "root:proxy", "0640", pw+"\n")
+	}
+	if ipv4Only(egress) {
+		// Later boots: systemd-sysctl applies it as eth0 appears, before
+		// ifupdown brings it up.
+		block(noIPv6Path, "", "0644", noIPv6Sysctl)
 	}
 	b.WriteString("runcmd:\n")
 	for _, c := range installAndStart {

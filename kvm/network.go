@@ -172,7 +172,8 @@ const guestInterface = "eth0"
 //     so its eth0 keeps the kernel's accept_ra 1 and autoconf 1 (seen in
 //     the guest): on a link whose router advertises a prefix the guest
 //     would take an IPv6 address and route the plan does not know. No v2
-//     key changes that through this renderer.
+//     key changes that through this renderer: the default user-data
+//     turns IPv6 off on eth0 for such a plan (ipv4Only).
 //
 // "gateway4" and "gateway6" are deprecated in netplan (Ubuntu's renderer),
 // which still honours them; other renderers were not checked.

@@ -258,9 +258,19 @@ func routedToTestHost(t *testing.T, ip netip.Addr, env map[string]string) bool {
 }
 
 // agentExec runs path with args in the guest through its agent
-// (guest-exec) and returns its standard output.
+// (guest-exec) and returns its standard output; any failure fails t.
 func agentExec(t *testing.T, p *Provider, dom libvirt.Domain, path string, args ...string) string {
 	t.Helper()
+	out, err := tryAgentExec(p, dom, path, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// tryAgentExec is agentExec returning its failure: no agent yet, or a
+// command that did not exit 0 within 30 s.
+func tryAgentExec(p *Provider, dom libvirt.Domain, path string, args ...string) (string, error) {
 	agent := func(cmd any, out any) error {
 		b, err := json.Marshal(cmd)
 		if err != nil {
@@ -289,19 +299,76 @@ func agentExec(t *testing.T, p *Provider, dom libvirt.Domain, path string, args 
 	}
 	if err := agent(map[string]any{"execute": "guest-exec",
 		"arguments": map[string]any{"path": path, "arg": args, "capture-output": true}}, &started); err != nil {
-		t.Fatalf("guest-exec %s: %v", path, err)
+		return "", fmt.Errorf("guest-exec %s: %w", path, err)
 	}
 	var st struct {
 		Exited   bool   `json:"exited"`
 		ExitCode int    `json:"exitcode"`
 		OutData  string `json:"out-data"`
 	}
-	poll.Until(t, "guest-exec "+path, 30*time.Second, func() bool {
+	if !poll.Wait(30*time.Second, func() bool {
 		return agent(map[string]any{"execute": "guest-exec-status", "arguments": map[string]any{"pid": started.PID}}, &st) == nil && st.Exited
-	})
+	}) {
+		return "", fmt.Errorf("guest-exec %s %v: not done within 30s", path, args)
+	}
 	out, err := base64.StdEncoding.DecodeString(st.OutData)
 	if err != nil || st.ExitCode != 0 {
-		t.Fatalf("guest-exec %s %v: exit %d, %v", path, args, st.ExitCode, err)
+		return "", fmt.Errorf("guest-exec %s %v: exit %d, %v", path, args, st.ExitCode, err)
 	}
-	return string(out)
+	return string(out), nil
+}
+
+// TestStaticNetworkIPv4Only_debianGuest: a guest whose plan gives it an
+// IPv4 address alone, on the test network whose dnsmasq sends router
+// advertisements for its IPv6 prefix, holds no IPv6 address once
+// cloud-init has run (IPv6 off on eth0: the default user-data's), so
+// nothing but the plan's address is there for squid to leave from.
+func TestStaticNetworkIPv4Only_debianGuest(t *testing.T) {
+	env := testhostAll(t)
+	img := debianImage(t, env)
+	// The entry of TestStaticNetwork_debianGuest: its cached Debian base.
+	p := newTestProvider(t, env, func(o *Options) {
+		o.Host = testhostEntry(env, "thnet")
+		o.Images = []ImageSource{img}
+	})
+	id := testID("net4")
+	cleanupProxy(t, p, id)
+	gw4, _ := bridgeAddrs(t, p)
+	// .211 to .220 of the IPv4 block: no other test takes them.
+	n := fleet.Network{
+		MAC:         fmt.Sprintf("52:54:00:%02x:%02x:%02x", rand.IntN(256), rand.IntN(256), rand.IntN(256)),
+		IPv4:        netip.MustParseAddr(fmt.Sprintf("198.18.101.%d", 211+rand.IntN(10))),
+		IPv4Gateway: gw4,
+	}
+	spec := fleet.Spec{ID: id, Image: img.Name, CPUs: 1, MemoryMiB: 512, CommandID: "cmd-" + id, SpecHash: "0123456789abcdef", Network: n}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	start := time.Now()
+	if _, err := p.Create(ctx, spec); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	dom, _, err := p.lookup(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// cloud-init's bootcmd has run once the file it writes in the same
+	// stage is there; its sysctl runs before that.
+	var last string
+	if !poll.WaitEvery(6*time.Minute, 2*time.Second, func() bool {
+		out, err := tryAgentExec(p, dom, "/bin/cat", "/proc/sys/net/ipv6/conf/eth0/disable_ipv6", noIPv6Path)
+		last = fmt.Sprintf("%q %v", out, err)
+		return err == nil && strings.HasPrefix(out, "1\n")
+	}) {
+		t.Fatalf("IPv6 never turned off on eth0; last: %s; console: virsh console %s", last, domainName(id))
+	}
+	t.Logf("%5.1fs IPv6 is off on eth0", time.Since(start).Seconds())
+	a := agentExec(t, p, dom, "/bin/ip", "-6", "addr", "show", "dev", "eth0")
+	r := agentExec(t, p, dom, "/bin/ip", "-6", "route", "show")
+	if strings.TrimSpace(a) != "" || strings.Contains(r, "eth0") {
+		t.Errorf("eth0 has IPv6 left:\n%s\n%s", a, r)
+	}
+	a4 := agentExec(t, p, dom, "/bin/ip", "-br", "-4", "addr", "show", "dev", "eth0")
+	if !strings.Contains(a4, n.IPv4.String()+"/32") {
+		t.Errorf("eth0 lacks the plan's address %s: %s", n.IPv4, a4)
+	}
 }

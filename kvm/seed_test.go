@@ -1,16 +1,16 @@
 package kvm
 
 import (
-	"errors"
-
-	"golang.org/x/crypto/bcrypt"
-
 	"bytes"
+	"errors"
 	"io"
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/kdomanski/iso9660"
+	"golang.org/x/crypto/bcrypt"
 
 	"proxyfleet/deny"
 	"proxyfleet/fleet"
@@ -302,6 +302,44 @@ func TestSeed_valuesReadBackAsStrings(t *testing.T) {
 		}
 		if got := yamlStrings(t, ud); got["hostname"] != v {
 			t.Errorf("%q: default user-data reads as %q:\n%s", v, got, ud)
+		}
+	}
+}
+
+// An IPv4-only plan's default user-data turns IPv6 off on eth0, at once
+// and for later boots; a plan with IPv6 addresses, or none, leaves it.
+func TestDefaultUserData_ipv4OnlyTurnsIPv6Off(t *testing.T) {
+	var doc struct {
+		BootCmd    [][]string `yaml:"bootcmd"`
+		WriteFiles []struct {
+			Path, Content string
+		} `yaml:"write_files"`
+	}
+	for name, c := range map[string]struct {
+		n   fleet.Network
+		off bool
+	}{
+		"ipv4 only": {fleet.Network{MAC: "52:54:00:00:00:01", IPv4: netip.MustParseAddr("198.18.101.5")}, true},
+		"dual":      {fleet.Network{MAC: "52:54:00:00:00:01", IPv4: netip.MustParseAddr("198.18.101.5"), IPv6: []netip.Addr{netip.MustParseAddr("2001:db8:101::5")}}, false},
+		"ipv6 only": {fleet.Network{MAC: "52:54:00:00:00:01", IPv6: []netip.Addr{netip.MustParseAddr("2001:db8:101::5")}}, false},
+		"dhcp":      {fleet.Network{}, false},
+	} {
+		ud, err := userData("", testGuestProxy, "p1", "pf-p1", c.n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		doc.BootCmd, doc.WriteFiles = nil, nil
+		if err := yamlDecode(ud, &doc); err != nil {
+			t.Fatalf("%s: not YAML: %v\n%s", name, err, ud)
+		}
+		boot := slices.ContainsFunc(doc.BootCmd, func(c []string) bool {
+			return slices.Equal(c, []string{"sysctl", "-w", "net.ipv6.conf.eth0.disable_ipv6=1"})
+		})
+		file := slices.ContainsFunc(doc.WriteFiles, func(f struct{ Path, Content string }) bool {
+			return strings.HasPrefix(f.Path, "/etc/sysctl.d/") && f.Content == "net.ipv6.conf.eth0.disable_ipv6 = 1\n"
+		})
+		if boot != c.off || file != c.off {
+			t.Errorf("%s: bootcmd sysctl %v, sysctl.d file %v; want %v:\n%s", name, boot, file, c.off, ud)
 		}
 	}
 }
