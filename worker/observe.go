@@ -294,7 +294,7 @@ func (e *executor) unchanged(ctx context.Context, id string, ev viewedEvent) boo
 	case isNotFound(err):
 		return false
 	case err != nil:
-		return true // unreadable is not changed (H3): observeOne would publish nothing
+		return true // unreadable is not changed: observeOne would publish nothing
 	case ev.State == messages.StateFailed:
 		return true
 	}
@@ -350,7 +350,7 @@ func (e *executor) observeOne(ctx context.Context, id string) (bool, error) {
 		// converge reports for itself.
 		return false, nil
 	case err != nil:
-		// An unreadable proxy is not a changed one (review finding H3).
+		// An unreadable proxy is not a changed one: nothing is published.
 		return false, err
 	case last.State == messages.StateFailed:
 		// Reported failed (shut off) and still there: a command's to
