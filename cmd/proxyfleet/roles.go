@@ -290,9 +290,9 @@ const workerGCPercent = 50
 // sets one. Nearly all of its heap is what it keeps of every proxy (the
 // fold, the rotation as published, the check records), which no
 // collection frees, and it allocates little beside (an event or a probe
-// at a time): a heap goal of 1.75 times that instead of twice is an
-// eighth less peak RSS at 50,000 proxies for a few more collections
-// (make bench: fleet_50k_health_rss_mib).
+// at a time): a heap goal of 1.75 times that instead of twice lowers its
+// peak RSS for a few more collections (make bench:
+// fleet_50k_health_rss_mib; docs/DECISIONS.md).
 const healthGCPercent = 75
 
 // memProfileOff turns allocation sampling off once (roleGC).
