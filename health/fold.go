@@ -11,9 +11,14 @@ import (
 )
 
 // Fold is the rotation as a function of the state events and probe results
-// seen so far. It does no I/O, starts no goroutine and reads the time only
-// through Now (and the times given to it), so it is tested with plain
-// values. It is not safe for concurrent use; its owner serialises calls.
+// seen so far: the rules of who is in the rotation live here, and the rest
+// of the package moves events and results in and entries out. It does no
+// I/O, starts no goroutine and reads the time only through Now (and the
+// times given to it), so every rule is a test over plain values. Every
+// health process that reads the same events computes nearly the same
+// rotation (probes taken from elsewhere may differ), which is what lets a
+// standby take over publishing without a hand-over. It is not safe for
+// concurrent use; its owner serialises calls.
 //
 // Rules, per proxy id:
 //   - an event whose seq is lower than or equal to the last one seen for
@@ -47,34 +52,58 @@ import (
 //     sim) enters on its event, as with Rise 0, and is never probed: its
 //     address is made up, and it carries no traffic.
 //
-// Checks (see the package doc, "What a probe verifies"): a passing probe
-// may bring findings. The egress address the target saw is kept and shown
-// in the snapshot; a leak (the target saw the client's address, or the
-// fleet's credentials, in a header) refuses the proxy until a probe whose
-// request the target reported finds none; and with CheckOpen, a candidate
-// enters only once the last open check of it (the same request without
-// credentials) was conclusive and refused, while one found open is refused
-// until a conclusive check finds it refusing. A refused proxy never enters
-// and one in the rotation leaves at once; it keeps being probed at the
-// rounds' cadence (never at once, as a rising one is), so a proxy that was
-// fixed comes back. Targets says which probes must check: every candidate
-// not in the rotation, and one in it whose last conclusive check is
-// OpenInterval old (or whose last one was inconclusive). An inconclusive
-// check changes nothing: it admits nothing, and takes nobody out.
-//
 // Probe results (ApplyProbe) name the candidate they were taken for by its
 // epoch (see Targets), so a result for an address the proxy no longer has,
-// or for a proxy deleted since, changes nothing; a result older than the
-// last one applied for the same epoch is ignored too.
+// or for a proxy deleted since, changes nothing, and one proxy's timeouts
+// only ever count against that proxy; a result older than the last one
+// applied for the same epoch is ignored too. Rising names the candidates
+// the scheduler probes at once rather than in rounds: running, not yet in
+// the rotation, no failure since its last pass, not refused.
 //
-// Seed puts a proxy in the rotation as already risen: the membership a
-// restarting process loads from PROXY_ROTATION. DropUnseen, called once
-// the events are caught up, removes the seeded proxies no event spoke of.
+// Verdicts. A passing probe may bring findings (see HTTPProber and
+// Findings), and a candidate carries a verdict: ok, open, leaky or
+// mismatch.
+//   - Open: with CheckOpen (the proxies require credentials and the prober
+//     can send a request without them), a candidate enters only once the
+//     last open check of it (the same request without credentials) was
+//     conclusive and refused: Rise passes in a row, the last with such a
+//     check. One whose request without credentials reached the target is
+//     open ("open proxy: answered a request without credentials"). Targets
+//     says which probes must check: every candidate not in the rotation,
+//     and one in it whose last conclusive check is OpenInterval old (or
+//     whose last one was inconclusive).
+//   - Leaky: the target saw the client's address, or the fleet's
+//     credentials, in a header.
+//   - Mismatch: the proxy's running event carries egress addresses (its
+//     host's plan) and its request reached the target from another address
+//     ("egress mismatch: ...").
+//
+// A refused proxy never enters, and one in the rotation leaves at once. It
+// keeps being probed at the rounds' cadence (never at once, as a rising one
+// is), and a later conclusive clean finding clears its verdict (a refusing
+// open check for an open one, a report without the header for a leaky
+// one), so nothing transient removes a healthy proxy for good. An
+// inconclusive check (a timeout, no connection, a CONNECT granted without
+// credentials whose tunnel then fails) changes nothing: it admits nothing
+// and takes nobody out. The egress address the target saw is kept and shown
+// in the entry; a change of it is a change of the entry, not of the
+// proxy's address.
+//
+// Starting from what is published. Seed puts a proxy in the rotation as
+// already risen: the membership a restarting process loads from
+// PROXY_ROTATION, so a restart never empties the rotation while the process
+// probes again. Events then apply as usual: a running event at the same
+// address confirms a seeded proxy; another address, or failed, deleting,
+// deleted, takes it out; provisioning starts its grace. DropUnseen, called
+// once the events are caught up, removes the seeded proxies no event spoke
+// of (their deleted event aged out). Adopt, on a takeover, puts in the
+// rotation a proxy of PROXY_ROTATION that the fold has as running at the
+// same address but not yet risen, so a takeover removes no passing proxy;
+// Fall failures take out any that do not pass.
 type Fold struct {
 	// Grace is how long a proxy in the rotation keeps its place after it
-	// reports provisioning without an address (a guest agent restart, the
-	// open half of H3) from the same command and host. Zero demotes it at
-	// once.
+	// reports provisioning without an address (a guest agent restart) from
+	// the same command and host. Zero demotes it at once.
 	Grace time.Duration
 	// Rise is how many passing probes in a row put a candidate in the
 	// rotation. Zero means no probing: a running event enters at once.

@@ -124,10 +124,9 @@ type Config struct {
 	// SnapshotRate bounds the bytes a second the snapshots on
 	// <prefix>.rotation carry under churn (default 256 KiB): after a
 	// snapshot of B bytes the next waits B/SnapshotRate if that is longer
-	// than SnapshotInterval. A fleet of 12,000 makes snapshots of about
-	// 1 MiB, and one a second while it fills was most of the bytes sent
-	// on the rotation subjects (1.3 KiB a change, where the feed takes
-	// 140 B); now one every 4 s. The feed is not paced.
+	// than SnapshotInterval, so a 1 MiB snapshot goes out at most every
+	// 4 s at the default (docs/DECISIONS.md, "Snapshots paced by their
+	// bytes"). The feed is not paced.
 	SnapshotRate int
 	// SnapshotMaxBytes is the largest snapshot published whole on
 	// <prefix>.rotation (0: the server's max_payload, 1 MiB by default);

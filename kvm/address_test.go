@@ -29,11 +29,12 @@ func runningGuest(t *testing.T, p, cleanup *Provider, prefix string) fleet.Insta
 	return awaitRunning(t, p, id, 2*time.Minute)
 }
 
-// TestGet_everyAddressSourceFailingIsTransient (review finding H3): with
-// the guest agent stopped, the DHCP lease file unreadable and ARP failing
-// (it fails on every call on this libvirt), no source can answer. That is
-// not "no address yet": Get must fail transient, and stay transient though
-// the agent's error carries a code that alone would be permanent.
+// TestGet_everyAddressSourceFailingIsTransient: an unreadable address is
+// never a missing one. With the guest agent stopped, the DHCP lease file
+// unreadable and ARP failing (it fails on every call on this libvirt), no
+// source can answer. That is not "no address yet": Get must fail
+// transient, and stay transient though the agent's error carries a code
+// that alone would be permanent.
 func TestGet_everyAddressSourceFailingIsTransient(t *testing.T) {
 	env := testhostAll(t)
 	p := newTestProvider(t, env, nil)
@@ -92,7 +93,7 @@ func flushNeighbours(t *testing.T, env map[string]string) {
 	}
 }
 
-// TestGet_deadLinkDuringAddressIsTransient (H3): the link dying under the
+// TestGet_deadLinkDuringAddressIsTransient: the link dying under the
 // address read (here: stalled in a fault proxy until the call's budget
 // kills it) is a transient error, never a running proxy without an address.
 func TestGet_deadLinkDuringAddressIsTransient(t *testing.T) {

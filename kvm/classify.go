@@ -23,7 +23,7 @@ import (
 //  1. An error that already carries an explicit class (fleet.Transient,
 //     Permanent, NotFound anywhere in its tree) keeps the outermost one. So
 //     an explicit transient wrap wins over any libvirt code inside a joined
-//     error (H3: an address read that failed on every source must not be
+//     error (an address read that failed on every source must not be
 //     latched permanent by the first code found in the join).
 //  2. Otherwise the error tree is walked breadth first, closest to the
 //     caller first, and the first node that a table below knows decides.

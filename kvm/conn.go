@@ -15,7 +15,7 @@ import (
 )
 
 // One connection to a host's libvirtd, and how it is opened, closed and
-// killed (review finding H1).
+// killed: a kill never blocks a caller (see markDead).
 
 // conn is one connection to a host's libvirtd: a transport and the
 // go-libvirt client on it. A conn is never reconnected; a dead one is
@@ -45,7 +45,8 @@ func newConn(host string, t net.Conn, obs Observer) *conn {
 
 // markDead declares the conn dead for reason and kills its transport.
 //
-// The order is the fix for review finding H1 and must stay as it is:
+// The order is what keeps a kill from blocking callers, and must stay as it
+// is (TestMarkDead_slowKillDoesNotBlockCallers):
 //
 //  1. the reason is set and dead is closed under mu, so every caller
 //     parked on the conn, and every caller arriving later, sees it dead at

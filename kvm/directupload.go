@@ -19,11 +19,11 @@ import (
 	"libvirt.org/go/libvirtxml"
 )
 
-// The direct upload into a directory pool (issue 10).
+// The direct upload into a directory pool.
 //
-// libvirt's stream protocol holds StorageVolUpload near 100-300 MiB/s on
-// these hosts, while SSH itself moves 450-600 MiB/s. So when the volume is a
-// file in a pool of type dir, and the link reaches the host over SSH
+// libvirt's stream protocol moves StorageVolUpload's bytes slower than SSH
+// itself does (BENCHMARKS.md, upload_vs_virsh; docs/DECISIONS.md). So when
+// the volume is a file in a pool of type dir, and the link reaches the host over SSH
 // (LinkConfig.Dial unset), the bytes go over a dedicated SSH client of the
 // transfer's own instead: the volume is still claimed with
 // StorageVolCreateXML (the race between uploaders, image.go), then one

@@ -59,7 +59,7 @@
 // of the host's other proxies their link. (A transfer's dedicated link is its
 // caller's alone, and a cancelled transfer does kill it.)
 //
-// # Why killing is done the way it is (review finding H1)
+// # Why killing is done the way it is
 //
 // Killing a link closes the SSH client's TCP socket, never the forwarded
 // channel first (SSHConn.Close, ssh.go: a channel close waits on a writer
@@ -76,8 +76,8 @@
 // transient. A slow or stalled upload never costs the host's shared link.
 // Into a pool of type dir, the bytes go instead over a dedicated SSH client
 // (Link.sshTransfer, the same watchdog) into a temporary file next to the
-// volume, renamed over it once length and sha256 matched (directupload.go):
-// libvirt's stream is what holds uploads near 100-300 MiB/s. Other pool
+// volume, renamed over it once length and sha256 matched (directupload.go),
+// because libvirt's stream is slower than SSH itself. Other pool
 // types, and a host whose shell cannot write the pool's directory, use the
 // stream. SSH prefers AES-GCM on a CPU with AES instructions and
 // ChaCha20-Poly1305 on one without (SSHConfig.Ciphers).
@@ -124,8 +124,8 @@
 // Test hooks (Hooks) stop a create at named points as a crash would.
 //
 // Get maps the domain state to a proxy state and reads the address from
-// the guest agent, the DHCP lease and ARP, in that order, under the rule of
-// review finding H3: a source answering cleanly with nothing while others
+// the guest agent, the DHCP lease and ARP, in that order, and an unreadable
+// address never looks like a missing one: a source answering cleanly with nothing while others
 // error means "no address yet" (a booting guest); every source erroring, or
 // the link dying under the read, is an explicitly transient error
 // (ErrNoAddressSource, ErrLinkDead) that classification cannot turn
@@ -144,9 +144,10 @@
 // guest agent: an agent that answers without the address holds the proxy
 // in provisioning ("address mismatch"), one that errors does not (planState).
 // The zero Network is the host network's DHCP: no MAC, no network-config,
-// no addresses in the mark, the same definition and seed as ever.
+// no addresses in the mark; golden files hold its definition and seed byte
+// for byte (TestDomain_zeroNetworkIsUnchanged).
 //
-// # The base image cache (H2, H4)
+// # The base image cache
 //
 // Each image artifact (disk, kernel, initrd) is cached once per host ENTRY
 // and digest (pf-base-<entry>-<digest16>.<fmt>): two entries naming one

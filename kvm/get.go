@@ -74,7 +74,7 @@ func (p *Provider) notOurs(id, why string) error {
 }
 
 // Get reads the proxy's domain state and, for an active domain, its address
-// under the rule of review finding H3 (see address). Only the domain's
+// (see address: an unreadable address never looks like a missing one). Only the domain's
 // lookup can say not-found; once it was found, every failing read (mark,
 // state, address) is transient (see lookup).
 //
@@ -153,8 +153,8 @@ var addressSources = []struct {
 // source failed.
 var ErrNoAddressSource = errors.New("every address source failed")
 
-// address reads the domain's IPv4 address. Review finding H3: an unreadable
-// address must not look like a missing one. A source that answers cleanly
+// address reads the domain's IPv4 address. An unreadable address never
+// looks like a missing one. A source that answers cleanly
 // with nothing means "no address yet" (during a boot the agent errors while
 // the lease answers empty); every source erroring, or the link dying, is an
 // explicitly transient error, which classification cannot turn permanent

@@ -22,7 +22,7 @@ import (
 // squid disabled until that configuration is written, so it never serves
 // with Debian's packaged one.
 //
-// Why squid (docs/ARCHITECTURE.md, "The proxy in the guest"): it answers
+// Why squid (docs/DECISIONS.md, "squid is the proxy in the guest"): it answers
 // 407 to missing and to wrong credentials alike (tinyproxy 1.11.1, Debian
 // 12's, answers 401 to a wrong password, which clients take for the
 // target's answer), checks a bcrypt password file (so the seed carries a
@@ -241,7 +241,8 @@ func squidConf(id, hostname string, gp GuestProxy, egress, dns []netip.Addr) str
 // HappyConnOpener pops the pool). The defaults matter for that too: a
 // request leaving from the wildcard would take an idle connection opened
 // from any address. CONNECT tunnels never use the pool.
-// docs/ARCHITECTURE.md ("The proxy in the guest") has the evidence.
+// docs/DECISIONS.md ("Persistent server connections stay on") has the
+// evidence.
 func squidEgress(line func(...string), egress []netip.Addr) {
 	if len(egress) == 0 {
 		return

@@ -15,7 +15,7 @@ import (
 	"proxyfleet/fleet"
 )
 
-// The base image cache of one host entry (review finding H4). Every image
+// The base image cache of one host entry. Every image
 // artifact a proxy boots from (its disk, and the kernel and initrd of a
 // direct kernel boot) is uploaded once per host entry into a volume of the
 // entry's pool, named by entry and digest (names.go: pf-base-<host>-<d16>.fmt,

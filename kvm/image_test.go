@@ -297,8 +297,7 @@ func TestImage_qcow2CapacityIsVirtualSize(t *testing.T) {
 	checkVolume(t, vols.Base, b)
 }
 
-// Review finding H4: two host entries on one libvirt pool never share a
-// cached volume.
+// Two host entries on one libvirt pool never share a cached volume.
 func TestImage_H4_hostEntriesGetTheirOwnVolumes(t *testing.T) {
 	s := startSSHD(t)
 	k := newTestLink(t, LinkConfig{SSH: s.sshConfig(t, s.addr)})
@@ -326,7 +325,7 @@ func TestImage_H4_hostEntriesGetTheirOwnVolumes(t *testing.T) {
 	checkVolume(t, v2.Base, data)
 }
 
-// Review finding H4, second half: a volume is used only with a completion
+// A volume is used only with a completion
 // mark that vouches for it as it is now.
 func TestImage_H4_unmarkedVolumeIsNotUsed(t *testing.T) {
 	s := startSSHD(t)
@@ -656,7 +655,7 @@ func TestImage_digestMismatchIsPermanentAndLeavesNothing(t *testing.T) {
 	}
 }
 
-// Review finding H2 through the cache: a source that fails mid-upload ends
+// Through the cache, a source that fails mid-upload ends
 // the upload promptly with a transient error, its volume is discarded, no
 // goroutine is left (goleak, TestMain) and the link still answers.
 func TestImage_sourceErrorMidUploadIsTransientAndPrompt(t *testing.T) {

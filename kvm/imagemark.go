@@ -13,7 +13,7 @@ import (
 	"proxyfleet/fleet"
 )
 
-// The completion mark of a cached volume (review finding H4).
+// The completion mark of a cached volume: a volume is used only with one.
 //
 // The mark of volume V is a second volume in the same pool, named
 // "V.<sha256>.ok" (the artifact's whole digest) and made, empty and sparse,

@@ -18,7 +18,8 @@ import (
 	"proxyfleet/fleet"
 )
 
-// The upload of one artifact into its volume (review finding H2).
+// The upload of one artifact into its volume; a failed upload leaves no
+// volume that is ever used.
 //
 // A download streams straight into StorageVolUpload on the link's dedicated
 // transfer connection (Link.transfer), through a reader that counts and
@@ -271,7 +272,7 @@ func (c *imageCache) discard(ctx context.Context, a artifact, log *slog.Logger) 
 
 // eofReader sits between go-libvirt's stream sender and a source: any error
 // of the source reaches go-libvirt as io.EOF, the one outcome that ends a
-// stream the normal way, and is kept for Err. Review finding H2: a non-EOF
+// stream the normal way, and is kept for Err. Why: a non-EOF
 // error makes go-libvirt send an error packet and, in revisions with
 // unbuffered stream channels (v0.0.0-20260217163227-273eaa321819), wedges
 // StorageVolUpload for good when libvirtd answers it with an error. The

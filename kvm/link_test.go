@@ -318,8 +318,8 @@ func TestLink_libvirtErrorIsClassifiedAndLinkLives(t *testing.T) {
 	}
 }
 
-// The H1 regression test. A kill that blocks (as closing a channel behind a
-// stalled writer did, for ~15 minutes) must not hold up anyone but the
+// A kill that blocks (as closing a channel behind a stalled writer does,
+// for as long as the kernel retransmits) must not hold up anyone but the
 // killer: the link is seen dead at once by a call parked on it, a second
 // markDead returns at once, and a new call redials without waiting.
 func TestMarkDead_slowKillDoesNotBlockCallers(t *testing.T) {

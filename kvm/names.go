@@ -42,8 +42,8 @@ import (
 // domain of proxy "kernel-h1-0123456789abcdef" is "pf-kernel-h1-0123456789abcdef",
 // which as a volume name would be a kernel.
 //
-// Base, kernel and initrd names are keyed by host entry AND digest (review
-// finding H4): two host entries may point at one libvirt pool, and a name
+// Base, kernel and initrd names are keyed by host entry AND digest: two
+// host entries may point at one libvirt pool, and a name
 // from the image name alone would let one entry use a volume another entry
 // uploaded, or verified, differently.
 const (

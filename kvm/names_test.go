@@ -68,7 +68,7 @@ func TestName_cached(t *testing.T) {
 	}
 }
 
-// H4: cached volumes are keyed by host entry and digest, never by image
+// Cached volumes are keyed by host entry and digest, never by image
 // name alone. Two entries, or two digests, never share a name.
 func TestName_cacheKeyedByHostEntryAndDigest(t *testing.T) {
 	a, _ := baseVolumeName("h1", testSHA, "qcow2")

@@ -13,9 +13,9 @@ const testSHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852
 
 // The defaults of what kvm owns live in options.go alone, and every path
 // to a link takes them from there: a host entry's options, a LinkConfig
-// built by hand, and DialSSH's own SSHConfig. They are the values README.md
-// documents (budgets: call 30s, transfer_stall 30s, close 5s, connect 10s,
-// keepalive 10s); the connect timeout was once 10s in config and 15s here.
+// built by hand, and DialSSH's own SSHConfig. They are the values
+// docs/CONFIGURATION.md documents (budgets: call 30s, transfer_stall 30s,
+// close 5s, connect 10s, keepalive 10s), so no two paths can disagree.
 func TestOptions_defaultsInOnePlace(t *testing.T) {
 	want := Budgets{Call: 30 * time.Second, TransferStall: 30 * time.Second, Close: 5 * time.Second,
 		Connect: 10 * time.Second, Keepalive: 10 * time.Second}

@@ -177,7 +177,7 @@ func TestDialSSH_oneDeadlineForHandshake(t *testing.T) {
 
 // Closing the connection while a writer is stalled on a network that
 // stopped moving bytes returns at once and releases the writer: Close
-// closes the TCP socket, not the channel behind the writer (H1).
+// closes the TCP socket, not the channel behind the writer.
 func TestSSHConn_closeDuringStalledWrite(t *testing.T) {
 	s := startSSHD(t)
 	p := s.proxy(t)

@@ -173,7 +173,7 @@ func TestTransfer_uploadsOnADedicatedLink(t *testing.T) {
 // watchdog within the stall window: the dedicated link is killed, the source
 // closed, the error transient. The shared link is untouched and answers.
 //
-// This is also the H2 regression pin. Against go-libvirt
+// It also pins eofReader's reason (imageupload.go). Against go-libvirt
 // v0.0.0-20260217163227-273eaa321819 (unbuffered stream channels) it fails:
 // the cut makes requestStream block on `abort <- true` (rpc.go:300) while
 // the stream sender, released by the closed source, blocks on
@@ -259,7 +259,7 @@ func TestTransfer_stalledNetworkIsCutAndSharedLinkAnswers(t *testing.T) {
 
 // A source that fails mid-upload ends the upload promptly with the source's
 // error and class, leaves no goroutine behind (goleak, TestMain), and the
-// shared link answers. This pins H2's property on the pinned go-libvirt.
+// shared link answers, on the go-libvirt version go.mod pins.
 func TestTransfer_sourceErrorEndsPromptly(t *testing.T) {
 	s := startSSHD(t)
 	k := newTestLink(t, LinkConfig{SSH: s.sshConfig(t, s.addr), Budgets: Budgets{TransferStall: 10 * time.Second}})

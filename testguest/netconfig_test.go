@@ -8,7 +8,7 @@ import (
 )
 
 // proxyfleetNetworkConfig is what the kvm provider writes for a proxy with
-// a plan (issue 28): one entry matched by MAC, static /32 and /128s,
+// an address plan: one entry matched by MAC, static /32 and /128s,
 // on-link default routes.
 const proxyfleetNetworkConfig = `version: 2
 ethernets:

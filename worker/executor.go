@@ -265,9 +265,8 @@ const firstPoll = 100 * time.Millisecond
 // alone, give or take a few. The address is seen at most one pause (and
 // at most twice the time waited so far) after it shows. The first read
 // comes after the first pause: the caller has just created the proxy, or
-// read it booting, and a read at once finds it booting still. (A sim
-// host's proxy of 200ms boot was read four times, at once and after 50,
-// 100 and 200ms; now twice, and seen as soon.)
+// read it booting, and a read at once finds it booting still
+// (TestBootWaitPollsSoonAfterCreate).
 //
 // created is when this attempt's Create began (zero if it made none): the
 // time from then until the proxy is seen running is observed

@@ -20,7 +20,7 @@ import (
 	"proxyfleet/worker"
 )
 
-// The fault campaign's cases that need no test host (issue 7): each
+// The fault campaign's cases that need no test host: each
 // asserts nothing lost (every command ends in its outcome), nothing leaked
 // (goleak in TestMain; one domain and one volume per proxy, no duplicate
 // create), and, for refusals, the right class and a named field.

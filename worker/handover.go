@@ -281,14 +281,12 @@ func (c *consumerRun) holdPin() (stop func()) {
 
 // unpinner bounds a worker's unpins in flight to unpinAtOnce, and keeps
 // the handle of each stream they are made on. A handle is a name and a
-// connection, but looking one up asks the server for the stream's info:
-// ten workers started together each hand about 450 of 500 hosts over
-// within seconds, and a lookup and an unpin each, all at once, queued on
-// a JetStream API busy with every worker's consumers past the unpins'
-// timeout ("unpin host ... context deadline exceeded" from several
-// workers at such a start in the fleet50k bench; none since). A pin not
-// released expires only after pinned_ttl, and the host's new owner gets
-// none of its work until then.
+// connection, but looking one up asks the server for the stream's info,
+// and workers started together hand most of their hosts over within
+// seconds: unbounded, a lookup and an unpin a host would queue on a busy
+// JetStream API past the unpins' timeout. A pin not released expires only
+// after pinned_ttl, and the host's new owner gets none of its work until
+// then (TestUnpinsAreBoundedAndLookTheStreamUpOnce).
 type unpinner struct {
 	once    sync.Once
 	slots   chan struct{}

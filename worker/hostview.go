@@ -48,13 +48,13 @@ type hostView struct {
 	// per slot, each id counted in the slot its hash picks, once for
 	// every record that holds room for it. Nearly every create is of an
 	// id no host holds, so each asks this once instead of looking the id
-	// up in every host's record (500 lookups a create, each a cache miss,
-	// were two thirds of ranking the hosts at 50,000 proxies); an id whose
-	// slot counts others (about one in ten, at eight slots an id) is
-	// looked up in each record as before, which costs only time. A byte a
-	// slot: 512 KiB at 50,000 proxies, where a map by id was 3 MiB. Kept
-	// up as records are replaced, by a diff of the old and the new record,
-	// O(record), and made anew, larger, when the ids outgrow it.
+	// up in every host's record; an id whose slot counts others (about
+	// one in ten, at eight slots an id) is looked up in each record,
+	// which costs only time, never a wrong answer. A byte a slot, eight
+	// slots an id (docs/DECISIONS.md, "The host view counts held ids in a
+	// filter"). Kept up as records are replaced, by a diff of the old and
+	// the new record, O(record), and made anew, larger, when the ids
+	// outgrow it.
 	holders []uint8
 	holderN int // ids counted (an id once per record holding it)
 	seed    maphash.Seed

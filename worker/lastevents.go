@@ -17,14 +17,9 @@ import (
 // for, and of the domains listed there. It reads them when it runs, with
 // one batched direct get (multi_last, nats-server 2.11+) per
 // multiLastBatch of them (multiLast), so a pass costs reads of its own
-// host's events only, and nothing at all between passes.
-//
-// Before, every worker followed every event of the fleet (an ordered
-// consumer on proxy.state.>) to keep such a view: with ten workers that
-// was ten deliveries of each event, the largest share of the messages the
-// server sent in a burst of creates (22 of the 76 a create cost at 12,000
-// proxies), and each host a worker came to pull made it read the last
-// event of the whole fleet again.
+// host's events only, and nothing at all between passes: no worker
+// follows the fleet's events (docs/DECISIONS.md, "Observation reads its
+// own host's events").
 
 // multiLastBatch is the most subjects multiLast asks for in one request:
 // the server answers at most 1,024 (and refuses a request that matches
@@ -76,10 +71,10 @@ func (w *Worker) lastEvents(ctx context.Context, ids []string) (map[string]viewe
 //
 // It is written here rather than taken from orbit.go's jetstreamext, whose
 // GetLastMsgsFor makes a synchronous subscription for every request, and
-// with it a channel of nats.go's default 65,536 messages (512 KiB): a
-// seventh of a worker's allocations at 50,000 proxies, passes being many,
-// and a peak RSS over its bound. Here the channel holds what the request
-// can be answered with: a message a subject, and the end.
+// with it a channel of nats.go's default 65,536 messages (512 KiB), which
+// passes being many would make a large share of a worker's allocations
+// (docs/DECISIONS.md). Here the channel holds what the request can be
+// answered with: a message a subject, and the end.
 func (w *Worker) multiLast(ctx context.Context, stream string, subjects []string, fn func(subject string, hdr nats.Header, data []byte)) error {
 	for from := 0; from < len(subjects); from += multiLastBatch {
 		if err := w.multiLastOnce(ctx, stream, subjects[from:min(from+multiLastBatch, len(subjects))], fn); err != nil {

@@ -21,7 +21,7 @@ import (
 	"proxyfleet/worker"
 )
 
-// A failure never harms a healthy proxy (issue 7). These tests stage a
+// A failure never harms a healthy proxy. These tests stage a
 // failing command against a proxy that runs and is in the rotation, and
 // check that the proxy keeps its domain, its state and its place.
 

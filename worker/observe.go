@@ -166,10 +166,9 @@ func (e *executor) observe(ctx context.Context) error {
 //
 // The desired records of all the domains are read first, in one batched
 // direct get, and a domain whose record places it here is passed over:
-// only the others are looked at one by one, under their locks (a read
-// per domain a pass was a NATS request per proxy every interval, 100,000
-// in a burst of 50,000). A batch that fails leaves every domain to be
-// looked at one by one.
+// only the others are looked at one by one, under their locks, so the
+// records cost a pass a request a batch, not a request a proxy. A batch
+// that fails leaves every domain to be looked at one by one.
 func (e *executor) sweep(ctx context.Context, insts []fleet.Instance) int {
 	w := e.w
 	wanted, err := e.wantedHere(ctx, insts)
@@ -272,10 +271,9 @@ func (e *executor) sweepOne(ctx context.Context, id string) (bool, error) {
 // the event's address, or provisioning, for an event of either; present in
 // any state, or unreadable, for a failed one (observeOne looks at a proxy
 // an observation reported failed only to re-drive it when its domain is
-// gone). Such a proxy costs the pass one read of its domain, and no read of
-// its desired record and last event (two NATS reads a proxy an interval,
-// 100,000 for a pass over 50,000); one that differs, or whose domain is
-// gone, is looked at under its lock, its record and last event read
+// gone). Such a proxy costs the pass one read of its domain, and no read
+// of its desired record or last event; one that differs, or whose domain
+// is gone, is looked at under its lock, its record and last event read
 // afresh. An event stored after the pass read it is looked at on the next
 // pass.
 //
@@ -294,7 +292,7 @@ func (e *executor) unchanged(ctx context.Context, id string, ev viewedEvent) boo
 	case isNotFound(err):
 		return false
 	case err != nil:
-		return true // unreadable is not changed (H3): observeOne would publish nothing
+		return true // unreadable is not changed: observeOne would publish nothing
 	case ev.State == messages.StateFailed:
 		return true
 	}
@@ -350,7 +348,7 @@ func (e *executor) observeOne(ctx context.Context, id string) (bool, error) {
 		// converge reports for itself.
 		return false, nil
 	case err != nil:
-		// An unreadable proxy is not a changed one (review finding H3).
+		// An unreadable proxy is not a changed one: nothing is published.
 		return false, err
 	case last.State == messages.StateFailed:
 		// Reported failed (shut off) and still there: a command's to

@@ -86,10 +86,9 @@ func BenchmarkPlaceByRoomNearlyFull(b *testing.B) {
 }
 
 // A create placed on a fleet that is nearly full reads the record of the
-// host it reserves on, not those of the hosts the view shows full (each
-// of which placement read afresh, for every create, before); with every
-// host full in the view, it reads them all before it turns the create
-// away.
+// host it reserves on, not those of the hosts the view shows full; with
+// every host full in the view, it reads them all before it turns the
+// create away.
 func TestPlacementReadsNoFullHostWhileOneHasRoom(t *testing.T) {
 	w := placementRig(t, 50, 45)
 	var reads atomic.Int64

@@ -19,9 +19,9 @@ import (
 // A message waiting for a slot costs its place in a queue, not a
 // goroutine: at most n runners take messages from the queue (started as
 // messages come, ending when it is empty), and one ticker tells JetStream
-// that every message held (waiting or running) is in progress. A burst of
-// a thousand commands used to park two goroutines (and their stacks) per
-// message, the most of a worker's peak memory.
+// that every message held (waiting or running) is in progress, so a
+// burst costs a worker memory by the message, not by the goroutine stack
+// (TestPoolQueuesABurstWithoutAGoroutineEach).
 type pool struct {
 	n     int
 	wg    sync.WaitGroup // every message submitted and not ended, the runners and the ticker

@@ -17,8 +17,7 @@ import (
 )
 
 // A burst of messages on a pool of two: the waiting ones cost no goroutine
-// each (the pool used to park two per message, a worker's peak memory
-// under 2,000 creates), all are kept in progress while they wait (none is
+// each, all are kept in progress while they wait (none is
 // redelivered though they wait several AckWaits), and when their context
 // ends the waiting ones are handed back without running while the running
 // ones end.

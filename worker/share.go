@@ -62,9 +62,9 @@ func liveMembers(recs map[string]member, self messages.WorkerRecord, now time.Ti
 // to deliver in time) judges at the time it has reached, and one whose
 // watch stopped judges at the time it stopped (the membership notices a
 // watch that delivers nothing and reads the records again: see run).
-// Without it, each worker of a loaded fleet counted the others dead as
-// soon as its view lagged by Liveness, and pulled every host
-// (issue 18's 50,000 run: all ten pulled all 500).
+// So a view that lags counts nobody dead for its own lag: judged by now
+// alone, every worker of a loaded fleet would count the others dead as
+// soon as its view lagged by Liveness, and pull every host.
 func viewClock(recs map[string]member, now time.Time) time.Time {
 	var newest time.Time
 	for _, m := range recs {

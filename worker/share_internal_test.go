@@ -200,10 +200,9 @@ func TestAssignmentFollowsTheMembership(t *testing.T) {
 
 // A view that lags (its watch behind a loaded server, or stopped) counts
 // no record dead for its own lag: every record, this worker's own among
-// them, is as old as the view. The form that judged by the reader's clock
-// alone counted "fresh" and "peer" dead here (issue 18's 50,000 run:
-// every worker pulled every host). Only a record older than the view's
-// newest by the window is dead.
+// them, is as old as the view; judged by the reader's clock alone,
+// "fresh" and "peer" would count dead here. Only a record older than the
+// view's newest by the window is dead.
 func TestLiveMembersOfALaggingView(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
 	self := messages.WorkerRecord{ID: "me", State: messages.WorkerActive, Hosts: []string{"h1"}}

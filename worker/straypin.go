@@ -14,9 +14,9 @@ import (
 // request left on the server by a consume its worker has just stopped (a
 // handover) can be picked, and the pin then belongs to no worker that
 // knows it. Its worker never learns the pin, so it does not unpin it, and
-// the host's next owner waits for the pin to expire (worker.pinned_ttl,
-// 15s): after ten workers started together, the proxies of a few hosts of
-// a burst of 2,000 waited 14.5-14.8s each (bench fleet50k, 2,000).
+// the host's next owner would wait for the pin to expire
+// (worker.pinned_ttl, 15s by default) before any of the host's work runs
+// (docs/DECISIONS.md, "Stray pins are released").
 //
 // So a worker that pulls a host it is assigned, and still has no pin a
 // heartbeat after claiming it, looks at the consumer's pin; one that no

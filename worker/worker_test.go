@@ -51,7 +51,7 @@ func TestCreateThenDelete(t *testing.T) {
 // A proxy that boots in a fraction of PollInterval is not kept waiting for
 // the whole of it: the wait for its address polls soon after the create
 // and then less and less often. With a 30s PollInterval and a 100ms boot,
-// the create is done long before the 30s the first poll used to wait.
+// the create is done long before a first poll at PollInterval would be.
 func TestBootWaitPollsSoonAfterCreate(t *testing.T) {
 	r := newRig(t, "h1")
 	r.startWorker(func(c *worker.Config) {

@@ -33,7 +33,7 @@ import (
 	"proxyfleet/worker"
 )
 
-// The kvm fault campaign (issue 7): faults of the test host met by the real
+// The kvm fault campaign: faults of the test host met by the real
 // worker, run in this process (so goleak sees every goroutine it and its
 // kvm providers start), on an embedded nats-server, against the project's
 // test host (make testhost). Each case asserts that nothing is lost (every

@@ -22,7 +22,7 @@ type helpText struct {
 var helps = map[string]helpText{
 	"serve": {
 		args:    "--config F",
-		summary: "run everything in one process: an embedded nats-server (unless a server is named), set-up and its repairer, a worker, the health process, and the gateway when gateway.listen is set",
+		summary: "run everything in one process: an embedded nats-server (unless a server is named), set-up and its repairer, a worker, the health process, the pool controller, and the gateway when gateway.listen is set",
 		more: "--config is required: it names the hosts. Without --server, NATS_URL or a nats context\n" +
 			"naming a URL, serve runs an embedded nats-server on --listen with its store in --data-dir.",
 		examples: []string{"proxyfleet serve --config proxyfleet.yaml", "proxyfleet serve --config proxyfleet.yaml --server nats://nats:4222 --repair"},

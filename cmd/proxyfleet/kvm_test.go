@@ -77,7 +77,7 @@ proxy: {port: 8080, user_data: "#cloud-config\n", auth: {user: fleet}, allow: [1
 }
 
 // What the config leaves out, kvm fills with its own defaults, which are
-// the values README.md documents for a host entry.
+// the values docs/CONFIGURATION.md documents for a host entry.
 func TestKVMOptions_defaultsAreKVMs(t *testing.T) {
 	c, err := config.Parse([]byte(`
 hosts:

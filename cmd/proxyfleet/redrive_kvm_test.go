@@ -14,7 +14,7 @@ import (
 	"proxyfleet/messages"
 )
 
-// Re-drive and sweeps on the test host (issue 8): a worker of this process
+// Re-drive and sweeps on the test host: a worker of this process
 // runs a host entry of its own, whose pool is a directory of the test's (so
 // the sweep sees only what the test put there). A proxy whose domain is
 // destroyed and undefined behind the system's back runs again with a new

@@ -290,9 +290,9 @@ const workerGCPercent = 50
 // sets one. Nearly all of its heap is what it keeps of every proxy (the
 // fold, the rotation as published, the check records), which no
 // collection frees, and it allocates little beside (an event or a probe
-// at a time): a heap goal of 1.75 times that instead of twice is an
-// eighth less peak RSS at 50,000 proxies for a few more collections
-// (make bench: fleet_50k_health_rss_mib).
+// at a time): a heap goal of 1.75 times that instead of twice lowers its
+// peak RSS for a few more collections (make bench:
+// fleet_50k_health_rss_mib; docs/DECISIONS.md).
 const healthGCPercent = 75
 
 // memProfileOff turns allocation sampling off once (roleGC).
@@ -300,10 +300,10 @@ var memProfileOff sync.Once
 
 // roleGC sets a role's GOGC to percent, unless the environment sets one.
 // Without pprof nobody can read a heap profile, so the process samples no
-// allocations for one either: the profiler's buckets were 1.5 MiB of a
-// worker's 34 MiB of its own memory at 50,000 proxies (make bench:
-// fleet_50k_worker_rss_mib). A process runs one role; where several run
-// in one process (the tests), the first to start decides that, once.
+// allocations for one either, sparing the profiler's buckets
+// (docs/DECISIONS.md, "No allocation sampling without --pprof"). A
+// process runs one role; where several run in one process (the tests),
+// the first to start decides that, once.
 func roleGC(log *slog.Logger, percent int, pprof bool) {
 	if !pprof {
 		memProfileOff.Do(func() { runtime.MemProfileRate = 0 })

@@ -375,7 +375,7 @@ func TestEndToEndRotation(t *testing.T) {
 	// e2e-b's guest agent stops and the DHCP lease forgets it (ARP errors
 	// on this libvirt while the host's neighbour table is small, which
 	// flushNeighbours sees to), so the lease source answers cleanly with
-	// nothing and the worker reports provisioning with no address (H3).
+	// nothing and the worker reports provisioning with no address.
 	// The same command and host report it: e2e-b keeps its place on its
 	// grace, still probed and passing, and never leaves; agent and lease
 	// back, it reports running again.

@@ -36,8 +36,8 @@ func TestUsageListsEveryVerb(t *testing.T) {
 
 // TestClientVerbs runs the client verbs through run against an embedded
 // NATS server with the topology and no worker (the test publishes the
-// results and events), checking their output and exit codes as the README
-// documents them.
+// results and events), checking their output and exit codes as README.md and
+// docs/CLI.md document them.
 func TestClientVerbs(t *testing.T) {
 	srv := natstest.Start(t)
 	_, js := srv.Connect(t)

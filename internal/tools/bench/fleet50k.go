@@ -27,7 +27,7 @@ import (
 // worker` and -fleet-healths `proxyfleet health` processes over
 // -fleet-hosts sim hosts with the fleet section's delays take that many
 // creates published at once; then each figure is measured against its
-// bound (issue 18): the time until all are in the rotation, the peak RSS of
+// bound (the consts below): the time until all are in the rotation, the peak RSS of
 // each process, the largest message and the bytes per change on the
 // rotation subjects, the warnings logged once the burst has settled, and
 // the client verbs at that size.
@@ -71,7 +71,8 @@ func procsMaxProcs(o fleet50kOpts, cores int) int {
 	return max(1, cores/max(1, o.workers+o.healths))
 }
 
-// Bounds of issue 18, at every size.
+// The bounds every size must meet: a fleet of 50,000 proxies over 500
+// hosts on two cores.
 const (
 	boundInRotationS  = 60
 	boundWorkerRSSMiB = 64

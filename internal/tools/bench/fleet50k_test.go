@@ -56,7 +56,7 @@ func TestWarningsSince(t *testing.T) {
 	}
 }
 
-// Each size gives every figure of issue 18 with its bound, and the note
+// Each size gives every figure with its bound, and the note
 // shows how each grows.
 func TestFleet50kFigures(t *testing.T) {
 	o := fleet50kOpts{hosts: 500, workers: 10, healths: 2, settle: 10 * time.Second, quiet: 30 * time.Second}
