@@ -319,10 +319,10 @@ func tryAgentExec(p *Provider, dom libvirt.Domain, path string, args ...string) 
 }
 
 // TestStaticNetworkIPv4Only_debianGuest: a guest whose plan gives it an
-// IPv4 address alone, on the test network whose dnsmasq sends router
-// advertisements for its IPv6 prefix, holds no IPv6 address once
-// cloud-init has run (IPv6 off on eth0: the default user-data's), so
-// nothing but the plan's address is there for squid to leave from.
+// IPv4 address alone has IPv6 off on eth0 once cloud-init has run (the
+// default user-data's), and holds no IPv6 address or route there, so
+// nothing but the plan's address is there for squid to leave from,
+// whatever a router on the link advertises.
 func TestStaticNetworkIPv4Only_debianGuest(t *testing.T) {
 	env := testhostAll(t)
 	img := debianImage(t, env)
