@@ -48,6 +48,8 @@ var rules = []rule{
 	// the worker that drives it.
 	{pkg: "kvm", allow: []string{"fleet", "messages", "deny"}, forbid: [][]string{natsPkgs}},
 	{pkg: "sim", allow: []string{"fleet", "messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	// JetStream's wire API has one home, which leans on nats.go alone.
+	{pkg: "internal/jsapi", forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// Set-up and repair serve every role, so they lean on none of them.
 	{pkg: "topology", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// Hosts reach the worker as Providers, never as a driver it imports.
