@@ -7,14 +7,13 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"proxyfleet/internal/jsapi"
 	"proxyfleet/messages"
-	"proxyfleet/topology"
 )
 
 // membership is the worker's part in sharing the hosts (see share.go): it
@@ -188,21 +187,16 @@ func (m *membership) stuck() bool {
 		m.w.now().Sub(m.heard) >= m.w.cfg.Liveness
 }
 
-// readAll reads every record directly: the subjects of the bucket's
-// stream, then each key's value.
+// readAll reads every record directly: the keys of the bucket's stream,
+// then each key's value.
 func (m *membership) readAll(ctx context.Context) (map[string]member, error) {
-	st, err := m.w.js.Stream(ctx, topology.BucketStream(messages.BucketWorkers))
-	if err != nil {
-		return nil, err
-	}
-	prefix := "$KV." + messages.BucketWorkers + "."
-	info, err := st.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
+	keys, err := jsapi.New(m.w.js).Keys(ctx, messages.BucketWorkers)
 	if err != nil {
 		return nil, err
 	}
 	recs := map[string]member{}
-	for subject := range info.State.Subjects {
-		e, err := m.kv.Get(ctx, strings.TrimPrefix(subject, prefix))
+	for _, key := range keys {
+		e, err := m.kv.Get(ctx, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 			continue
 		}

@@ -53,7 +53,7 @@ var rules = []rule{
 	// Set-up and repair serve every role, so they lean on none of them.
 	{pkg: "topology", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// Hosts reach the worker as Providers, never as a driver it imports.
-	{pkg: "worker", allow: []string{"addrplan", "fleet", "messages", "topology"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "worker", allow: []string{"addrplan", "fleet", "messages", "topology", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	{pkg: "health", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// A client reads the contract, never the worker's insides.
 	{pkg: "client", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},

@@ -286,13 +286,13 @@ func (a API) lastOfBatch(ctx context.Context, stream string, subjects []string, 
 	}
 }
 
-// LastOfKeys is LastOfEach over keys of bucket: fn has each key that has a
-// message, its value, and whether the message marks it deleted (see
-// Deleted).
-func (a API) LastOfKeys(ctx context.Context, bucket string, keys []string, fn func(key string, value []byte, deleted bool)) error {
-	subjects := make([]string, len(keys))
-	for i, k := range keys {
-		subjects[i] = KeySubject(bucket, k)
+// LastOfKeys is LastOfEach over the keys of bucket that items have (key
+// of each), without a slice of them: fn has each key that has a message,
+// its value, and whether the message marks it deleted (see Deleted).
+func LastOfKeys[T any](ctx context.Context, a API, bucket string, items []T, key func(T) string, fn func(key string, value []byte, deleted bool)) error {
+	subjects := make([]string, len(items))
+	for i, it := range items {
+		subjects[i] = KeySubject(bucket, key(it))
 	}
 	return a.LastOfEach(ctx, BucketStream(bucket), subjects, func(subject string, hdr nats.Header, data []byte) {
 		if key, ok := KeyOf(bucket, subject); ok {

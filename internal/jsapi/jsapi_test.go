@@ -134,7 +134,7 @@ func TestKeyAgedOutIsDeleted(t *testing.T) {
 		t.Fatalf("the marker: %+v, %v; want Nats-Marker-Reason MaxAge", m, err)
 	}
 	seen := 0
-	err = api.LastOfKeys(ctx, "AGED", []string{"k"}, func(key string, _ []byte, deleted bool) {
+	err = jsapi.LastOfKeys(ctx, api, "AGED", []string{"k"}, same, func(key string, _ []byte, deleted bool) {
 		seen++
 		if key != "k" || !deleted {
 			t.Errorf("batched: %s deleted %v, want k deleted", key, deleted)
@@ -210,7 +210,7 @@ func TestLastOfKeys(t *testing.T) {
 	}
 	api := jsapi.New(js)
 	got := map[string]string{}
-	err := api.LastOfKeys(ctx, "K", []string{"a", "b", "gone", "never"}, func(key string, value []byte, deleted bool) {
+	err := jsapi.LastOfKeys(ctx, api, "K", []string{"a", "b", "gone", "never"}, same, func(key string, value []byte, deleted bool) {
 		if deleted {
 			got[key] = "deleted"
 			return
@@ -356,10 +356,12 @@ func TestDomainPrefix(t *testing.T) {
 		t.Errorf("through the domain: %q, %v", v, err)
 	}
 	n := 0
-	if err := jsapi.New(js).LastOfKeys(ctx, "D", []string{"k"}, func(string, []byte, bool) { n++ }); err != nil || n != 1 {
+	if err := jsapi.LastOfKeys(ctx, jsapi.New(js), "D", []string{"k"}, same, func(string, []byte, bool) { n++ }); err != nil || n != 1 {
 		t.Errorf("batched through the domain: %d, %v", n, err)
 	}
 }
+
+func same(s string) string { return s }
 
 func TestKeyOf(t *testing.T) {
 	for _, c := range []struct {
