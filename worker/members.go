@@ -14,6 +14,7 @@ import (
 
 	"proxyfleet/internal/jsapi"
 	"proxyfleet/messages"
+	"proxyfleet/topology"
 )
 
 // membership is the worker's part in sharing the hosts (see share.go): it
@@ -253,7 +254,7 @@ func (m *membership) decode(e jetstream.KeyValueEntry) (string, member, bool) {
 		m.w.log.Warn("worker record unreadable: ignored", "key", id, "err", err)
 		return id, member{}, false
 	}
-	if id == m.self.ID && !rec.Started.Equal(m.self.Started) && m.w.now().Sub(m.twin) >= missingLogEvery {
+	if id == m.self.ID && !rec.Started.Equal(m.self.Started) && m.w.now().Sub(m.twin) >= topology.MissingLogEvery {
 		m.w.log.Error("another worker runs with this worker's id: give each worker its own (--id)", "id", id, "other_started", rec.Started)
 		m.twin = m.w.now()
 	}
