@@ -55,8 +55,9 @@ var rules = []rule{
 	// Hosts reach the worker as Providers, never as a driver it imports.
 	{pkg: "worker", allow: []string{"addrplan", "fleet", "messages", "topology", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	{pkg: "health", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
-	// A client reads the contract, never the worker's insides.
-	{pkg: "client", allow: []string{"messages", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	// A client reads the contract, and the rotation through its library,
+	// never the worker's insides.
+	{pkg: "client", allow: []string{"messages", "rotation", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// A program that uses the fleet needs the contract and NATS, nothing
 	// of how the fleet is run.
 	{pkg: "rotation", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
