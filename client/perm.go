@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"proxyfleet/internal/jsapi"
 	"proxyfleet/messages"
 )
 
@@ -69,11 +70,11 @@ func subjectMatches(pattern, subject string) bool {
 // desiredSubjects are requests a read of PROXY_DESIRED makes: bind the
 // bucket, get a key, watch the keys.
 func desiredSubjects() []string {
-	kv := "KV_" + messages.BucketDesired
+	kv := jsapi.BucketStream(messages.BucketDesired)
 	return []string{
-		"$JS.API.STREAM.INFO." + kv,
-		"$JS.API.DIRECT.GET." + kv + ".$KV." + messages.BucketDesired + ".x",
-		"$JS.API.CONSUMER.CREATE." + kv + ".x.$KV." + messages.BucketDesired + ".>",
+		jsapi.StreamInfoSubject(kv),
+		jsapi.DirectGetLastSubject(kv, jsapi.KeySubject(messages.BucketDesired, "x")),
+		jsapi.ConsumerCreateSubject(kv, "x", jsapi.KeysFilter(messages.BucketDesired)),
 	}
 }
 

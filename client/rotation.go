@@ -16,146 +16,24 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/messages"
+	"proxyfleet/rotation"
 )
 
 // Rotation reads the rotation as the publishing health process has it,
-// exactly, at one version (health's): it subscribes to the rotation's
-// feed, reads the pages (messages.RotationPage; entries whole, with host,
-// labels and egress), then applies the feed's messages after the first
-// page's version until it holds at least the last page's (see
-// messages.RotationChanges). A gap in the feed (a lost message, a new
-// publisher) reads it again, up to three times. When no health process
-// answers (none runs, or none holds the lease yet), it reads the KV bucket
+// exactly, at one version (health's), through the rotation's pages and
+// feed (rotation.Read: entries whole, with host, labels and egress). When
+// no health process answers (none runs, or none holds the lease yet, or
+// the request is refused to this user), it reads the KV bucket
 // PROXY_ROTATION instead (RotationFromBucket). Proxies are sorted by id.
 func (c *Client) Rotation(ctx context.Context) (messages.Rotation, error) {
-	for attempt := 1; ; attempt++ {
-		rot, err := c.rotationFromFeed(ctx)
-		var pe *messages.PageError
-		switch {
-		case errors.Is(err, nats.ErrNoResponders), errors.As(err, &pe):
-			return c.RotationFromBucket(ctx)
-		case errors.Is(err, errFeedGap) && attempt < 3 && ctx.Err() == nil:
-			continue
-		}
-		return rot, err
+	rot, err := rotation.Read(ctx, c.nc, c.subj)
+	var pe *messages.PageError
+	switch {
+	case errors.Is(err, nats.ErrNoResponders), errors.As(err, &pe),
+		errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+		return c.RotationFromBucket(ctx)
 	}
-}
-
-// errFeedGap: the feed did not follow on from the pages.
-var errFeedGap = errors.New("a gap in the rotation's feed")
-
-// pageTimeout bounds the wait for one page.
-const pageTimeout = 5 * time.Second
-
-// feedWait bounds the wait for the feed's messages up to the last page's
-// version, which the publisher sends as it answers.
-const feedWait = 3 * time.Second
-
-// rotationFromFeed is one read of the pages and the feed.
-func (c *Client) rotationFromFeed(ctx context.Context) (messages.Rotation, error) {
-	ch := make(chan *nats.Msg, 4096)
-	sub, err := c.nc.ChanSubscribe(c.subj.RotationChanges(), ch)
-	if err != nil {
-		return messages.Rotation{}, fmt.Errorf("subscribe to %s: %w", c.subj.RotationChanges(), err)
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	// The subscription is the server's before the first page is asked
-	// for: no message after that page's version is missed.
-	fctx, cancel := context.WithTimeout(ctx, pageTimeout) // Flush wants a deadline
-	err = c.nc.FlushWithContext(fctx)
-	cancel()
-	if err != nil {
-		return messages.Rotation{}, fmt.Errorf("subscribe to %s: %w", c.subj.RotationChanges(), err)
-	}
-	state := map[string]messages.RotationEntry{}
-	var first, last uint64
-	for after, n := "", 0; ; n++ {
-		body, _ := json.Marshal(messages.RotationGet{V: messages.Version, After: after})
-		rctx, cancel := context.WithTimeout(ctx, pageTimeout)
-		msg, err := c.nc.RequestWithContext(rctx, c.subj.RotationGet(), body)
-		cancel()
-		if n == 0 && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-			// No answer at all (a request refused to this user by an
-			// older accounts.conf is dropped without a word): as if
-			// no health process answered.
-			err = nats.ErrNoResponders
-		}
-		if err != nil {
-			return messages.Rotation{}, fmt.Errorf("ask %s: %w", c.subj.RotationGet(), err)
-		}
-		page, err := messages.DecodeRotationPage(msg.Data)
-		if err != nil {
-			return messages.Rotation{}, fmt.Errorf("a page of %s: %w", c.subj.RotationGet(), err)
-		}
-		if n > 0 && page.Version < last {
-			return messages.Rotation{}, fmt.Errorf("%w: a page at version %d after one at %d", errFeedGap, page.Version, last)
-		}
-		if n == 0 {
-			first = page.Version
-		}
-		last = page.Version
-		for _, e := range page.Proxies {
-			state[e.ID] = e
-		}
-		if page.Next == "" {
-			break
-		}
-		after = page.Next
-	}
-	version := first
-	apply := func(msg *nats.Msg) error {
-		m, err := messages.DecodeRotationChanges(msg.Data)
-		switch {
-		case err != nil:
-			return nil // not ours to judge: the next one shows a gap, if any
-		case m.Version <= version:
-			return nil
-		case m.Prev != version:
-			return fmt.Errorf("%w: version %d follows %d, the pages and the feed hold %d", errFeedGap, m.Version, m.Prev, version)
-		}
-		for _, ch := range m.Changes {
-			if ch.Op == messages.ChangeLeft {
-				delete(state, ch.ID)
-			} else {
-				state[ch.ID] = *ch.Proxy
-			}
-		}
-		version = m.Version
-		if version >= last && len(state) != m.Size {
-			return fmt.Errorf("%w: %d proxies at version %d, the publisher has %d", errFeedGap, len(state), version, m.Size)
-		}
-		return nil
-	}
-	wait := time.NewTimer(feedWait)
-	defer wait.Stop()
-	for version < last {
-		select {
-		case msg := <-ch:
-			if err := apply(msg); err != nil {
-				return messages.Rotation{}, err
-			}
-		case <-wait.C:
-			return messages.Rotation{}, fmt.Errorf("%w: version %d of the pages never came on %s (at %d)", errFeedGap, last, c.subj.RotationChanges(), version)
-		case <-ctx.Done():
-			return messages.Rotation{}, ctx.Err()
-		}
-	}
-	for more := true; more; {
-		select {
-		case msg := <-ch:
-			if err := apply(msg); err != nil {
-				return messages.Rotation{}, err
-			}
-		default:
-			more = false
-		}
-	}
-	rot := messages.Rotation{V: messages.Version, Version: version, Proxies: make([]messages.RotationEntry, 0, len(state)), At: time.Now().UTC()}
-	for _, e := range state {
-		rot.Proxies = append(rot.Proxies, e)
-	}
-	sort.Slice(rot.Proxies, func(i, j int) bool { return rot.Proxies[i].ID < rot.Proxies[j].ID })
-	return rot, nil
+	return rot, err
 }
 
 // RotationFromBucket reads the rotation from the KV bucket PROXY_ROTATION

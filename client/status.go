@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"proxyfleet/internal/jsapi"
 	"proxyfleet/messages"
 )
 
@@ -582,8 +583,8 @@ func (c *Client) readStream(ctx context.Context, name, filter string, policy jet
 			// Messages are pending but none came. A refused pull request
 			// is reported only to the connection's error handler, so
 			// this is the one sign of it a reader gets.
-			return fmt.Errorf("read %s: %d messages pending but the server delivered none (may this user publish to $JS.API.CONSUMER.MSG.NEXT.%s.>?)",
-				name, pending, name)
+			return fmt.Errorf("read %s: %d messages pending but the server delivered none (may this user publish to %s?)",
+				name, pending, jsapi.NextSubjects(name))
 		}
 	}
 }

@@ -22,10 +22,6 @@ import (
 // opTimeout bounds one request to JetStream.
 const opTimeout = 5 * time.Second
 
-// missingRepeat is how often a stream or bucket that stays missing is
-// logged again.
-const missingRepeat = 30 * time.Second
-
 // Controller keeps the pools of PROXY_POOLS: every controller applies the
 // pool commands it is given (a shared durable consumer), and the one
 // holding the lease runs the passes that create and delete members. See
@@ -167,38 +163,9 @@ func (c *Controller) bind(ctx context.Context) error {
 		messages.StreamPoolCommands, topology.BucketStream(messages.BucketPools), topology.BucketStream(messages.BucketLeases),
 		messages.StreamEvents,
 	}
-	for _, name := range names {
-		var since, logged time.Time
-		for {
-			octx, cancel := context.WithTimeout(ctx, opTimeout)
-			_, err := c.js.Stream(octx, name)
-			cancel()
-			if err == nil {
-				break
-			}
-			if c.nc.IsClosed() {
-				return fmt.Errorf("pools: %w", nats.ErrConnectionClosed)
-			}
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			now := time.Now()
-			if errors.Is(err, jetstream.ErrStreamNotFound) {
-				if since.IsZero() {
-					since = now
-				}
-				if now.Sub(logged) >= missingRepeat {
-					c.log.Error("stream "+name+" is missing: waiting for set-up to create it (`proxyfleet setup`, or `serve`)",
-						"waited", now.Sub(since).Round(time.Millisecond))
-					logged = now
-				}
-			} else {
-				c.log.Warn("look up stream "+name, "err", err)
-			}
-			if !sleep(ctx, c.cfg.CheckInterval) {
-				return ctx.Err()
-			}
-		}
+	await := topology.Awaiter{Interval: c.cfg.CheckInterval, Timeout: opTimeout, Log: c.log}
+	if err := await.AwaitAll(ctx, c.js, names...); err != nil {
+		return fmt.Errorf("pools: %w", err)
 	}
 	octx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()

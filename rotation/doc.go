@@ -30,6 +30,11 @@
 // the fleet; only a read of the pages is O(fleet), and it happens at the
 // start and after a gap.
 //
+// Read reads the rotation once by the same protocol, keeping no Rotation:
+// it waits until the feed has brought the last page's version, so what it
+// returns is the rotation exactly at one version of the publisher's (for
+// a program that lists it once, such as package client).
+//
 // # Gaps
 //
 // A message whose prev is not the version held means one was lost (a

@@ -64,11 +64,9 @@ func (q *feedQueue) take() ([]*nats.Msg, bool) {
 
 // follower is the state of the one goroutine that follows the feed.
 type follower struct {
-	q       *feedQueue
-	version uint64 // the version held
-	exact   uint64 // the last page's version: from there on the members are the rotation at version
-	gen     uint64 // of the last read of the pages
-	read    bool   // the pages were read and the kept messages applied
+	q    *feedQueue
+	feed feed // the versions held and read
+	read bool // the pages were read and the kept messages applied
 	// expect is a version the first page announced at a look, which the
 	// feed has not brought yet; 0 if none.
 	expect uint64
@@ -152,10 +150,10 @@ func (r *Rotation) readAgain(f *follower, why error) {
 	r.restarts.Add(1)
 	if errors.Is(why, errReset) {
 		// A takeover or a restart of health: expected now and then.
-		r.log.Info("reading the rotation again: "+why.Error(), "version", f.version)
+		r.log.Info("reading the rotation again: "+why.Error(), "version", f.feed.version)
 		return
 	}
-	r.log.Warn("reading the rotation again", "why", why, "version", f.version)
+	r.log.Warn("reading the rotation again", "why", why, "version", f.feed.version)
 }
 
 // look asks the publisher for its version (a page of one proxy) after a
@@ -168,59 +166,28 @@ func (r *Rotation) look(ctx context.Context, f *follower) {
 	switch {
 	case err != nil:
 		r.log.Debug("looking at the rotation's version", "err", err)
-	case page.Version == f.version:
+	case page.Version == f.feed.version:
 		f.expect = 0
-	case page.Version < f.version:
-		r.readAgain(f, fmt.Errorf("%w: the publisher is at version %d, before %d", errReset, page.Version, f.version))
-	case f.expect != 0 && f.version < f.expect:
-		r.readAgain(f, fmt.Errorf("%w: version %d was announced, the feed is still at %d", errGap, f.expect, f.version))
+	case page.Version < f.feed.version:
+		r.readAgain(f, fmt.Errorf("%w: the publisher is at version %d, before %d", errReset, page.Version, f.feed.version))
+	case f.expect != 0 && f.feed.version < f.expect:
+		r.readAgain(f, fmt.Errorf("%w: version %d was announced, the feed is still at %d", errGap, f.expect, f.feed.version))
 	default:
 		f.expect = page.Version
 	}
 }
 
-// readPages reads the whole rotation in pages (each at a version no
-// earlier than the one before: the rotation may move on between them),
-// drops the members no page had, and applies the messages kept since the
-// subscription that come after the first page's version. Because each
-// change is the whole state of one proxy, the result is exactly the
-// rotation at the last version applied (see messages.RotationChanges).
+// readPages reads the pages into the index (see feed.readPages) and
+// applies the messages kept since the subscription that come after the
+// first page's version.
 func (r *Rotation) readPages(ctx context.Context, f *follower) error {
-	f.gen++
-	var first, last uint64
-	after, n := "", 0
-	for {
-		page, err := r.page(ctx, after, 0)
-		if err != nil {
-			return err
-		}
-		if n > 0 && page.Version < last {
-			return fmt.Errorf("%w: a page at version %d after one at %d", errReset, page.Version, last)
-		}
-		if n == 0 {
-			first = page.Version
-		}
-		last = page.Version
-		n++
-		r.mu.Lock()
-		for _, e := range page.Proxies {
-			if r.idx.put(proxyOf(e), f.gen) {
-				r.changedLocked()
-			}
-		}
-		r.mu.Unlock()
-		if page.Next == "" {
-			break
-		}
-		after = page.Next
+	n, err := f.feed.readPages(ctx, func(ctx context.Context, after string) (messages.RotationPage, error) {
+		return r.page(ctx, after, 0)
+	}, indexHolder{r})
+	if err != nil {
+		return err
 	}
-	r.mu.Lock()
-	for range r.idx.sweep(f.gen) {
-		r.changedLocked()
-	}
-	r.mu.Unlock()
-	f.version, f.exact = first, last
-	r.version.Store(first)
+	r.version.Store(f.feed.version)
 	msgs, overflow := f.q.take()
 	if overflow {
 		return errOverflow
@@ -237,68 +204,40 @@ func (r *Rotation) readPages(ctx context.Context, f *follower) error {
 	r.readyLocked()
 	size := len(r.idx.all.items)
 	r.mu.Unlock()
-	r.log.Debug("read the rotation", "pages", n, "versions", fmt.Sprintf("%d..%d", first, last), "version", f.version, "proxies", size)
+	r.log.Debug("read the rotation", "pages", n, "versions", fmt.Sprintf("%d..%d", f.feed.first, f.feed.exact), "version", f.feed.version, "proxies", size)
 	return nil
 }
 
-// apply applies the feed's messages in order: those at or before the
-// version held are known already (or heartbeats); each other one must
-// follow the version held, else it is a gap (or, from a new publisher, a
-// reset) and nothing more is applied. Once the version held is at least
-// the last page's, the number of members must be the message's size.
+// apply applies the feed's messages to the index (see feed.apply).
 func (r *Rotation) apply(f *follower, msgs []*nats.Msg) error {
-	for _, msg := range msgs {
-		m, err := messages.DecodeRotationChanges(msg.Data)
-		if err != nil {
-			r.log.Warn("ignoring a message of the rotation's feed that does not decode", "err", err)
-			continue
-		}
-		switch {
-		case m.Version <= f.version:
-			continue
-		case m.Prev == 0:
-			return fmt.Errorf("%w (version %d)", errReset, m.Version)
-		case m.Prev != f.version:
-			return fmt.Errorf("%w: version %d follows %d, this process holds %d", errGap, m.Version, m.Prev, f.version)
-		}
-		r.mu.Lock()
-		for _, c := range m.Changes {
-			var changed bool
-			if c.Op == messages.ChangeLeft {
-				changed = r.idx.del(c.ID)
-			} else {
-				changed = r.idx.put(proxyOf(*c.Proxy), f.gen)
-			}
-			if changed {
-				r.changedLocked()
-			}
-		}
-		size := len(r.idx.all.items)
-		r.mu.Unlock()
-		f.version = m.Version
-		r.version.Store(m.Version)
-		if f.version >= f.exact && size != m.Size {
-			return fmt.Errorf("%w: %d proxies at version %d, the publisher has %d", errGap, size, m.Version, m.Size)
-		}
-	}
-	return nil
+	err := f.feed.apply(msgs, indexHolder{r}, func(err error) {
+		r.log.Warn("ignoring a message of the rotation's feed that does not decode", "err", err)
+	})
+	r.version.Store(f.feed.version)
+	return err
 }
 
 // page asks the publishing health process for the page after after.
 func (r *Rotation) page(ctx context.Context, after string, limit int) (messages.RotationPage, error) {
+	return askPage(ctx, r.nc, r.subj, after, limit, opTimeout)
+}
+
+// askPage asks subj's publishing health process for the page after after
+// (limit: the most proxies, 0 for the page's own bound), within timeout.
+func askPage(ctx context.Context, nc *nats.Conn, subj messages.Subjects, after string, limit int, timeout time.Duration) (messages.RotationPage, error) {
 	body, err := json.Marshal(messages.RotationGet{V: messages.Version, After: after, Limit: limit})
 	if err != nil {
 		return messages.RotationPage{}, err
 	}
-	octx, cancel := context.WithTimeout(ctx, opTimeout)
+	octx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	msg, err := r.nc.RequestWithContext(octx, r.subj.RotationGet(), body)
+	msg, err := nc.RequestWithContext(octx, subj.RotationGet(), body)
 	if err != nil {
-		return messages.RotationPage{}, fmt.Errorf("ask %s: %w", r.subj.RotationGet(), err)
+		return messages.RotationPage{}, fmt.Errorf("ask %s: %w", subj.RotationGet(), err)
 	}
 	page, err := messages.DecodeRotationPage(msg.Data)
 	if err != nil {
-		return messages.RotationPage{}, fmt.Errorf("a page of %s: %w", r.subj.RotationGet(), err)
+		return messages.RotationPage{}, fmt.Errorf("a page of %s: %w", subj.RotationGet(), err)
 	}
 	return page, nil
 }

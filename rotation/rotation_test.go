@@ -852,3 +852,42 @@ func TestCut(t *testing.T) {
 		}
 	}
 }
+
+// TestReadOnce: Read returns the whole rotation, read over several pages,
+// exactly at the publisher's version, sorted by id, with each entry whole;
+// with no publisher it says no one answers.
+func TestReadOnce(t *testing.T) {
+	r := newRig(t, true)
+	r.pageMax = 3
+	const n = 10
+	for i := range n {
+		id := fmt.Sprintf("p%02d", i)
+		r.put(id, fmt.Sprintf("127.0.0.1:%d", 2000+i))
+		r.event(id, "h1", map[string]string{"tier": fmt.Sprint(i % 2)})
+	}
+	r.check("p03", "127.0.0.1:2003", "203.0.113.3")
+	r.del("p09")
+	rot, err := Read(ctxFor(t, bound), r.nc, subj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	version, sent := r.version, maps.Clone(r.sent)
+	r.mu.Unlock()
+	if rot.Version != version || len(rot.Proxies) != len(sent) {
+		t.Fatalf("read %d proxies at version %d, the publisher has %d at %d", len(rot.Proxies), rot.Version, len(sent), version)
+	}
+	for i, e := range rot.Proxies {
+		if i > 0 && rot.Proxies[i-1].ID >= e.ID {
+			t.Errorf("not sorted: %s before %s", rot.Proxies[i-1].ID, e.ID)
+		}
+		if !reflect.DeepEqual(e, sent[e.ID]) {
+			t.Errorf("%s: %+v, the publisher has %+v", e.ID, e, sent[e.ID])
+		}
+	}
+
+	none := newRig(t, false)
+	if _, err := Read(ctxFor(t, bound), none.nc, subj); !errors.Is(err, nats.ErrNoResponders) {
+		t.Errorf("no publisher: %v, want ErrNoResponders", err)
+	}
+}

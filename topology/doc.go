@@ -11,6 +11,8 @@
 // embedded server. A Repairer is set-up kept running: it recreates any
 // stream or bucket that is deleted, above the sequences it saw.
 //
+// Every role waits for the streams and buckets it needs with an Awaiter,
+// which says at error level what is missing, again every MissingLogEvery.
 // The worker creates and updates its own consumers with EnsureConsumer and
 // compares the streams it finds with DiffStream and DiffBucket, reporting a
 // difference as a *MismatchError; it never creates a stream or a bucket.
@@ -30,5 +32,6 @@
 //
 // topology.go is Topology, the names and the configurations; defaults.go
 // the defaults; setup.go is Setup, EnsureConsumer and their errors; diff.go
-// the settings compared and how each is shown; repair.go the Repairer.
+// the settings compared and how each is shown; repair.go the Repairer;
+// await.go the Awaiter.
 package topology

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"proxyfleet/internal/jsapi"
 	"proxyfleet/messages"
 )
 
@@ -260,7 +261,7 @@ func kvStreamConfig(kc jetstream.KeyValueConfig, first uint64) jetstream.StreamC
 	return jetstream.StreamConfig{
 		Name:              BucketStream(kc.Bucket),
 		Description:       kc.Description,
-		Subjects:          []string{"$KV." + kc.Bucket + ".>"},
+		Subjects:          []string{jsapi.KeysFilter(kc.Bucket)},
 		MaxMsgsPerSubject: int64(max(kc.History, 1)),
 		MaxBytes:          -1,
 		MaxAge:            kc.TTL,

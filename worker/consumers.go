@@ -17,10 +17,6 @@ import (
 	"proxyfleet/topology"
 )
 
-// missingLogEvery is how often a worker repeats, at error level, that a
-// stream or bucket it needs is still missing.
-const missingLogEvery = 30 * time.Second
-
 // setupHint is what a worker that finds the streams not as configured says.
 const setupHint = "run `proxyfleet setup` with this config, or fix the config"
 
@@ -38,53 +34,24 @@ func workerStreams(t topology.Topology) []jetstream.StreamConfig {
 	return out
 }
 
-// awaitTopology waits until every stream and bucket the worker uses exists,
-// saying at error level what is missing (it never creates one: that is
-// set-up's job), then compares their settings with the config. A difference
-// is a *topology.MismatchError: the worker would run with settings that disagree with
-// the server.
+// awaitTopology waits until every stream and bucket the worker uses exists
+// (topology.Awaiter: it never creates one, that is set-up's job), then
+// compares their settings with the config. A difference is a
+// *topology.MismatchError: the worker would run with settings that
+// disagree with the server.
 func (w *Worker) awaitTopology(ctx context.Context) error {
+	await := topology.Awaiter{Interval: w.cfg.CheckInterval, Log: w.log, Now: w.now}
 	for _, want := range workerStreams(w.cfg.Topology) {
+		st, err := await.Await(ctx, w.js, want.Name)
+		if err != nil {
+			return err
+		}
 		kind, name, diff := "stream", want.Name, topology.DiffStream
 		if b, ok := strings.CutPrefix(want.Name, "KV_"); ok {
 			kind, name, diff = "bucket", b, topology.DiffBucket
 		}
-		var since, logged time.Time
-		for {
-			st, err := w.js.Stream(ctx, want.Name)
-			if err == nil {
-				have := st.CachedInfo().Config
-				if ds := diff(have, want); len(ds) > 0 {
-					return &topology.MismatchError{Kind: kind, Name: name, Diffs: ds, Hint: setupHint}
-				}
-				if !since.IsZero() {
-					w.log.Info(kind+" "+name+" is there now", "waited", w.now().Sub(since).Round(time.Millisecond))
-				}
-				break
-			}
-			if ctx.Err() != nil {
-				return fmt.Errorf("waiting for %s %s: %w", kind, name, ctx.Err())
-			}
-			now := w.now()
-			if errors.Is(err, jetstream.ErrStreamNotFound) {
-				if since.IsZero() {
-					since = now
-				}
-				if now.Sub(logged) >= missingLogEvery {
-					w.log.Error(kind+" "+name+" is missing: waiting for set-up to create it (`proxyfleet setup`, or `serve`)",
-						"waited", now.Sub(since).Round(time.Millisecond))
-					logged = now
-				}
-			} else {
-				w.log.Warn("look up "+kind+" "+name, "err", err)
-			}
-			t := time.NewTimer(w.cfg.CheckInterval)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return fmt.Errorf("waiting for %s %s: %w", kind, name, ctx.Err())
-			case <-t.C:
-			}
+		if ds := diff(st.CachedInfo().Config, want); len(ds) > 0 {
+			return &topology.MismatchError{Kind: kind, Name: name, Diffs: ds, Hint: setupHint}
 		}
 	}
 	return nil
@@ -322,7 +289,7 @@ func (c *consumerRun) check(ctx context.Context) {
 		if c.missing.IsZero() {
 			c.missing = now
 		}
-		if now.Sub(c.logged) >= missingLogEvery {
+		if now.Sub(c.logged) >= topology.MissingLogEvery {
 			w.log.Error("stream "+c.stream+" is missing: waiting for set-up to recreate it (`proxyfleet setup`, or `serve`)",
 				"consumer", c.name(), "waited", now.Sub(c.missing).Round(time.Millisecond))
 			c.logged = now

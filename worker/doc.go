@@ -64,5 +64,8 @@
 // takes and gives up a host's pin, owners.go reads who owns each host from
 // the server's side; consumers.go also waits for the streams and buckets
 // and compares them with the config; backoff.go the retry delays;
-// provider.go the Provider a host implements.
+// provider.go the Provider a host implements. The JetStream requests
+// nats.go makes no call for (a desired record read through the leader,
+// the batched reads of last events and records, the pin holds) go through
+// package internal/jsapi; no file here spells an API subject.
 package worker

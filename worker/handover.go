@@ -2,16 +2,15 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"proxyfleet/internal/jsapi"
 	"proxyfleet/topology"
 )
 
@@ -217,16 +216,6 @@ func (c *consumerRun) awaitIdle(ctx context.Context, timeout time.Duration) bool
 	}
 }
 
-// holdRequest is a pull request that renews pin and can take no message
-// (max_bytes 1 is less than any message), answered at once.
-type holdRequest struct {
-	Batch    int    `json:"batch"`
-	MaxBytes int    `json:"max_bytes"`
-	NoWait   bool   `json:"no_wait"`
-	Group    string `json:"group"`
-	ID       string `json:"id"`
-}
-
 // holdPin keeps the host's pin, if the worker holds it, until stop is
 // called: a hold request every quarter of PinnedTTL. An answer that the pin
 // is not (or no longer) the consumer's means the worker lost it: it is
@@ -237,15 +226,10 @@ func (c *consumerRun) holdPin() (stop func()) {
 	if pin == "" || nc.IsClosed() {
 		return func() {}
 	}
-	subject := apiPrefix(c.w.js) + "CONSUMER.MSG.NEXT." + c.stream + "." + c.name()
-	req, _ := json.Marshal(holdRequest{Batch: 1, MaxBytes: 1, NoWait: true, Group: topology.PriorityGroup, ID: pin})
 	lost := make(chan struct{})
 	var lostOnce sync.Once
-	inbox := nc.NewInbox()
-	sub, err := nc.Subscribe(inbox, func(m *nats.Msg) {
-		if m.Header.Get("Status") == "423" { // Nats-Pin-Id mismatch
-			lostOnce.Do(func() { close(lost) })
-		}
+	hold, err := jsapi.New(c.w.js).HoldPin(c.stream, c.name(), topology.PriorityGroup, pin, func() {
+		lostOnce.Do(func() { close(lost) })
 	})
 	if err != nil {
 		c.w.log.Warn("hold pin", "host", c.host, "err", err)
@@ -257,7 +241,7 @@ func (c *consumerRun) holdPin() (stop func()) {
 		t := time.NewTicker(max(c.w.cfg.PinnedTTL/4, 10*time.Millisecond))
 		defer t.Stop()
 		for {
-			_ = nc.PublishRequest(subject, inbox, req)
+			_ = hold.Renew()
 			select {
 			case <-quit:
 				return
@@ -274,7 +258,7 @@ func (c *consumerRun) holdPin() (stop func()) {
 		once.Do(func() {
 			close(quit)
 			<-done
-			_ = sub.Unsubscribe()
+			_ = hold.Stop()
 		})
 	}
 }
@@ -397,16 +381,4 @@ func (c *consumerRun) unpinWithin(wait, parent context.Context, warnNoSlot bool)
 		c.w.log.Warn("unpin host (the pin expires after pinned_ttl)", "host", c.host, "err", err)
 	}
 	c.dropPin(pin)
-}
-
-// apiPrefix is the subject prefix of js's API requests.
-func apiPrefix(js jetstream.JetStream) string {
-	o := js.Options()
-	switch {
-	case o.Domain != "":
-		return "$JS." + o.Domain + ".API."
-	case o.APIPrefix != "":
-		return strings.TrimSuffix(o.APIPrefix, ".") + "."
-	}
-	return jetstream.DefaultAPIPrefix
 }

@@ -5,12 +5,13 @@ import (
 	"testing"
 	"time"
 
+	"proxyfleet/internal/jsapi"
 	"proxyfleet/messages"
 )
 
 // lastEvents reads the last event of each id that has one, however many
 // ids a pass asks for (the server answers at most 1,024 subjects a
-// request; it asks for multiLastBatch at a time), and leaves out those
+// request; it asks for jsapi.MaxBatch at a time), and leaves out those
 // with none.
 func TestLastEventsReadsEveryIdInBatches(t *testing.T) {
 	_, _, js, ctx := setUpTopology(t)
@@ -19,7 +20,7 @@ func TestLastEventsReadsEveryIdInBatches(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const n = 2*multiLastBatch + 17
+	const n = 2*jsapi.MaxBatch + 17
 	var ids []string
 	for i := range n {
 		id := fmt.Sprintf("p%d", i)

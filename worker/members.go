@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"proxyfleet/internal/jsapi"
 	"proxyfleet/messages"
 	"proxyfleet/topology"
 )
@@ -188,21 +188,16 @@ func (m *membership) stuck() bool {
 		m.w.now().Sub(m.heard) >= m.w.cfg.Liveness
 }
 
-// readAll reads every record directly: the subjects of the bucket's
-// stream, then each key's value.
+// readAll reads every record directly: the keys of the bucket's stream,
+// then each key's value.
 func (m *membership) readAll(ctx context.Context) (map[string]member, error) {
-	st, err := m.w.js.Stream(ctx, topology.BucketStream(messages.BucketWorkers))
-	if err != nil {
-		return nil, err
-	}
-	prefix := "$KV." + messages.BucketWorkers + "."
-	info, err := st.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
+	keys, err := jsapi.New(m.w.js).Keys(ctx, messages.BucketWorkers)
 	if err != nil {
 		return nil, err
 	}
 	recs := map[string]member{}
-	for subject := range info.State.Subjects {
-		e, err := m.kv.Get(ctx, strings.TrimPrefix(subject, prefix))
+	for _, key := range keys {
+		e, err := m.kv.Get(ctx, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 			continue
 		}
@@ -259,7 +254,7 @@ func (m *membership) decode(e jetstream.KeyValueEntry) (string, member, bool) {
 		m.w.log.Warn("worker record unreadable: ignored", "key", id, "err", err)
 		return id, member{}, false
 	}
-	if id == m.self.ID && !rec.Started.Equal(m.self.Started) && m.w.now().Sub(m.twin) >= missingLogEvery {
+	if id == m.self.ID && !rec.Started.Equal(m.self.Started) && m.w.now().Sub(m.twin) >= topology.MissingLogEvery {
 		m.w.log.Error("another worker runs with this worker's id: give each worker its own (--id)", "id", id, "other_started", rec.Started)
 		m.twin = m.w.now()
 	}

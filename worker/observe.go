@@ -6,15 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/fleet"
+	"proxyfleet/internal/jsapi"
 	"proxyfleet/messages"
-	"proxyfleet/topology"
 )
 
 // observeToken is the id token of a host's observation tick. It is not a
@@ -200,19 +199,14 @@ func (e *executor) sweep(ctx context.Context, insts []fleet.Instance) int {
 // that does not decode, is not among them.
 func (e *executor) wantedHere(ctx context.Context, insts []fleet.Instance) (map[string]bool, error) {
 	w := e.w
-	prefix := "$KV." + messages.BucketDesired + "."
-	subjects := make([]string, len(insts))
-	for i, in := range insts {
-		subjects[i] = prefix + in.ID
-	}
 	wanted := make(map[string]bool, len(insts))
-	err := w.multiLast(ctx, topology.BucketStream(messages.BucketDesired), subjects, func(subject string, hdr nats.Header, data []byte) {
-		if op := hdr.Get("KV-Operation"); op != "" {
-			return // deleted or purged
+	err := jsapi.LastOfKeys(ctx, jsapi.New(w.js), messages.BucketDesired, insts, instanceID, func(id string, value []byte, deleted bool) {
+		if deleted {
+			return
 		}
 		var d messages.Desired
-		if json.Unmarshal(data, &d) == nil && e.owns(&d) {
-			wanted[strings.TrimPrefix(subject, prefix)] = true
+		if json.Unmarshal(value, &d) == nil && e.owns(&d) {
+			wanted[id] = true
 		}
 	})
 	if err != nil {
@@ -220,6 +214,8 @@ func (e *executor) wantedHere(ctx context.Context, insts []fleet.Instance) (map[
 	}
 	return wanted, nil
 }
+
+func instanceID(in fleet.Instance) string { return in.ID }
 
 func (e *executor) sweepOne(ctx context.Context, id string) (bool, error) {
 	w := e.w

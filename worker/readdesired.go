@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/fleet"
+	"proxyfleet/internal/jsapi"
 	"proxyfleet/messages"
 )
 
@@ -81,43 +81,18 @@ func (w *Worker) readDesired(ctx context.Context, id string) (*messages.Desired,
 }
 
 // readDesiredFromLeader reads id's desired record through the bucket
-// stream's leader (STREAM.MSG.GET), never a replica that may be behind.
-// ErrKeyNotFound when there is none (or it was deleted).
+// stream's leader, never a replica that may be behind. ErrKeyNotFound when
+// there is none (or it was deleted).
 func (w *Worker) readDesiredFromLeader(ctx context.Context, id string) (*messages.Desired, error) {
-	stream := "KV_" + w.desired.Bucket()
-	req, _ := json.Marshal(map[string]string{"last_by_subj": "$KV." + w.desired.Bucket() + "." + id})
-	ctx, cancel := request(ctx, w.js)
-	defer cancel()
-	msg, err := w.js.Conn().RequestWithContext(ctx, apiPrefix(w.js)+"STREAM.MSG.GET."+stream, req)
-	if err != nil {
-		return nil, fleet.Transient(fmt.Errorf("read desired state of %s from the leader: %w", id, err))
-	}
-	var resp struct {
-		Message *struct {
-			Hdrs []byte `json:"hdrs"`
-			Data []byte `json:"data"`
-		} `json:"message"`
-		Error *struct {
-			Code        int    `json:"code"`
-			ErrCode     int    `json:"err_code"`
-			Description string `json:"description"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return nil, fleet.Transient(fmt.Errorf("read desired state of %s from the leader: %w", id, err))
-	}
+	v, _, err := jsapi.New(w.js).KeyFromLeader(ctx, w.desired.Bucket(), id)
 	switch {
-	case resp.Error != nil && resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
+	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
 		return nil, jetstream.ErrKeyNotFound
-	case resp.Error != nil:
-		return nil, fleet.Transient(fmt.Errorf("read desired state of %s from the leader: %s (%d)", id, resp.Error.Description, resp.Error.ErrCode))
-	case resp.Message == nil:
-		return nil, fleet.Transient(fmt.Errorf("read desired state of %s from the leader: an empty answer", id))
-	case bytes.Contains(resp.Message.Hdrs, []byte("KV-Operation: DEL")) || bytes.Contains(resp.Message.Hdrs, []byte("KV-Operation: PURGE")):
-		return nil, jetstream.ErrKeyNotFound
+	case err != nil:
+		return nil, fleet.Transient(fmt.Errorf("read desired state of %s from the leader: %w", id, err))
 	}
 	var d messages.Desired
-	if err := json.Unmarshal(resp.Message.Data, &d); err != nil {
+	if err := json.Unmarshal(v, &d); err != nil {
 		return nil, fleet.Permanent(fmt.Errorf("decode desired state of %s: %w", id, err))
 	}
 	return &d, nil

@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -182,7 +180,8 @@ func healthComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg *pro
 		return component{}, err
 	}
 	return component{"health", func(ctx context.Context) error {
-		if err := awaitStreams(ctx, js, c.Worker.CheckInterval, log, messages.StreamEvents,
+		await := topology.Awaiter{Interval: c.Worker.CheckInterval, Log: log}
+		if err := await.AwaitAll(ctx, js, messages.StreamEvents,
 			topology.BucketStream(messages.BucketRotation), topology.BucketStream(messages.BucketLeases)); err != nil {
 			if ctx.Err() != nil {
 				return nil // stopped while waiting
@@ -263,44 +262,4 @@ func runHealth(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	return runAll(ctx, log, h)
-}
-
-// awaitStreams waits until every named stream exists, saying at error level
-// which is missing (again every 30s), looking every interval.
-func awaitStreams(ctx context.Context, js jetstream.JetStream, interval time.Duration, log *slog.Logger, names ...string) error {
-	for _, name := range names {
-		var since, logged time.Time
-		for {
-			_, err := js.Stream(ctx, name)
-			if err == nil {
-				if !since.IsZero() {
-					log.Info("stream "+name+" is there now", "waited", time.Since(since).Round(time.Millisecond))
-				}
-				break
-			}
-			if ctx.Err() != nil {
-				return fmt.Errorf("waiting for stream %s: %w", name, ctx.Err())
-			}
-			if errors.Is(err, jetstream.ErrStreamNotFound) {
-				if since.IsZero() {
-					since = time.Now()
-				}
-				if time.Since(logged) >= 30*time.Second {
-					log.Error("stream "+name+" is missing: waiting for set-up to create it (`proxyfleet setup`, or `serve`)",
-						"waited", time.Since(since).Round(time.Millisecond))
-					logged = time.Now()
-				}
-			} else {
-				log.Warn("look up stream "+name, "err", err)
-			}
-			t := time.NewTimer(interval)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return fmt.Errorf("waiting for stream %s: %w", name, ctx.Err())
-			case <-t.C:
-			}
-		}
-	}
-	return nil
 }

@@ -48,13 +48,16 @@ var rules = []rule{
 	// the worker that drives it.
 	{pkg: "kvm", allow: []string{"fleet", "messages", "deny"}, forbid: [][]string{natsPkgs}},
 	{pkg: "sim", allow: []string{"fleet", "messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	// JetStream's wire API has one home, which leans on nats.go alone.
+	{pkg: "internal/jsapi", forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// Set-up and repair serve every role, so they lean on none of them.
-	{pkg: "topology", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "topology", allow: []string{"messages", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// Hosts reach the worker as Providers, never as a driver it imports.
-	{pkg: "worker", allow: []string{"addrplan", "fleet", "messages", "topology"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "worker", allow: []string{"addrplan", "fleet", "messages", "topology", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	{pkg: "health", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
-	// A client reads the contract, never the worker's insides.
-	{pkg: "client", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	// A client reads the contract, and the rotation through its library,
+	// never the worker's insides.
+	{pkg: "client", allow: []string{"messages", "rotation", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// A program that uses the fleet needs the contract and NATS, nothing
 	// of how the fleet is run.
 	{pkg: "rotation", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
@@ -65,7 +68,7 @@ var rules = []rule{
 	// The pool controller keeps pools by the commands any client may
 	// send, reading the rotation through its library: nothing of the
 	// worker's or health's insides.
-	{pkg: "pool", allow: []string{"messages", "rotation", "topology"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "pool", allow: []string{"messages", "rotation", "topology", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// The guest's program stands alone.
 	{pkg: "testguest"},
 }
