@@ -40,7 +40,10 @@ var rules = []rule{
 	// The destinations refused are one list, read alike by the config,
 	// the gateway and the guests' configuration: pure, it leans on nothing.
 	{pkg: "deny", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
-	{pkg: "config", allow: []string{"messages", "addrplan", "fleet", "deny"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	// Bans and rules are pure decisions the config, the followers of the
+	// rotation and health all read: they lean on the contract only.
+	{pkg: "bans", allow: []string{"messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	{pkg: "config", allow: []string{"messages", "addrplan", "fleet", "deny", "bans"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	// Address plans and their assignments are pure decisions: the worker
 	// and the config both lean on them, and they on nothing that runs.
 	{pkg: "addrplan", allow: []string{"fleet", "messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
