@@ -1,6 +1,7 @@
 package bans
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"time"
@@ -147,6 +148,34 @@ func DecodeRequest(body []byte) (Request, error) {
 		return r, field("for", "%s is out of range [%s, %s]", d, MinDuration, MaxDuration)
 	}
 	return r, checkAbout(r.Source, r.Reason, r.By)
+}
+
+// Encode validates r as health will (DecodeRequest) and returns its body
+// and r normalized (its site narrowed).
+func (r Request) Encode() ([]byte, Request, error) {
+	body, err := json.Marshal(r)
+	if err != nil {
+		return nil, r, fmt.Errorf("encode ban request: %w", err)
+	}
+	r, err = DecodeRequest(body)
+	return body, r, err
+}
+
+// DecodeReply decodes health's answer strictly. A refusal is returned
+// as a *messages.FieldError naming the field; a failure to store, as an
+// error with health's reason.
+func DecodeReply(body []byte) (Reply, error) {
+	var r Reply
+	if err := messages.Decode(body, &r); err != nil {
+		return Reply{}, fmt.Errorf("health's answer: %w", err)
+	}
+	switch {
+	case r.Field != "":
+		return r, field(r.Field, "%s", r.Error)
+	case r.Error != "":
+		return r, fmt.Errorf("health: %s", r.Error)
+	}
+	return r, nil
 }
 
 // Ban is the record an add request stores, made at now.

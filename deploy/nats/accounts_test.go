@@ -12,6 +12,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -29,6 +30,7 @@ import (
 	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
 	"proxyfleet/pool"
+	"proxyfleet/rotation"
 	"proxyfleet/sim"
 	"proxyfleet/topology"
 	"proxyfleet/worker"
@@ -272,15 +274,19 @@ var (
 		undo: undoConsumer(messages.StreamPoolCommands, topology.PoolsConsumer)}
 	pubWork = op{name: "publish a work item", subject: "proxy.work.h1.intruder", body: "{}",
 		undo: undoPurgeSubject(messages.StreamWork, "proxy.work.h1.intruder")}
+	putBan = op{name: "kv put PROXY_BANS", subject: "$KV.PROXY_BANS.203-0-113-9.intruder.example", body: "{}",
+		undo: undoKey(messages.BucketBans, "203-0-113-9.intruder.example")}
+	subBan = op{name: "answer ban requests", subject: "proxy.ban", sub: true}
 )
 
 var forbidden = map[string][]op{
 	"client": {rmIntake, rmWork, rmStream, purgeStream, addStream, editStream, addDurable, getCommand, getDesired,
-		directDesired, putRotation, putChecks, putDesired, pubState, pubRotation, pubFeed, subPages, subWorker, subHealth, subWork, putPool, rmPools, subPools},
+		directDesired, putRotation, putChecks, putDesired, pubState, pubRotation, pubFeed, subPages, subWorker, subHealth, subWork, putPool, rmPools, subPools,
+		putBan, subBan},
 	"pools": {rmIntake, rmWork, rmPools, rmStream, purgeStream, addStream, editStream, addDurable, getCommand, putDesired, putRotation,
-		putChecks, putHost, putHealthLease, pubState, pubRotation, pubFeed, subPages, pubWork, subWorker, subClient, subHealth},
+		putChecks, putHost, putHealthLease, pubState, pubRotation, pubFeed, subPages, pubWork, subWorker, subClient, subHealth, putBan, subBan},
 	"worker": {rmIntake, rmWork, rmStream, purgeStream, addStream, editStream, addDurable, putRotation, putChecks, putLeases,
-		pubRotation, pubFeed, subPages, subClient, subHealth, putPool, rmPools},
+		pubRotation, pubFeed, subPages, subClient, subHealth, putPool, rmPools, putBan, subBan},
 	"health": {rmIntake, rmWork, rmStream, purgeStream, addStream, editStream, addDurable, putDesired, pubState,
 		pubCommand, subWorker, subClient, putPool},
 }
@@ -394,6 +400,8 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 		t.Fatalf("reports refused: client %v, health %v", cc.refusals(), hc.refusals())
 	}
 
+	banWork(t, ctx, s, quiet)
+
 	// A VM leaks behind p1's delete: the worker's sweep, which reads the
 	// record through the stream leader before it deletes, removes it
 	// under the worker's permissions.
@@ -469,6 +477,41 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 	for _, c := range []*conn{admin, hc, wc, cc, pc} {
 		if r := c.refusals(); len(r) > 0 {
 			t.Errorf("%s's own work was refused: %v", c.user, r)
+		}
+	}
+}
+
+// banWork asks for a ban as the client user, through a follower of the
+// rotation (health, as health, stores it), which another follower, as
+// the client user too, then honours; then lifts it.
+func banWork(t *testing.T, ctx context.Context, s *suite, quiet *slog.Logger) {
+	t.Helper()
+	var rots []*rotation.Rotation
+	var conns []*conn
+	for range 2 {
+		fc := s.connect("client")
+		rot, err := rotation.Follow(ctx, fc.nc, rotation.Config{Subjects: subj, Logger: quiet})
+		if err != nil {
+			t.Fatalf("follow the rotation as client: %v", err)
+		}
+		defer func() { _ = rot.Close() }()
+		rots, conns = append(rots, rot), append(conns, fc)
+	}
+	if err := rots[0].Ban("203.0.113.7", "www.shop.example", time.Hour); err != nil {
+		t.Fatalf("ban as client: %v", err)
+	}
+	poll.Until(t, "another follower, as client, to honour the ban", 20*time.Second, func() bool {
+		return rots[1].Banned(netip.MustParseAddr("203.0.113.7"), "shop.example")
+	})
+	if err := rots[1].RemoveBan(ctx, "203.0.113.7", "shop.example"); err != nil {
+		t.Fatalf("unban as client: %v", err)
+	}
+	poll.Until(t, "the first follower to see the ban lifted", 20*time.Second, func() bool {
+		return !rots[0].Banned(netip.MustParseAddr("203.0.113.7"), "shop.example")
+	})
+	for _, fc := range conns {
+		if r := fc.refusals(); len(r) > 0 {
+			t.Errorf("the follower's work was refused: %v", r)
 		}
 	}
 }
