@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"proxyfleet/bans"
 	"proxyfleet/client"
 	"proxyfleet/fleet"
 	"proxyfleet/health"
@@ -400,7 +401,7 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 		t.Fatalf("reports refused: client %v, health %v", cc.refusals(), hc.refusals())
 	}
 
-	banWork(t, ctx, s, quiet)
+	banWork(t, ctx, s, cl, quiet)
 
 	// A VM leaks behind p1's delete: the worker's sweep, which reads the
 	// record through the stream leader before it deletes, removes it
@@ -483,8 +484,9 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 
 // banWork asks for a ban as the client user, through a follower of the
 // rotation (health, as health, stores it), which another follower, as
-// the client user too, then honours; then lifts it.
-func banWork(t *testing.T, ctx context.Context, s *suite, quiet *slog.Logger) {
+// the client user too, then honours; then lifts it. Then the client
+// verbs add, list and lift one.
+func banWork(t *testing.T, ctx context.Context, s *suite, cl *client.Client, quiet *slog.Logger) {
 	t.Helper()
 	var rots []*rotation.Rotation
 	var conns []*conn
@@ -508,6 +510,24 @@ func banWork(t *testing.T, ctx context.Context, s *suite, quiet *slog.Logger) {
 	}
 	poll.Until(t, "the first follower to see the ban lifted", 20*time.Second, func() bool {
 		return !rots[0].Banned(netip.MustParseAddr("203.0.113.7"), "shop.example")
+	})
+
+	// The client verbs: ban add, ls and rm.
+	b, err := cl.AddBan(ctx, bans.Request{Address: "2001:db8::7", Site: "shop.example", For: messages.Duration(time.Hour), Reason: "captcha"})
+	if err != nil {
+		t.Fatalf("ban add as client: %v", err)
+	}
+	poll.Until(t, "a follower to honour the client's ban", 20*time.Second, func() bool {
+		return rots[0].Banned(netip.MustParseAddr("2001:db8::7"), "shop.example")
+	})
+	if got, err := cl.Bans(ctx, client.BanFilter{Site: "shop.example"}); err != nil || len(got) != 1 || got[0] != b {
+		t.Fatalf("ban ls as client: %+v %v; want %+v", got, err, b)
+	}
+	if err := cl.RemoveBan(ctx, "2001:db8::7", "shop.example"); err != nil {
+		t.Fatalf("ban rm as client: %v", err)
+	}
+	poll.Until(t, "a follower to see the client's ban lifted", 20*time.Second, func() bool {
+		return !rots[1].Banned(netip.MustParseAddr("2001:db8::7"), "shop.example")
 	})
 	for _, fc := range conns {
 		if r := fc.refusals(); len(r) > 0 {
