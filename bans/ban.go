@@ -2,6 +2,7 @@ package bans
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -148,6 +149,27 @@ func DecodeRequest(body []byte) (Request, error) {
 		return r, field("for", "%s is out of range [%s, %s]", d, MinDuration, MaxDuration)
 	}
 	return r, checkAbout(r.Source, r.Reason, r.By)
+}
+
+// Add is r made an add request: version and op set, an empty Source
+// taken as source, an empty By as by.
+func (r Request) Add(source, by string) Request {
+	r.V, r.Op = messages.Version, OpAdd
+	if r.Source == "" {
+		r.Source = source
+	}
+	if r.By == "" {
+		r.By = by
+	}
+	return r
+}
+
+// Stored is the ban an answer to an add says was stored.
+func (r Reply) Stored() (Ban, error) {
+	if r.Ban == nil {
+		return Ban{}, errors.New("health's answer has no ban")
+	}
+	return *r.Ban, nil
 }
 
 // Encode validates r as health will (DecodeRequest) and returns its body

@@ -20,16 +20,15 @@ import (
 // a *messages.FieldError naming the field (validated here first, as
 // health will).
 func (c *Client) AddBan(ctx context.Context, req bans.Request) (bans.Ban, error) {
-	req.V, req.Op = messages.Version, bans.OpAdd
-	req.Source = cmp.Or(req.Source, bans.SourceCLI)
-	reply, err := c.askBan(ctx, req)
+	reply, err := c.askBan(ctx, req.Add(bans.SourceCLI, ""))
 	if err != nil {
 		return bans.Ban{}, err
 	}
-	if reply.Ban == nil {
-		return bans.Ban{}, errors.New("ban: health's answer has no ban")
+	b, err := reply.Stored()
+	if err != nil {
+		return bans.Ban{}, fmt.Errorf("ban: %w", err)
 	}
-	return *reply.Ban, nil
+	return b, nil
 }
 
 // RemoveBan asks health to lift the ban of address for the site of host.

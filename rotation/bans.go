@@ -60,14 +60,7 @@ func (r *Rotation) Ban(addr, host string, d time.Duration) error {
 // if the request then fails. A request refused is a *messages.FieldError
 // naming the field; no health process answering is an error saying so.
 func (r *Rotation) AddBan(ctx context.Context, req bans.Request) (bans.Ban, error) {
-	req.V, req.Op = messages.Version, bans.OpAdd
-	if req.Source == "" {
-		req.Source = bans.SourceLibrary
-	}
-	if req.By == "" {
-		req.By = cut(r.cfg.Reporter, bans.MaxBy)
-	}
-	body, req, err := req.Encode()
+	body, req, err := req.Add(bans.SourceLibrary, cut(r.cfg.Reporter, bans.MaxBy)).Encode()
 	if err != nil {
 		return bans.Ban{}, fmt.Errorf("rotation: ban: %w", err)
 	}
@@ -80,10 +73,11 @@ func (r *Rotation) AddBan(ctx context.Context, req bans.Request) (bans.Ban, erro
 	if err != nil {
 		return bans.Ban{}, err
 	}
-	if reply.Ban == nil {
-		return bans.Ban{}, errors.New("rotation: ban: health's answer has no ban")
+	b, err := reply.Stored()
+	if err != nil {
+		return bans.Ban{}, fmt.Errorf("rotation: ban: %w", err)
 	}
-	return *reply.Ban, nil
+	return b, nil
 }
 
 // RemoveBan asks health to lift the ban of addr for the site of host; it

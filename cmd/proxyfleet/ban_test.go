@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"log/slog"
 	"strings"
 	"testing"
@@ -38,25 +36,11 @@ func TestBanVerbs(t *testing.T) {
 	runtest.Start(t, h.Run, h.Started(), time.Minute)
 
 	cli := func(args ...string) (stdout, stderr string, code int) {
-		t.Helper()
-		var o, e bytes.Buffer
-		err := run(ctx, args[0], append(args[1:], "--nats-url", srv.ClientURL()), &o, &e)
-		var ee exitError
-		switch {
-		case err == nil:
-		case errors.As(err, &ee):
-			code = ee.code
-		default:
-			code = 1
-			e.WriteString("proxyfleet " + args[0] + ": " + err.Error() + "\n")
-		}
-		return o.String(), e.String(), code
+		return runCLI(ctx, append(args, "--nats-url", srv.ClientURL())...)
 	}
 	want := func(what string, ok bool, stdout, stderr string) {
 		t.Helper()
-		if !ok {
-			t.Fatalf("%s\nstdout:\n%s\nstderr:\n%s", what, stdout, stderr)
-		}
+		wantCLI(t, what, ok, stdout, stderr)
 	}
 
 	o, e, code := cli("ban", "add", "203.0.113.7", "WWW.Shop.Example.", "--for", "30m", "--reason", "captcha wall")
@@ -99,4 +83,12 @@ func TestBanVerbs(t *testing.T) {
 	want("ban add too short", code == 1 && strings.Contains(e, "for: "), o, e)
 	o, e, code = cli("ban", "ls", "--site", "a b")
 	want("ban ls of a bad site", code == 1 && strings.Contains(e, "site"), o, e)
+}
+
+// wantCLI fails the test with a command's output unless ok.
+func wantCLI(t *testing.T, what string, ok bool, stdout, stderr string) {
+	t.Helper()
+	if !ok {
+		t.Fatalf("%s\nstdout:\n%s\nstderr:\n%s", what, stdout, stderr)
+	}
 }
