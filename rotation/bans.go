@@ -64,11 +64,7 @@ func (r *Rotation) AddBan(ctx context.Context, req bans.Request) (bans.Ban, erro
 	if err != nil {
 		return bans.Ban{}, fmt.Errorf("rotation: ban: %w", err)
 	}
-	now := r.cfg.Now()
-	addr := bans.Ban{Address: req.Address}.Addr()
-	r.banMu.Lock()
-	r.bans.Add(addr, req.Site, now.Add(req.For.D()), now)
-	r.banMu.Unlock()
+	r.HoldBan(bans.Ban{Address: req.Address}.Addr(), req.Site, req.For.D())
 	reply, err := r.askBan(ctx, body)
 	if err != nil {
 		return bans.Ban{}, err
@@ -78,6 +74,19 @@ func (r *Rotation) AddBan(ctx context.Context, req bans.Request) (bans.Ban, erro
 		return bans.Ban{}, fmt.Errorf("rotation: ban: %w", err)
 	}
 	return b, nil
+}
+
+// HoldBan bans addr for site (as bans.Site gives it) for d in this
+// process only, at once: what AddBan does before it asks health. A
+// caller that asks in the background (a gateway on a rule's ban) holds
+// the ban first, so its next pick already passes addr over.
+func (r *Rotation) HoldBan(addr netip.Addr, site string, d time.Duration) {
+	now := r.cfg.Now()
+	r.banMu.Lock()
+	defer r.banMu.Unlock()
+	if n := r.bans.Add(addr, site, now.Add(d), now); n > 0 {
+		r.log.Warn("bans: the most held reached; the bans ending first were dropped", "dropped", n, "max", r.cfg.MaxBans)
+	}
 }
 
 // RemoveBan asks health to lift the ban of addr for the site of host; it

@@ -170,3 +170,25 @@ func TestHealthAnswersBanRequests(t *testing.T) {
 		t.Errorf("stored %s (%v), answered %+v", e.Value(), err, *r.Ban)
 	}
 }
+
+// A ban held in this process only holds here at once, per site, and ends
+// by the clock.
+func TestHoldBan(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	r, err := newRotation(Config{Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := netip.MustParseAddr("203.0.113.7")
+	r.HoldBan(addr, "shop.example", time.Minute)
+	if !r.Banned(addr, "shop.example") || r.Banned(addr, "other.example") || r.ActiveBans() != 1 {
+		t.Error("a held ban does not hold as it should")
+	}
+	if n := testing.AllocsPerRun(100, func() { r.Banned(addr, "shop.example") }); n != 0 {
+		t.Errorf("Banned allocates %v times", n)
+	}
+	now = now.Add(time.Minute)
+	if r.Banned(addr, "shop.example") || r.ActiveBans() != 0 {
+		t.Error("a held ban outlives its end")
+	}
+}
