@@ -3,16 +3,15 @@ package client
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/bans"
 	"proxyfleet/messages"
+	"proxyfleet/rotation"
 )
 
 // AddBan asks health to store a ban (req.Op and req.V are set here; an
@@ -43,18 +42,7 @@ func (c *Client) askBan(ctx context.Context, req bans.Request) (bans.Reply, erro
 	if err != nil {
 		return bans.Reply{}, fmt.Errorf("ban: %w", err)
 	}
-	msg, err := c.nc.RequestWithContext(ctx, c.subj.Ban(), body)
-	if errors.Is(err, nats.ErrNoResponders) {
-		return bans.Reply{}, fmt.Errorf("ban: no health process answers %s", c.subj.Ban())
-	}
-	if err != nil {
-		return bans.Reply{}, fmt.Errorf("ban: %w", err)
-	}
-	reply, err := bans.DecodeReply(msg.Data)
-	if err != nil {
-		return reply, fmt.Errorf("ban: %w", err)
-	}
-	return reply, nil
+	return rotation.AskBan(ctx, c.nc, c.subj, body)
 }
 
 // BanFilter narrows Bans: to one site (any host, narrowed to its site)

@@ -105,16 +105,28 @@ func (r *Rotation) RemoveBan(ctx context.Context, addr, host string) error {
 
 // askBan sends one request on <prefix>.ban and decodes the answer.
 func (r *Rotation) askBan(ctx context.Context, body []byte) (bans.Reply, error) {
-	msg, err := r.nc.RequestWithContext(ctx, r.subj.Ban(), body)
+	reply, err := AskBan(ctx, r.nc, r.subj, body)
+	if err != nil {
+		return reply, fmt.Errorf("rotation: %w", err)
+	}
+	return reply, nil
+}
+
+// AskBan sends body, a bans.Request as Encode made it, on <prefix>.ban
+// over nc and returns health's answer (bans.DecodeReply: a refusal is a
+// *messages.FieldError). No health process answering is an error saying
+// so. For a program that asks without following the rotation (the CLI).
+func AskBan(ctx context.Context, nc *nats.Conn, subj messages.Subjects, body []byte) (bans.Reply, error) {
+	msg, err := nc.RequestWithContext(ctx, subj.Ban(), body)
 	if errors.Is(err, nats.ErrNoResponders) {
-		return bans.Reply{}, fmt.Errorf("rotation: ban: no health process answers %s", r.subj.Ban())
+		return bans.Reply{}, fmt.Errorf("ban: no health process answers %s", subj.Ban())
 	}
 	if err != nil {
-		return bans.Reply{}, fmt.Errorf("rotation: ban: %w", err)
+		return bans.Reply{}, fmt.Errorf("ban: %w", err)
 	}
 	reply, err := bans.DecodeReply(msg.Data)
 	if err != nil {
-		return reply, fmt.Errorf("rotation: ban: %w", err)
+		return reply, fmt.Errorf("ban: %w", err)
 	}
 	return reply, nil
 }
