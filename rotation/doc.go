@@ -81,8 +81,9 @@
 // site) tells, in O(1) and without allocating, whether an egress address
 // is banned for a request's site (bans.Site of its host). Ban and AddBan
 // ask health, on <prefix>.ban, to store a ban every follower then sees;
-// the ban holds in the asking process at once. BansReady is closed once
-// the bucket was read whole.
+// the ban holds in the asking process at once (HoldBan alone does only
+// that). AskBan sends a request without a Rotation. BansReady is closed
+// once the bucket was read whole.
 //
 // Of proxyfleet it imports only messages, the wire contract, and bans;
 // it needs no more than the client role of deploy/nats/accounts.conf
