@@ -501,7 +501,13 @@ func (c *Client) bucket(ctx context.Context, name string) (jetstream.KeyValue, e
 
 // readBucket calls fn with the current value of every key of kv.
 func readBucket(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.KeyValueEntry) error) error {
-	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	return readKeys(ctx, kv, ">", fn)
+}
+
+// readKeys calls fn with the current value of every key of kv that
+// filter (a key with wildcards) matches.
+func readKeys(ctx context.Context, kv jetstream.KeyValue, filter string, fn func(jetstream.KeyValueEntry) error) error {
+	w, err := kv.Watch(ctx, filter, jetstream.IgnoreDeletes())
 	if err != nil {
 		return err
 	}

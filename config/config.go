@@ -11,6 +11,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"proxyfleet/addrplan"
+	"proxyfleet/bans"
 	"proxyfleet/deny"
 	"proxyfleet/messages"
 )
@@ -332,6 +333,37 @@ type Gateway struct {
 	// refuses those resolving into proxy.deny). Absent (or null):
 	// deny.Default; an empty list: none. DenyList reads it.
 	Deny *[]string `yaml:"deny"`
+	// Rules judge each answer of a proxy (its status, the first BodyPeek
+	// bytes of its body, the time to its first byte), in order: the first
+	// that matches may ban the answering address for the request's site
+	// and retry the request (at most Retries times). See package bans.
+	Rules []bans.RuleSpec `yaml:"rules"`
+	// BodyPeek: the bytes of an answer's body a body rule reads (default
+	// bans.DefaultBodyPeek, 16 KiB), only for the sites a body rule names.
+	BodyPeek int `yaml:"body_peek"`
+	// RetryBodyBytes: the largest request body kept to send again on a
+	// retry (0: the default, bans.DefaultRetryBodyBytes, 64 KiB); a
+	// request with a larger body is not retried once its body has been
+	// sent.
+	RetryBodyBytes int `yaml:"retry_body_bytes"`
+}
+
+// CompiledRules compiles gateway.rules (Validate has refused them already
+// when they are bad; the error names the rule and field).
+func (g Gateway) CompiledRules() (*bans.Rules, error) {
+	rs, err := bans.Compile(g.Rules)
+	if err != nil {
+		return nil, ruleErr(err)
+	}
+	return rs, nil
+}
+
+func ruleErr(err error) error {
+	var re *bans.RuleError
+	if errors.As(err, &re) {
+		return bad(re.Path("gateway.rules"), "%s", re.Reason)
+	}
+	return bad("gateway.rules", "%v", err)
 }
 
 // GatewayUser is one user of the gateway. The password comes from
@@ -498,6 +530,12 @@ func (c *Config) SetDefaults() {
 	setDur(&g.HeaderTimeout, 10*time.Second)
 	if g.MaxUnauthenticated == 0 {
 		g.MaxUnauthenticated = 1024
+	}
+	if g.BodyPeek == 0 {
+		g.BodyPeek = bans.DefaultBodyPeek
+	}
+	if g.RetryBodyBytes == 0 {
+		g.RetryBodyBytes = bans.DefaultRetryBodyBytes
 	}
 	for i := range g.Users {
 		if g.Users[i].MaxConns == 0 {

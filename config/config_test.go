@@ -14,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"proxyfleet/addrplan"
+	"proxyfleet/bans"
 	"proxyfleet/deny"
 )
 
@@ -92,6 +93,15 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "gateway: {connect_timeout: -1s}\n", "gateway.connect_timeout"},
 		{good + "gateway: {deny: [10.0.0.0/8, 'fd00::/8', x]}\n", "gateway.deny[2]"},
 		{good + "gateway: {deny: ['fe80::1%eth0']}\n", "gateway.deny[0]"},
+		{good + "gateway: {rules: [{status: [403], retry: true}, {status: [200, 700], ban: 1m}]}\n", "gateway.rules[1].status[1]"},
+		{good + "gateway: {rules: [{status: [403]}]}\n", "gateway.rules[0].ban"},
+		{good + "gateway: {rules: [{body: captcha, ban: 2h}]}\n", "gateway.rules[0].sites"},
+		{good + "gateway: {rules: [{sites: ['*.shop.example'], body: '(?i', ban: 2h}]}\n", "gateway.rules[0].body"},
+		{good + "gateway: {rules: [{sites: ['shop.example', 'a b'], status: [403], ban: 2h}]}\n", "gateway.rules[0].sites[1]"},
+		{good + "gateway: {rules: [{status: [403], ban: 1ms}]}\n", "gateway.rules[0].ban"},
+		{good + "gateway: {body_peek: -1}\n", "gateway.body_peek"},
+		{good + "gateway: {body_peek: 9999999}\n", "gateway.body_peek"},
+		{good + "gateway: {retry_body_bytes: -1}\n", "gateway.retry_body_bytes"},
 		{strings.Replace(good, "proxy:\n", "proxy:\n  deny: [169.254.0.0/16, example.com]\n", 1), "proxy.deny[1]"},
 		{strings.Replace(good, "proxy:\n", "proxy:\n  deny: ['10.0.0.0/33']\n", 1), "proxy.deny[0]"},
 		{good + "health: {probe_listen: '127.0.0.1:8081'}\n", "health.probe_listen"},
@@ -262,6 +272,29 @@ func TestGatewayDefaultsAndSecrets(t *testing.T) {
 	}
 	if b, _ := yaml.Marshal(c.Gateway); strings.Contains(string(b), "alice-secret") {
 		t.Fatalf("the gateway config shows a password: %s", b)
+	}
+}
+
+// The rules of the issue's example parse, compile and decide.
+func TestGatewayRules(t *testing.T) {
+	c, err := Parse([]byte(good + `gateway:
+  rules:
+    - {status: [403, 429], ban: 30m, retry: true}
+    - {sites: ["*.shop.example"], body: "(?i)captcha", ban: 2h, retry: true}
+    - {status: [503], retry: true}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Gateway.BodyPeek != 16<<10 || c.Gateway.RetryBodyBytes != 64<<10 {
+		t.Errorf("body_peek %d, retry_body_bytes %d: defaults not filled", c.Gateway.BodyPeek, c.Gateway.RetryBodyBytes)
+	}
+	rs, err := c.Gateway.CompiledRules()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rs.Match(bans.Answer{Host: "www.shop.example", Status: 200, Body: []byte("Captcha")}); got.Rule != 1 || got.Ban != 2*time.Hour || !got.Retry {
+		t.Errorf("captcha under shop.example: %+v", got)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"proxyfleet/addrplan"
+	"proxyfleet/bans"
 	"proxyfleet/deny"
 	"proxyfleet/messages"
 )
@@ -388,6 +389,15 @@ func (g Gateway) validate() error {
 	}
 	if g.MaxUnauthenticated < 1 || g.MaxUnauthenticated > 1<<20 {
 		return bad("gateway.max_unauthenticated", "%d is out of range [1, 1048576]", g.MaxUnauthenticated)
+	}
+	if g.BodyPeek < 1 || g.BodyPeek > bans.MaxBodyPeek {
+		return bad("gateway.body_peek", "%d is out of range [1, %d]", g.BodyPeek, bans.MaxBodyPeek)
+	}
+	if g.RetryBodyBytes < 0 || g.RetryBodyBytes > bans.MaxRetryBodyBytes {
+		return bad("gateway.retry_body_bytes", "%d is out of range [0, %d]", g.RetryBodyBytes, bans.MaxRetryBodyBytes)
+	}
+	if _, err := g.CompiledRules(); err != nil {
+		return err
 	}
 	return validateDeny("gateway.deny", g.Deny)
 }

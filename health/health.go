@@ -265,6 +265,7 @@ type Health struct {
 	feed        feedStats
 	snap        snapState
 	pages       map[string]uint64 // page requests by outcome
+	bans        banState          // the answers to <prefix>.ban (bans.go)
 	http        httpCache
 	httpAnswers map[string]uint64 // GET /rotation by answer
 

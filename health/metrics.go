@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"proxyfleet/bans"
 	"proxyfleet/messages"
 )
 
@@ -70,6 +71,9 @@ type Metrics struct {
 	SnapshotBytes                int
 	// HTTP counts GET /rotation by answer (HTTPSnapshot, ...).
 	HTTP map[string]uint64
+	// BanRequests counts the requests on <prefix>.ban by result
+	// (BanAdded, ...); Bans the bans stored, by source (bans.Sources).
+	BanRequests, Bans map[string]uint64
 }
 
 // feedStats counts the feed's messages.
@@ -165,6 +169,7 @@ func (h *Health) Metrics() Metrics {
 		SnapshotBytes:     h.view.snapshotSize(),
 		HTTP:              maps.Clone(h.httpAnswers),
 	}
+	m.BanRequests, m.Bans = h.banMetrics()
 	for k, v := range h.probeStats.results {
 		m.Probes[k] = v
 	}
@@ -253,6 +258,8 @@ var (
 	descReports    = prometheus.NewDesc("proxyfleet_health_reports_total", "Reports of proxies by consumers of the rotation, by outcome: probed (at once), limited (dropped by the per-proxy interval or the rate), stale (an old address), unknown (no such proxy being probed), invalid.", []string{"outcome"}, nil)
 	descPages      = prometheus.NewDesc("proxyfleet_rotation_pages_total", "Requests for a page of the rotation, by result: served, invalid (the request refused), standby (asked of a process that no longer publishes).", []string{"result"}, nil)
 	descHTTP       = prometheus.NewDesc("proxyfleet_rotation_http_total", "GET /rotation by answer: snapshot (the whole rotation; also for ?since=V when the changes since V are no longer kept), changes, not_modified.", []string{"answer"}, nil)
+	descBanReqs    = prometheus.NewDesc("proxyfleet_ban_requests_total", "Requests on <prefix>.ban by result: added, removed, invalid (the request refused), failed (the bucket could not be written).", []string{"result"}, nil)
+	descBans       = prometheus.NewDesc("proxyfleet_bans_total", "Bans stored, by source: rule (a gateway's rule), cli, header (a gateway's client), library.", []string{"source"}, nil)
 	descReady      = prometheus.NewDesc("proxyfleet_health_ready", "1 while the health process is ready (as /readyz): caught up, publishing or standing by, its streams and buckets there.", nil, nil)
 )
 
@@ -269,6 +276,8 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descPages
 	ch <- descHTTP
 	ch <- descReady
+	ch <- descBanReqs
+	ch <- descBans
 	c.h.probeLatency.Describe(ch)
 }
 
@@ -297,6 +306,12 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, r := range pageResults {
 		ch <- prometheus.MustNewConstMetric(descPages, prometheus.CounterValue, float64(m.Pages[r]), r)
+	}
+	for _, r := range banResults {
+		ch <- prometheus.MustNewConstMetric(descBanReqs, prometheus.CounterValue, float64(m.BanRequests[r]), r)
+	}
+	for _, src := range bans.Sources {
+		ch <- prometheus.MustNewConstMetric(descBans, prometheus.CounterValue, float64(m.Bans[src]), src)
 	}
 	for _, a := range httpAnswers {
 		ch <- prometheus.MustNewConstMetric(descHTTP, prometheus.CounterValue, float64(m.HTTP[a]), a)

@@ -117,6 +117,11 @@ func (h *Health) start(ctx context.Context) error {
 		closeListeners()
 		return fmt.Errorf("health: subscribe to %s: %w", h.subj.ReportAll(), err)
 	}
+	if err := h.subscribeBans(); err != nil {
+		h.unsubscribeReports()
+		closeListeners()
+		return fmt.Errorf("health: subscribe to %s: %w", h.subj.Ban(), err)
+	}
 	if err := h.bind(ctx); err != nil {
 		if errors.Is(err, errMismatch) || ctx.Err() != nil {
 			closeListeners()
@@ -197,6 +202,7 @@ func (h *Health) stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 	defer cancel()
 	h.unsubscribeReports()
+	h.unsubscribeBans()
 	// The keeper stops consuming and deletes its consumer; the loop
 	// releases the lease.
 	h.cancel()

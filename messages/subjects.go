@@ -128,3 +128,7 @@ func (s Subjects) RotationChanges() string { return s.join("rotation", "changes"
 // RotationGet is <prefix>.rotation.get, where the publishing health process
 // answers the rotation in pages (RotationGet, RotationPage).
 func (s Subjects) RotationGet() string { return s.join("rotation", "get") }
+
+// Ban is <prefix>.ban, where health answers requests to add or remove a
+// ban (package bans, Request and Reply).
+func (s Subjects) Ban() string { return s.join("ban") }

@@ -77,7 +77,16 @@
 // Pick and PickSession allocate nothing on success. Proxies (a sorted copy)
 // is for listing, not for the request path.
 //
-// Of proxyfleet it imports only messages, the wire contract; it needs no
-// more than the client role of deploy/nats/accounts.conf (subscribing to
-// the feed, asking for its pages, publishing reports).
+// Run also follows PROXY_BANS (package bans) into memory: Banned(addr,
+// site) tells, in O(1) and without allocating, whether an egress address
+// is banned for a request's site (bans.Site of its host). Ban and AddBan
+// ask health, on <prefix>.ban, to store a ban every follower then sees;
+// the ban holds in the asking process at once (HoldBan alone does only
+// that). AskBan sends a request without a Rotation. BansReady is closed
+// once the bucket was read whole.
+//
+// Of proxyfleet it imports only messages, the wire contract, and bans;
+// it needs no more than the client role of deploy/nats/accounts.conf
+// (subscribing to the feed, asking for its pages, publishing reports,
+// asking for bans and reading PROXY_BANS).
 package rotation

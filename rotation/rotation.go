@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"proxyfleet/bans"
 	"proxyfleet/messages"
 )
 
@@ -95,8 +96,11 @@ type Config struct {
 	// pages (default 5s; the first waits RetryMax/50).
 	RetryMax time.Duration
 	Logger   *slog.Logger
-	// Now is the clock of cooldowns and reports (default time.Now).
+	// Now is the clock of cooldowns, reports and bans (default time.Now).
 	Now func() time.Time
+	// MaxBans bounds the bans held in memory (default
+	// bans.DefaultMaxEntries); past it the bans ending first are dropped.
+	MaxBans int
 }
 
 // Stats are counters of a Rotation's life.
@@ -139,6 +143,13 @@ type Rotation struct {
 	version   atomic.Uint64
 
 	ready chan struct{}
+
+	// The bans followed from PROXY_BANS (bans.go).
+	banMu          sync.RWMutex
+	bans           *bans.Set
+	bansNextExpire time.Time // with banMu
+	bansReady      chan struct{}
+	bansReadyOnce  sync.Once
 
 	runMu     sync.Mutex
 	running   bool
@@ -199,11 +210,13 @@ func newRotation(cfg Config) (*Rotation, error) {
 	}
 	return &Rotation{
 		cfg: cfg, subj: cfg.Subjects,
-		log:     cfg.Logger.With("component", "rotation"),
-		idx:     newIndex(),
-		cool:    map[string]time.Time{},
-		changed: make(chan struct{}),
-		ready:   make(chan struct{}),
+		log:       cfg.Logger.With("component", "rotation"),
+		idx:       newIndex(),
+		cool:      map[string]time.Time{},
+		changed:   make(chan struct{}),
+		ready:     make(chan struct{}),
+		bans:      bans.NewSet(cfg.MaxBans),
+		bansReady: make(chan struct{}),
 	}, nil
 }
 
@@ -239,7 +252,15 @@ func (r *Rotation) follow(ctx context.Context) error {
 	cancel, done := r.runCancel, r.runDone
 	r.runMu.Unlock()
 
+	banCtx, stopBans := context.WithCancel(ctx)
+	bansDone := make(chan struct{})
+	go func() {
+		defer close(bansDone)
+		r.followBans(banCtx)
+	}()
 	err := r.followFeed(ctx)
+	stopBans()
+	<-bansDone
 	cancel()
 
 	r.runMu.Lock()

@@ -172,6 +172,16 @@ var bucketFields = []field[jetstream.StreamConfig]{
 	{name: "replicas",
 		show: func(c *jetstream.StreamConfig) string { return fmt.Sprint(max(c.Replicas, 1)) },
 		set:  func(d, w *jetstream.StreamConfig) { d.Replicas = w.Replicas }},
+	{name: "allow_msg_ttl",
+		show:   func(c *jetstream.StreamConfig) string { return fmt.Sprint(c.AllowMsgTTL) },
+		set:    func(d, w *jetstream.StreamConfig) { d.AllowMsgTTL = w.AllowMsgTTL },
+		manage: func(w *jetstream.StreamConfig) bool { return w.AllowMsgTTL }},
+	{name: "limit_marker_ttl",
+		show: func(c *jetstream.StreamConfig) string { return showDur(c.SubjectDeleteMarkerTTL) },
+		set: func(d, w *jetstream.StreamConfig) {
+			d.AllowMsgTTL, d.SubjectDeleteMarkerTTL = d.AllowMsgTTL || w.AllowMsgTTL, w.SubjectDeleteMarkerTTL
+		},
+		manage: func(w *jetstream.StreamConfig) bool { return w.SubjectDeleteMarkerTTL != 0 }},
 }
 
 // BucketStreamConfig is the part of the stream behind bucket kc that
@@ -180,6 +190,7 @@ func BucketStreamConfig(kc jetstream.KeyValueConfig) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name: BucketStream(kc.Bucket), MaxMsgsPerSubject: int64(max(kc.History, 1)),
 		MaxAge: kc.TTL, Storage: kc.Storage, Replicas: kc.Replicas,
+		AllowMsgTTL: kc.LimitMarkerTTL > 0, SubjectDeleteMarkerTTL: kc.LimitMarkerTTL,
 	}
 }
 

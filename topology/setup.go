@@ -276,6 +276,10 @@ func kvStreamConfig(kc jetstream.KeyValueConfig, first uint64) jetstream.StreamC
 		AllowDirect:       true,
 		Discard:           jetstream.DiscardNew,
 		FirstSeq:          first,
+		// A bucket whose keys carry their own TTL (LimitMarkerTTL), as
+		// jetstream's CreateKeyValue makes it.
+		AllowMsgTTL:            kc.LimitMarkerTTL > 0,
+		SubjectDeleteMarkerTTL: kc.LimitMarkerTTL,
 	}
 }
 

@@ -120,7 +120,17 @@ func (t Topology) Buckets() []jetstream.KeyValueConfig {
 		{Bucket: messages.BucketWorkers, Description: "worker heartbeats: the membership hosts are shared over", History: 1, TTL: WorkersTTL, Storage: jetstream.FileStorage, Replicas: t.Replicas},
 		{Bucket: messages.BucketHosts, Description: "per-host records: room reserved, quarantine", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas},
 		{Bucket: messages.BucketChecks, Description: "what health's probes found per proxy: egress, refusals", History: 1, Storage: jetstream.FileStorage, Replicas: t.Replicas},
-	}, t.poolBuckets()...)
+	}, append(t.poolBuckets(), t.banBuckets()...)...)
+}
+
+// banBuckets is PROXY_BANS: one entry per ban, which expires by its own
+// TTL (JetStream's per-message TTL, nats-server 2.11+), so nothing sweeps
+// it; the marker its expiry leaves tells every watcher.
+func (t Topology) banBuckets() []jetstream.KeyValueConfig {
+	return []jetstream.KeyValueConfig{
+		{Bucket: messages.BucketBans, Description: "bans of an egress address for a site, each with its own TTL", History: 1,
+			LimitMarkerTTL: messages.BansMarkerTTL, Storage: jetstream.FileStorage, Replicas: t.Replicas},
+	}
 }
 
 // BucketStream is the name of the stream behind KV bucket b.

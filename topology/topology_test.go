@@ -47,8 +47,8 @@ func TestSetupCreatesThenUpdates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(changes) != 14 {
-		t.Fatalf("first setup made %d changes, want 14 creations: %v", len(changes), changes)
+	if len(changes) != 15 {
+		t.Fatalf("first setup made %d changes, want 15 creations: %v", len(changes), changes)
 	}
 	for _, c := range changes {
 		if !c.Created {
@@ -91,6 +91,43 @@ func TestSetupCreatesThenUpdates(t *testing.T) {
 	st, err := js.Stream(ctx, messages.StreamResults)
 	if err != nil || st.CachedInfo().Config.MaxAge != 2*time.Hour {
 		t.Fatalf("PROXY_RESULTS after the update: %+v, %v", st.CachedInfo().Config, err)
+	}
+}
+
+// PROXY_BANS lets each entry carry its TTL and leaves a marker when one
+// expires; a bucket made without those gets them in place.
+func TestBansBucketHasPerKeyTTL(t *testing.T) {
+	_, js := natstest.Start(t).Connect(t)
+	ctx := ctxFor(t, 20*time.Second)
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: messages.BucketBans, History: 1}); err != nil {
+		t.Fatal(err)
+	}
+	changes, err := (topology.Topology{Subjects: subj}).Setup(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var updated string
+	for _, c := range changes {
+		if c.Name == messages.BucketBans {
+			updated = c.String()
+		}
+	}
+	if want := "updated bucket PROXY_BANS: allow_msg_ttl false → true, limit_marker_ttl 0 → 10m0s"; updated != want {
+		t.Errorf("set-up of an old PROXY_BANS: %q, want %q", updated, want)
+	}
+	st, err := js.Stream(ctx, topology.BucketStream(messages.BucketBans))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := st.CachedInfo().Config; !c.AllowMsgTTL || c.SubjectDeleteMarkerTTL != messages.BansMarkerTTL {
+		t.Errorf("PROXY_BANS: allow_msg_ttl %v, marker TTL %s", c.AllowMsgTTL, c.SubjectDeleteMarkerTTL)
+	}
+	kv, err := js.KeyValue(ctx, messages.BucketBans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Create(ctx, "k", []byte("v"), jetstream.KeyTTL(time.Second)); err != nil {
+		t.Fatalf("a key with its own TTL: %v", err)
 	}
 }
 

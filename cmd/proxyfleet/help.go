@@ -135,6 +135,25 @@ var helps = map[string]helpText{
 		more:     "Fresh addresses on demand. With --wait, exits once every member named was replaced and deleted.",
 		examples: []string{"proxyfleet pool recycle eu --all --wait", "proxyfleet pool recycle eu eu-a1b2c3 eu-d4e5f6"},
 	},
+	"ban": {
+		args: "add | ls | rm", summary: "ban an egress address for a site (its registrable domain), list the bans, lift one",
+		examples: []string{"proxyfleet ban add 203.0.113.7 shop.example --for 30m --reason captcha", "proxyfleet ban ls --site shop.example"},
+	},
+	"ban add": {
+		args: "ADDRESS SITE", summary: "ban the egress address ADDRESS for the site of SITE (any host of it) for --for",
+		more: "Health stores the ban in PROXY_BANS, where it ends by itself; every gateway and follower of the rotation\n" +
+			"passes the address over for that site within a second. A new ban of the same address and site replaces\n" +
+			"the old one, shorter or longer. An address is never banned everywhere: bans are per site.",
+		examples: []string{"proxyfleet ban add 203.0.113.7 www.shop.example --for 30m --reason captcha", "proxyfleet ban add 2001:db8::7 shop.example --for 2h --json"},
+	},
+	"ban ls": {
+		summary:  "list the active bans: site, address, time left, source, who asked and why",
+		examples: []string{"proxyfleet ban ls", "proxyfleet ban ls --site shop.example", "proxyfleet ban ls --address 203.0.113.7 --json"},
+	},
+	"ban rm": {
+		args: "ADDRESS SITE", summary: "lift the ban of ADDRESS for the site of SITE (no error if there is none)",
+		examples: []string{"proxyfleet ban rm 203.0.113.7 shop.example"},
+	},
 	"version": {
 		summary:  "print proxyfleet's version, commit and Go version",
 		examples: []string{"proxyfleet version", "proxyfleet version --json"},

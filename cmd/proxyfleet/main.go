@@ -31,6 +31,9 @@ Usage:
   proxyfleet pool     ls [--json]
   proxyfleet pool     rm NAME [--wait]
   proxyfleet pool     recycle NAME (ID... | --all) [--wait]
+  proxyfleet ban     add ADDRESS SITE --for D [--reason R]
+  proxyfleet ban     ls [--site S] [--address A]
+  proxyfleet ban     rm ADDRESS SITE
   proxyfleet version
   proxyfleet completion bash|zsh
 
@@ -89,7 +92,7 @@ func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.
 		return runGateway(ctx, args, stdout, stderr)
 	case "pools":
 		return runPools(ctx, args, stdout, stderr)
-	case "dead", "pool":
+	case "dead", "pool", "ban":
 		if len(args) > 0 {
 			if v, ok := findVerb(cmd + " " + args[0]); ok {
 				return runVerb(ctx, v, args[1:], stdout, stderr)

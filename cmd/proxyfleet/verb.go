@@ -61,6 +61,11 @@ var verbs = []verb{
 	{name: "pool ls", timeout: timeoutRead, new: func() command { return &poolLsCmd{} }},
 	{name: "pool rm", id: true, timeout: timeoutSend, new: func() command { return &poolRmCmd{} }},
 	{name: "pool recycle", more: true, timeout: timeoutSend, new: func() command { return &poolRecycleCmd{} }},
+	// Bans (verb_ban.go): the ID is the address, the one argument more
+	// the site.
+	{name: "ban add", more: true, timeout: timeoutRead, new: func() command { return &banAddCmd{} }},
+	{name: "ban ls", timeout: timeoutRead, new: func() command { return &banLsCmd{} }},
+	{name: "ban rm", more: true, timeout: timeoutRead, new: func() command { return &banRmCmd{} }},
 }
 
 // findVerb returns the client verb called name.

@@ -106,16 +106,26 @@ func (r *rotationCmd) run(ctx context.Context, in *invocation) error {
 		rot messages.Rotation
 		err error
 	)
+	var cl *client.Client
 	if r.httpURL != "" {
 		rot, err = client.RotationURL(ctx, http.DefaultClient, r.httpURL)
-	} else {
-		var cl *client.Client
-		if cl, err = in.client(); err == nil {
-			rot, err = cl.Rotation(ctx)
-		}
+	} else if cl, err = in.client(); err == nil {
+		rot, err = cl.Rotation(ctx)
 	}
 	if err != nil {
 		return err
 	}
-	return in.output(rot, func() error { return client.PrintRotation(in.stdout, rot) })
+	return in.output(rot, func() error {
+		if err := client.PrintRotation(in.stdout, rot); err != nil || cl == nil {
+			return err
+		}
+		// The bans, over NATS only: a count, `ban ls` lists them.
+		bs, err := cl.Bans(ctx, client.BanFilter{})
+		if err != nil {
+			fmt.Fprintf(in.stderr, "bans: not read: %v\n", err)
+			return nil
+		}
+		_, err = fmt.Fprintf(in.stdout, "%d active bans (proxyfleet ban ls)\n", len(bs))
+		return err
+	})
 }

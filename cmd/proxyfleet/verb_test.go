@@ -73,9 +73,7 @@ func TestClientVerbs(t *testing.T) {
 	}
 	want := func(what string, ok bool, stdout, stderr string) {
 		t.Helper()
-		if !ok {
-			t.Fatalf("%s\nstdout:\n%s\nstderr:\n%s", what, stdout, stderr)
-		}
+		wantCLI(t, what, ok, stdout, stderr)
 	}
 
 	// Usage errors exit 2 and name the form.

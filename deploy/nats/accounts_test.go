@@ -12,6 +12,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -22,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"proxyfleet/bans"
 	"proxyfleet/client"
 	"proxyfleet/fleet"
 	"proxyfleet/health"
@@ -29,6 +31,7 @@ import (
 	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
 	"proxyfleet/pool"
+	"proxyfleet/rotation"
 	"proxyfleet/sim"
 	"proxyfleet/topology"
 	"proxyfleet/worker"
@@ -272,15 +275,19 @@ var (
 		undo: undoConsumer(messages.StreamPoolCommands, topology.PoolsConsumer)}
 	pubWork = op{name: "publish a work item", subject: "proxy.work.h1.intruder", body: "{}",
 		undo: undoPurgeSubject(messages.StreamWork, "proxy.work.h1.intruder")}
+	putBan = op{name: "kv put PROXY_BANS", subject: "$KV.PROXY_BANS.203-0-113-9.intruder.example", body: "{}",
+		undo: undoKey(messages.BucketBans, "203-0-113-9.intruder.example")}
+	subBan = op{name: "answer ban requests", subject: "proxy.ban", sub: true}
 )
 
 var forbidden = map[string][]op{
 	"client": {rmIntake, rmWork, rmStream, purgeStream, addStream, editStream, addDurable, getCommand, getDesired,
-		directDesired, putRotation, putChecks, putDesired, pubState, pubRotation, pubFeed, subPages, subWorker, subHealth, subWork, putPool, rmPools, subPools},
+		directDesired, putRotation, putChecks, putDesired, pubState, pubRotation, pubFeed, subPages, subWorker, subHealth, subWork, putPool, rmPools, subPools,
+		putBan, subBan},
 	"pools": {rmIntake, rmWork, rmPools, rmStream, purgeStream, addStream, editStream, addDurable, getCommand, putDesired, putRotation,
-		putChecks, putHost, putHealthLease, pubState, pubRotation, pubFeed, subPages, pubWork, subWorker, subClient, subHealth},
+		putChecks, putHost, putHealthLease, pubState, pubRotation, pubFeed, subPages, pubWork, subWorker, subClient, subHealth, putBan, subBan},
 	"worker": {rmIntake, rmWork, rmStream, purgeStream, addStream, editStream, addDurable, putRotation, putChecks, putLeases,
-		pubRotation, pubFeed, subPages, subClient, subHealth, putPool, rmPools},
+		pubRotation, pubFeed, subPages, subClient, subHealth, putPool, rmPools, putBan, subBan},
 	"health": {rmIntake, rmWork, rmStream, purgeStream, addStream, editStream, addDurable, putDesired, pubState,
 		pubCommand, subWorker, subClient, putPool},
 }
@@ -394,6 +401,8 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 		t.Fatalf("reports refused: client %v, health %v", cc.refusals(), hc.refusals())
 	}
 
+	banWork(t, ctx, s, cl, quiet)
+
 	// A VM leaks behind p1's delete: the worker's sweep, which reads the
 	// record through the stream leader before it deletes, removes it
 	// under the worker's permissions.
@@ -469,6 +478,60 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 	for _, c := range []*conn{admin, hc, wc, cc, pc} {
 		if r := c.refusals(); len(r) > 0 {
 			t.Errorf("%s's own work was refused: %v", c.user, r)
+		}
+	}
+}
+
+// banWork asks for a ban as the client user, through a follower of the
+// rotation (health, as health, stores it), which another follower, as
+// the client user too, then honours; then lifts it. Then the client
+// verbs add, list and lift one.
+func banWork(t *testing.T, ctx context.Context, s *suite, cl *client.Client, quiet *slog.Logger) {
+	t.Helper()
+	var rots []*rotation.Rotation
+	var conns []*conn
+	for range 2 {
+		fc := s.connect("client")
+		rot, err := rotation.Follow(ctx, fc.nc, rotation.Config{Subjects: subj, Logger: quiet})
+		if err != nil {
+			t.Fatalf("follow the rotation as client: %v", err)
+		}
+		defer func() { _ = rot.Close() }()
+		rots, conns = append(rots, rot), append(conns, fc)
+	}
+	if err := rots[0].Ban("203.0.113.7", "www.shop.example", time.Hour); err != nil {
+		t.Fatalf("ban as client: %v", err)
+	}
+	poll.Until(t, "another follower, as client, to honour the ban", 20*time.Second, func() bool {
+		return rots[1].Banned(netip.MustParseAddr("203.0.113.7"), "shop.example")
+	})
+	if err := rots[1].RemoveBan(ctx, "203.0.113.7", "shop.example"); err != nil {
+		t.Fatalf("unban as client: %v", err)
+	}
+	poll.Until(t, "the first follower to see the ban lifted", 20*time.Second, func() bool {
+		return !rots[0].Banned(netip.MustParseAddr("203.0.113.7"), "shop.example")
+	})
+
+	// The client verbs: ban add, ls and rm.
+	b, err := cl.AddBan(ctx, bans.Request{Address: "2001:db8::7", Site: "shop.example", For: messages.Duration(time.Hour), Reason: "captcha"})
+	if err != nil {
+		t.Fatalf("ban add as client: %v", err)
+	}
+	poll.Until(t, "a follower to honour the client's ban", 20*time.Second, func() bool {
+		return rots[0].Banned(netip.MustParseAddr("2001:db8::7"), "shop.example")
+	})
+	if got, err := cl.Bans(ctx, client.BanFilter{Site: "shop.example"}); err != nil || len(got) != 1 || got[0] != b {
+		t.Fatalf("ban ls as client: %+v %v; want %+v", got, err, b)
+	}
+	if err := cl.RemoveBan(ctx, "2001:db8::7", "shop.example"); err != nil {
+		t.Fatalf("ban rm as client: %v", err)
+	}
+	poll.Until(t, "a follower to see the client's ban lifted", 20*time.Second, func() bool {
+		return !rots[1].Banned(netip.MustParseAddr("2001:db8::7"), "shop.example")
+	})
+	for _, fc := range conns {
+		if r := fc.refusals(); len(r) > 0 {
+			t.Errorf("the follower's work was refused: %v", r)
 		}
 	}
 }

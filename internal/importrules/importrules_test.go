@@ -40,7 +40,10 @@ var rules = []rule{
 	// The destinations refused are one list, read alike by the config,
 	// the gateway and the guests' configuration: pure, it leans on nothing.
 	{pkg: "deny", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
-	{pkg: "config", allow: []string{"messages", "addrplan", "fleet", "deny"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	// Bans and rules are pure decisions the config, the followers of the
+	// rotation and health all read: they lean on the contract only.
+	{pkg: "bans", allow: []string{"messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	{pkg: "config", allow: []string{"messages", "addrplan", "fleet", "deny", "bans"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	// Address plans and their assignments are pure decisions: the worker
 	// and the config both lean on them, and they on nothing that runs.
 	{pkg: "addrplan", allow: []string{"fleet", "messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
@@ -54,21 +57,21 @@ var rules = []rule{
 	{pkg: "topology", allow: []string{"messages", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// Hosts reach the worker as Providers, never as a driver it imports.
 	{pkg: "worker", allow: []string{"addrplan", "fleet", "messages", "topology", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
-	{pkg: "health", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "health", allow: []string{"messages", "bans", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// A client reads the contract, and the rotation through its library,
 	// never the worker's insides.
-	{pkg: "client", allow: []string{"messages", "rotation", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "client", allow: []string{"messages", "rotation", "internal/jsapi", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// A program that uses the fleet needs the contract and NATS, nothing
 	// of how the fleet is run.
-	{pkg: "rotation", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "rotation", allow: []string{"messages", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// The clients' one address: it reads the rotation through a Picker
 	// it declares (package rotation implements it), never health's or
 	// the worker's insides.
-	{pkg: "gateway", allow: []string{"messages", "rotation", "deny"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "gateway", allow: []string{"messages", "rotation", "deny", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// The pool controller keeps pools by the commands any client may
 	// send, reading the rotation through its library: nothing of the
 	// worker's or health's insides.
-	{pkg: "pool", allow: []string{"messages", "rotation", "topology", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "pool", allow: []string{"messages", "rotation", "topology", "internal/jsapi", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// The guest's program stands alone.
 	{pkg: "testguest"},
 }
