@@ -40,6 +40,16 @@ type Config struct {
 	// tried on another proxy, as one whose connect failed; it includes
 	// the target's time to answer, so it is long.
 	ResponseTimeout time.Duration
+	// FirstByteTimeout (default 3s or ResponseTimeout if shorter; at
+	// least 500ms or ResponseTimeout, at most ResponseTimeout) is how long a connection to a proxy may carry a
+	// request without a sign of life before the proxy is taken for dead:
+	// bytes sent on it unacknowledged and nothing from the proxy for that
+	// long. The request is then tried on another proxy at once if it can
+	// be sent again (no byte of an answer reached the client, and no body
+	// or one the gateway holds whole), and the proxy is reported. A proxy
+	// that acknowledges is waited for up to ResponseTimeout, however slow
+	// its target.
+	FirstByteTimeout time.Duration
 	// RetryAfter is the Retry-After of the 503 answered when no proxy
 	// matches (default 5s; sent in whole seconds, at least 1).
 	RetryAfter time.Duration
@@ -104,9 +114,14 @@ type User struct {
 
 // Defaults of Config.
 const (
-	DefaultRetries            = 2
-	DefaultConnectTimeout     = 5 * time.Second
-	DefaultResponseTimeout    = 30 * time.Second
+	DefaultRetries          = 2
+	DefaultConnectTimeout   = 5 * time.Second
+	DefaultResponseTimeout  = 30 * time.Second
+	DefaultFirstByteTimeout = 3 * time.Second
+	// MinFirstByteTimeout is FirstByteTimeout's least value: a live
+	// proxy's acknowledgement may take a few round trips and a
+	// retransmission.
+	MinFirstByteTimeout       = 500 * time.Millisecond
 	DefaultRetryAfter         = 5 * time.Second
 	DefaultDrainTimeout       = 5 * time.Second
 	DefaultHandshakeTimeout   = 10 * time.Second
@@ -130,6 +145,7 @@ func (c Config) WithDefaults() Config {
 	}
 	setDur(&c.ConnectTimeout, DefaultConnectTimeout)
 	setDur(&c.ResponseTimeout, DefaultResponseTimeout)
+	setDur(&c.FirstByteTimeout, min(DefaultFirstByteTimeout, c.ResponseTimeout))
 	setDur(&c.RetryAfter, DefaultRetryAfter)
 	setDur(&c.DrainTimeout, DefaultDrainTimeout)
 	setDur(&c.HandshakeTimeout, DefaultHandshakeTimeout)
@@ -255,6 +271,9 @@ func (c Config) Validate() error {
 		if d.v < 0 {
 			return bad(d.f, "%s is negative", d.v)
 		}
+	}
+	if c.FirstByteTimeout < min(MinFirstByteTimeout, c.ResponseTimeout) || c.FirstByteTimeout > c.ResponseTimeout {
+		return bad("gateway.first_byte_timeout", "%s is out of range [%s, gateway.response_timeout %s]", c.FirstByteTimeout, MinFirstByteTimeout, c.ResponseTimeout)
 	}
 	if c.UpstreamUser == "" && c.UpstreamPassword != "" {
 		return bad("proxy.auth.user", "required with a password")

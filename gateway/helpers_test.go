@@ -262,6 +262,7 @@ type fakePicker struct {
 	reports  []report
 	inFlight map[string]int
 	sels     []Selector
+	changed  chan struct{} // closed at the next remove
 }
 
 func newPicker(ps ...Proxy) *fakePicker {
@@ -352,6 +353,38 @@ func (f *fakePicker) Len() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return len(f.proxies)
+}
+
+func (f *fakePicker) Get(id string) (Proxy, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, p := range f.proxies {
+		if p.ID == id {
+			return p, true
+		}
+	}
+	return Proxy{}, false
+}
+
+func (f *fakePicker) Changed() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.changed == nil {
+		f.changed = make(chan struct{})
+	}
+	return f.changed
+}
+
+// remove takes proxy id out, as health does with a dead one: its
+// sessions move, and the rotation's change is announced.
+func (f *fakePicker) remove(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.proxies = slices.DeleteFunc(f.proxies, func(p Proxy) bool { return p.ID == id })
+	if f.changed != nil {
+		close(f.changed)
+		f.changed = nil
+	}
 }
 
 func (f *fakePicker) gotReports() []report {

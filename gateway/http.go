@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/netip"
 	"net/url"
 	"strconv"
@@ -326,15 +328,44 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 		return
 	}
 	hasBody := r.Body != nil && r.Body != http.NoBody
+	// A small body of known length is held whole, so another proxy
+	// may be sent it.
+	var held []byte
+	if hasBody && r.ContentLength >= 0 && r.ContentLength <= maxHeldBody {
+		held = make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(r.Body, held); err != nil {
+			g.m.request(kindHTTP, outcomeClientGone).Inc()
+			g.log.Debug("gateway: client left while its body was read", "err", err)
+			return
+		}
+	}
 	var resp *http.Response
 	var up int64
 	var egress netip.Addr
+	var cancels []context.CancelCauseFunc
+	defer func() {
+		for _, c := range cancels {
+			c(nil)
+		}
+	}()
 	p, err := g.attempts(ctx, kindHTTP, r.URL.Hostname(), o, func(p Proxy) (bool, error) {
 		pu := &url.URL{Scheme: "http", Host: p.Addr}
 		if g.cfg.UpstreamUser != "" {
 			pu.User = url.UserPassword(g.cfg.UpstreamUser, g.cfg.UpstreamPassword)
 		}
-		out := r.Clone(context.WithValue(ctx, proxyURLKey{}, pu))
+		// The attempt is a flight (failover.go): ended early, its
+		// context is cancelled. The answer's body is read under it, so
+		// it is cancelled only once the handler returns.
+		actx, cancel := context.WithCancelCause(ctx)
+		cancels = append(cancels, cancel)
+		f := g.begin(p, func() { cancel(nil) })
+		actx = httptrace.WithClientTrace(actx, &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
+			f.carry(info.Conn, time.Now())
+			if info.Reused && idleDead(info.Conn, info.IdleTime) {
+				f.end(errSilent)
+			}
+		}})
+		out := r.Clone(context.WithValue(actx, proxyURLKey{}, pu))
 		out.RequestURI = ""
 		out.Host = r.URL.Host // the authority checked above (net/http's r.Host for an absolute URI)
 		out.Close = false
@@ -343,19 +374,32 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 			out.Header.Set(HeaderEgress, egress.String())
 		}
 		var tb *trackedBody
-		if hasBody {
+		if held != nil {
+			out.Body = io.NopCloser(bytes.NewReader(held))
+		} else if hasBody {
 			tb = &trackedBody{rc: r.Body}
 			out.Body = tb
 		} else {
 			out.Body = nil
 		}
 		rsp, err := g.transport.RoundTrip(out)
+		g.land(f)
 		if tb != nil {
 			up += tb.read.Load()
+		} else if err == nil {
+			up += int64(len(held))
 		}
 		// Another attempt may follow if the request can be sent again:
 		// it has no body, or the proxy took none of it.
-		retryable := !hasBody || tb.read.Load() == 0
+		retryable := tb == nil || tb.read.Load() == 0
+		if fe := f.err(); fe != nil && ctx.Err() == nil {
+			// Ended by the watcher (if just as the answer came, its
+			// context is cancelled all the same).
+			if err == nil {
+				rsp.Body.Close()
+			}
+			return retryable, fe
+		}
 		if err != nil {
 			return retryable, err
 		}
