@@ -309,6 +309,11 @@ type Gateway struct {
 	// default (gateway.DefaultFirstByteTimeout, 3s); at most
 	// response_timeout.
 	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
+	// IdleTimeout: a CONNECT or SOCKS5 tunnel, or a request's body being
+	// received, that carries no byte in either direction for this long
+	// is closed. 0: the gateway's default (gateway.DefaultIdleTimeout,
+	// 5m).
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
 	// Cooldown: a proxy this gateway reported is passed over for this long
 	// (unless no other matches), default 10s.
 	Cooldown time.Duration `yaml:"cooldown"`

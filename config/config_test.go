@@ -92,6 +92,7 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "gateway: {connect_timeout: -1s}\n", "gateway.connect_timeout"},
 		{good + "gateway: {first_byte_timeout: -1s}\n", "gateway.first_byte_timeout"},
 		{good + "gateway: {first_byte_timeout: 40s}\n", "gateway.first_byte_timeout"},
+		{good + "gateway: {idle_timeout: -1s}\n", "gateway.idle_timeout"},
 		{good + "gateway: {deny: [10.0.0.0/8, 'fd00::/8', x]}\n", "gateway.deny[2]"},
 		{good + "gateway: {deny: ['fe80::1%eth0']}\n", "gateway.deny[0]"},
 		{strings.Replace(good, "proxy:\n", "proxy:\n  deny: [169.254.0.0/16, example.com]\n", 1), "proxy.deny[1]"},

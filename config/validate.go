@@ -73,6 +73,7 @@ func (c *Config) Validate() error {
 		{"gateway.connect_timeout", c.Gateway.ConnectTimeout},
 		{"gateway.response_timeout", c.Gateway.ResponseTimeout},
 		{"gateway.first_byte_timeout", c.Gateway.FirstByteTimeout},
+		{"gateway.idle_timeout", c.Gateway.IdleTimeout},
 		{"gateway.cooldown", c.Gateway.Cooldown},
 		{"gateway.header_timeout", c.Gateway.HeaderTimeout},
 	} {

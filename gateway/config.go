@@ -74,8 +74,14 @@ type Config struct {
 	// credential (default 1024): over it, a new connection is closed as
 	// soon as it is accepted.
 	MaxUnauthenticated int
-	// IdleTimeout closes an HTTP client connection idle between
+	// KeepAliveTimeout closes an HTTP client connection idle between
 	// requests for that long (default 90s).
+	KeepAliveTimeout time.Duration
+	// IdleTimeout (default 5m) closes what carries bytes for a client
+	// and has carried none, in either direction, for that long: a
+	// CONNECT or SOCKS5 tunnel (both its connections), a request's body
+	// being received (the client's connection; the request is not
+	// answered).
 	IdleTimeout time.Duration
 	// Deny is the destinations refused: a target whose host is an
 	// address in it (a CONNECT's, a plain request's URI host, a SOCKS5
@@ -125,7 +131,8 @@ const (
 	DefaultRetryAfter         = 5 * time.Second
 	DefaultDrainTimeout       = 5 * time.Second
 	DefaultHandshakeTimeout   = 10 * time.Second
-	DefaultIdleTimeout        = 90 * time.Second
+	DefaultKeepAliveTimeout   = 90 * time.Second
+	DefaultIdleTimeout        = 5 * time.Minute
 	DefaultMaxConns           = 256
 	DefaultAuthFailures       = 5
 	DefaultHeaderTimeout      = 10 * time.Second
@@ -149,6 +156,7 @@ func (c Config) WithDefaults() Config {
 	setDur(&c.RetryAfter, DefaultRetryAfter)
 	setDur(&c.DrainTimeout, DefaultDrainTimeout)
 	setDur(&c.HandshakeTimeout, DefaultHandshakeTimeout)
+	setDur(&c.KeepAliveTimeout, DefaultKeepAliveTimeout)
 	setDur(&c.IdleTimeout, DefaultIdleTimeout)
 	if c.AuthFailures == 0 {
 		c.AuthFailures = DefaultAuthFailures
@@ -266,6 +274,7 @@ func (c Config) Validate() error {
 		{"gateway.drain_timeout", c.DrainTimeout},
 		{"gateway.handshake_timeout", c.HandshakeTimeout},
 		{"gateway.header_timeout", c.HeaderTimeout},
+		{"gateway.keepalive_timeout", c.KeepAliveTimeout},
 		{"gateway.idle_timeout", c.IdleTimeout},
 	} {
 		if d.v < 0 {

@@ -217,7 +217,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 				pc.unauth.release()
 			}
 		},
-		IdleTimeout: g.cfg.IdleTimeout,
+		IdleTimeout: g.cfg.KeepAliveTimeout,
 		ErrorLog:    slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 		BaseContext: func(net.Listener) context.Context { return g.hard },
 	}

@@ -12,6 +12,7 @@ import (
 	"net/http/httptrace"
 	"net/netip"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -295,6 +296,46 @@ func removeHop(h http.Header) {
 	}
 }
 
+// errIdleBody: the request's body stopped coming for IdleTimeout (the
+// client's doing, as its leaving is).
+var errIdleBody = fmt.Errorf("request body idle: %w", errClientLeft)
+
+// idleBody is a request body read under a deadline IdleTimeout after
+// its last byte (net/http's connection's read deadline, moved on as
+// bytes come, and cleared once it is read whole: net/http's own read
+// of the connection, while the answer goes, must not meet it).
+type idleBody struct {
+	idled atomic.Bool // a read met the deadline
+	g     *Gateway
+	rc    io.ReadCloser
+	ctl   *http.ResponseController
+	until time.Time
+}
+
+func (g *Gateway) idleBody(w http.ResponseWriter, rc io.ReadCloser) *idleBody {
+	return &idleBody{g: g, rc: rc, ctl: http.NewResponseController(w)}
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	idle := b.g.cfg.IdleTimeout
+	if now := time.Now(); b.until.Sub(now) < idle-idle/8 {
+		b.until = now.Add(idle)
+		_ = b.ctl.SetReadDeadline(b.until)
+	}
+	n, err := b.rc.Read(p)
+	switch {
+	case err == io.EOF:
+		_ = b.ctl.SetReadDeadline(time.Time{})
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		if b.idled.CompareAndSwap(false, true) {
+			b.g.m.idleBody.Inc()
+		}
+	}
+	return n, err
+}
+
+func (b *idleBody) Close() error { return b.rc.Close() }
+
 // trackedBody is a request body the transport may close without closing
 // the client's, and that says whether any of it was read (a request
 // whose body was not touched can be sent again).
@@ -328,6 +369,11 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 		return
 	}
 	hasBody := r.Body != nil && r.Body != http.NoBody
+	var ib *idleBody
+	if hasBody {
+		ib = g.idleBody(w, r.Body)
+		r.Body = ib
+	}
 	// A small body of known length is held whole, so another proxy
 	// may be sent it.
 	var held []byte
@@ -335,8 +381,8 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 		held = make([]byte, r.ContentLength)
 		if _, err := io.ReadFull(r.Body, held); err != nil {
 			g.m.request(kindHTTP, outcomeClientGone).Inc()
-			g.log.Debug("gateway: client left while its body was read", "err", err)
-			return
+			g.log.Debug("gateway: request body not received", "err", err)
+			panic(http.ErrAbortHandler) // no answer: the connection closes
 		}
 	}
 	var resp *http.Response
@@ -401,6 +447,9 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 			return retryable, fe
 		}
 		if err != nil {
+			if ib != nil && ib.idled.Load() {
+				return false, errIdleBody // the client's doing: no proxy's failure
+			}
 			return retryable, err
 		}
 		if rsp.StatusCode == http.StatusProxyAuthRequired {
@@ -412,6 +461,10 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 		return true, nil
 	})
 	g.m.bytesUp.Add(float64(up))
+	if errors.Is(err, errIdleBody) {
+		g.m.request(kindHTTP, outcomeClientGone).Inc()
+		panic(http.ErrAbortHandler) // no answer: the connection closes
+	}
 	if err != nil {
 		g.answerFailure(w, kindHTTP, err)
 		return

@@ -46,6 +46,7 @@ type metrics struct {
 	inFlight     *prometheus.GaugeVec
 	bytes        *prometheus.CounterVec
 	connectDur   prometheus.Histogram
+	idleClosed   *prometheus.CounterVec
 	// refusedUnauth counts connections closed at accept: MaxUnauthenticated
 	// were open already.
 	refusedUnauth prometheus.Counter
@@ -60,6 +61,7 @@ type metrics struct {
 	failOf               [len(causes)]prometheus.Counter
 	failoverOf           [len(causes)]prometheus.Counter
 	reportOK, reportFail prometheus.Counter
+	idleTunnel, idleBody prometheus.Counter
 }
 
 var (
@@ -139,6 +141,10 @@ func newMetrics(r prometheus.Registerer, unauth func() float64) (*metrics, error
 			Help:    "Time to connect to a proxy (and, for a tunnel, its answer to CONNECT), successful attempts and failed ones alike.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}),
+		idleClosed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_gateway_idle_closed_total",
+			Help: "What was closed for carrying no byte for idle_timeout: a tunnel (CONNECT or SOCKS5), or a request's body being received (body).",
+		}, []string{"what"}),
 		refusedUnauth: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "proxyfleet_gateway_unauthenticated_refused_total",
 			Help: "Connections (HTTP and SOCKS5) closed as they were accepted: max_unauthenticated connections without a valid credential yet were open.",
@@ -148,7 +154,7 @@ func newMetrics(r prometheus.Registerer, unauth func() float64) (*metrics, error
 			Help: "Connections (HTTP and SOCKS5) open that have not yet presented a valid credential.",
 		}, unauth),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.authFailures, m.retries, m.failovers, m.upstreamFail, m.reports, m.inFlight, m.bytes, m.connectDur, m.refusedUnauth, m.unauthGauge} {
+	for _, c := range []prometheus.Collector{m.requests, m.authFailures, m.retries, m.failovers, m.upstreamFail, m.reports, m.inFlight, m.bytes, m.connectDur, m.idleClosed, m.refusedUnauth, m.unauthGauge} {
 		if err := r.Register(c); err != nil {
 			return nil, err
 		}
@@ -171,6 +177,8 @@ func newMetrics(r prometheus.Registerer, unauth func() float64) (*metrics, error
 	}
 	m.reportOK = m.reports.WithLabelValues("ok")
 	m.reportFail = m.reports.WithLabelValues("error")
+	m.idleTunnel = m.idleClosed.WithLabelValues("tunnel")
+	m.idleBody = m.idleClosed.WithLabelValues("body")
 	m.bytesUp = m.bytes.WithLabelValues("up")
 	m.bytesDown = m.bytes.WithLabelValues("down")
 	return m, nil

@@ -371,8 +371,10 @@ func (cc *clientConn) send(uc *upConn, req []byte, st *relayState) error {
 			return errClientLeft
 		}
 	}
+	// The body is read under IdleTimeout (the sender moves the
+	// deadline on as bytes come and go).
 	cc.idleUntil = time.Time{}
-	if err := cc.c.SetReadDeadline(time.Time{}); err != nil {
+	if err := cc.c.SetReadDeadline(time.Now().Add(g.cfg.IdleTimeout)); err != nil {
 		return errClientLeft
 	}
 	uc.client.Store(nil) // the sender reads the client now

@@ -185,14 +185,14 @@ func (cc *clientConn) serve() {
 			}
 		} else if cc.br.Buffered() == 0 {
 			// The deadline is set again only once it is more than a
-			// slack older than IdleTimeout (setting it costs; so does
+			// slack older than KeepAliveTimeout (setting it costs; so does
 			// reading the clock: the last answer's end is taken).
 			now := cc.lastEnd
 			if now.IsZero() {
 				now = time.Now()
 			}
-			if cc.idleUntil.Sub(now) < g.cfg.IdleTimeout-min(time.Second, g.cfg.IdleTimeout/8) {
-				cc.idleUntil = now.Add(g.cfg.IdleTimeout)
+			if cc.idleUntil.Sub(now) < g.cfg.KeepAliveTimeout-min(time.Second, g.cfg.KeepAliveTimeout/8) {
+				cc.idleUntil = now.Add(g.cfg.KeepAliveTimeout)
 				if cc.c.SetReadDeadline(cc.idleUntil) != nil {
 					return
 				}
