@@ -1,14 +1,12 @@
 package gateway
 
 import (
-	"bufio"
 	"context"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,74 +16,20 @@ import (
 	"proxyfleet/internal/poll"
 )
 
-// stubProxy is a proxy that answers every plain request itself (200,
-// X-Upstream: its id, X-Body-Length: the body's length) on kept-alive
-// connections; once frozen, it reads requests and answers none, as a
-// proxy whose VM died behind a kept-alive connection (the socket
-// stays open, nothing comes).
-type stubProxy struct {
-	id     string
-	ln     net.Listener
-	frozen atomic.Bool
-	seen   atomic.Int64 // requests read
-
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
-}
-
-func newStubProxy(t *testing.T, id string) *stubProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &stubProxy{id: id, ln: ln, conns: map[net.Conn]struct{}{}}
-	s.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s.mu.Lock()
-			s.conns[c] = struct{}{}
-			s.mu.Unlock()
-			s.wg.Go(func() { s.serve(c) })
+// stubProxy answers every plain request itself (200, X-Upstream: its
+// id, X-Body-Length: the body's length) on kept-alive connections; once
+// frozen, it reads requests and answers none, as a proxy whose VM died
+// behind a kept-alive connection (the socket stays open, nothing comes).
+func stubProxy(t *testing.T, id string, frozen *atomic.Bool) *scriptProxy {
+	return newScriptProxy(t, func(c net.Conn, r *seenRequest) bool {
+		if frozen.Load() {
+			_, _ = io.Copy(io.Discard, c) // until the gateway closes
+			return false
 		}
+		_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Upstream: "+id+
+			"\r\nX-Body-Length: "+strconv.Itoa(len(r.body))+"\r\n\r\nok")
+		return err == nil
 	})
-	t.Cleanup(func() {
-		ln.Close()
-		s.mu.Lock()
-		for c := range s.conns {
-			c.Close()
-		}
-		s.mu.Unlock()
-		s.wg.Wait()
-	})
-	return s
-}
-
-func (s *stubProxy) addr() string { return s.ln.Addr().String() }
-
-func (s *stubProxy) serve(c net.Conn) {
-	defer c.Close()
-	br := bufio.NewReader(c)
-	for {
-		req, err := http.ReadRequest(br)
-		if err != nil {
-			return
-		}
-		n, _ := io.Copy(io.Discard, req.Body)
-		s.seen.Add(1)
-		if s.frozen.Load() {
-			_, _ = io.Copy(io.Discard, br) // until the gateway closes
-			return
-		}
-		ans := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Upstream: " + s.id +
-			"\r\nX-Body-Length: " + strconv.FormatInt(n, 10) + "\r\n\r\nok"
-		if _, err := io.WriteString(c, ans); err != nil {
-			return
-		}
-	}
 }
 
 // TestFailoverWhenProxyLeaves: a request in flight on a kept-alive
@@ -97,7 +41,8 @@ func TestFailoverWhenProxyLeaves(t *testing.T) {
 	for _, path := range []string{"lean", "slow"} {
 		for _, method := range []string{http.MethodGet, http.MethodPost} {
 			t.Run(path+"/"+method, func(t *testing.T) {
-				a, b := newStubProxy(t, "a"), newStubProxy(t, "b")
+				var frozen, never atomic.Bool
+				a, b := stubProxy(t, "a", &frozen), stubProxy(t, "b", &never)
 				pk := newPicker(Proxy{ID: "a", Addr: a.addr()}, Proxy{ID: "b", Addr: b.addr()})
 				g := startGateway(t, pk, func(c *Config) { c.ResponseTimeout = 2 * time.Minute })
 				c := g.client(t, "alice-session-s1", alicePass)
@@ -131,8 +76,9 @@ func TestFailoverWhenProxyLeaves(t *testing.T) {
 				if got := resp.Header.Get(HeaderProxy); got != "a" {
 					t.Fatalf("first request carried by %q, want a", got)
 				}
-				a.frozen.Store(true)
-				before := a.seen.Load()
+				frozen.Store(true)
+				seen := func() int { r, _ := a.seen(); return len(r) }
+				before := seen()
 
 				// Generous hang bound: far below ResponseTimeout.
 				ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
@@ -146,7 +92,7 @@ func TestFailoverWhenProxyLeaves(t *testing.T) {
 					r, err := do(ctx)
 					done <- result{r, err}
 				}()
-				poll.Until(t, "a reads the request", 10*time.Second, func() bool { return a.seen.Load() > before })
+				poll.Until(t, "a reads the request", 10*time.Second, func() bool { return seen() > before })
 				pk.remove("a")
 				r := <-done
 				if r.err != nil {

@@ -217,16 +217,19 @@ func fullBacklogAddr(t testing.TB) string {
 }
 
 // silentAddr is a server that accepts and never answers.
-func silentAddr(t testing.TB) string {
+func silentAddr(t testing.TB) string { return serveAddr(t, nil) }
+
+// serveAddr is a loopback server that runs handle (if not nil) on every
+// connection it accepts, and closes them all at the test's end.
+func serveAddr(t testing.TB, handle func(net.Conn)) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
 	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	var wg sync.WaitGroup
+	wg.Go(func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
@@ -235,16 +238,19 @@ func silentAddr(t testing.TB) string {
 			mu.Lock()
 			conns = append(conns, c)
 			mu.Unlock()
+			if handle != nil {
+				wg.Go(func() { handle(c) })
+			}
 		}
-	}()
+	})
 	t.Cleanup(func() {
 		ln.Close()
-		<-done
 		mu.Lock()
 		for _, c := range conns {
 			c.Close()
 		}
 		mu.Unlock()
+		wg.Wait()
 	})
 	return ln.Addr().String()
 }

@@ -5,13 +5,10 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"proxyfleet/config"
 )
 
 // The gateway, with its default timeouts, in front of two real proxies
@@ -23,29 +20,10 @@ import (
 // goes to the other); the session moves to the survivor.
 func TestGatewayFailoverOnDestroyedProxy(t *testing.T) {
 	t.Parallel()
-	gwAddr := freePort(t)
-	pwFile := filepath.Join(t.TempDir(), "alice-password")
-	writeFile(t, pwFile, "alice-gateway-secret\n")
-	e, rot := realGuestRig(t, "th-failover", func(c *config.Config) {
-		// The gateway's timeouts are its defaults.
-		c.Gateway = config.Gateway{Listen: gwAddr, Users: []config.GatewayUser{{Name: "alice", PasswordFile: pwFile}}}
-		// Health's rounds far apart, and the worker's observation
-		// further: what moves the requests is the gateway's own view.
-		c.Health.Interval, c.Health.Timeout = 10*time.Second, 2*time.Second
-		c.Worker.ObserveInterval = 5 * time.Minute
-	})
+	// The gateway's timeouts are its defaults.
 	ids := []string{"fo-a", "fo-b"}
-	e.cleanupProxies(ids...)
+	_, _, gwAddr, gwHTTP := gatewayRig(t, "th-failover", nil, ids...)
 	targetURL, token := target(t, rootIP())
-	gwHTTP := freePort(t)
-	e.start("gateway", nil, "gateway", "--config", e.path, "--http", gwHTTP, "--debug")
-
-	var cmds []string
-	for _, id := range ids {
-		cmds = append(cmds, e.createReal(id))
-	}
-	e.waitDone(6*time.Minute, cmds...)
-	waitUntil(t, "both proxies in the rotation", 3*time.Minute, func() bool { return rot.has(ids...) })
 
 	// Clients that keep their connections to the gateway alive (so the
 	// gateway keeps its own to the proxies alive), as alice with a
