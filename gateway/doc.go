@@ -141,7 +141,8 @@
 // is tried on another proxy (Selector.Exclude the ones tried), up to
 // Retries more times; a session moves then, and the answer names the
 // proxy that carried it. A plain request with a body is tried again only
-// if the failed proxy took none of it. A connection to a proxy is kept
+// if the failed proxy took none of it, or the gateway holds it whole
+// (below). A connection to a proxy is kept
 // only at a clean message boundary: its answer read to the end (framed
 // one way: not Content-Length with chunked), nothing buffered after it,
 // the request's body sent whole before the answer came; and before it

@@ -436,7 +436,7 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 			up += int64(len(held))
 		}
 		// Another attempt may follow if the request can be sent again:
-		// it has no body, or the proxy took none of it.
+		// it has no body, the body is held, or the proxy took none of it.
 		retryable := tb == nil || tb.read.Load() == 0
 		if fe := f.err(); fe != nil && ctx.Err() == nil {
 			// Ended by the watcher (if just as the answer came, its
