@@ -303,6 +303,18 @@ type Gateway struct {
 	// died holding an idle connection of the gateway's never answers;
 	// a request without a body is then tried on another.
 	ResponseTimeout time.Duration `yaml:"response_timeout"`
+	// FirstByteTimeout: a connection to a proxy that carries a request
+	// and shows no sign of life this long (what was sent unacknowledged,
+	// nothing from the proxy) takes the proxy for dead; the request goes
+	// to another at once if it can be sent again. 0: the gateway's
+	// default (gateway.DefaultFirstByteTimeout, 3s); at most
+	// response_timeout.
+	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
+	// IdleTimeout: a CONNECT or SOCKS5 tunnel, or a request's body being
+	// received, that carries no byte in either direction for this long
+	// is closed. 0: the gateway's default (gateway.DefaultIdleTimeout,
+	// 5m).
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
 	// Cooldown: a proxy this gateway reported is passed over for this long
 	// (unless no other matches), default 10s.
 	Cooldown time.Duration `yaml:"cooldown"`

@@ -73,12 +73,17 @@ func (c *Config) Validate() error {
 		{"health.snapshot_interval", c.Health.SnapshotInterval},
 		{"gateway.connect_timeout", c.Gateway.ConnectTimeout},
 		{"gateway.response_timeout", c.Gateway.ResponseTimeout},
+		{"gateway.first_byte_timeout", c.Gateway.FirstByteTimeout},
+		{"gateway.idle_timeout", c.Gateway.IdleTimeout},
 		{"gateway.cooldown", c.Gateway.Cooldown},
 		{"gateway.header_timeout", c.Gateway.HeaderTimeout},
 	} {
 		if d.v < 0 {
 			return bad(d.f, "negative duration %s", d.v)
 		}
+	}
+	if c.Gateway.FirstByteTimeout > c.Gateway.ResponseTimeout {
+		return bad("gateway.first_byte_timeout", "%s is longer than gateway.response_timeout %s", c.Gateway.FirstByteTimeout, c.Gateway.ResponseTimeout)
 	}
 	if c.NATS.CommandIDMaxAge < c.NATS.DuplicateWindow {
 		return bad("nats.command_id_max_age", "%s is shorter than nats.duplicate_window %s", c.NATS.CommandIDMaxAge, c.NATS.DuplicateWindow)

@@ -6,7 +6,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
+	"sync/atomic"
 	"time"
 )
 
@@ -25,6 +27,10 @@ var errChunked = errors.New("malformed chunked body")
 // own while the answer is awaited: a proxy may answer before it has read
 // it all.
 type bodySender struct {
+	client    net.Conn      // read under a deadline IdleTimeout after the last byte either way
+	idle      time.Duration // IdleTimeout
+	until     time.Time     // the client's read deadline
+	stopping  atomic.Bool   // abort runs: the deadline stays in the past
 	done      chan struct{}
 	n         int64 // body bytes taken from the client
 	clientErr error // reading the client failed: it left (or sent a bad body)
@@ -34,7 +40,8 @@ type bodySender struct {
 // sendBody starts sending the request's body (its head is sent) to uc.
 // Once it is all sent, the response timeout starts.
 func (cc *clientConn) sendBody(uc *upConn, timeout time.Duration) *bodySender {
-	s := &bodySender{done: make(chan struct{})}
+	idle := cc.g.cfg.IdleTimeout
+	s := &bodySender{client: cc.c, idle: idle, until: time.Now().Add(idle), done: make(chan struct{})}
 	length, chunked, br := cc.h.length, cc.h.chunked, cc.br
 	go func() {
 		defer close(s.done)
@@ -47,6 +54,9 @@ func (cc *clientConn) sendBody(uc *upConn, timeout time.Duration) *bodySender {
 		}
 		switch {
 		case s.clientErr != nil:
+			if errors.Is(s.clientErr, os.ErrDeadlineExceeded) {
+				cc.g.m.idleBody.Inc()
+			}
 			uc.c.Close() // the wait for the answer ends: nobody wants it
 		case s.upErr == nil:
 			uc.limit.CompareAndSwap(-1, time.Now().Add(timeout).UnixNano())
@@ -86,11 +96,27 @@ func (s *bodySender) abort(cc *clientConn, uc *upConn) {
 		return
 	default:
 	}
+	s.stopping.Store(true)
 	uc.c.Close()
 	_ = cc.c.SetReadDeadline(aLongTimeAgo)
 	<-s.done
 	if s.clientErr == nil && s.upErr == nil {
 		s.upErr = net.ErrClosed
+	}
+}
+
+// touch moves the client's read deadline to IdleTimeout from now: a
+// byte went one way. It is set again only once it is more than an
+// eighth of IdleTimeout old (setting it costs).
+func (s *bodySender) touch() {
+	now := time.Now()
+	if s.until.Sub(now) >= s.idle-s.idle/8 {
+		return
+	}
+	s.until = now.Add(s.idle)
+	_ = s.client.SetReadDeadline(s.until)
+	if s.stopping.Load() {
+		_ = s.client.SetReadDeadline(aLongTimeAgo) // abort's, which this one may have undone
 	}
 }
 
@@ -104,6 +130,7 @@ func (s *bodySender) fixed(br *bufio.Reader, up net.Conn, n int64, buf []byte) {
 				s.upErr = werr
 				return
 			}
+			s.touch()
 		}
 		if err != nil && n > 0 {
 			s.clientErr = err
@@ -122,6 +149,7 @@ func (s *bodySender) chunked(br *bufio.Reader, up net.Conn, buf []byte) {
 			s.clientErr = err
 			return
 		}
+		s.touch()
 		if size == 0 {
 			if err := readTrailers(br); err != nil {
 				s.clientErr = err
@@ -147,6 +175,7 @@ func (s *bodySender) chunked(br *bufio.Reader, up net.Conn, buf []byte) {
 					s.upErr = werr
 					return
 				}
+				s.touch()
 			}
 			if err != nil && size > 0 {
 				s.clientErr = err

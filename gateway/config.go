@@ -40,6 +40,16 @@ type Config struct {
 	// tried on another proxy, as one whose connect failed; it includes
 	// the target's time to answer, so it is long.
 	ResponseTimeout time.Duration
+	// FirstByteTimeout (default 3s or ResponseTimeout if shorter; at
+	// least 500ms or ResponseTimeout, at most ResponseTimeout) is how long a connection to a proxy may carry a
+	// request without a sign of life before the proxy is taken for dead:
+	// bytes sent on it unacknowledged and nothing from the proxy for that
+	// long. The request is then tried on another proxy at once if it can
+	// be sent again (no byte of an answer reached the client, and no body
+	// or one the gateway holds whole), and the proxy is reported. A proxy
+	// that acknowledges is waited for up to ResponseTimeout, however slow
+	// its target.
+	FirstByteTimeout time.Duration
 	// RetryAfter is the Retry-After of the 503 answered when no proxy
 	// matches (default 5s; sent in whole seconds, at least 1).
 	RetryAfter time.Duration
@@ -64,8 +74,14 @@ type Config struct {
 	// credential (default 1024): over it, a new connection is closed as
 	// soon as it is accepted.
 	MaxUnauthenticated int
-	// IdleTimeout closes an HTTP client connection idle between
+	// KeepAliveTimeout closes an HTTP client connection idle between
 	// requests for that long (default 90s).
+	KeepAliveTimeout time.Duration
+	// IdleTimeout (default 5m) closes what carries bytes for a client
+	// and has carried none, in either direction, for that long: a
+	// CONNECT or SOCKS5 tunnel (both its connections), a request's body
+	// being received (the client's connection; the request is not
+	// answered).
 	IdleTimeout time.Duration
 	// Deny is the destinations refused: a target whose host is an
 	// address in it (a CONNECT's, a plain request's URI host, a SOCKS5
@@ -104,13 +120,19 @@ type User struct {
 
 // Defaults of Config.
 const (
-	DefaultRetries            = 2
-	DefaultConnectTimeout     = 5 * time.Second
-	DefaultResponseTimeout    = 30 * time.Second
+	DefaultRetries          = 2
+	DefaultConnectTimeout   = 5 * time.Second
+	DefaultResponseTimeout  = 30 * time.Second
+	DefaultFirstByteTimeout = 3 * time.Second
+	// MinFirstByteTimeout is FirstByteTimeout's least value: a live
+	// proxy's acknowledgement may take a few round trips and a
+	// retransmission.
+	MinFirstByteTimeout       = 500 * time.Millisecond
 	DefaultRetryAfter         = 5 * time.Second
 	DefaultDrainTimeout       = 5 * time.Second
 	DefaultHandshakeTimeout   = 10 * time.Second
-	DefaultIdleTimeout        = 90 * time.Second
+	DefaultKeepAliveTimeout   = 90 * time.Second
+	DefaultIdleTimeout        = 5 * time.Minute
 	DefaultMaxConns           = 256
 	DefaultAuthFailures       = 5
 	DefaultHeaderTimeout      = 10 * time.Second
@@ -130,9 +152,11 @@ func (c Config) WithDefaults() Config {
 	}
 	setDur(&c.ConnectTimeout, DefaultConnectTimeout)
 	setDur(&c.ResponseTimeout, DefaultResponseTimeout)
+	setDur(&c.FirstByteTimeout, min(DefaultFirstByteTimeout, c.ResponseTimeout))
 	setDur(&c.RetryAfter, DefaultRetryAfter)
 	setDur(&c.DrainTimeout, DefaultDrainTimeout)
 	setDur(&c.HandshakeTimeout, DefaultHandshakeTimeout)
+	setDur(&c.KeepAliveTimeout, DefaultKeepAliveTimeout)
 	setDur(&c.IdleTimeout, DefaultIdleTimeout)
 	if c.AuthFailures == 0 {
 		c.AuthFailures = DefaultAuthFailures
@@ -250,11 +274,15 @@ func (c Config) Validate() error {
 		{"gateway.drain_timeout", c.DrainTimeout},
 		{"gateway.handshake_timeout", c.HandshakeTimeout},
 		{"gateway.header_timeout", c.HeaderTimeout},
+		{"gateway.keepalive_timeout", c.KeepAliveTimeout},
 		{"gateway.idle_timeout", c.IdleTimeout},
 	} {
 		if d.v < 0 {
 			return bad(d.f, "%s is negative", d.v)
 		}
+	}
+	if c.FirstByteTimeout < min(MinFirstByteTimeout, c.ResponseTimeout) || c.FirstByteTimeout > c.ResponseTimeout {
+		return bad("gateway.first_byte_timeout", "%s is out of range [%s, gateway.response_timeout %s]", c.FirstByteTimeout, MinFirstByteTimeout, c.ResponseTimeout)
 	}
 	if c.UpstreamUser == "" && c.UpstreamPassword != "" {
 		return bad("proxy.auth.user", "required with a password")

@@ -126,7 +126,7 @@ func (cc *clientConn) watch() (context.Context, func()) {
 	if cc.br.Buffered() > cc.headLen || cc.rc == nil {
 		return ctx, cancel // it sent more already: it is there
 	}
-	// The wait must not end at the idle deadline (a short IdleTimeout).
+	// The wait must not end at the idle deadline (a short KeepAliveTimeout).
 	cc.idleUntil = time.Time{}
 	if cc.c.SetReadDeadline(time.Time{}) != nil {
 		return ctx, cancel

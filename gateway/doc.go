@@ -122,6 +122,14 @@
 // plain chunked request (net/http drops the length before the handler
 // sees it), so it closes after every chunked request.
 //
+// # Idle
+//
+// A CONNECT or SOCKS5 tunnel that carried no byte either way for
+// IdleTimeout (default 5m) is closed, both its connections; so is a
+// client connection whose request's body stops coming for as long (the
+// request unanswered, no proxy held to blame). Between requests, a
+// kept-alive client connection is closed after KeepAliveTimeout (90s).
+//
 // # Failover and reports
 //
 // A proxy that refuses the connection, does not accept or (for CONNECT)
@@ -133,7 +141,8 @@
 // is tried on another proxy (Selector.Exclude the ones tried), up to
 // Retries more times; a session moves then, and the answer names the
 // proxy that carried it. A plain request with a body is tried again only
-// if the failed proxy took none of it. A connection to a proxy is kept
+// if the failed proxy took none of it, or the gateway holds it whole
+// (below). A connection to a proxy is kept
 // only at a clean message boundary: its answer read to the end (framed
 // one way: not Content-Length with chunked), nothing buffered after it,
 // the request's body sent whole before the answer came; and before it
@@ -142,11 +151,31 @@
 // would be taken for the next request's answer) and it is closed. A
 // kept-alive connection the proxy closed meanwhile is nobody's failure:
 // a request without a body and of an idempotent method that finds it
-// closed goes once more on a new connection to the same proxy. What
+// closed goes once more on a new connection to the same proxy.
+//
+// A dead proxy is not waited for (failover.go). An attempt is watched
+// from its pick until its answer's head (CONNECT: the proxy's 200), and
+// ended, its request tried on another proxy, when its proxy leaves the
+// rotation (Picker.Changed; not reported), or when its connection shows
+// no sign of life for FirstByteTimeout (default 3s): what was sent is
+// unacknowledged by the proxy's TCP and nothing came from the proxy
+// (reported, its idle connections closed). A live proxy acknowledges
+// whatever its target does, so a slow target is still waited for up to
+// ResponseTimeout. A kept-alive connection idle long enough for TCP
+// keepalive (from 10s of quiet on) to have probed it is not used if the
+// proxy answered none of the probes: the proxy is failed as silent. A
+// plain request with a body goes to another proxy only if the gateway
+// holds the body whole: the lean path's that came with its head, the
+// slow path's of a known length up to 64 KiB. Both paths and CONNECT
+// share the decision. What
 // speaks for the target is
 // passed on and held against no proxy: every plain answer but 407, and an
 // answer to CONNECT that carries squid's X-Squid-Error (the target did
-// not answer, its name did not resolve), 407 aside. When nothing matches
+// not answer, its name did not resolve), 407 aside. A SOCKS5 request
+// gets the reply that says what squid's answer did (socksReplyFor):
+// ERR_ACCESS_DENIED (its deny acls, proxy.deny's among them) 2, not
+// allowed; ERR_CONNECT_FAIL 111 5, refused; 101 3; another errno,
+// ERR_DNS_FAIL or ERR_CANNOT_FORWARD 4, host unreachable; else 1. When nothing matches
 // (ErrEmpty on the first pick), the answer is 503 with Retry-After and a
 // body that says so ("no proxy in the rotation", "no proxy matches labels
 // country=de"); when every proxy tried failed, 502 with their reasons.
@@ -156,8 +185,10 @@
 // proxyfleet_gateway_requests_total{kind=connect|http|socks, outcome=ok|
 // auth|throttled|limit|empty|upstream_failed|client_gone|error|denied},
 // _auth_failures_total{kind,reason=missing|wrong|throttled},
-// _retries_total{kind},
-// _upstream_failures_total{cause=refused|timeout|status|reset|other},
+// _retries_total{kind}, _failovers_total{cause} (the retries by the
+// cause of the failure before them),
+// _upstream_failures_total{cause=refused|timeout|status|reset|other|
+// left|silent}, _idle_closed_total{what=tunnel|body},
 // _reports_total{result=ok|error}, _in_flight{kind},
 // _bytes_total{direction=up|down} (a tunnel's bytes are added when it
 // ends), _upstream_connect_duration_seconds,

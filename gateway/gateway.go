@@ -32,6 +32,7 @@ type Gateway struct {
 	transport    *http.Transport // the slow path's
 	track        *tracker
 	pool         *pool         // the lean path's connections to proxies
+	flights      *flights      // attempts in flight, watched (failover.go)
 	slow         *chanListener // where the lean path hands connections to the slow one
 	draining     atomic.Bool   // Run is stopping: no connection is kept alive
 	turns        turns         // egress-rotate's counters
@@ -80,12 +81,13 @@ func New(picker Picker, cfg Config) (*Gateway, error) {
 		retries:      max(cfg.Retries, 0),
 		track:        newTracker(),
 		pool:         newPool(),
+		flights:      newFlights(),
 		authThrottle: newThrottle(cfg.AuthFailures, authFailWindow, maxAuthSources),
 		unauth:       unauth,
 		started:      make(chan struct{}),
 		deny:         *cfg.Deny,
 	}
-	g.dialer = net.Dialer{KeepAlive: 30 * time.Second}
+	g.dialer = net.Dialer{KeepAliveConfig: keepalive}
 	if cfg.UpstreamUser != "" {
 		g.upstreamAuth = basicAuth(cfg.UpstreamUser, cfg.UpstreamPassword)
 	}
@@ -215,7 +217,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 				pc.unauth.release()
 			}
 		},
-		IdleTimeout: g.cfg.IdleTimeout,
+		IdleTimeout: g.cfg.KeepAliveTimeout,
 		ErrorLog:    slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 		BaseContext: func(net.Listener) context.Context { return g.hard },
 	}
@@ -247,6 +249,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 			}
 		})
 	}
+	serving.Go(func() { g.watch(stop) })
 	if socksLn != nil {
 		serving.Go(func() {
 			if err := g.serveSocks(socksLn, stop); err != nil {

@@ -646,6 +646,10 @@ func TestValidate(t *testing.T) {
 		{func(c *Config) { c.Users = []User{{Name: "a", Password: "p", MaxConns: -1}} }, "gateway.users[0].max_conns"},
 		{func(c *Config) { c.Retries = 11 }, "gateway.retries"},
 		{func(c *Config) { c.ConnectTimeout = -1 }, "gateway.connect_timeout"},
+		{func(c *Config) { c.FirstByteTimeout = 100 * time.Millisecond }, "gateway.first_byte_timeout"},
+		{func(c *Config) { c.FirstByteTimeout = time.Minute }, "gateway.first_byte_timeout"},
+		{func(c *Config) { c.IdleTimeout = -1 }, "gateway.idle_timeout"},
+		{func(c *Config) { c.KeepAliveTimeout = -1 }, "gateway.keepalive_timeout"},
 	} {
 		cfg := ok
 		cfg.Users = slices.Clone(ok.Users)
@@ -665,6 +669,15 @@ func TestValidate(t *testing.T) {
 	d := ok.WithDefaults()
 	if d.Retries != 2 || d.ConnectTimeout != 5*time.Second || d.RetryAfter != 5*time.Second || d.DrainTimeout != 5*time.Second || d.Users[0].MaxConns != 256 {
 		t.Fatalf("defaults: %+v", d)
+	}
+	if d.FirstByteTimeout != DefaultFirstByteTimeout || d.IdleTimeout != DefaultIdleTimeout || d.KeepAliveTimeout != DefaultKeepAliveTimeout {
+		t.Fatalf("defaults: first byte %s, idle %s, keep-alive %s", d.FirstByteTimeout, d.IdleTimeout, d.KeepAliveTimeout)
+	}
+	// A short response timeout bounds the first byte's default.
+	short := ok
+	short.ResponseTimeout = 300 * time.Millisecond
+	if d := short.WithDefaults(); d.FirstByteTimeout != short.ResponseTimeout || d.Validate() != nil {
+		t.Fatalf("first_byte_timeout %s under response_timeout %s: %v", d.FirstByteTimeout, short.ResponseTimeout, d.Validate())
 	}
 }
 

@@ -365,7 +365,7 @@ func TestHeaderTimeout(t *testing.T) {
 		return true
 	})
 	g := startGateway(t, newPicker(Proxy{ID: "p1", Addr: up.addr()}), func(c *Config) {
-		c.HeaderTimeout = 300 * time.Millisecond // IdleTimeout stays 90s
+		c.HeaderTimeout = 300 * time.Millisecond // KeepAliveTimeout stays 90s
 	})
 	for _, c := range []struct{ name, sent string }{
 		{"nothing", ""},

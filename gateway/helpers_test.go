@@ -217,16 +217,19 @@ func fullBacklogAddr(t testing.TB) string {
 }
 
 // silentAddr is a server that accepts and never answers.
-func silentAddr(t testing.TB) string {
+func silentAddr(t testing.TB) string { return serveAddr(t, nil) }
+
+// serveAddr is a loopback server that runs handle (if not nil) on every
+// connection it accepts, and closes them all at the test's end.
+func serveAddr(t testing.TB, handle func(net.Conn)) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
 	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	var wg sync.WaitGroup
+	wg.Go(func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
@@ -235,16 +238,19 @@ func silentAddr(t testing.TB) string {
 			mu.Lock()
 			conns = append(conns, c)
 			mu.Unlock()
+			if handle != nil {
+				wg.Go(func() { handle(c) })
+			}
 		}
-	}()
+	})
 	t.Cleanup(func() {
 		ln.Close()
-		<-done
 		mu.Lock()
 		for _, c := range conns {
 			c.Close()
 		}
 		mu.Unlock()
+		wg.Wait()
 	})
 	return ln.Addr().String()
 }
@@ -262,6 +268,7 @@ type fakePicker struct {
 	reports  []report
 	inFlight map[string]int
 	sels     []Selector
+	changed  chan struct{} // closed at the next remove
 }
 
 func newPicker(ps ...Proxy) *fakePicker {
@@ -352,6 +359,38 @@ func (f *fakePicker) Len() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return len(f.proxies)
+}
+
+func (f *fakePicker) Get(id string) (Proxy, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, p := range f.proxies {
+		if p.ID == id {
+			return p, true
+		}
+	}
+	return Proxy{}, false
+}
+
+func (f *fakePicker) Changed() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.changed == nil {
+		f.changed = make(chan struct{})
+	}
+	return f.changed
+}
+
+// remove takes proxy id out, as health does with a dead one: its
+// sessions move, and the rotation's change is announced.
+func (f *fakePicker) remove(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.proxies = slices.DeleteFunc(f.proxies, func(p Proxy) bool { return p.ID == id })
+	if f.changed != nil {
+		close(f.changed)
+		f.changed = nil
+	}
 }
 
 func (f *fakePicker) gotReports() []report {

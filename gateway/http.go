@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,8 +9,10 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/netip"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -293,6 +296,46 @@ func removeHop(h http.Header) {
 	}
 }
 
+// errIdleBody: the request's body stopped coming for IdleTimeout (the
+// client's doing, as its leaving is).
+var errIdleBody = fmt.Errorf("request body idle: %w", errClientLeft)
+
+// idleBody is a request body read under a deadline IdleTimeout after
+// its last byte (net/http's connection's read deadline, moved on as
+// bytes come, and cleared once it is read whole: net/http's own read
+// of the connection, while the answer goes, must not meet it).
+type idleBody struct {
+	idled atomic.Bool // a read met the deadline
+	g     *Gateway
+	rc    io.ReadCloser
+	ctl   *http.ResponseController
+	until time.Time
+}
+
+func (g *Gateway) idleBody(w http.ResponseWriter, rc io.ReadCloser) *idleBody {
+	return &idleBody{g: g, rc: rc, ctl: http.NewResponseController(w)}
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	idle := b.g.cfg.IdleTimeout
+	if now := time.Now(); b.until.Sub(now) < idle-idle/8 {
+		b.until = now.Add(idle)
+		_ = b.ctl.SetReadDeadline(b.until)
+	}
+	n, err := b.rc.Read(p)
+	switch {
+	case err == io.EOF:
+		_ = b.ctl.SetReadDeadline(time.Time{})
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		if b.idled.CompareAndSwap(false, true) {
+			b.g.m.idleBody.Inc()
+		}
+	}
+	return n, err
+}
+
+func (b *idleBody) Close() error { return b.rc.Close() }
+
 // trackedBody is a request body the transport may close without closing
 // the client's, and that says whether any of it was read (a request
 // whose body was not touched can be sent again).
@@ -326,15 +369,49 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 		return
 	}
 	hasBody := r.Body != nil && r.Body != http.NoBody
+	var ib *idleBody
+	if hasBody {
+		ib = g.idleBody(w, r.Body)
+		r.Body = ib
+	}
+	// A small body of known length is held whole, so another proxy
+	// may be sent it.
+	var held []byte
+	if hasBody && r.ContentLength >= 0 && r.ContentLength <= maxHeldBody {
+		held = make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(r.Body, held); err != nil {
+			g.m.request(kindHTTP, outcomeClientGone).Inc()
+			g.log.Debug("gateway: request body not received", "err", err)
+			panic(http.ErrAbortHandler) // no answer: the connection closes
+		}
+	}
 	var resp *http.Response
 	var up int64
 	var egress netip.Addr
+	var cancels []context.CancelCauseFunc
+	defer func() {
+		for _, c := range cancels {
+			c(nil)
+		}
+	}()
 	p, err := g.attempts(ctx, kindHTTP, r.URL.Hostname(), o, func(p Proxy) (bool, error) {
 		pu := &url.URL{Scheme: "http", Host: p.Addr}
 		if g.cfg.UpstreamUser != "" {
 			pu.User = url.UserPassword(g.cfg.UpstreamUser, g.cfg.UpstreamPassword)
 		}
-		out := r.Clone(context.WithValue(ctx, proxyURLKey{}, pu))
+		// The attempt is a flight (failover.go): ended early, its
+		// context is cancelled. The answer's body is read under it, so
+		// it is cancelled only once the handler returns.
+		actx, cancel := context.WithCancelCause(ctx)
+		cancels = append(cancels, cancel)
+		f := g.begin(p, func() { cancel(nil) })
+		actx = httptrace.WithClientTrace(actx, &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
+			f.carry(info.Conn, time.Now())
+			if info.Reused && idleDead(info.Conn, info.IdleTime) {
+				f.end(errSilent)
+			}
+		}})
+		out := r.Clone(context.WithValue(actx, proxyURLKey{}, pu))
 		out.RequestURI = ""
 		out.Host = r.URL.Host // the authority checked above (net/http's r.Host for an absolute URI)
 		out.Close = false
@@ -343,20 +420,36 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 			out.Header.Set(HeaderEgress, egress.String())
 		}
 		var tb *trackedBody
-		if hasBody {
+		if held != nil {
+			out.Body = io.NopCloser(bytes.NewReader(held))
+		} else if hasBody {
 			tb = &trackedBody{rc: r.Body}
 			out.Body = tb
 		} else {
 			out.Body = nil
 		}
 		rsp, err := g.transport.RoundTrip(out)
+		g.land(f)
 		if tb != nil {
 			up += tb.read.Load()
+		} else if err == nil {
+			up += int64(len(held))
 		}
 		// Another attempt may follow if the request can be sent again:
-		// it has no body, or the proxy took none of it.
-		retryable := !hasBody || tb.read.Load() == 0
+		// it has no body, the body is held, or the proxy took none of it.
+		retryable := tb == nil || tb.read.Load() == 0
+		if fe := f.err(); fe != nil && ctx.Err() == nil {
+			// Ended by the watcher (if just as the answer came, its
+			// context is cancelled all the same).
+			if err == nil {
+				rsp.Body.Close()
+			}
+			return retryable, fe
+		}
 		if err != nil {
+			if ib != nil && ib.idled.Load() {
+				return false, errIdleBody // the client's doing: no proxy's failure
+			}
 			return retryable, err
 		}
 		if rsp.StatusCode == http.StatusProxyAuthRequired {
@@ -368,6 +461,10 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 		return true, nil
 	})
 	g.m.bytesUp.Add(float64(up))
+	if errors.Is(err, errIdleBody) {
+		g.m.request(kindHTTP, outcomeClientGone).Inc()
+		panic(http.ErrAbortHandler) // no answer: the connection closes
+	}
 	if err != nil {
 		g.answerFailure(w, kindHTTP, err)
 		return

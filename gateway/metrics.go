@@ -31,6 +31,8 @@ const (
 	causeStatus  = "status"
 	causeReset   = "reset"
 	causeOther   = "other"
+	causeLeft    = "left"   // the proxy left the rotation while the request was in flight
+	causeSilent  = "silent" // the proxy's connection showed no sign of life (FirstByteTimeout)
 )
 
 // metrics are the gateway's. No label carries a proxy id or a user name.
@@ -38,11 +40,13 @@ type metrics struct {
 	requests     *prometheus.CounterVec
 	authFailures *prometheus.CounterVec
 	retries      *prometheus.CounterVec
+	failovers    *prometheus.CounterVec
 	upstreamFail *prometheus.CounterVec
 	reports      *prometheus.CounterVec
 	inFlight     *prometheus.GaugeVec
 	bytes        *prometheus.CounterVec
 	connectDur   prometheus.Histogram
+	idleClosed   *prometheus.CounterVec
 	// refusedUnauth counts connections closed at accept: MaxUnauthenticated
 	// were open already.
 	refusedUnauth prometheus.Counter
@@ -55,13 +59,15 @@ type metrics struct {
 	retryOf              [len(kinds)]prometheus.Counter
 	bytesUp, bytesDown   prometheus.Counter
 	failOf               [len(causes)]prometheus.Counter
+	failoverOf           [len(causes)]prometheus.Counter
 	reportOK, reportFail prometheus.Counter
+	idleTunnel, idleBody prometheus.Counter
 }
 
 var (
 	kinds    = [...]string{kindConnect, kindHTTP, kindSocks}
 	outcomes = [...]string{outcomeOK, outcomeAuth, outcomeThrottled, outcomeLimit, outcomeEmpty, outcomeUpstreamFailed, outcomeClientGone, outcomeError, outcomeDenied}
-	causes   = [...]string{causeRefused, causeTimeout, causeStatus, causeReset, causeOther}
+	causes   = [...]string{causeRefused, causeTimeout, causeStatus, causeReset, causeOther, causeLeft, causeSilent}
 )
 
 func index[T ~string](names []T, s T) int {
@@ -86,6 +92,11 @@ func (m *metrics) retry(kind string) prometheus.Counter {
 	return m.retryOf[index(kinds[:], kind)]
 }
 
+// failover is the counter of retries after a failure of cause.
+func (m *metrics) failover(cause string) prometheus.Counter {
+	return m.failoverOf[index(causes[:], cause)]
+}
+
 // failure is the upstream failures counter of cause.
 func (m *metrics) failure(cause string) prometheus.Counter { return m.failOf[index(causes[:], cause)] }
 
@@ -105,9 +116,13 @@ func newMetrics(r prometheus.Registerer, unauth func() float64) (*metrics, error
 			Name: "proxyfleet_gateway_retries_total",
 			Help: "Attempts on another proxy after one failed a request.",
 		}, []string{"kind"}),
+		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_gateway_failovers_total",
+			Help: "Attempts on another proxy after one failed a request, by the cause of that failure (refused, timeout, status, reset, other, left: the proxy left the rotation, silent: no sign of life within first_byte_timeout).",
+		}, []string{"cause"}),
 		upstreamFail: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_gateway_upstream_failures_total",
-			Help: "Attempts whose proxy failed them, by cause (refused, timeout, status, reset, other).",
+			Help: "Attempts whose proxy failed them, by cause (refused, timeout, status, reset, other, left, silent).",
 		}, []string{"cause"}),
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_gateway_reports_total",
@@ -126,6 +141,10 @@ func newMetrics(r prometheus.Registerer, unauth func() float64) (*metrics, error
 			Help:    "Time to connect to a proxy (and, for a tunnel, its answer to CONNECT), successful attempts and failed ones alike.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}),
+		idleClosed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_gateway_idle_closed_total",
+			Help: "What was closed for carrying no byte for idle_timeout: a tunnel (CONNECT or SOCKS5), or a request's body being received (body).",
+		}, []string{"what"}),
 		refusedUnauth: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "proxyfleet_gateway_unauthenticated_refused_total",
 			Help: "Connections (HTTP and SOCKS5) closed as they were accepted: max_unauthenticated connections without a valid credential yet were open.",
@@ -135,7 +154,7 @@ func newMetrics(r prometheus.Registerer, unauth func() float64) (*metrics, error
 			Help: "Connections (HTTP and SOCKS5) open that have not yet presented a valid credential.",
 		}, unauth),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.authFailures, m.retries, m.upstreamFail, m.reports, m.inFlight, m.bytes, m.connectDur, m.refusedUnauth, m.unauthGauge} {
+	for _, c := range []prometheus.Collector{m.requests, m.authFailures, m.retries, m.failovers, m.upstreamFail, m.reports, m.inFlight, m.bytes, m.connectDur, m.idleClosed, m.refusedUnauth, m.unauthGauge} {
 		if err := r.Register(c); err != nil {
 			return nil, err
 		}
@@ -154,9 +173,12 @@ func newMetrics(r prometheus.Registerer, unauth func() float64) (*metrics, error
 	}
 	for i, c := range causes {
 		m.failOf[i] = m.upstreamFail.WithLabelValues(c)
+		m.failoverOf[i] = m.failovers.WithLabelValues(c)
 	}
 	m.reportOK = m.reports.WithLabelValues("ok")
 	m.reportFail = m.reports.WithLabelValues("error")
+	m.idleTunnel = m.idleClosed.WithLabelValues("tunnel")
+	m.idleBody = m.idleClosed.WithLabelValues("body")
 	m.bytesUp = m.bytes.WithLabelValues("up")
 	m.bytesDown = m.bytes.WithLabelValues("down")
 	return m, nil

@@ -35,6 +35,12 @@ type Picker interface {
 	Report(p Proxy, reason string) error
 	// Len is how many proxies the rotation holds now.
 	Len() int
+	// Get returns the proxy id if it is in the rotation now.
+	Get(id string) (Proxy, bool)
+	// Changed returns a channel closed at the rotation's next change
+	// (taken again after it closes): the gateway ends the requests in
+	// flight on a proxy that left (see failover.go).
+	Changed() <-chan struct{}
 }
 
 var _ Picker = (*rotation.Rotation)(nil)

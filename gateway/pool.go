@@ -50,6 +50,9 @@ type upConn struct {
 	// body is being read), -1 not yet (the request's body is still
 	// being sent: the response timeout starts once it is).
 	limit atomic.Int64
+	// flight is the attempt it carries while the answer's head is
+	// awaited (nil otherwise): its end (failover.go) ends the wait.
+	flight *flight
 }
 
 func newUpConn(c net.Conn, addr string) *upConn {
@@ -69,12 +72,16 @@ var errResponseTimeout = errors.New("no answer within the response timeout")
 var errClientLeft = fmt.Errorf("client left: %w", context.Canceled)
 
 // Read reads c; a read that outlives the deadline (pollEvery) looks at
-// the client (gone: errClientLeft) and at the response timeout (over:
-// errResponseTimeout), and else waits on.
+// the attempt's flight (ended: its cause), the client (gone:
+// errClientLeft) and the response timeout (over: errResponseTimeout),
+// and else waits on.
 func (u *upConn) Read(p []byte) (int, error) {
 	for {
 		n, err := u.c.Read(p)
 		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return n, err
+		}
+		if err := u.flight.err(); err != nil {
 			return n, err
 		}
 		now := time.Now()
@@ -130,23 +137,44 @@ func newPool() *pool { return &pool{idle: map[string][]*upConn{}} }
 // nothing): one the proxy closed, or on which it sent anything while it
 // was idle (an answer nobody asked for would be taken for the next
 // request's), is closed, as is one idle for idleConnTimeout or longer.
-func (p *pool) get(addr string, now time.Time) *upConn {
+// One idle long enough to have been probed whose proxy answered nothing
+// (idleDead) says the proxy is dead: every idle connection to addr is
+// closed and dead is true (the caller fails the attempt as the proxy's).
+func (p *pool) get(addr string, now time.Time) (u *upConn, dead bool) {
 	for {
 		p.mu.Lock()
 		l := p.idle[addr]
 		if len(l) == 0 {
 			p.mu.Unlock()
-			return nil
+			return nil, false
 		}
 		u := l[len(l)-1]
 		l[len(l)-1] = nil
 		p.idle[addr] = l[:len(l)-1]
 		p.n--
 		p.mu.Unlock()
-		if now.Sub(u.idleSince) < idleConnTimeout && u.usable() {
+		idle := now.Sub(u.idleSince)
+		if idle < idleConnTimeout && u.usable() {
+			if idleDead(u.c, idle) {
+				u.c.Close()
+				p.drop(addr)
+				return nil, true
+			}
 			u.reused = true
-			return u
+			return u, false
 		}
+		u.c.Close()
+	}
+}
+
+// drop closes every idle connection to addr.
+func (p *pool) drop(addr string) {
+	p.mu.Lock()
+	l := p.idle[addr]
+	delete(p.idle, addr)
+	p.n -= len(l)
+	p.mu.Unlock()
+	for _, u := range l {
 		u.c.Close()
 	}
 }

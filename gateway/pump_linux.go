@@ -4,13 +4,16 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
-// pump copies src to dst until src's EOF. Between two *net.TCPConn it
+// pump copies src to dst until src's EOF, storing the time (unix ns)
+// in seen after every burst. Between two *net.TCPConn it
 // splices (io.CopyN between them does), but only what src holds at the
 // moment: Go's splice takes a pipe (two descriptors, and its kernel
 // buffer) from a pool for as long as one copy lasts, so an io.Copy over
@@ -18,14 +21,14 @@ import (
 // in the poller first and splicing exactly what is queued gives the
 // pipe back after every burst: an idle tunnel holds its two sockets and
 // nothing else.
-func pump(dst, src net.Conn) (int64, error) {
+func pump(dst, src net.Conn, seen *atomic.Int64) (int64, error) {
 	s, ok := src.(*net.TCPConn)
 	if _, ok2 := dst.(*net.TCPConn); !ok || !ok2 {
-		return io.Copy(dst, src)
+		return io.Copy(dst, seenReader{src, seen})
 	}
 	rc, err := s.SyscallConn()
 	if err != nil {
-		return io.Copy(dst, src)
+		return io.Copy(dst, seenReader{src, seen})
 	}
 	var total int64
 	for {
@@ -38,6 +41,7 @@ func pump(dst, src net.Conn) (int64, error) {
 		}
 		n, err := io.CopyN(dst, src, int64(avail))
 		total += n
+		seen.Store(time.Now().UnixNano())
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return total, nil

@@ -5,11 +5,15 @@ package gateway
 import (
 	"io"
 	"net"
+	"sync/atomic"
 	"syscall"
 )
 
-// pump copies src to dst until src's EOF.
-func pump(dst, src net.Conn) (int64, error) { return io.Copy(dst, src) }
+// pump copies src to dst until src's EOF, storing the time (unix ns)
+// in seen after every read.
+func pump(dst, src net.Conn, seen *atomic.Int64) (int64, error) {
+	return io.Copy(dst, seenReader{src, seen})
+}
 
 // peekResult is what a look at a socket without a read found.
 type peekResult int

@@ -273,14 +273,24 @@ func appendFields(b []byte, fs []field) []byte {
 func (cc *clientConn) replayable() bool { return !cc.hasBody() && cc.h.idempotent }
 
 // try sends the request to st.p and reads its answer's head. retryable:
-// another proxy may be tried (the client's body was not touched).
+// another proxy may be tried (the client's body was not touched, or is
+// held whole). The attempt is a flight (failover.go): the proxy's
+// leaving the rotation or its silence ends it early.
 func (cc *clientConn) try(req []byte, st *relayState) (retryable bool, err error) {
 	g := cc.g
+	f := g.begin(st.p, nil)
+	defer g.land(f)
 	for attempt := 0; ; attempt++ {
+		if err := f.err(); err != nil {
+			return st.upBytes == 0, err
+		}
 		var uc *upConn
 		now := time.Now()
 		if attempt == 0 {
-			uc = g.pool.get(st.p.Addr, now)
+			var dead bool
+			if uc, dead = g.pool.get(st.p.Addr, now); dead {
+				return st.upBytes == 0, errSilent
+			}
 		}
 		if uc == nil {
 			c, err := g.dial(g.hard, st.p.Addr)
@@ -292,11 +302,20 @@ func (cc *clientConn) try(req []byte, st *relayState) (retryable bool, err error
 		}
 		cc.use(uc)
 		uc.client.Store(cc)
+		uc.flight = f
+		f.carry(uc.c, now)
 		err = cc.send(uc, req, st)
 		if err == nil {
 			err = cc.readAnswerHead(uc, st, now)
 		}
+		uc.flight = nil
 		if err == nil {
+			if cc.held > 0 {
+				// The answer came: the body held for another attempt goes.
+				_, _ = cc.br.Discard(cc.held)
+				st.upBytes, st.bodySent = int64(cc.held), true
+				cc.held = 0
+			}
 			st.uc = uc
 			return true, nil
 		}
@@ -309,6 +328,9 @@ func (cc *clientConn) try(req []byte, st *relayState) (retryable bool, err error
 			if s.clientErr != nil {
 				err = errClientLeft
 			}
+		}
+		if fe := f.err(); fe != nil && !isCanceled(err) {
+			err = fe // the watcher ended it: its cause, not the read's
 		}
 		var ue *upstreamError
 		if uc.reused && attempt == 0 && cc.replayable() && !isCanceled(err) && !errors.As(err, &ue) && !errors.Is(err, errResponseTimeout) {
@@ -330,15 +352,14 @@ func (cc *clientConn) send(uc *upConn, req []byte, st *relayState) error {
 		return err
 	}
 	if h.length > 0 && cc.br.Buffered() >= cc.headLen+int(h.length) && len(req)+int(h.length) <= outSize {
+		// The body goes in the head's write, and stays in cc.br (held)
+		// until the answer comes: another proxy may be sent it.
 		all, _ := cc.br.Peek(cc.headLen + int(h.length))
 		b := append(req, all[cc.headLen:]...)
-		if _, err := uc.c.Write(b); err != nil {
-			return err
-		}
 		cc.consumeHead()
-		_, _ = cc.br.Discard(int(h.length))
-		st.upBytes, st.bodySent = h.length, true
-		return nil
+		cc.held = int(h.length)
+		_, err := uc.c.Write(b)
+		return err
 	}
 	if _, err := uc.c.Write(req); err != nil {
 		return err
@@ -350,8 +371,10 @@ func (cc *clientConn) send(uc *upConn, req []byte, st *relayState) error {
 			return errClientLeft
 		}
 	}
+	// The body is read under IdleTimeout (the sender moves the
+	// deadline on as bytes come and go).
 	cc.idleUntil = time.Time{}
-	if err := cc.c.SetReadDeadline(time.Time{}); err != nil {
+	if err := cc.c.SetReadDeadline(time.Now().Add(g.cfg.IdleTimeout)); err != nil {
 		return errClientLeft
 	}
 	uc.client.Store(nil) // the sender reads the client now

@@ -61,7 +61,11 @@ type clientConn struct {
 	acc []byte // a head too large for a reader's buffer
 
 	idleUntil time.Time // the read deadline set for the next request
-	lastEnd   time.Time // when the last answer ended (zero: not known)
+	// held is the length of the request's body that went to a proxy
+	// with its head and is still at the front of br, kept until the
+	// answer comes so another proxy may be sent it (0: none).
+	held    int
+	lastEnd time.Time // when the last answer ended (zero: not known)
 	// headBy is the deadline of the head being read (HeaderTimeout from
 	// the accept, or from a next request's first byte); zero: none yet.
 	headBy time.Time
@@ -142,7 +146,7 @@ func (cc *clientConn) gone() bool {
 	if cc.closed.Load() {
 		return true
 	}
-	if cc.br != nil && cc.br.Buffered() > 0 || cc.rc == nil {
+	if cc.br != nil && cc.br.Buffered() > cc.held || cc.rc == nil {
 		return false
 	}
 	r := peek(cc.rc, cc.peekBuf[:])
@@ -181,14 +185,14 @@ func (cc *clientConn) serve() {
 			}
 		} else if cc.br.Buffered() == 0 {
 			// The deadline is set again only once it is more than a
-			// slack older than IdleTimeout (setting it costs; so does
+			// slack older than KeepAliveTimeout (setting it costs; so does
 			// reading the clock: the last answer's end is taken).
 			now := cc.lastEnd
 			if now.IsZero() {
 				now = time.Now()
 			}
-			if cc.idleUntil.Sub(now) < g.cfg.IdleTimeout-min(time.Second, g.cfg.IdleTimeout/8) {
-				cc.idleUntil = now.Add(g.cfg.IdleTimeout)
+			if cc.idleUntil.Sub(now) < g.cfg.KeepAliveTimeout-min(time.Second, g.cfg.KeepAliveTimeout/8) {
+				cc.idleUntil = now.Add(g.cfg.KeepAliveTimeout)
 				if cc.c.SetReadDeadline(cc.idleUntil) != nil {
 					return
 				}

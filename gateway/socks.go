@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -167,10 +168,7 @@ func (g *Gateway) serveSocksConn(c net.Conn, unauth *unauthSlot) (handed bool) {
 		case errors.As(err, &denied):
 			code, outcome = repNotAllowed, outcomeDenied
 		case errors.As(err, &ta):
-			code, outcome = repHostUnreachable, outcomeOK
-			if ta.squidError == "ERR_CONNECT_FAIL" {
-				code = repConnRefused
-			}
+			code, outcome = socksReplyFor(ta), outcomeOK
 		case errors.As(err, &empty):
 			code, outcome = repNetUnreachable, outcomeEmpty
 		case errors.As(err, &failed):
@@ -213,6 +211,46 @@ func (g *Gateway) serveSocksConn(c net.Conn, unauth *unauthSlot) (handed bool) {
 	g.track.add(c, up)
 	t.run()
 	return true
+}
+
+// The errnos squid reports are its host's, the guests' Linux, whatever
+// the gateway runs on.
+const (
+	guestECONNREFUSED = "111"
+	guestENETUNREACH  = "101"
+)
+
+// socksReplyFor is the SOCKS5 reply to a proxy's answer that speaks
+// for the target. squid names its error page and the system error
+// behind it in X-Squid-Error ("ERR_CONNECT_FAIL 111": the page, then
+// errno, 0 for none):
+//
+//   - ERR_ACCESS_DENIED (403: an http_access deny, proxy.deny's acl
+//     among them, a name that resolves into it included; a port not
+//     allowed) and ERR_FORWARDING_DENIED: 2, not allowed by ruleset;
+//   - ERR_CONNECT_FAIL by errno: ECONNREFUSED 5, connection refused;
+//     ENETUNREACH 3, network unreachable; any other (a timeout, no
+//     route to the host) 4, host unreachable;
+//   - ERR_DNS_FAIL (the name did not resolve) and ERR_CANNOT_FORWARD
+//     (no way to the target was found): 4, host unreachable;
+//   - anything else: 1, general failure.
+func socksReplyFor(ta *targetAnswer) byte {
+	page, errno, _ := strings.Cut(strings.TrimSpace(ta.squidError), " ")
+	switch page {
+	case "ERR_ACCESS_DENIED", "ERR_FORWARDING_DENIED":
+		return repNotAllowed
+	case "ERR_CONNECT_FAIL":
+		switch errno {
+		case guestECONNREFUSED:
+			return repConnRefused
+		case guestENETUNREACH:
+			return repNetUnreachable
+		}
+		return repHostUnreachable
+	case "ERR_DNS_FAIL", "ERR_CANNOT_FORWARD":
+		return repHostUnreachable
+	}
+	return repGeneralFailure
 }
 
 // socksAuth reads the greeting and the RFC 1929 sub-negotiation.

@@ -1,10 +1,29 @@
 package gateway
 
 import (
+	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
+	"sync/atomic"
+	"time"
 )
+
+// seenReader reads r, storing the time (unix ns) in seen after every
+// read that brought bytes.
+type seenReader struct {
+	r    io.Reader
+	seen *atomic.Int64
+}
+
+func (s seenReader) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if n > 0 {
+		s.seen.Store(time.Now().UnixNano())
+	}
+	return n, err
+}
 
 // tracker counts what the gateway runs (handlers, handshakes, tunnels)
 // and holds the connections it must close when a drain runs out.
@@ -91,11 +110,14 @@ func (t *tracker) closeAll() {
 
 // tunnel pipes client and up both ways. The caller has counted it in the
 // tracker (add with both connections); the last direction to end closes
-// both, counts the bytes, calls onDone and says done.
+// both, counts the bytes, calls onDone and says done. A tunnel that
+// carried no byte either way for IdleTimeout is closed: each direction
+// reads under a deadline, IdleTimeout after the last byte either way.
 type tunnel struct {
 	g          *Gateway
 	client, up net.Conn
 	onDone     func()
+	seen       atomic.Int64 // when a byte last went either way (unix ns)
 	mu         sync.Mutex
 	left       int
 	up2, down  int64
@@ -106,6 +128,7 @@ type tunnel struct {
 // no buffer of ours, and no pipe while idle.
 func (t *tunnel) run() {
 	t.left = 2
+	t.seen.Store(time.Now().UnixNano())
 	t.g.track.add()
 	go func() {
 		defer t.g.track.done()
@@ -115,7 +138,26 @@ func (t *tunnel) run() {
 }
 
 func (t *tunnel) copy(dst, src net.Conn, up bool) {
-	n, err := pump(dst, src)
+	idle := t.g.cfg.IdleTimeout
+	var n int64
+	err := src.SetReadDeadline(time.Now().Add(idle))
+	for err == nil {
+		var k int64
+		k, err = pump(dst, src, &t.seen)
+		n += k
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			break
+		}
+		// Nothing came this way for IdleTimeout: over unless bytes
+		// went the other way meanwhile.
+		last := time.Unix(0, t.seen.Load())
+		if time.Since(last) >= idle {
+			t.g.m.idleTunnel.Inc()
+			t.g.log.Debug("gateway: tunnel idle, closed", "idle", idle)
+			break
+		}
+		err = src.SetReadDeadline(last.Add(idle))
+	}
 	if err != nil {
 		// One side failed: the other direction is over too.
 		t.client.Close()

@@ -103,7 +103,8 @@ var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 1024) 
 var aLongTimeAgo = time.Unix(1, 0)
 
 // dialConnect opens a tunnel to target through p: connect, CONNECT with
-// the fleet's credential, wait for 200, all within ConnectTimeout.
+// the fleet's credential, wait for 200, all within ConnectTimeout; a
+// flight until the answer (failover.go).
 // leftover is what the proxy sent after its answer (a server-first
 // protocol's greeting), to be passed on first. target is a hostPort, so
 // the request line and Host carry nothing but a host and a port.
@@ -112,10 +113,16 @@ var aLongTimeAgo = time.Unix(1, 0)
 // (HeaderEgress).
 func (g *Gateway) dialConnect(ctx context.Context, p Proxy, target hostPort, egress netip.Addr) (up net.Conn, leftover []byte, err error) {
 	start := g.cfg.Now()
+	f := g.begin(p, nil)
+	defer g.land(f)
+	if err := f.err(); err != nil {
+		return nil, nil, err
+	}
 	c, err := g.dial(ctx, p.Addr)
 	if err != nil {
 		return nil, nil, err
 	}
+	f.carry(c, time.Now())
 	ok := false
 	defer func() {
 		if !ok {
@@ -148,6 +155,9 @@ func (g *Gateway) dialConnect(ctx context.Context, p Proxy, target hostPort, egr
 	}()
 	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
 	if err != nil {
+		if fe := f.err(); fe != nil && ctx.Err() == nil {
+			return nil, nil, fe
+		}
 		return nil, nil, g.ctxErr(ctx, err)
 	}
 	if resp.StatusCode != http.StatusOK {
@@ -263,12 +273,22 @@ func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, tr
 		}
 		ue := g.classify(err)
 		g.m.failure(ue.cause).Inc()
-		g.report(p, ue.reason)
+		switch ue.cause {
+		case causeLeft:
+			// Health took it out already: nothing to report.
+			g.pool.drop(p.Addr)
+		case causeSilent:
+			g.pool.drop(p.Addr)
+			g.report(p, ue.reason)
+		default:
+			g.report(p, ue.reason)
+		}
 		failures = append(failures, p.ID+": "+ue.reason)
 		tried = append(tried, p.ID)
 		if !retryable || i >= g.retries {
 			return p, &allFailed{failures}
 		}
+		g.m.failover(ue.cause).Inc()
 		g.log.Info("proxy failed, trying another", "kind", kind, "proxy", p.ID, "reason", ue.reason, "session", o.session != "")
 	}
 }

@@ -56,6 +56,7 @@ func gatewayComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg pro
 		Listen: c.Gateway.Listen, SocksListen: c.Gateway.SocksListen,
 		UpstreamUser: c.Proxy.Auth.User, UpstreamPassword: c.Proxy.Auth.Password.Reveal(),
 		Retries: c.Gateway.Retries, ConnectTimeout: c.Gateway.ConnectTimeout, ResponseTimeout: c.Gateway.ResponseTimeout,
+		FirstByteTimeout: c.Gateway.FirstByteTimeout, IdleTimeout: c.Gateway.IdleTimeout,
 		AuthFailures:   c.Gateway.AuthFailures,
 		MaxHeaderBytes: c.Gateway.MaxHeaderBytes, MaxHeaderFields: c.Gateway.MaxHeaderFields,
 		HeaderTimeout: c.Gateway.HeaderTimeout, MaxUnauthenticated: c.Gateway.MaxUnauthenticated,

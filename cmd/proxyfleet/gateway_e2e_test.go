@@ -28,6 +28,38 @@ func gatewayGet(gw, u string, user *url.Userinfo) (int, string, string, error) {
 	return resp.StatusCode, resp.Header.Get("X-Proxyfleet-Proxy"), string(b), err
 }
 
+// gatewayRig is realGuestRig with the gateway role started (user alice,
+// password "alice-gateway-secret"; gateway.listen gwAddr, its metrics on
+// gwHTTP; mod changes the config after) in front of real proxies ids,
+// each created and in the rotation when it returns. Health's rounds are
+// far apart and the worker's observation further: what takes a dead
+// proxy out of use is the gateway's own view (its failovers, its
+// reports and the probes they ask for).
+func gatewayRig(t *testing.T, entry string, mod func(*config.Config), ids ...string) (e *e2e, rot *rotationLog, gwAddr, gwHTTP string) {
+	t.Helper()
+	gwAddr = freePort(t)
+	pwFile := filepath.Join(t.TempDir(), "alice-password")
+	writeFile(t, pwFile, "alice-gateway-secret\n")
+	e, rot = realGuestRig(t, entry, func(c *config.Config) {
+		c.Gateway = config.Gateway{Listen: gwAddr, Users: []config.GatewayUser{{Name: "alice", PasswordFile: pwFile}}}
+		c.Health.Interval, c.Health.Timeout = 10*time.Second, 2*time.Second
+		c.Worker.ObserveInterval = 5 * time.Minute
+		if mod != nil {
+			mod(c)
+		}
+	})
+	e.cleanupProxies(ids...)
+	gwHTTP = freePort(t)
+	e.start("gateway", nil, "gateway", "--config", e.path, "--http", gwHTTP, "--debug")
+	var cmds []string
+	for _, id := range ids {
+		cmds = append(cmds, e.createReal(id))
+	}
+	e.waitDone(6*time.Minute, cmds...)
+	waitUntil(t, "the proxies in the rotation", 3*time.Minute, func() bool { return rot.has(ids...) })
+	return e, rot, gwAddr, gwHTTP
+}
+
 // The gateway in front of two real proxies (Debian guests running squid
 // with the fleet's credential), as a client sees it: one address; requests
 // spread over both; a session key stays on its proxy; a proxy's domain
@@ -38,30 +70,11 @@ func gatewayGet(gw, u string, user *url.Userinfo) (int, string, string, error) {
 // rotation 503.
 func TestGatewayOverRealProxies(t *testing.T) {
 	t.Parallel()
-	gwAddr := freePort(t)
-	pwFile := filepath.Join(t.TempDir(), "alice-password")
-	writeFile(t, pwFile, "alice-gateway-secret\n")
-	e, rot := realGuestRig(t, "th-gw", func(c *config.Config) {
-		c.Gateway = config.Gateway{Listen: gwAddr, Users: []config.GatewayUser{{Name: "alice", PasswordFile: pwFile}},
-			ConnectTimeout: 2 * time.Second, ResponseTimeout: 3 * time.Second}
-		// Health's rounds far apart, and the worker's observation
-		// further: what takes a dead proxy out in this test is the
-		// gateway's report and the probes it asks for.
-		c.Health.Interval, c.Health.Timeout = 10*time.Second, 2*time.Second
-		c.Worker.ObserveInterval = 5 * time.Minute
-	})
 	ids := []string{"gw-a", "gw-b"}
-	e.cleanupProxies(ids...)
+	e, rot, gwAddr, gwHTTP := gatewayRig(t, "th-gw", func(c *config.Config) {
+		c.Gateway.ConnectTimeout, c.Gateway.ResponseTimeout = 2*time.Second, 3*time.Second
+	}, ids...)
 	targetURL, token := target(t, rootIP())
-	gwHTTP := freePort(t)
-	e.start("gateway", nil, "gateway", "--config", e.path, "--http", gwHTTP, "--debug")
-
-	var cmds []string
-	for _, id := range ids {
-		cmds = append(cmds, e.createReal(id))
-	}
-	e.waitDone(6*time.Minute, cmds...)
-	waitUntil(t, "both proxies in the rotation", 3*time.Minute, func() bool { return rot.has(ids...) })
 
 	alice := url.UserPassword("alice", "alice-gateway-secret")
 	as := func(suffix string) *url.Userinfo { return url.UserPassword("alice"+suffix, "alice-gateway-secret") }

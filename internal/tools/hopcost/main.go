@@ -314,9 +314,13 @@ func (f fixedPicker) Pick(gateway.Selector) (gateway.Proxy, error) { return f.p,
 func (f fixedPicker) PickSession(string, gateway.Selector) (gateway.Proxy, error) {
 	return f.p, nil
 }
-func (f fixedPicker) Acquire(gateway.Proxy) func()       { return func() {} }
-func (f fixedPicker) Report(gateway.Proxy, string) error { return nil }
-func (f fixedPicker) Len() int                           { return 1 }
+func (f fixedPicker) Acquire(gateway.Proxy) func()        { return func() {} }
+func (f fixedPicker) Report(gateway.Proxy, string) error  { return nil }
+func (f fixedPicker) Len() int                            { return 1 }
+func (f fixedPicker) Get(id string) (gateway.Proxy, bool) { return f.p, id == f.p.ID }
+
+// Changed never closes: the one proxy never leaves.
+func (f fixedPicker) Changed() <-chan struct{} { return nil }
 
 // relayIO relays each connection to up with two goroutines and io.Copy.
 func relayIO(ctx context.Context, listen, up string) error {
