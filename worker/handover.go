@@ -270,7 +270,7 @@ func (c *consumerRun) holdPin() (stop func()) {
 // seconds: unbounded, a lookup and an unpin a host would queue on a busy
 // JetStream API past the unpins' timeout. A pin not released expires only
 // after pinned_ttl, and the host's new owner gets none of its work until
-// then (TestUnpinsAreBoundedAndLookTheStreamUpOnce).
+// then (BenchmarkUnpinLookups and TestUnpinsAreBoundedOnTheirStream).
 type unpinner struct {
 	once    sync.Once
 	slots   chan struct{}
