@@ -15,11 +15,11 @@ import (
 // reported with b.ReportMetric; the bench tool (internal/tools/bench,
 // section budgets) runs them and holds each figure to its budget.
 
-// observedRig is a worker observing h1 every 20ms, running n proxies it
-// created, two passes past their creates.
-func observedRig(b *testing.B, n int) (*rig, *worker.Worker) {
-	r := newRig(b, "h1")
-	w := r.startWorker(func(c *worker.Config) { c.ObserveInterval = 20 * time.Millisecond })
+// observedRig is a worker observing h1 every interval, running n proxies
+// it created, two passes past their creates.
+func observedRig(tb testing.TB, n int, every time.Duration) (*rig, *worker.Worker) {
+	r := newRig(tb, "h1")
+	w := r.startWorker(func(c *worker.Config) { c.ObserveInterval = every })
 	for i := range n {
 		r.create(fmt.Sprintf("p%d", i), fmt.Sprintf("c%d", i), "")
 	}
@@ -50,7 +50,7 @@ func loopPasses(b *testing.B, r *rig, w *worker.Worker) int64 {
 // unchanged proxies: their last events and desired records in a batched
 // direct get each, none one by one.
 func BenchmarkObservationPassRequests(b *testing.B) {
-	r, w := observedRig(b, 10)
+	r, w := observedRig(b, 10, 20*time.Millisecond)
 	count := func(subject string) func() int {
 		sub, err := r.nc.SubscribeSync(subject)
 		if err != nil {
@@ -85,7 +85,7 @@ func BenchmarkObservationPassRequests(b *testing.B) {
 // BenchmarkObservationPassOtherHosts: the events a pass of h1, which runs
 // 2 proxies, reads while 300 proxies run on another host.
 func BenchmarkObservationPassOtherHosts(b *testing.B) {
-	r, w := observedRig(b, 2)
+	r, w := observedRig(b, 2, 20*time.Millisecond)
 	publishOthers(b, r, 300)
 	// Passes that start from now on see every event published above.
 	start := w.Stats().Snapshot()["observe_passes"]

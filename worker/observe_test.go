@@ -226,19 +226,8 @@ func TestObservationViewIsMadeAnewWithTheStream(t *testing.T) {
 // reads is a budget (BenchmarkObservationPassRequests, bench section
 // budgets): its proxies' last events and desired records batched.
 func TestObservationFollowsNoStreamAndSeesAChange(t *testing.T) {
-	r := newRig(t, "h1")
-	w := r.startWorker(func(c *worker.Config) { c.ObserveInterval = 100 * time.Millisecond })
 	const n = 10
-	for i := range n {
-		r.create(fmt.Sprintf("p%d", i), fmt.Sprintf("c%d", i), "")
-	}
-	for i := range n {
-		r.waitOutcome(fmt.Sprintf("c%d", i), messages.OutcomeDone)
-	}
-	began := w.Stats().Snapshot()["observe_passes"]
-	r.waitFor("three passes after the creates", 30*time.Second, func() bool {
-		return w.Stats().Snapshot()["observe_passes"] >= began+3
-	})
+	r, _ := observedRig(t, n, 100*time.Millisecond)
 	for i := range n {
 		if ev, _ := r.lastEvent(fmt.Sprintf("p%d", i)); ev.State != messages.StateRunning {
 			t.Errorf("p%d, unchanged: last event %s, want running", i, ev.State)
