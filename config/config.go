@@ -14,6 +14,8 @@ import (
 	"proxyfleet/bans"
 	"proxyfleet/deny"
 	"proxyfleet/messages"
+	topodef "proxyfleet/topology/defaults"
+	workerdef "proxyfleet/worker/defaults"
 )
 
 // Config is the whole file.
@@ -440,13 +442,13 @@ func (c *Config) SetDefaults() {
 		n.Prefix = messages.DefaultPrefix
 	}
 	if n.Replicas == 0 {
-		n.Replicas = 1
+		n.Replicas = topodef.Replicas
 	}
-	setDur(&n.DuplicateWindow, 2*time.Minute)
-	setDur(&n.ResultsMaxAge, 24*time.Hour)
-	setDur(&n.DeletedMaxAge, 24*time.Hour)
-	setDur(&n.CommandIDMaxAge, 7*24*time.Hour)
-	setDur(&n.RepairInterval, 5*time.Second)
+	setDur(&n.DuplicateWindow, topodef.DuplicateWindow)
+	setDur(&n.ResultsMaxAge, topodef.ResultsMaxAge)
+	setDur(&n.DeletedMaxAge, workerdef.DeletedTTL)
+	setDur(&n.CommandIDMaxAge, topodef.CommandIDMaxAge)
+	setDur(&n.RepairInterval, topodef.RepairInterval)
 	for i := range c.Hosts {
 		h := &c.Hosts[i]
 		if h.Driver == "" {
@@ -461,7 +463,7 @@ func (c *Config) SetDefaults() {
 	}
 	p := &c.Proxy
 	if p.Port == 0 {
-		p.Port = 3128
+		p.Port = workerdef.ProxyPort
 	}
 	if p.CPUs == 0 {
 		p.CPUs = 1
@@ -470,30 +472,30 @@ func (c *Config) SetDefaults() {
 		p.MemoryMiB = 512
 	}
 	w := &c.Worker
-	setDur(&w.AckWait, 30*time.Second)
+	setDur(&w.AckWait, topodef.AckWait)
 	if w.MaxAttempts == 0 {
-		w.MaxAttempts = 8
+		w.MaxAttempts = topodef.MaxAttempts
 	}
-	setDur(&w.BackoffInitial, time.Second)
-	setDur(&w.BackoffMax, 2*time.Minute)
-	setDur(&w.ReadyTimeout, 5*time.Minute)
-	setDur(&w.PollInterval, 2*time.Second)
-	setDur(&w.PinnedTTL, 15*time.Second)
+	setDur(&w.BackoffInitial, workerdef.BackoffInitial)
+	setDur(&w.BackoffMax, workerdef.BackoffMax)
+	setDur(&w.ReadyTimeout, workerdef.ReadyTimeout)
+	setDur(&w.PollInterval, workerdef.PollInterval)
+	setDur(&w.PinnedTTL, topodef.PinnedTTL)
 	if w.Concurrency == 0 {
-		w.Concurrency = 20
+		w.Concurrency = workerdef.Concurrency
 	}
-	setDur(&w.DrainTimeout, 30*time.Second)
-	setDur(&w.CheckInterval, 5*time.Second)
-	setDur(&w.ObserveInterval, 30*time.Second)
+	setDur(&w.DrainTimeout, workerdef.DrainTimeout)
+	setDur(&w.CheckInterval, workerdef.CheckInterval)
+	setDur(&w.ObserveInterval, workerdef.ObserveInterval)
 	if w.QuarantineFailures == 0 {
-		w.QuarantineFailures = 5
+		w.QuarantineFailures = workerdef.QuarantineFailures
 	}
-	setDur(&w.QuarantineWindow, time.Minute)
-	setDur(&w.QuarantineCoolDown, 5*time.Second)
-	setDur(&w.QuarantineMaxCoolDown, 5*time.Minute)
-	setDur(&w.Heartbeat, 2*time.Second)
-	setDur(&w.Liveness, 3*w.Heartbeat)
-	setDur(&w.SweepGrace, 10*time.Minute)
+	setDur(&w.QuarantineWindow, workerdef.QuarantineWindow)
+	setDur(&w.QuarantineCoolDown, workerdef.QuarantineCoolDown)
+	setDur(&w.QuarantineMaxCoolDown, workerdef.QuarantineMaxCoolDown)
+	setDur(&w.Heartbeat, workerdef.Heartbeat)
+	setDur(&w.Liveness, workerdef.LivenessHeartbeats*w.Heartbeat)
+	setDur(&w.SweepGrace, workerdef.SweepGrace)
 	hl := &c.Health
 	if hl.HTTP == "" {
 		hl.HTTP = "127.0.0.1:8080"

@@ -23,8 +23,9 @@
 //
 // A Repairer runs as one call, Run(ctx) error: it checks every Interval
 // until ctx is done, then returns nil; it fails when its NATS connection is
-// closed for good. The defaults of Topology and RepairerConfig live in one
-// place, their WithDefaults; worker.Config takes those of the settings it
+// closed for good. The defaults of Topology and RepairerConfig are the
+// constants of package topology/defaults (config fills a file's gaps with
+// them too), applied by their WithDefaults; worker.Config takes those of the settings it
 // shares with its consumers (AckWait, MaxAttempts, PinnedTTL) from
 // Topology.WithDefaults.
 //

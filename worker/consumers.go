@@ -200,20 +200,15 @@ func (c *consumerRun) retire() {
 }
 
 // supervise starts c's supervisor unless one runs, or the worker is
-// stopping, or start has not made their context yet (start then starts
-// those of the runs that are not idle).
+// stopping, or start has not opened stageSupervisors yet (start then
+// starts those of the runs that are not idle).
 func (w *Worker) supervise(c *consumerRun) {
 	w.superMu.Lock()
 	defer w.superMu.Unlock()
-	if w.superStopped || w.superCtx == nil || c.superOn {
+	if c.superOn {
 		return
 	}
-	c.superOn = true
-	w.superWG.Add(1)
-	go func() {
-		defer w.superWG.Done()
-		c.supervise(w.superCtx)
-	}()
+	c.superOn = w.life.goIn(stageSupervisors, c.supervise)
 }
 
 // idle reports whether the run has nothing to supervise: a host's run

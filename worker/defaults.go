@@ -6,16 +6,13 @@ import (
 	"time"
 
 	"proxyfleet/messages"
+	"proxyfleet/worker/defaults"
 )
 
-// The defaults of Config live here and only here; those of the settings
-// it shares with its consumers (AckWait, MaxAttempts, PinnedTTL) are the
-// Topology's (topology.Topology.WithDefaults). Package config takes its own
-// defaults from WithDefaults, so a worker started from a file and one
-// started from code agree.
-
-// defaultSweepGrace: a volume nothing used for this long is removed.
-const defaultSweepGrace = 10 * time.Minute
+// The defaults of Config are the constants of package worker/defaults,
+// which package config fills a file's gaps with too; those of the settings
+// the worker shares with its consumers (AckWait, MaxAttempts, PinnedTTL)
+// are the Topology's (topology.Topology.WithDefaults).
 
 // WithDefaults returns cfg with every zero value filled with its default.
 // AckWait, MaxAttempts and PinnedTTL are the worker's and its consumers'
@@ -35,25 +32,25 @@ func (cfg Config) WithDefaults() Config {
 	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, t.MaxAttempts)
 	cfg.PinnedTTL = cmp.Or(cfg.PinnedTTL, t.PinnedTTL)
 
-	cfg.ReadyTimeout = cmp.Or(cfg.ReadyTimeout, 5*time.Minute)
-	cfg.PollInterval = cmp.Or(cfg.PollInterval, 2*time.Second)
-	cfg.DrainTimeout = cmp.Or(cfg.DrainTimeout, 30*time.Second)
-	cfg.CheckInterval = cmp.Or(cfg.CheckInterval, 5*time.Second)
-	cfg.DeletedTTL = cmp.Or(cfg.DeletedTTL, 24*time.Hour)
-	cfg.ObserveInterval = cmp.Or(cfg.ObserveInterval, 30*time.Second)
-	cfg.SweepGrace = cmp.Or(cfg.SweepGrace, defaultSweepGrace)
-	cfg.ProgressEvery = cmp.Or(cfg.ProgressEvery, 2*time.Second)
-	cfg.Heartbeat = cmp.Or(cfg.Heartbeat, 2*time.Second)
-	cfg.Liveness = cmp.Or(cfg.Liveness, 3*cfg.Heartbeat)
-	cfg.Concurrency = cmp.Or(cfg.Concurrency, 20) // a KVM host's default room: a burst that fills it boots at once
-	cfg.ProxyPort = cmp.Or(cfg.ProxyPort, 3128)
-	cfg.QuarantineFailures = cmp.Or(cfg.QuarantineFailures, 5)
-	cfg.QuarantineWindow = cmp.Or(cfg.QuarantineWindow, time.Minute)
-	cfg.QuarantineCoolDown = cmp.Or(cfg.QuarantineCoolDown, 5*time.Second)
-	cfg.QuarantineMaxCoolDown = cmp.Or(cfg.QuarantineMaxCoolDown, 5*time.Minute)
+	cfg.ReadyTimeout = cmp.Or(cfg.ReadyTimeout, defaults.ReadyTimeout)
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, defaults.PollInterval)
+	cfg.DrainTimeout = cmp.Or(cfg.DrainTimeout, defaults.DrainTimeout)
+	cfg.CheckInterval = cmp.Or(cfg.CheckInterval, defaults.CheckInterval)
+	cfg.DeletedTTL = cmp.Or(cfg.DeletedTTL, defaults.DeletedTTL)
+	cfg.ObserveInterval = cmp.Or(cfg.ObserveInterval, defaults.ObserveInterval)
+	cfg.SweepGrace = cmp.Or(cfg.SweepGrace, defaults.SweepGrace)
+	cfg.ProgressEvery = cmp.Or(cfg.ProgressEvery, defaults.ProgressEvery)
+	cfg.Heartbeat = cmp.Or(cfg.Heartbeat, defaults.Heartbeat)
+	cfg.Liveness = cmp.Or(cfg.Liveness, defaults.LivenessHeartbeats*cfg.Heartbeat)
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, defaults.Concurrency)
+	cfg.ProxyPort = cmp.Or(cfg.ProxyPort, defaults.ProxyPort)
+	cfg.QuarantineFailures = cmp.Or(cfg.QuarantineFailures, defaults.QuarantineFailures)
+	cfg.QuarantineWindow = cmp.Or(cfg.QuarantineWindow, defaults.QuarantineWindow)
+	cfg.QuarantineCoolDown = cmp.Or(cfg.QuarantineCoolDown, defaults.QuarantineCoolDown)
+	cfg.QuarantineMaxCoolDown = cmp.Or(cfg.QuarantineMaxCoolDown, defaults.QuarantineMaxCoolDown)
 	cfg.QuarantineMaxCoolDown = max(cfg.QuarantineMaxCoolDown, cfg.QuarantineCoolDown)
 	if cfg.Backoff == nil {
-		cfg.Backoff = ExpBackoff{Initial: time.Second, Max: 2 * time.Minute}
+		cfg.Backoff = ExpBackoff{Initial: defaults.BackoffInitial, Max: defaults.BackoffMax}
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now

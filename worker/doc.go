@@ -41,14 +41,21 @@
 // its hosts, deletes its record, all within DrainTimeout whether NATS
 // answers or not) and
 // returns nil; it returns the error that kept it from starting, or, after
-// draining, its NATS connection closed for good. The defaults of Config
-// live in one place, its WithDefaults, which takes those of the settings
-// it shares with its consumers from Topology.WithDefaults.
+// draining, its NATS connection closed for good. Every goroutine of the
+// run starts through one lifecycle (lifecycle.go), in a stage that drain
+// stops in one order: the membership's loop, the consumers' supervisors,
+// what the handlers lean on, the writers of the hosts' records. The
+// defaults of Config
+// are the constants of package worker/defaults (config fills a file's gaps
+// with them too), applied by its WithDefaults, which takes those of the
+// settings it shares with its consumers from Topology.WithDefaults.
 //
 // # Files
 //
 // worker.go is Config, Worker and New; run.go is Run (start, drain);
-// defaults.go the defaults. intake.go turns commands into desired
+// lifecycle.go the stages every goroutine of a run starts in, and the
+// order drain stops them in;
+// defaults.go applies the defaults. intake.go turns commands into desired
 // state (desired.go) and work; executor.go converges one proxy, observe.go
 // re-reads a host's proxies, redrive.go makes again those whose domain is
 // gone and sweeps the volumes nothing uses (through a provider that is a

@@ -186,9 +186,7 @@ func (c *consumerRun) awaitIdle(ctx context.Context, timeout time.Duration) bool
 		}
 	}
 	done := make(chan struct{})
-	c.w.wg.Add(1)
-	go func() {
-		defer c.w.wg.Done()
+	if !c.w.life.goIn(stageHandlers, func(context.Context) {
 		// As in drain: the pool may be waited for only once every
 		// consume that feeds it has closed.
 		for _, cc := range ccs {
@@ -196,7 +194,9 @@ func (c *consumerRun) awaitIdle(ctx context.Context, timeout time.Duration) bool
 		}
 		c.pool.wait()
 		close(done)
-	}()
+	}) {
+		return false // the worker drains: it waits for the pools itself
+	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
@@ -270,7 +270,7 @@ func (c *consumerRun) holdPin() (stop func()) {
 // seconds: unbounded, a lookup and an unpin a host would queue on a busy
 // JetStream API past the unpins' timeout. A pin not released expires only
 // after pinned_ttl, and the host's new owner gets none of its work until
-// then (TestUnpinsAreBoundedAndLookTheStreamUpOnce).
+// then (BenchmarkUnpinLookups and TestUnpinsAreBoundedOnTheirStream).
 type unpinner struct {
 	once    sync.Once
 	slots   chan struct{}

@@ -29,7 +29,7 @@ var subj = messages.NewSubjects("")
 // rig is an embedded server, sim hosts in a temp dir, and a recorder of
 // every result and state event.
 type rig struct {
-	t     *testing.T
+	t     testing.TB
 	srv   *natstest.Server
 	nc    *nats.Conn
 	js    jetstream.JetStream
@@ -45,7 +45,7 @@ type rig struct {
 	runs sync.Map // *worker.Worker → *runtest.Running, of startWorker
 }
 
-func newRig(t *testing.T, hosts ...string) *rig {
+func newRig(t testing.TB, hosts ...string) *rig {
 	t.Helper()
 	if len(hosts) == 0 {
 		hosts = []string{"h1", "h2"}
@@ -55,7 +55,7 @@ func newRig(t *testing.T, hosts ...string) *rig {
 
 // newRigOn is newRig on a server of the caller's, connecting with opt (nil
 // for none).
-func newRigOn(t *testing.T, srv *natstest.Server, opt nats.Option, hosts ...string) *rig {
+func newRigOn(t testing.TB, srv *natstest.Server, opt nats.Option, hosts ...string) *rig {
 	t.Helper()
 	if len(hosts) == 0 {
 		hosts = []string{"h1", "h2"}
@@ -125,7 +125,7 @@ type workerOpt func(*worker.Config)
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	if os.Getenv("PROXYFLEET_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}

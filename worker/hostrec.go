@@ -65,31 +65,20 @@ type hostWriter struct {
 	readRec messages.HostRecord
 }
 
-// startWriters makes a writer for every host of the catalog; stopWriters
-// ends them. A writer's goroutine runs only while it has changes to make
-// (wake): a worker of a catalog of 500 hosts pulls its share of them, and
-// a goroutine parked for each of the others cost its stack for nothing.
+// startWriters makes a writer for every host of the catalog and opens
+// stageWriters; stopping that stage (drain, or stopWriters) ends them. A
+// writer's goroutine runs only while it has changes to make (wake): a
+// worker of a catalog of 500 hosts pulls its share of them, and a
+// goroutine parked for each of the others cost its stack for nothing.
 func (w *Worker) startWriters() {
-	ctx, cancel := context.WithCancel(context.Background())
-	w.writersCtx, w.writersStop, w.writersDone = ctx, cancel, make(chan struct{})
 	w.writers = map[string]*hostWriter{}
 	for _, h := range w.catalog.Hosts {
 		w.writers[h] = &hostWriter{w: w, host: h, reqs: make(chan hostEdit, hostBatch)}
 	}
+	w.life.open(stageWriters)
 }
 
-func (w *Worker) stopWriters() {
-	if w.writersStop == nil {
-		return
-	}
-	w.writersMu.Lock()
-	w.writersStopped = true // no writer starts from now on
-	w.writersMu.Unlock()
-	w.writersStop()
-	w.writersWG.Wait()
-	close(w.writersDone)
-	w.writersStop = nil
-}
+func (w *Worker) stopWriters() { w.life.stop(stageWriters) }
 
 // wake starts hw's goroutine unless it runs: called after each change is
 // queued, so a change never waits without one (run ends only when it
@@ -98,15 +87,10 @@ func (hw *hostWriter) wake() {
 	w := hw.w
 	w.writersMu.Lock()
 	defer w.writersMu.Unlock()
-	if hw.running || w.writersStopped {
+	if hw.running {
 		return
 	}
-	hw.running = true
-	w.writersWG.Add(1)
-	go func() {
-		defer w.writersWG.Done()
-		hw.run(w.writersCtx)
-	}()
+	hw.running = w.life.goIn(stageWriters, hw.run)
 }
 
 // idle ends the writer's run if no change is queued.
@@ -134,7 +118,7 @@ func (w *Worker) updateHost(ctx context.Context, host string, edit func(*message
 		hw.wake()
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-w.writersDone:
+	case <-w.life.done(stageWriters):
 		return errStopped
 	}
 	select {
@@ -142,7 +126,7 @@ func (w *Worker) updateHost(ctx context.Context, host string, edit func(*message
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-w.writersDone:
+	case <-w.life.done(stageWriters):
 		return errStopped
 	}
 }

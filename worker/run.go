@@ -81,45 +81,88 @@ func watchConn(ctx context.Context, nc *nats.Conn, every time.Duration) error {
 	}
 }
 
-// start binds what the worker uses and starts consuming; what it started
-// before a failure is for drain to stop.
+// start binds what the worker uses and starts consuming, opening the
+// stages of its lifecycle as what their goroutines use becomes ready;
+// what it started before a failure is for drain to stop.
 func (w *Worker) start(ctx context.Context) error {
 	hosts := slices.Sorted(maps.Keys(w.cfg.Providers))
 	if err := w.awaitTopology(ctx); err != nil {
 		return err
 	}
-	var err error
-	if w.desired, err = w.js.KeyValue(ctx, messages.BucketDesired); err != nil {
-		return fmt.Errorf("bind bucket %s: %w", messages.BucketDesired, err)
-	}
-	if w.cmdIDs, err = w.js.KeyValue(ctx, messages.BucketCommands); err != nil {
-		return fmt.Errorf("bind bucket %s: %w", messages.BucketCommands, err)
-	}
-	if w.hosts, err = w.js.KeyValue(ctx, messages.BucketHosts); err != nil {
-		return fmt.Errorf("bind bucket %s: %w", messages.BucketHosts, err)
-	}
-	if w.events, err = newEventPublisher(ctx, w.js, w.subj, w.cfg.DeletedTTL, w.now); err != nil {
+	if err := w.bind(ctx); err != nil {
 		return err
 	}
-	// The handlers' context: cancelled by drain, not by ctx.
-	runCtx, cancel := context.WithCancel(context.Background())
-	w.cancel = cancel
+	w.startHandlers()
+	w.startWriters()
+	w.recordHosts(ctx, hosts)
+	hostRuns := w.makeRuns(hosts)
+	// Its record, and everyone's: which hosts are its share to pull.
+	w.life.open(stageMembers)
+	var err error
+	if w.members, err = newMembership(ctx, w.life.ctx(stageMembers), w, hostRuns); err != nil {
+		return err
+	}
+	if err := w.consumeShare(ctx); err != nil {
+		return err
+	}
+	w.members.claim(ctx)
+	w.members.poke() // the record says what it pulls now
+	w.life.goIn(stageMembers, w.members.run)
+	w.life.open(stageSupervisors)
+	for _, c := range w.runs {
+		// Not c.idle(): a want may have started its supervisor, which
+		// owns c.cc from then on.
+		if c.host == "" || c.wanted.Load() || c.pulling.Load() {
+			w.supervise(c)
+		}
+	}
+	if w.cfg.ObserveInterval > 0 {
+		ticked := make([]*consumerRun, 0, len(hosts))
+		for _, h := range hosts {
+			ticked = append(ticked, hostRuns[h])
+		}
+		w.life.goIn(stageHandlers, func(ctx context.Context) { w.tickLoop(ctx, ticked) })
+	}
+	w.log.Info("worker started", "id", w.cfg.ID, "hosts", hosts, "intake", !w.cfg.NoIntake,
+		"pulling", w.members.share, "heartbeat", w.cfg.Heartbeat, "liveness", w.cfg.Liveness)
+	return nil
+}
+
+// bind binds the buckets and the event publisher the worker uses.
+func (w *Worker) bind(ctx context.Context) error {
+	for _, b := range []struct {
+		kv   *jetstream.KeyValue
+		name string
+	}{{&w.desired, messages.BucketDesired}, {&w.cmdIDs, messages.BucketCommands}, {&w.hosts, messages.BucketHosts}} {
+		kv, err := w.js.KeyValue(ctx, b.name)
+		if err != nil {
+			return fmt.Errorf("bind bucket %s: %w", b.name, err)
+		}
+		*b.kv = kv
+	}
+	var err error
+	w.events, err = newEventPublisher(ctx, w.js, w.subj, w.cfg.DeletedTTL, w.now)
+	return err
+}
+
+// startHandlers opens stageHandlers, whose context is the handlers' (drain
+// cancels it, not Run's ctx), and starts what they lean on: the host view
+// placement ranks from and the fence that abandons work once cut off.
+func (w *Worker) startHandlers() {
+	w.life.open(stageHandlers)
+	w.begun = true
 	w.draining = make(chan struct{})
 	w.hostView = newHostView(w.hosts, w.js.Conn(), w.cfg.CheckInterval, w.log)
 	w.rankInOrder()
-	w.wg.Add(1)
-	go func() {
-		defer w.wg.Done()
-		w.hostView.run(runCtx)
-	}()
-	w.startWriters()
-	w.recordHosts(ctx, hosts)
+	w.life.goIn(stageHandlers, w.hostView.run)
 	w.fence = newFence(w.js.Conn(), w.cfg.AckWait/4, w.log)
-	w.wg.Add(1)
-	go func() {
-		defer w.wg.Done()
-		w.fence.run(runCtx)
-	}()
+	w.life.goIn(stageHandlers, w.fence.run)
+}
+
+// makeRuns makes the intake's run (unless NoIntake) and one run per host,
+// returning the hosts' by host.
+func (w *Worker) makeRuns(hosts []string) map[string]*consumerRun {
+	runCtx := w.life.ctx(stageHandlers)
 	if !w.cfg.NoIntake {
 		in := &intake{w: w}
 		c := w.newRun(runCtx, messages.StreamCommands, w.cfg.Topology.IntakeConsumerConfig(), 64, in.handle)
@@ -141,14 +184,12 @@ func (w *Worker) start(ctx context.Context) error {
 		hostRuns[h] = c
 		w.runs = append(w.runs, c)
 	}
-	// Its record, and everyone's: which hosts are its share to pull.
-	memCtx, memCancel := context.WithCancel(context.Background())
-	w.memCancel = memCancel
-	if w.members, err = newMembership(ctx, memCtx, w, hostRuns); err != nil {
-		return err
-	}
-	// Every consumer is made to the config (a difference refuses the
-	// start), but only the share is pulled.
+	return hostRuns
+}
+
+// consumeShare makes every consumer to the config (a difference refuses
+// the start) and consumes those the membership wants pulled.
+func (w *Worker) consumeShare(ctx context.Context) error {
 	for _, c := range w.runs {
 		cons, err := c.ensureRetrying(ctx)
 		if err != nil {
@@ -163,37 +204,6 @@ func (w *Worker) start(ctx context.Context) error {
 		}
 		c.pulling.Store(true)
 	}
-	w.members.claim(ctx)
-	w.members.poke() // the record says what it pulls now
-	w.memWG.Add(1)
-	go func() {
-		defer w.memWG.Done()
-		w.members.run(memCtx)
-	}()
-	superCtx, superCancel := context.WithCancel(context.Background())
-	w.superMu.Lock()
-	w.superCtx, w.superCancel = superCtx, superCancel
-	w.superMu.Unlock()
-	for _, c := range w.runs {
-		// Not c.idle(): a want may have started its supervisor, which
-		// owns c.cc from then on.
-		if c.host == "" || c.wanted.Load() || c.pulling.Load() {
-			w.supervise(c)
-		}
-	}
-	if w.cfg.ObserveInterval > 0 {
-		ticked := make([]*consumerRun, 0, len(hostRuns))
-		for _, h := range hosts {
-			ticked = append(ticked, hostRuns[h])
-		}
-		w.wg.Add(1)
-		go func() {
-			defer w.wg.Done()
-			w.tickLoop(runCtx, ticked)
-		}()
-	}
-	w.log.Info("worker started", "id", w.cfg.ID, "hosts", hosts, "intake", !w.cfg.NoIntake,
-		"pulling", w.members.share, "heartbeat", w.cfg.Heartbeat, "liveness", w.cfg.Liveness)
 	return nil
 }
 
@@ -207,12 +217,16 @@ func (w *Worker) newRun(runCtx context.Context, stream string, cfg jetstream.Con
 	}
 }
 
-// drain stops pulling, lets in-flight work finish within the drain
-// timeout, then cancels what is left (it is handed back to JetStream) and
-// releases the host consumers' pins so other workers take over at once.
-// Its record says it is draining first, so the others start pulling its
-// hosts at once; it keeps each host's pin until the host's in-flight work
-// has ended (see holdPin), and deletes its record last.
+// drain stops the worker's lifecycle, its stages in their order (see
+// stage), doing between them what the stop needs: its record says it is
+// draining once the membership's loop has stopped, so the others start
+// pulling its hosts at once; once the supervisors have stopped it stops
+// pulling and lets in-flight work finish within the drain timeout, then
+// cancels what is left (it is handed back to JetStream) by stopping
+// stageHandlers; it keeps each host's pin until the host's in-flight work
+// has ended (see holdPin); once the writers have stopped it releases the
+// host consumers' pins so other workers take over at once, and deletes
+// its record last.
 //
 // The whole stop fits within DrainTimeout, however many hosts the worker
 // owns: work in flight gets the timeout less the hand-over's share
@@ -223,27 +237,18 @@ func (w *Worker) newRun(runCtx context.Context, stream string, cfg jetstream.Con
 // server moves a pin nobody renews after PinnedTTL and the others count a
 // record nobody renews dead after Liveness.
 func (w *Worker) drain() {
-	if w.cancel == nil {
+	defer w.life.stopAll() // whatever start opened, if it stopped early
+	if !w.begun {
 		return // it never got as far as consuming
 	}
 	stopBy := time.Now().Add(w.cfg.DrainTimeout)
 	stopCtx, stopCancel := context.WithDeadline(context.Background(), stopBy)
 	defer stopCancel()
-	if w.memCancel != nil {
-		w.memCancel()
-		w.memWG.Wait()
-	}
+	w.life.stop(stageMembers)
 	if w.members != nil && !w.js.Conn().IsClosed() {
 		w.members.beat(stopCtx, messages.WorkerDraining)
 	}
-	// First the supervisors, so nothing restarts a consume behind us.
-	w.superMu.Lock()
-	w.superStopped = true
-	if w.superCancel != nil {
-		w.superCancel()
-	}
-	w.superMu.Unlock()
-	w.superWG.Wait()
+	w.life.stop(stageSupervisors) // nothing restarts a consume behind us
 	close(w.draining)
 	w.log.Info("draining worker", "timeout", w.cfg.DrainTimeout)
 	var holds []func()
@@ -255,7 +260,7 @@ func (w *Worker) drain() {
 		}
 	}
 	done := make(chan struct{})
-	go func() {
+	w.life.goIn(stageHandlers, func(context.Context) {
 		// A draining consumer still hands its buffered messages to the
 		// pool; only once it is closed may the pool be waited for (a
 		// WaitGroup's Add must not race its Wait).
@@ -270,7 +275,7 @@ func (w *Worker) drain() {
 			c.pool.wait()
 		}
 		close(done)
-	}()
+	})
 	t := time.NewTimer(time.Until(stopBy.Add(-handoverShare(w.cfg.DrainTimeout))))
 	defer t.Stop()
 	select {
@@ -278,10 +283,8 @@ func (w *Worker) drain() {
 	case <-t.C:
 		w.log.Warn("drain timeout: handing back in-flight work")
 	}
-	w.cancel()
-	<-done
-	w.wg.Wait()
-	w.stopWriters()
+	w.life.stop(stageHandlers) // cancels the work left, waits for the pools
+	w.life.stop(stageWriters)
 	for _, stop := range holds {
 		stop()
 	}

@@ -16,7 +16,7 @@ import (
 // setUpTopology starts a server with the streams and buckets set up as
 // `proxyfleet setup` makes them, and returns it, a connection to it, and
 // a context that ends with the test (30s at most).
-func setUpTopology(t *testing.T) (*natstest.Server, *nats.Conn, jetstream.JetStream, context.Context) {
+func setUpTopology(t testing.TB) (*natstest.Server, *nats.Conn, jetstream.JetStream, context.Context) {
 	t.Helper()
 	srv := natstest.Start(t)
 	nc, js := srv.Connect(t)
@@ -33,7 +33,7 @@ func setUpTopology(t *testing.T) (*natstest.Server, *nats.Conn, jetstream.JetStr
 // message the server sent before a flush returns, so a count taken after
 // a flush is exact; an asynchronous handler may not have run yet (under
 // load, a count taken "before" a step took in reads of the step before).
-func countOf(t *testing.T, nc *nats.Conn, subject string) func() int {
+func countOf(t testing.TB, nc *nats.Conn, subject string) func() int {
 	t.Helper()
 	sub, err := nc.SubscribeSync(subject)
 	if err != nil {

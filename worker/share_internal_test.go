@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -257,9 +256,8 @@ func (stuckWatcher) Stop() error                             { return nil }
 func TestIdleRunsHaveNoSupervisor(t *testing.T) {
 	w := &Worker{log: slog.New(slog.DiscardHandler)}
 	w.cfg.CheckInterval = time.Hour
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	w.superCtx, w.superCancel = ctx, cancel
+	w.life.open(stageSupervisors)
+	defer w.life.stopAll()
 	c := &consumerRun{w: w, host: "h1", kick: make(chan struct{}, 1)}
 	running := func() bool {
 		w.superMu.Lock()
@@ -271,12 +269,9 @@ func TestIdleRunsHaveNoSupervisor(t *testing.T) {
 		w.supervise(c)
 		poll.Until(t, fmt.Sprintf("round %d: the idle run's supervisor to end", round), 10*time.Second, func() bool { return !running() })
 	}
-	w.superMu.Lock()
-	w.superStopped = true
-	w.superMu.Unlock()
+	w.life.stop(stageSupervisors)
 	w.supervise(c)
 	if running() {
 		t.Fatal("a supervisor started while the worker stops")
 	}
-	w.superWG.Wait()
 }

@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -113,36 +112,29 @@ type Worker struct {
 	// draining is closed when the worker starts to drain: work waiting
 	// on a quarantined host is handed back at once.
 	draining chan struct{}
-	// writers batch this worker's changes of each host's record (hostrec.go).
-	writers        map[string]*hostWriter
-	writersStop    context.CancelFunc
-	writersDone    chan struct{}
-	writersWG      sync.WaitGroup
-	writersCtx     context.Context // the writers' goroutines run under it
-	writersMu      sync.Mutex      // guards writersStopped and each writer's running
-	writersStopped bool
+	// writers batch this worker's changes of each host's record
+	// (hostrec.go); their goroutines run in stageWriters.
+	writers   map[string]*hostWriter
+	writersMu sync.Mutex // guards each writer's running
 
 	ran     atomic.Bool
 	started chan struct{} // closed once Run consumes
 
+	// life owns every goroutine of the run and stops them in one order
+	// (lifecycle.go).
+	life lifecycle
+
 	// Owned by Run.
-	members   *membership
-	memCancel context.CancelFunc
-	memWG     sync.WaitGroup // the membership's loop
-	cancel    context.CancelFunc
-	fence     *fence
-	runs      []*consumerRun
-	wg        sync.WaitGroup // tick loops and the fence
-	superWG   sync.WaitGroup // consumer supervisors
+	members *membership
+	begun   bool // start got as far as the handlers: drain has work to do
+	fence   *fence
+	runs    []*consumerRun
 
 	// A run's supervisor runs only while the run has something to
 	// supervise (see consumerRun.idle), so a host this worker does not
 	// pull costs it no goroutine or ticker (a worker configured with 500
 	// hosts pulls a tenth of them in a fleet of ten workers).
-	superMu      sync.Mutex
-	superCtx     context.Context // nil until start makes it
-	superCancel  context.CancelFunc
-	superStopped bool // stop began: no supervisor starts again
+	superMu sync.Mutex // guards each run's superOn
 
 	// unpins bounds the unpins in flight and keeps the stream handles
 	// they use (handover.go).

@@ -43,7 +43,11 @@ var rules = []rule{
 	// Bans and rules are pure decisions the config, the followers of the
 	// rotation and health all read: they lean on the contract only.
 	{pkg: "bans", allow: []string{"messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
-	{pkg: "config", allow: []string{"messages", "addrplan", "fleet", "deny", "bans"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	// It takes the roles' defaults from their pure constants, never from
+	// the roles themselves.
+	{pkg: "config", allow: []string{"messages", "addrplan", "fleet", "deny", "bans", "worker/defaults", "topology/defaults"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	{pkg: "worker/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	{pkg: "topology/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	// Address plans and their assignments are pure decisions: the worker
 	// and the config both lean on them, and they on nothing that runs.
 	{pkg: "addrplan", allow: []string{"fleet", "messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
@@ -56,7 +60,7 @@ var rules = []rule{
 	// Set-up and repair serve every role, so they lean on none of them.
 	{pkg: "topology", allow: []string{"messages", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// Hosts reach the worker as Providers, never as a driver it imports.
-	{pkg: "worker", allow: []string{"addrplan", "fleet", "messages", "topology", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "worker", allow: []string{"addrplan", "fleet", "messages", "topology", "topology/defaults", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	{pkg: "health", allow: []string{"messages", "bans", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// A client reads the contract, and the rotation through its library,
 	// never the worker's insides.
@@ -71,7 +75,7 @@ var rules = []rule{
 	// The pool controller keeps pools by the commands any client may
 	// send, reading the rotation through its library: nothing of the
 	// worker's or health's insides.
-	{pkg: "pool", allow: []string{"messages", "rotation", "topology", "internal/jsapi", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "pool", allow: []string{"messages", "rotation", "topology", "topology/defaults", "internal/jsapi", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// The guest's program stands alone.
 	{pkg: "testguest"},
 }

@@ -40,6 +40,7 @@ type sectionResult struct {
 // sections in the order they run. The sim sections go first: they need no
 // guests, and a failure there is cheap.
 var sections = []section{
+	{name: "budgets", run: runBudgets},
 	{name: "control-plane", run: runControlPlane},
 	{name: "egress", run: runEgress},
 	{name: "fleet", run: runFleet},
