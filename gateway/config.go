@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"proxyfleet/bans"
 	"proxyfleet/deny"
 )
 
@@ -99,6 +100,19 @@ type Config struct {
 	// a password being checked, until the minute has passed.
 	AuthFailures int
 
+	// Rules judge the proxies' answers to plain requests (package bans;
+	// nil: none): a ban of the answering address for the request's site,
+	// a retry from another address. BodyPeek (default
+	// bans.DefaultBodyPeek) is the bytes of an answer's body a body rule
+	// reads; RetryBodyBytes (default bans.DefaultRetryBodyBytes) the
+	// largest request body held so that a retry may send it again.
+	Rules                    *bans.Rules
+	BodyPeek, RetryBodyBytes int
+	// Bans are the fleet's bans (a *rotation.Rotation): a request does
+	// not leave from an address banned for its site, and the gateway's
+	// bans are stored there. nil: bans held by this gateway alone.
+	Bans Bans
+
 	Logger *slog.Logger
 	// Registry is where the gateway registers its metrics
 	// (proxyfleet_gateway_...); nil: a registry of its own.
@@ -170,6 +184,12 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxUnauthenticated == 0 {
 		c.MaxUnauthenticated = DefaultMaxUnauthenticated
+	}
+	if c.BodyPeek == 0 {
+		c.BodyPeek = bans.DefaultBodyPeek
+	}
+	if c.RetryBodyBytes == 0 {
+		c.RetryBodyBytes = bans.DefaultRetryBodyBytes
 	}
 	users := make([]User, len(c.Users))
 	copy(users, c.Users)
@@ -260,6 +280,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxUnauthenticated < 1 || c.MaxUnauthenticated > 1<<20 {
 		return bad("gateway.max_unauthenticated", "%d is out of range [1, 1048576]", c.MaxUnauthenticated)
+	}
+	if c.BodyPeek < 1 || c.BodyPeek > bans.MaxBodyPeek {
+		return bad("gateway.body_peek", "%d is out of range [1, %d]", c.BodyPeek, bans.MaxBodyPeek)
+	}
+	if c.RetryBodyBytes < 0 || c.RetryBodyBytes > bans.MaxRetryBodyBytes {
+		return bad("gateway.retry_body_bytes", "%d is out of range [0, %d]", c.RetryBodyBytes, bans.MaxRetryBodyBytes)
 	}
 	if c.Retries > 10 {
 		return bad("gateway.retries", "%d is out of range [0, 10]", c.Retries)

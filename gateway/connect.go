@@ -43,10 +43,10 @@ func (cc *clientConn) connect(raw []byte) (keep, tunneled bool) {
 	var up net.Conn
 	var leftover []byte
 	var egress netip.Addr
-	p, err := g.attempts(ctx, kindConnect, target.host, o, func(p Proxy) (bool, error) {
+	p, err := g.attempts(ctx, kindConnect, target.host, o, func(at *attempt) (bool, error) {
 		var err error
-		egress = g.egressFor(p, o, familyOf(target.host))
-		up, leftover, err = g.dialConnect(ctx, p, target, egress)
+		egress = at.egress
+		up, leftover, err = g.dialConnect(ctx, at.p, target, egress)
 		return true, err
 	})
 	stopWatch()

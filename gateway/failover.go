@@ -42,10 +42,6 @@ const (
 	// deadAfterIdle: a connection idle for longer has had a keepalive
 	// probe answered within the last deadAfterIdle if its proxy lives.
 	deadAfterIdle = keepaliveIdle + 2*keepaliveInterval
-	// maxHeldBody: the slow path reads a request's body of up to this
-	// length whole before its first attempt, so another proxy may be
-	// sent it (the lean path holds one that came with its head).
-	maxHeldBody = 64 << 10
 	// watchEvery is how often the watcher looks at the flights that
 	// have waited for FirstByteTimeout.
 	watchEvery = 250 * time.Millisecond

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"proxyfleet/bans"
 	"proxyfleet/deny"
 )
 
@@ -41,6 +42,11 @@ type Gateway struct {
 	// deny is Config.Deny, with the addresses Run listens on once it
 	// does (set before anything is served: read without a lock).
 	deny deny.List
+	// bans are Config.Bans (or the gateway's own), rules Config.Rules.
+	bans  Bans
+	rules *bans.Rules
+	// background are the requests that store bans; Run waits for them.
+	background sync.WaitGroup
 
 	// hard ends when the drain ran out: what is in flight stops.
 	hard       context.Context
@@ -86,6 +92,11 @@ func New(picker Picker, cfg Config) (*Gateway, error) {
 		unauth:       unauth,
 		started:      make(chan struct{}),
 		deny:         *cfg.Deny,
+		bans:         cfg.Bans,
+		rules:        cfg.Rules,
+	}
+	if g.bans == nil {
+		g.bans = newLocalBans(cfg.Now)
 	}
 	g.dialer = net.Dialer{KeepAliveConfig: keepalive}
 	if cfg.UpstreamUser != "" {
@@ -299,6 +310,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	_ = srv.Close()
 	<-shut
 	serving.Wait()
+	g.background.Wait()
 	<-g.track.wait()
 	g.transport.CloseIdleConnections()
 	g.log.Info("gateway stopped")

@@ -161,10 +161,15 @@ func (g *Gateway) answerFailure(w http.ResponseWriter, kind string, err error) {
 	var empty *emptyError
 	var failed *allFailed
 	var denied *deniedError
+	var banned *bannedError
 	switch {
 	case errors.As(err, &denied):
 		g.m.request(kind, outcomeDenied).Inc()
 		http.Error(w, denied.Error(), http.StatusForbidden)
+	case errors.As(err, &banned):
+		g.m.request(kind, outcomeBanned).Inc()
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfter(g.cfg.RetryAfter)))
+		http.Error(w, banned.Error(), http.StatusServiceUnavailable)
 	case errors.As(err, &empty):
 		g.m.request(kind, outcomeEmpty).Inc()
 		w.Header().Set("Retry-After", strconv.Itoa(int(math.Max(1, math.Ceil(g.cfg.RetryAfter.Seconds())))))
@@ -196,10 +201,10 @@ func (g *Gateway) serveConnect(ctx context.Context, w http.ResponseWriter, r *ht
 	var up net.Conn
 	var leftover []byte
 	var egress netip.Addr
-	p, err := g.attempts(ctx, kindConnect, target.host, o, func(p Proxy) (bool, error) {
+	p, err := g.attempts(ctx, kindConnect, target.host, o, func(at *attempt) (bool, error) {
 		var err error
-		egress = g.egressFor(p, o, familyOf(target.host))
-		up, leftover, err = g.dialConnect(ctx, p, target, egress)
+		egress = at.egress
+		up, leftover, err = g.dialConnect(ctx, at.p, target, egress)
 		return true, err
 	})
 	var ta *targetAnswer
@@ -374,10 +379,10 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 		ib = g.idleBody(w, r.Body)
 		r.Body = ib
 	}
-	// A small body of known length is held whole, so another proxy
-	// may be sent it.
+	// A small body of known length (at most RetryBodyBytes) is held
+	// whole, so another proxy may be sent it.
 	var held []byte
-	if hasBody && r.ContentLength >= 0 && r.ContentLength <= maxHeldBody {
+	if hasBody && r.ContentLength >= 0 && r.ContentLength <= int64(g.cfg.RetryBodyBytes) {
 		held = make([]byte, r.ContentLength)
 		if _, err := io.ReadFull(r.Body, held); err != nil {
 			g.m.request(kindHTTP, outcomeClientGone).Inc()
@@ -394,7 +399,8 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 			c(nil)
 		}
 	}()
-	p, err := g.attempts(ctx, kindHTTP, r.URL.Hostname(), o, func(p Proxy) (bool, error) {
+	p, err := g.attempts(ctx, kindHTTP, r.URL.Hostname(), o, func(at *attempt) (bool, error) {
+		p := at.p
 		pu := &url.URL{Scheme: "http", Host: p.Addr}
 		if g.cfg.UpstreamUser != "" {
 			pu.User = url.UserPassword(g.cfg.UpstreamUser, g.cfg.UpstreamPassword)
@@ -416,7 +422,7 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 		out.Host = r.URL.Host // the authority checked above (net/http's r.Host for an absolute URI)
 		out.Close = false
 		removeHop(out.Header)
-		if egress = g.egressFor(p, o, familyOf(r.URL.Hostname())); egress.IsValid() {
+		if egress = at.egress; egress.IsValid() {
 			out.Header.Set(HeaderEgress, egress.String())
 		}
 		var tb *trackedBody
@@ -428,7 +434,9 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 		} else {
 			out.Body = nil
 		}
+		sent := time.Now()
 		rsp, err := g.transport.RoundTrip(out)
+		firstByte := time.Since(sent)
 		g.land(f)
 		if tb != nil {
 			up += tb.read.Load()
@@ -456,6 +464,16 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 			// The proxy's own answer: our credential is not its.
 			rsp.Body.Close()
 			return retryable, &upstreamError{causeStatus, "answered 407 Proxy Authentication Required"}
+		}
+		if g.rules.Len() > 0 {
+			var body []byte
+			if at.sc.needsBody() {
+				body, rsp.Body = peekBody(rsp.Body, g.cfg.BodyPeek)
+			}
+			if g.judge(at, rsp.StatusCode, body, firstByte, !hasBody || held != nil) {
+				rsp.Body.Close() // dropped: the request goes to another address
+				return true, errRuleRetry
+			}
 		}
 		resp = rsp
 		return true, nil
@@ -493,6 +511,28 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 	}
 	g.m.request(kindHTTP, outcomeOK).Inc()
 }
+
+// peekBody reads up to n bytes of an answer's body (fewer when it is
+// shorter, or fails) and returns them with a body that reads them again
+// first, then the rest.
+func peekBody(body io.ReadCloser, n int) ([]byte, io.ReadCloser) {
+	b := make([]byte, n)
+	k, err := io.ReadFull(body, b)
+	b = b[:k]
+	rest := io.Reader(body)
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+		rest = errReader{err}
+	}
+	return b, struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(b), rest), body}
+}
+
+// errReader fails every read with its error.
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 

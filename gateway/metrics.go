@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -22,6 +24,7 @@ const (
 	outcomeClientGone     = "client_gone"     // the client left before its answer
 	outcomeError          = "error"           // a bad request
 	outcomeDenied         = "denied"          // the target is a destination Config.Deny refuses
+	outcomeBanned         = "banned"          // every address that could carry it is banned for its site
 )
 
 // Causes of an upstream failure (proxyfleet_gateway_upstream_failures_total).
@@ -33,6 +36,7 @@ const (
 	causeOther   = "other"
 	causeLeft    = "left"   // the proxy left the rotation while the request was in flight
 	causeSilent  = "silent" // the proxy's connection showed no sign of life (FirstByteTimeout)
+	causeRule    = "rule"   // a rule refused the answer and asked for a retry (failovers only)
 )
 
 // metrics are the gateway's. No label carries a proxy id or a user name.
@@ -51,6 +55,12 @@ type metrics struct {
 	// were open already.
 	refusedUnauth prometheus.Counter
 	unauthGauge   prometheus.GaugeFunc
+	// bans counts the bans the gateway made, by rule (its index in
+	// gateway.rules; "none" for the ban header) and source.
+	bans *prometheus.CounterVec
+	// bannedRefused counts requests refused: every address that could
+	// carry them is banned for their site.
+	bannedRefused prometheus.Counter
 
 	// The children of the vectors above, bound once: a request counts
 	// without a label lookup (hashing and a lock each).
@@ -66,8 +76,8 @@ type metrics struct {
 
 var (
 	kinds    = [...]string{kindConnect, kindHTTP, kindSocks}
-	outcomes = [...]string{outcomeOK, outcomeAuth, outcomeThrottled, outcomeLimit, outcomeEmpty, outcomeUpstreamFailed, outcomeClientGone, outcomeError, outcomeDenied}
-	causes   = [...]string{causeRefused, causeTimeout, causeStatus, causeReset, causeOther, causeLeft, causeSilent}
+	outcomes = [...]string{outcomeOK, outcomeAuth, outcomeThrottled, outcomeLimit, outcomeEmpty, outcomeUpstreamFailed, outcomeClientGone, outcomeError, outcomeDenied, outcomeBanned}
+	causes   = [...]string{causeRefused, causeTimeout, causeStatus, causeReset, causeOther, causeLeft, causeSilent, causeRule}
 )
 
 func index[T ~string](names []T, s T) int {
@@ -97,6 +107,19 @@ func (m *metrics) failover(cause string) prometheus.Counter {
 	return m.failoverOf[index(causes[:], cause)]
 }
 
+// ruleRetry is the counter of retries a rule asked for.
+func (m *metrics) ruleRetry() prometheus.Counter { return m.failover(causeRule) }
+
+// ban is the counter of bans by rule (-1: none, a client's header) and
+// source.
+func (m *metrics) ban(rule int, source string) prometheus.Counter {
+	r := "none"
+	if rule >= 0 {
+		r = strconv.Itoa(rule)
+	}
+	return m.bans.WithLabelValues(r, source)
+}
+
 // failure is the upstream failures counter of cause.
 func (m *metrics) failure(cause string) prometheus.Counter { return m.failOf[index(causes[:], cause)] }
 
@@ -118,7 +141,7 @@ func newMetrics(r prometheus.Registerer, unauth func() float64) (*metrics, error
 		}, []string{"kind"}),
 		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_gateway_failovers_total",
-			Help: "Attempts on another proxy after one failed a request, by the cause of that failure (refused, timeout, status, reset, other, left: the proxy left the rotation, silent: no sign of life within first_byte_timeout).",
+			Help: "Attempts on another proxy after one failed a request, by the cause of that failure (refused, timeout, status, reset, other, left: the proxy left the rotation, silent: no sign of life within first_byte_timeout, rule: a gateway rule refused the answer and asked for a retry).",
 		}, []string{"cause"}),
 		upstreamFail: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_gateway_upstream_failures_total",
@@ -153,8 +176,16 @@ func newMetrics(r prometheus.Registerer, unauth func() float64) (*metrics, error
 			Name: "proxyfleet_gateway_unauthenticated_connections",
 			Help: "Connections (HTTP and SOCKS5) open that have not yet presented a valid credential.",
 		}, unauth),
+		bans: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_gateway_bans_total",
+			Help: "Bans the gateway made: by rule (its index in gateway.rules; none: a client's X-Proxyfleet-Ban header) and source (rule, header).",
+		}, []string{"rule", "source"}),
+		bannedRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "proxyfleet_gateway_ban_refused_total",
+			Help: "Requests refused (503; SOCKS5 reply 2) because every address that could carry them is banned for their site.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.authFailures, m.retries, m.failovers, m.upstreamFail, m.reports, m.inFlight, m.bytes, m.connectDur, m.idleClosed, m.refusedUnauth, m.unauthGauge} {
+	for _, c := range []prometheus.Collector{m.bans, m.bannedRefused, m.requests, m.authFailures, m.retries, m.failovers, m.upstreamFail, m.reports, m.inFlight, m.bytes, m.connectDur, m.idleClosed, m.refusedUnauth, m.unauthGauge} {
 		if err := r.Register(c); err != nil {
 			return nil, err
 		}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -15,6 +16,7 @@ import (
 // relayState is one plain request's relay.
 type relayState struct {
 	p        Proxy
+	at       *attempt
 	egress   netip.Addr  // the address of p's it is to leave from (HeaderEgress), if any
 	uc       *upConn     // the proxy connection that carries it
 	headLen  int         // the answer's head, still in uc.br (0: read already)
@@ -146,10 +148,14 @@ func (cc *clientConn) fail(kind string, err error) bool {
 	var empty *emptyError
 	var failed *allFailed
 	var denied *deniedError
+	var banned *bannedError
 	switch {
 	case errors.As(err, &denied):
 		g.m.request(kind, outcomeDenied).Inc()
 		return cc.reply(http.StatusForbidden, denied.Error())
+	case errors.As(err, &banned):
+		g.m.request(kind, outcomeBanned).Inc()
+		return cc.reply(http.StatusServiceUnavailable, banned.Error(), "Retry-After: "+strconv.Itoa(retryAfter(g.cfg.RetryAfter)))
 	case errors.As(err, &empty):
 		g.m.request(kind, outcomeEmpty).Inc()
 		return cc.reply(http.StatusServiceUnavailable, empty.Error(), "Retry-After: "+strconv.Itoa(int(math.Max(1, math.Ceil(g.cfg.RetryAfter.Seconds())))))
@@ -184,11 +190,9 @@ func (cc *clientConn) plain(raw []byte) (keep, handed bool) {
 
 	req := cc.requestHead(host)
 	hostname, _, _ := cutPort(string(host))
-	family := familyOf(hostname)
 	var st relayState
-	p, err := g.attempts(g.hard, kindHTTP, hostname, o, func(p Proxy) (bool, error) {
-		st.p = p
-		st.egress = g.egressFor(p, o, family)
+	p, err := g.attempts(g.hard, kindHTTP, hostname, o, func(at *attempt) (bool, error) {
+		st.p, st.egress, st.at = at.p, at.egress, at
 		return cc.try(withEgress(req, st.egress), &st)
 	})
 	g.m.bytesUp.Add(float64(st.upBytes))
@@ -309,6 +313,19 @@ func (cc *clientConn) try(req []byte, st *relayState) (retryable bool, err error
 			err = cc.readAnswerHead(uc, st, now)
 		}
 		uc.flight = nil
+		if err == nil && g.rules.Len() > 0 {
+			var body []byte
+			if st.at.sc.needsBody() {
+				body = cc.peekBody(uc, st)
+			}
+			if g.judge(st.at, cc.rh.status(), body, time.Since(now), cc.resendable(st)) {
+				// The answer is dropped with its connection; a body held
+				// stays for the next attempt.
+				uc.c.Close()
+				cc.use(nil)
+				return true, errRuleRetry
+			}
+		}
 		if err == nil {
 			if cc.held > 0 {
 				// The answer came: the body held for another attempt goes.
@@ -338,6 +355,45 @@ func (cc *clientConn) try(req []byte, st *relayState) (retryable bool, err error
 		}
 		return st.upBytes == 0, err
 	}
+}
+
+// resendable: the request may go to another address after its answer
+// came (a rule's retry): no body, or one held whole (it came with the
+// head) of at most RetryBodyBytes.
+func (cc *clientConn) resendable(st *relayState) bool {
+	return !cc.hasBody() || st.sender == nil && cc.held > 0 && cc.held <= cc.g.cfg.RetryBodyBytes
+}
+
+// peekBody is the first BodyPeek bytes of the answer's body, left in
+// uc.br for the relay: fewer when the body is shorter, or when it is
+// chunked or ends at close (then what came with its first read, chunk
+// lines included), or when they do not come within the response
+// timeout; nil for an answer without a body.
+func (cc *clientConn) peekBody(uc *upConn, st *relayState) []byte {
+	rh := &cc.rh
+	if s := rh.status(); cc.h.isHead || s == http.StatusNoContent || s == http.StatusNotModified || rh.length == 0 && !rh.chunked {
+		return nil
+	}
+	n := cc.g.cfg.BodyPeek
+	if rh.length > 0 && !rh.chunked {
+		n = int(min(int64(n), rh.length))
+	}
+	if st.headLen+n > uc.br.Size() {
+		uc.br = bufio.NewReaderSize(uc.br, st.headLen+n)
+	}
+	uc.limit.Store(time.Now().Add(cc.g.cfg.ResponseTimeout).UnixNano())
+	defer uc.limit.Store(0)
+	if rh.length < 0 || rh.chunked {
+		if _, err := uc.br.Peek(st.headLen + 1); err != nil {
+			return nil
+		}
+		n = min(n, uc.br.Buffered()-st.headLen)
+	}
+	b, _ := uc.br.Peek(st.headLen + n)
+	if len(b) <= st.headLen {
+		return nil
+	}
+	return b[st.headLen:]
 }
 
 // send writes the request's head to the proxy, with its body when the

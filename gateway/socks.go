@@ -152,9 +152,9 @@ func (g *Gateway) serveSocksConn(c net.Conn, unauth *unauthSlot) (handed bool) {
 	}()
 	var up net.Conn
 	var leftover []byte
-	p, err := g.attempts(ctx, kindSocks, target.host, o, func(p Proxy) (bool, error) {
+	p, err := g.attempts(ctx, kindSocks, target.host, o, func(at *attempt) (bool, error) {
 		var err error
-		up, leftover, err = g.dialConnect(ctx, p, target, g.egressFor(p, o, familyOf(target.host)))
+		up, leftover, err = g.dialConnect(ctx, at.p, target, at.egress)
 		return true, err
 	})
 	if err != nil {
@@ -167,6 +167,8 @@ func (g *Gateway) serveSocksConn(c net.Conn, unauth *unauthSlot) (handed bool) {
 		switch {
 		case errors.As(err, &denied):
 			code, outcome = repNotAllowed, outcomeDenied
+		case errors.As(err, new(*bannedError)):
+			code, outcome = repNotAllowed, outcomeBanned
 		case errors.As(err, &ta):
 			code, outcome = socksReplyFor(ta), outcomeOK
 		case errors.As(err, &empty):

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -218,46 +219,68 @@ func (e *allFailed) Error() string {
 // proxy's failure, up to Retries more: each failing proxy is reported and
 // excluded from the next pick (a session moves). try returns an
 // *upstreamError (or an error classify makes one of) for a proxy's
-// failure; retryable says whether another attempt may follow it.
+// failure; retryable says whether another attempt may follow it. try
+// returns errRuleRetry when a rule refused the answer and asked for a
+// retry (judge): the next attempt leaves from another address, and no
+// proxy is reported.
 //
 // host is the request's target host, as it passed the target rule (a
 // name, an IPv4 address, an IPv6 one with or without brackets): every
 // kind of request comes here before a proxy is picked, so this is where
 // a denied address is refused (a *deniedError; no proxy picked, none
-// reported).
-func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, try func(p Proxy) (retryable bool, err error)) (Proxy, error) {
+// reported), and where the addresses banned for its site are passed
+// over: a proxy with none other is not tried (none at all: a
+// *bannedError).
+func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, try func(at *attempt) (retryable bool, err error)) (Proxy, error) {
 	if g.deny.Len() > 0 {
 		if a, ok := targetAddr(host); ok && g.deny.Denies(a) {
 			g.log.Debug("gateway: destination denied", "kind", kind, "addr", a.String())
 			return Proxy{}, &deniedError{a}
 		}
 	}
-	var tried []string
+	sc := g.scopeOf(host)
 	var failures []string
-	for i := 0; ; i++ {
-		sel := o.selector()
-		sel.Exclude = tried
-		var p Proxy
-		var err error
-		if o.session != "" {
-			p, err = g.picker.PickSession(o.session, sel)
-		} else {
-			p, err = g.picker.Pick(sel)
+	var next *attempt // picked ahead by attempt.more
+	i := 0
+	more := func() bool {
+		if i >= g.retries {
+			return false
 		}
-		if err != nil {
-			if !errors.Is(err, ErrEmpty) {
-				return Proxy{}, fmt.Errorf("pick a proxy: %w", err)
+		if next == nil {
+			at, err := g.pick(o, sc)
+			if err != nil {
+				return false
 			}
-			if i == 0 {
+			next = at
+		}
+		return true
+	}
+	for ; ; i++ {
+		at := next
+		next = nil
+		if at == nil {
+			var err error
+			if at, err = g.pick(o, sc); err != nil {
+				if !errors.Is(err, ErrEmpty) {
+					return Proxy{}, fmt.Errorf("pick a proxy: %w", err)
+				}
+				switch {
+				case i > 0:
+					failures = append(failures, "no other proxy matches")
+					return Proxy{}, &allFailed{failures}
+				case sc.skippedBan:
+					g.m.bannedRefused.Inc()
+					return Proxy{}, &bannedError{sc.site}
+				}
 				return Proxy{}, &emptyError{labels: o.labels}
 			}
-			failures = append(failures, "no other proxy matches")
-			return Proxy{}, &allFailed{failures}
 		}
+		at.more = more
+		p := at.p
 		if i > 0 {
 			g.m.retry(kind).Inc()
 		}
-		retryable, err := try(p)
+		retryable, err := try(at)
 		if err == nil {
 			return p, nil
 		}
@@ -270,6 +293,12 @@ func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, tr
 		var ta *targetAnswer
 		if errors.As(err, &ta) {
 			return p, err
+		}
+		if errors.Is(err, errRuleRetry) {
+			// The address's answer was refused (judge passed it over
+			// already): another one, on this proxy or another.
+			g.m.ruleRetry().Inc()
+			continue
 		}
 		ue := g.classify(err)
 		g.m.failure(ue.cause).Inc()
@@ -284,13 +313,46 @@ func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, tr
 			g.report(p, ue.reason)
 		}
 		failures = append(failures, p.ID+": "+ue.reason)
-		tried = append(tried, p.ID)
+		sc.tried = append(sc.tried, p.ID)
 		if !retryable || i >= g.retries {
 			return p, &allFailed{failures}
 		}
 		g.m.failover(ue.cause).Inc()
 		g.log.Info("proxy failed, trying another", "kind", kind, "proxy", p.ID, "reason", ue.reason, "session", o.session != "")
 	}
+}
+
+// pick chooses the proxy and address of a request's next attempt: the
+// picker's choice among those matching o and not in sc.tried, passing over
+// a proxy whose every address the request may not leave from (sc.skip).
+// errors.Is(err, ErrEmpty) when none is left.
+func (g *Gateway) pick(o options, sc *scope) (*attempt, error) {
+	sel := o.selector()
+	exclude := sc.tried
+	for range g.picker.Len() + 1 {
+		sel.Exclude = exclude
+		var p Proxy
+		var err error
+		if o.session != "" {
+			p, err = g.picker.PickSession(o.session, sel)
+		} else {
+			p, err = g.picker.Pick(sel)
+		}
+		if err != nil {
+			return nil, err
+		}
+		egress, ok := g.egressFor(p, o, sc.family, sc.skip)
+		if ok {
+			addr := egress
+			if !addr.IsValid() {
+				addr = ownEgress(p)
+			}
+			return &attempt{p: p, egress: egress, addr: addr, sc: sc}, nil
+		}
+		sc.skippedBan = true
+		exclude = append(slices.Clip(exclude), p.ID)
+	}
+	return nil, ErrEmpty
 }
 
 // report tells the rotation that p failed us.

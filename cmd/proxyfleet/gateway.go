@@ -52,6 +52,10 @@ func gatewayComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg pro
 	if err != nil {
 		return component{}, nil, fmt.Errorf("gateway: %w", err)
 	}
+	rules, err := c.Gateway.CompiledRules()
+	if err != nil {
+		return component{}, nil, fmt.Errorf("gateway: %w", err)
+	}
 	gc := gateway.Config{
 		Listen: c.Gateway.Listen, SocksListen: c.Gateway.SocksListen,
 		UpstreamUser: c.Proxy.Auth.User, UpstreamPassword: c.Proxy.Auth.Password.Reveal(),
@@ -60,7 +64,9 @@ func gatewayComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg pro
 		AuthFailures:   c.Gateway.AuthFailures,
 		MaxHeaderBytes: c.Gateway.MaxHeaderBytes, MaxHeaderFields: c.Gateway.MaxHeaderFields,
 		HeaderTimeout: c.Gateway.HeaderTimeout, MaxUnauthenticated: c.Gateway.MaxUnauthenticated,
-		Deny:   &denied,
+		Deny:  &denied,
+		Rules: rules, BodyPeek: c.Gateway.BodyPeek, RetryBodyBytes: c.Gateway.RetryBodyBytes,
+		Bans:   rot,
 		Logger: log, Registry: reg,
 	}
 	for _, u := range c.Gateway.Users {
