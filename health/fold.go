@@ -75,8 +75,20 @@ import (
 //   - Leaky: the target saw the client's address, or the fleet's
 //     credentials, in a header.
 //   - Mismatch: the proxy's running event carries egress addresses (its
-//     host's plan) and its request reached the target from another address
-//     ("egress mismatch: ...").
+//     host's plan) and its request reached the target from an address not
+//     among them, or (of the named address's family) from another than the
+//     one it named ("egress mismatch: a request naming A left from B").
+//
+// Egress addresses. With EgressFamilies (the families with a probe
+// target), each probe of a proxy with egress addresses names one of them
+// (Target.Egress, sent as messages.HeaderEgress): the next of its
+// addresses of those families each probe applied, from where its cycle
+// starts (EgressStart), so over n probes in a row each of its n addresses
+// is named once (egressChoice, a pure function of the list, the start and
+// the count). A mismatched address is named again, probe after probe,
+// until one leaves from it: that clears the verdict, and the cycle goes
+// on. Addresses of a family without a target are never named: only the
+// address the proxy leaves from by default is checked against its plan.
 //
 // A refused proxy never enters, and one in the rotation leaves at once. It
 // keeps being probed at the rounds' cadence (never at once, as a rising one

@@ -88,8 +88,8 @@ func TestFoldNamesEachEgressAddressInTurn(t *testing.T) {
 		t.Fatalf("named %v, want %v", got, want)
 	}
 	pf.want(map[string]string{"p1": "198.18.101.5:3128"})
-	if r := pf.record("p1"); r.Verdict != messages.VerdictOK {
-		t.Fatalf("record %+v", r)
+	if r := pf.record("p1"); r.Verdict != messages.VerdictOK || r.Egress != "198.18.101.5" {
+		t.Fatalf("record %+v, want ok, the egress of its first address", r)
 	}
 	if n := pf.f.Stats().EgressMismatches; n != 0 {
 		t.Fatalf("%d mismatches", n)

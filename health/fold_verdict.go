@@ -14,7 +14,12 @@ import (
 // findings keeps what a passing probe found.
 func (f *Fold) findings(p *proxyState, r ProbeResult) {
 	if r.Egress != "" {
-		p.egress = r.Egress
+		// The egress shown is where a request naming none, or the
+		// proxy's first address (its default), leaves from: a probe
+		// naming another one in turn does not change the entry.
+		if r.Named == "" || p.egress == "" || r.Named == firstEgress(p.egressAddrs) {
+			p.egress = r.Egress
+		}
 		f.egressFindings(p, r)
 	}
 	if r.Reported {
@@ -52,6 +57,20 @@ func (f *Fold) egressFindings(p *proxyState, r ProbeResult) {
 	if p.mismatch != "" && (r.Named == "" || r.Egress == r.Named) && (r.Named == p.mismatchNamed || f.pinned(p) == "") {
 		p.mismatch, p.mismatchNamed = "", ""
 	}
+}
+
+// firstEgress is the first address of an egress list, "" if none.
+func firstEgress(items []string) string {
+	if len(items) == 0 {
+		return ""
+	}
+	if p, err := netip.ParsePrefix(items[0]); err == nil {
+		return p.Addr().String()
+	}
+	if a, err := netip.ParseAddr(items[0]); err == nil {
+		return a.Unmap().String()
+	}
+	return ""
 }
 
 // sameFamily reports whether a and b are addresses of one family.

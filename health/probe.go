@@ -254,7 +254,10 @@ func (h *Health) reportProbe(ctx context.Context, o probeOutcome) {
 		}
 		h.signal()
 	} else if !o.OK {
-		h.log.Debug("probe failed", "id", o.ID, "result", o.Result, "err", o.Err)
+		h.log.Debug("probe failed", "id", o.ID, "result", o.Result, "err", o.Err, "named", o.Named)
+	}
+	if o.OK && o.Named != "" {
+		h.log.Debug("probe named an egress address", "id", o.ID, "named", o.Named, "egress", o.Egress)
 	}
 	if h.fold.ChecksGen() != checksGen {
 		h.signal()
