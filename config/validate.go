@@ -470,29 +470,22 @@ func (c *Config) validateProbeDenied() error {
 	if err != nil {
 		return err // (validateAccess named the entry)
 	}
-	field, host := "health.probe_listen", ""
-	if t := c.Health.Target; t != "" {
-		field = "health.target"
-		if u, err := url.Parse(t); err == nil {
-			host = u.Hostname()
+	for _, t := range []struct{ targetField, target, listenField, listen string }{
+		{"health.target", c.Health.Target, "health.probe_listen", c.Health.ProbeListen},
+		{"health.target_ipv6", c.Health.TargetIPv6, "health.probe_listen_ipv6", c.Health.ProbeListenIPv6},
+	} {
+		field, host := t.listenField, ""
+		if t.target != "" {
+			field = t.targetField
+			if u, err := url.Parse(t.target); err == nil {
+				host = u.Hostname()
+			}
+		} else if t.listen != "" {
+			host, _, _ = net.SplitHostPort(t.listen)
 		}
-	} else if l := c.Health.ProbeListen; l != "" {
-		host, _, _ = net.SplitHostPort(l)
-	}
-	if a, err := netip.ParseAddr(host); err == nil && d.Denies(a) {
-		return bad(field, "%s is in proxy.deny: the proxies would refuse every probe (take it out of proxy.deny, or probe another address)", a)
-	}
-	field, host = "health.probe_listen_ipv6", ""
-	if t := c.Health.TargetIPv6; t != "" {
-		field = "health.target_ipv6"
-		if u, err := url.Parse(t); err == nil {
-			host = u.Hostname()
+		if a, err := netip.ParseAddr(host); err == nil && d.Denies(a) {
+			return bad(field, "%s is in proxy.deny: the proxies would refuse every probe (take it out of proxy.deny, or probe another address)", a)
 		}
-	} else if l := c.Health.ProbeListenIPv6; l != "" {
-		host, _, _ = net.SplitHostPort(l)
-	}
-	if a, err := netip.ParseAddr(host); err == nil && d.Denies(a) {
-		return bad(field, "%s is in proxy.deny: the proxies would refuse every IPv6 probe (take it out of proxy.deny, or probe another address)", a)
 	}
 	return nil
 }

@@ -110,10 +110,16 @@ func (p *egressProxy) serve(w http.ResponseWriter, r *http.Request) {
 		return d.DialContext(ctx, network, addr)
 	}}
 	defer tr.CloseIdleConnections()
+	forward(w, r, tr, messages.HeaderEgress)
+}
+
+// forward sends r on through rt as a forward proxy does, without the
+// header drop, and copies the answer's status and body back.
+func forward(w http.ResponseWriter, r *http.Request, rt http.RoundTripper, drop string) {
 	out := r.Clone(r.Context())
 	out.RequestURI = ""
-	out.Header.Del(messages.HeaderEgress)
-	resp, err := tr.RoundTrip(out)
+	out.Header.Del(drop)
+	resp, err := rt.RoundTrip(out)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return

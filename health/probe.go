@@ -170,23 +170,21 @@ func probeOne(ctx context.Context, p Prober, t Target, timeout time.Duration, no
 		out.Latency = time.Since(mono)
 	}()
 	var err error
-	out.Named = t.Egress
+	var f Findings
+	checked := true
 	if c, ok := p.(EgressChecker); ok && t.Egress != "" {
-		f := c.CheckEgress(pctx, t.Addr, t.Egress, t.CheckOpen)
-		err, out.Kind = f.Err, f.Kind
-		if err == nil {
-			out.Egress, out.Reported, out.Leak, out.Open, out.OpenErr = f.Egress, f.Reported, f.Leak, f.Open, f.OpenErr
-		}
+		out.Named = t.Egress
+		f = c.CheckEgress(pctx, t.Addr, t.Egress, t.CheckOpen)
 	} else if c, ok := p.(Checker); ok {
-		out.Named = ""
-		f := c.Check(pctx, t.Addr, t.CheckOpen)
+		f = c.Check(pctx, t.Addr, t.CheckOpen)
+	} else {
+		checked, err = false, p.Probe(pctx, t.Addr)
+	}
+	if checked {
 		err, out.Kind = f.Err, f.Kind
 		if err == nil {
 			out.Egress, out.Reported, out.Leak, out.Open, out.OpenErr = f.Egress, f.Reported, f.Leak, f.Open, f.OpenErr
 		}
-	} else {
-		out.Named = ""
-		err = p.Probe(pctx, t.Addr)
 	}
 	if err != nil && pctx.Err() != nil && ctx.Err() == nil {
 		// The probe's own time ran out, whatever error that caused.

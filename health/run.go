@@ -92,18 +92,15 @@ func (h *Health) start(ctx context.Context) error {
 		h.srv = &http.Server{Handler: h.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 	}
 	if h.cfg.ProbeListen != "" {
-		if h.probeLn, err = net.Listen("tcp", h.cfg.ProbeListen); err != nil {
+		if h.probeLn, h.probeSrv, err = listenProbes(h.cfg.ProbeListen); err != nil {
 			closeListeners()
-			return fmt.Errorf("health: listen on %s for probes: %w", h.cfg.ProbeListen, err)
+			return err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("GET "+ProbePath, ProbeHandler())
-		h.probeSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 		if h.prober == nil {
-			p, err := NewHTTPProber("http://"+h.probeLn.Addr().String()+ProbePath, h.cfg.Expect, h.proberOptions()...)
+			p, err := h.probeListenProber(h.probeLn)
 			if err != nil {
 				closeListeners()
-				return fmt.Errorf("health: %w", err)
+				return err
 			}
 			h.mu.Lock()
 			h.prober = p
@@ -115,18 +112,15 @@ func (h *Health) start(ctx context.Context) error {
 		}
 	}
 	if h.cfg.ProbeListenIPv6 != "" {
-		if h.probeLn6, err = net.Listen("tcp", h.cfg.ProbeListenIPv6); err != nil {
+		if h.probeLn6, h.probeSrv6, err = listenProbes(h.cfg.ProbeListenIPv6); err != nil {
 			closeListeners()
-			return fmt.Errorf("health: listen on %s for IPv6 probes: %w", h.cfg.ProbeListenIPv6, err)
+			return err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("GET "+ProbePath, ProbeHandler())
-		h.probeSrv6 = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 		if v4, ok := h.prober.(*HTTPProber); ok && h.cfg.TargetIPv6 == "" && h.cfg.Prober == nil {
-			p6, err := NewHTTPProber("http://"+h.probeLn6.Addr().String()+ProbePath, h.cfg.Expect, h.proberOptions()...)
+			p6, err := h.probeListenProber(h.probeLn6)
 			if err != nil {
 				closeListeners()
-				return fmt.Errorf("health: %w", err)
+				return err
 			}
 			h.mu.Lock()
 			h.prober = familyProber{v4: v4, v6: p6}
@@ -246,6 +240,27 @@ func (h *Health) stop() {
 		h.log.Warn("health stop: goroutines still running", "err", ctx.Err())
 	}
 	h.log.Info("health stopped")
+}
+
+// listenProbes listens on addr and returns the server of the probe target
+// there (GET /probe, ProbeHandler), not yet serving.
+func listenProbes(addr string) (net.Listener, *http.Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("health: listen on %s for probes: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET "+ProbePath, ProbeHandler())
+	return ln, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}, nil
+}
+
+// probeListenProber is the prober of the probe target served on ln.
+func (h *Health) probeListenProber(ln net.Listener) (*HTTPProber, error) {
+	p, err := NewHTTPProber("http://"+ln.Addr().String()+ProbePath, h.cfg.Expect, h.proberOptions()...)
+	if err != nil {
+		return nil, fmt.Errorf("health: %w", err)
+	}
+	return p, nil
 }
 
 // familiesText names the families of fs for a log line.
