@@ -246,6 +246,18 @@ type Health struct {
 	// nor Target, health probes a TCP connect to each proxy (a proxy of
 	// a sim host enters on its running event, never probed).
 	ProbeListen string `yaml:"probe_listen"`
+	// TargetIPv6 is the URL probed through each proxy for its IPv6
+	// egress addresses (each probe names one of the proxy's addresses,
+	// and a proxy leaves from a named address only over its family); its
+	// host an IPv6 address or a name reached over IPv6. Empty: health's
+	// own /probe on ProbeListenIPv6, if set. With neither (the default),
+	// IPv6 egress addresses are not probed one by one. Needs Target or
+	// ProbeListen, which then probe the IPv4 addresses.
+	TargetIPv6 string `yaml:"target_ipv6"`
+	// ProbeListenIPv6 is where the health process also serves /probe
+	// for the IPv6 probes, on an IPv6 address the guests can reach
+	// (e.g. [2001:db8::1]:8081).
+	ProbeListenIPv6 string `yaml:"probe_listen_ipv6"`
 	// Concurrency bounds the probes in flight.
 	Concurrency int `yaml:"concurrency"`
 	// LeaseTTL is how long the publisher's lease lasts without renewal

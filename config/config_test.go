@@ -110,6 +110,14 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "health: {probe_listen: '127.0.0.1:8081'}\n", "health.probe_listen"},
 		{good + "health: {target: 'http://169.254.169.254/probe'}\n", "health.target"},
 		{good + "health: {target: 'http://[fd00::1]:8081/probe'}\n", "health.target"},
+		{good + "health: {target_ipv6: 'http://[2001:db8::1]/probe'}\n", "health.target_ipv6"},
+		{good + "health: {probe_listen: '198.18.0.1:8081', target_ipv6: 'http://198.18.0.1/probe'}\n", "health.target_ipv6"},
+		{good + "health: {probe_listen: '198.18.0.1:8081', target_ipv6: 'ftp://[2001:db8::1]/'}\n", "health.target_ipv6"},
+		{good + "health: {probe_listen: '[2001:db8::1]:8081', target_ipv6: 'http://[2001:db8::2]/probe'}\n", "health.target_ipv6"},
+		{good + "health: {probe_listen: '198.18.0.1:8081', probe_listen_ipv6: '198.18.0.1:8082'}\n", "health.probe_listen_ipv6"},
+		{good + "health: {probe_listen: '198.18.0.1:8081', probe_listen_ipv6: '[::]:8082'}\n", "health.probe_listen_ipv6"},
+		{good + "health: {probe_listen: '198.18.0.1:8081', probe_listen_ipv6: 'nope'}\n", "health.probe_listen_ipv6"},
+		{good + "health: {probe_listen: '198.18.0.1:8081', probe_listen_ipv6: '[fd00::1]:8082'}\n", "health.probe_listen_ipv6"},
 		{"hosts:\n  - {name: a, driver: sim, sim: {dir: /x}, addresses: {ipv4: [203.0.113.8/33]}}\n", "hosts[0].addresses.ipv4[0]"},
 		{"hosts:\n  - {name: a, driver: sim, sim: {dir: /x}, addresses: {ipv6: ['2001:db8::/64'], ipv6_per_proxy: 300}}\n", "hosts[0].addresses.ipv6_per_proxy"},
 		{"hosts:\n  - {name: a, driver: sim, sim: {dir: /x}, addresses: {}}\n", "hosts[0].addresses.ipv4"},
@@ -123,6 +131,24 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 	}
 	if _, err := Parse([]byte(good + "colour: red\n")); err == nil || !strings.Contains(err.Error(), "colour") {
 		t.Errorf("unknown key: %v", err)
+	}
+}
+
+// An IPv6 probe target is optional (none by default); beside an IPv4
+// one, health's own /probe on an IPv6 address or a URL.
+func TestIPv6ProbeTarget(t *testing.T) {
+	for _, edit := range []string{
+		"health: {probe_listen: '198.18.0.1:8081'}\n",
+		"health: {probe_listen: '198.18.0.1:8081', probe_listen_ipv6: '[2001:db8::1]:8081'}\n",
+		"health: {target: 'http://probe.example/probe', target_ipv6: 'http://probe6.example/probe', probe_listen_ipv6: '[::]:8081'}\n",
+	} {
+		c, err := Parse([]byte(good + edit))
+		if err != nil {
+			t.Fatalf("%q: %v", edit, err)
+		}
+		if edit == "health: {probe_listen: '198.18.0.1:8081'}\n" && (c.Health.TargetIPv6 != "" || c.Health.ProbeListenIPv6 != "") {
+			t.Errorf("an IPv6 target by default: %+v", c.Health)
+		}
 	}
 }
 

@@ -241,7 +241,55 @@ func (c *Config) Validate() error {
 			return bad("health.probe_listen", "%q: with no health.target, an IP the guests can reach (not a name or a wildcard)", l)
 		}
 	}
+	if err := c.validateIPv6Target(); err != nil {
+		return err
+	}
 	return c.validateProbeDenied()
+}
+
+// validateIPv6Target checks health.target_ipv6 and
+// health.probe_listen_ipv6: the IPv6 addresses' probe target, beside an
+// IPv4 one that is not itself an IPv6 address.
+func (c *Config) validateIPv6Target() error {
+	t, l := c.Health.TargetIPv6, c.Health.ProbeListenIPv6
+	if t == "" && l == "" {
+		return nil
+	}
+	field := "health.target_ipv6"
+	if t == "" {
+		field = "health.probe_listen_ipv6"
+	}
+	if c.Health.Target == "" && c.Health.ProbeListen == "" {
+		return bad(field, "set without health.target or health.probe_listen, the target of the IPv4 addresses")
+	}
+	main := c.Health.Target
+	if main == "" {
+		main = "http://" + c.Health.ProbeListen
+	}
+	if u, err := url.Parse(main); err == nil {
+		if a, err := netip.ParseAddr(u.Hostname()); err == nil && a.Unmap().Is6() {
+			return bad(field, "set while the IPv4 addresses' target %s is an IPv6 address (it is the IPv6 target already)", u.Host)
+		}
+	}
+	if t != "" {
+		u, err := url.Parse(t)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return bad("health.target_ipv6", "%q: want http(s)://host[:port]/path", t)
+		}
+		if a, err := netip.ParseAddr(u.Hostname()); err == nil && a.Unmap().Is4() {
+			return bad("health.target_ipv6", "%q: its host is an IPv4 address (want an IPv6 address or a name)", t)
+		}
+	}
+	if l != "" {
+		host, _, err := net.SplitHostPort(l)
+		if err != nil {
+			return bad("health.probe_listen_ipv6", "%v", err)
+		}
+		if a, err := netip.ParseAddr(host); t == "" && (err != nil || !a.Is6() || a.Is4In6() || a.IsUnspecified()) {
+			return bad("health.probe_listen_ipv6", "%q: with no health.target_ipv6, an IPv6 address the guests can reach (not a name, an IPv4 address or a wildcard)", l)
+		}
+	}
+	return nil
 }
 
 // proxyUserRE is a user name every proxy server and client carries
@@ -437,17 +485,22 @@ func (c *Config) validateProbeDenied() error {
 	if err != nil {
 		return err // (validateAccess named the entry)
 	}
-	field, host := "health.probe_listen", ""
-	if t := c.Health.Target; t != "" {
-		field = "health.target"
-		if u, err := url.Parse(t); err == nil {
-			host = u.Hostname()
+	for _, t := range []struct{ targetField, target, listenField, listen string }{
+		{"health.target", c.Health.Target, "health.probe_listen", c.Health.ProbeListen},
+		{"health.target_ipv6", c.Health.TargetIPv6, "health.probe_listen_ipv6", c.Health.ProbeListenIPv6},
+	} {
+		field, host := t.listenField, ""
+		if t.target != "" {
+			field = t.targetField
+			if u, err := url.Parse(t.target); err == nil {
+				host = u.Hostname()
+			}
+		} else if t.listen != "" {
+			host, _, _ = net.SplitHostPort(t.listen)
 		}
-	} else if l := c.Health.ProbeListen; l != "" {
-		host, _, _ = net.SplitHostPort(l)
-	}
-	if a, err := netip.ParseAddr(host); err == nil && d.Denies(a) {
-		return bad(field, "%s is in proxy.deny: the proxies would refuse every probe (take it out of proxy.deny, or probe another address)", a)
+		if a, err := netip.ParseAddr(host); err == nil && d.Denies(a) {
+			return bad(field, "%s is in proxy.deny: the proxies would refuse every probe (take it out of proxy.deny, or probe another address)", a)
+		}
 	}
 	return nil
 }

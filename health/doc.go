@@ -28,8 +28,15 @@
 // (by default this process's own GET /probe, served on ProbeListen, an
 // address the guests reach; see ProbeHandler), with the fleet's
 // credentials, and can check for an open proxy and read the egress and
-// the headers the target saw. With none of Prober, Target and ProbeListen,
-// health probes a TCP connect to each proxy's address (TCPProber), logs so
+// the headers the target saw. A probe of a proxy whose plan gave it
+// addresses names one of them (messages.HeaderEgress; the next one each
+// probe, see Fold): IPv4 ones through Target (or ProbeListen's /probe),
+// IPv6 ones through TargetIPv6 (or the /probe served on ProbeListenIPv6),
+// since a proxy uses a named address only over its family. With no IPv6
+// target (the default) IPv6 addresses are not named, and
+// proxyfleet_health_egress_target{family="ipv6"} is 0. With none of
+// Prober, Target and ProbeListen, health probes a TCP connect to each
+// proxy's address (TCPProber), logs so
 // once at warn level and shows proxyfleet_health_probing 0: a VM with
 // nothing listening never enters, but nothing more is checked.
 //

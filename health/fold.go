@@ -75,8 +75,20 @@ import (
 //   - Leaky: the target saw the client's address, or the fleet's
 //     credentials, in a header.
 //   - Mismatch: the proxy's running event carries egress addresses (its
-//     host's plan) and its request reached the target from another address
-//     ("egress mismatch: ...").
+//     host's plan) and its request reached the target from an address not
+//     among them, or (of the named address's family) from another than the
+//     one it named ("egress mismatch: a request naming A left from B").
+//
+// Egress addresses. With EgressFamilies (the families with a probe
+// target), each probe of a proxy with egress addresses names one of them
+// (Target.Egress, sent as messages.HeaderEgress): the next of its
+// addresses of those families each probe applied, from where its cycle
+// starts (EgressStart), so over n probes in a row each of its n addresses
+// is named once (egressChoice, a pure function of the list, the start and
+// the count). A mismatched address is named again, probe after probe,
+// until one leaves from it: that clears the verdict, and the cycle goes
+// on. Addresses of a family without a target are never named: only the
+// address the proxy leaves from by default is checked against its plan.
 //
 // A refused proxy never enters, and one in the rotation leaves at once. It
 // keeps being probed at the rounds' cadence (never at once, as a rising one
@@ -126,6 +138,15 @@ type Fold struct {
 	// Admitted, if set, is told how long each proxy waited from its
 	// running event to its admission (latency.go).
 	Admitted func(wait time.Duration)
+	// EgressFamilies are the families of egress addresses a probe can
+	// name (Target.Egress): those with a probe target of their family.
+	// Zero: probes name no address, and only the address a proxy leaves
+	// from by default is checked against its plan.
+	EgressFamilies Families
+	// EgressStart, if set, is where the cycle of id's probes through its
+	// egress addresses starts (taken modulo their number). Nil: a hash
+	// of id, so that proxies do not all start at their first address.
+	EgressStart func(id string) uint64
 
 	proxies map[string]*proxyState
 	// dirty holds the ids whose rotation entry may have changed since
@@ -158,6 +179,10 @@ type FoldStats struct {
 	RefusedLeaky uint64 // times a candidate's verdict became leaky
 	// RefusedMismatch: times a candidate's verdict became mismatch.
 	RefusedMismatch uint64
+	// EgressMismatches: passing probes whose target saw the request come
+	// from another address than the one it named, or from one not of the
+	// proxy's plan.
+	EgressMismatches uint64
 }
 
 // proxyState is what the fold keeps of one proxy: its last seen event, its
@@ -195,10 +220,16 @@ type proxyState struct {
 	graceUntil time.Time // non-zero while it keeps its place in grace
 
 	// What the probes of addr found (reset with it).
-	egress      string    // the address the target saw, "" if never reported
-	reported    bool      // a target reported a request of a probe
-	leak        string    // why it is leaky; "" if the last report found nothing
-	mismatch    string    // the address its requests left from, when not one of egressAddrs; "" if none
+	egress   string // the address the target saw, "" if never reported
+	reported bool   // a target reported a request of a probe
+	leak     string // why it is leaky; "" if the last report found nothing
+	mismatch string // the address a request left from, when not the one named or not one of egressAddrs; "" if none
+	// mismatchNamed is the address the request found mismatched named
+	// ("" for none): probes keep naming it until one leaves from it.
+	mismatchNamed string
+	// egressTurn counts the probes applied that named an address: with
+	// EgressStart, which address the next one names.
+	egressTurn  uint64
 	openState   string    // last conclusive open check: OpenRefused, OpenAnswered, or "" for none
 	openAt      time.Time // when that check was taken
 	openPending bool      // the last open check was inconclusive
@@ -400,7 +431,7 @@ func (f *Fold) resetChecks(p *proxyState) {
 	// Marked even without a record: the bucket may hold one of its
 	// address from another process, which goes with it.
 	f.markCheck(p)
-	p.egress, p.reported, p.leak, p.mismatch = "", false, "", ""
+	p.egress, p.reported, p.leak, p.mismatch, p.mismatchNamed, p.egressTurn = "", false, "", "", "", 0
 	p.openState, p.openAt, p.openPending, p.checkAt = "", time.Time{}, false, time.Time{}
 }
 
@@ -431,6 +462,9 @@ type ProbeResult struct {
 	Epoch uint64
 	OK    bool
 	At    time.Time // when the probe started
+	// Named is the egress address the probe's request named
+	// (Target.Egress), "" if none: the target must see it as Egress.
+	Named string
 
 	// What a passing probe found besides (see Findings); ignored for a
 	// failing one.
@@ -473,6 +507,11 @@ func (f *Fold) ApplyProbe(r ProbeResult) (changed bool) {
 	} else {
 		p.fails++
 		p.passes = 0
+	}
+	if r.Named != "" && p.mismatch == "" {
+		// The next probe names the next address; a mismatched one is
+		// named again until a probe leaves from it.
+		p.egressTurn++
 	}
 	if v := f.verdict(p); v != verdict || f.reason(p) != reason || p.egress != egress {
 		f.checksGen++

@@ -1,6 +1,7 @@
 package health
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -13,13 +14,13 @@ import (
 // findings keeps what a passing probe found.
 func (f *Fold) findings(p *proxyState, r ProbeResult) {
 	if r.Egress != "" {
-		p.egress = r.Egress
-		// A proxy whose plan gave it addresses must leave from one of
-		// them; one left to its network's DHCP may leave from any.
-		p.mismatch = ""
-		if len(p.egressAddrs) > 0 && !messages.EgressContains(p.egressAddrs, r.Egress) {
-			p.mismatch = r.Egress
+		// The egress shown is where a request naming none, or the
+		// proxy's first address (its default), leaves from: a probe
+		// naming another one in turn does not change the entry.
+		if r.Named == "" || p.egress == "" || r.Named == firstEgress(p.egressAddrs) {
+			p.egress = r.Egress
 		}
+		f.egressFindings(p, r)
 	}
 	if r.Reported {
 		// Only a report clears a leak: a target that reports nothing
@@ -33,6 +34,50 @@ func (f *Fold) findings(p *proxyState, r ProbeResult) {
 		// Admits nothing, changes no verdict: the next probe checks again.
 		p.openPending = true
 	}
+}
+
+// egressFindings checks the address a passing probe's request left from
+// against p's plan. A proxy whose plan gave it addresses must leave from
+// one of them, and from the one a request names (when of the family of the
+// target: a request's named address is used only over its family); one
+// left to its network's DHCP may leave from any. A mismatch stays until a
+// probe naming the same address (none, for one found without a name) sees
+// it, or until that address is no longer one to name.
+func (f *Fold) egressFindings(p *proxyState, r ProbeResult) {
+	if len(p.egressAddrs) == 0 {
+		p.mismatch, p.mismatchNamed = "", ""
+		return
+	}
+	planned := messages.EgressContains(p.egressAddrs, r.Egress)
+	if !planned || (r.Named != "" && r.Egress != r.Named && sameFamily(r.Named, r.Egress)) {
+		p.mismatch, p.mismatchNamed = r.Egress, r.Named
+		f.stats.EgressMismatches++
+		return
+	}
+	if p.mismatch != "" && (r.Named == "" || r.Egress == r.Named) && (r.Named == p.mismatchNamed || f.pinned(p) == "") {
+		p.mismatch, p.mismatchNamed = "", ""
+	}
+}
+
+// firstEgress is the first address of an egress list, "" if none.
+func firstEgress(items []string) string {
+	if len(items) == 0 {
+		return ""
+	}
+	if p, err := netip.ParsePrefix(items[0]); err == nil {
+		return p.Addr().String()
+	}
+	if a, err := netip.ParseAddr(items[0]); err == nil {
+		return a.Unmap().String()
+	}
+	return ""
+}
+
+// sameFamily reports whether a and b are addresses of one family.
+func sameFamily(a, b string) bool {
+	x, err1 := netip.ParseAddr(a)
+	y, err2 := netip.ParseAddr(b)
+	return err1 == nil && err2 == nil && x.Unmap().Is4() == y.Unmap().Is4()
 }
 
 // refused reports whether p's checks keep it out of the rotation.
@@ -93,8 +138,14 @@ func (f *Fold) reason(p *proxyState) string {
 	if p.leak != "" {
 		parts = append(parts, p.leak)
 	}
-	if p.mismatch != "" {
+	switch {
+	case p.mismatch == "":
+	case p.mismatchNamed == "":
 		parts = append(parts, ReasonMismatch+": its requests left from "+p.mismatch+", not from an address its plan gave it")
+	case messages.EgressContains(p.egressAddrs, p.mismatch):
+		parts = append(parts, ReasonMismatch+": a request naming "+p.mismatchNamed+" left from "+p.mismatch)
+	default:
+		parts = append(parts, ReasonMismatch+": a request naming "+p.mismatchNamed+" left from "+p.mismatch+", not from an address its plan gave it")
 	}
 	return strings.Join(parts, "; ")
 }

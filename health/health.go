@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
+	"net/url"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -85,6 +87,21 @@ type Config struct {
 	// GET /probe?nonce=N, answering N. With an empty Target, the target is
 	// http://<its bound address>/probe.
 	ProbeListen string
+	// TargetIPv6 is the URL probed through each proxy for its IPv6
+	// egress addresses, as Target is for its IPv4 ones: each probe names
+	// one of the proxy's addresses (messages.HeaderEgress), and squid uses
+	// a named address only over its family. Its host is an IPv6 address
+	// or a name the guests reach over IPv6. Empty: the /probe served on
+	// ProbeListenIPv6, if set; with neither, no IPv6 egress address is
+	// probed one by one (proxyfleet_health_egress_target{family="ipv6"}
+	// is 0). Needs Target or ProbeListen, whose target is then the IPv4
+	// one; set when that one is itself an IPv6 address, it is an error.
+	TargetIPv6 string
+	// ProbeListenIPv6 is a second address (an IPv6 one the guests can
+	// reach, when TargetIPv6 is empty) where this process serves
+	// GET /probe: with an empty TargetIPv6, the IPv6 target is
+	// http://[its bound address]/probe.
+	ProbeListenIPv6 string
 	// Interval between probe rounds (default 2s); Timeout of each probe
 	// (default 80% of Interval).
 	Interval time.Duration
@@ -303,6 +320,9 @@ type Health struct {
 	sched      *probeSched // set by Run's start when probing, before it binds
 	probeLn    net.Listener
 	probeSrv   *http.Server
+	pendingV6  *HTTPProber  // TargetIPv6's prober, until ProbeListen's is made
+	probeLn6   net.Listener // ProbeListenIPv6's
+	probeSrv6  *http.Server
 	lease      *lease             // owned by the loop
 	pageSub    *nats.Subscription // owned by the loop: answering page requests while serving
 	holder     bool               // mirror of lease.holding, under mu
@@ -408,6 +428,9 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 			return nil, fmt.Errorf("health: %w", err) // the credentials, checked now
 		}
 	}
+	if err := h.checkIPv6Target(); err != nil {
+		return nil, err
+	}
 	if h.prober == nil && cfg.ProbeListen == "" {
 		// Nothing to probe through the proxies: at least something must
 		// listen on a proxy's port before it enters.
@@ -433,11 +456,74 @@ func (h *Health) proberOptions() []ProberOption {
 	return []ProberOption{WithCredentials(h.cfg.ProxyUser, h.cfg.ProxyPassword)}
 }
 
-// setCheckOpen tells the fold whether candidates must pass an open check:
-// the prober can make one (it has credentials to leave out).
+// setCheckOpen tells the fold whether candidates must pass an open check
+// (the prober can make one: it has credentials to leave out), and the
+// families of the egress addresses probes name (those the prober has a
+// target for).
 func (h *Health) setCheckOpen() {
 	c, ok := h.prober.(Checker)
 	h.fold.CheckOpen = ok && c.ChecksOpen()
+	h.fold.EgressFamilies = 0
+	if e, ok := h.prober.(EgressChecker); ok {
+		h.fold.EgressFamilies = e.Families()
+	}
+}
+
+// checkIPv6Target checks TargetIPv6 and ProbeListenIPv6, and with an HTTP
+// prober of Target, pairs it with one of TargetIPv6 (ProbeListenIPv6's is
+// made once its listener is bound).
+func (h *Health) checkIPv6Target() error {
+	cfg := h.cfg
+	if cfg.TargetIPv6 == "" && cfg.ProbeListenIPv6 == "" {
+		return nil
+	}
+	field := "target_ipv6"
+	if cfg.TargetIPv6 == "" {
+		field = "probe_listen_ipv6"
+	}
+	if cfg.Target == "" && cfg.ProbeListen == "" {
+		return fmt.Errorf("health: %s without a target or probe listen address for IPv4", field)
+	}
+	main := cfg.Target
+	if main == "" {
+		main = "http://" + cfg.ProbeListen
+	}
+	if u, err := url.Parse(main); err == nil {
+		if a, err := netip.ParseAddr(u.Hostname()); err == nil && a.Unmap().Is6() {
+			return fmt.Errorf("health: %s with an IPv6 target (%s): that one is the IPv6 target already", field, u.Host)
+		}
+	}
+	if cfg.ProbeListenIPv6 != "" && cfg.TargetIPv6 == "" {
+		host, _, err := net.SplitHostPort(cfg.ProbeListenIPv6)
+		if a, perr := netip.ParseAddr(host); err != nil || perr != nil || !a.Is6() || a.Is4In6() || a.IsUnspecified() {
+			return fmt.Errorf("health: probe listen address for IPv6 %q: with no IPv6 target, it must be an IPv6 address the guests can reach", cfg.ProbeListenIPv6)
+		}
+		if _, err := NewHTTPProber("http://"+cfg.ProbeListenIPv6+ProbePath, cfg.Expect, h.proberOptions()...); err != nil {
+			return fmt.Errorf("health: %w", err)
+		}
+	}
+	if cfg.TargetIPv6 == "" {
+		return nil
+	}
+	p6, err := NewHTTPProber(cfg.TargetIPv6, cfg.Expect, h.proberOptions()...)
+	if err != nil {
+		return fmt.Errorf("health: ipv6 %w", err)
+	}
+	if a, err := netip.ParseAddr(p6.Target.Hostname()); err == nil && a.Unmap().Is4() {
+		return fmt.Errorf("health: ipv6 probe target %q: its host is an IPv4 address", cfg.TargetIPv6)
+	}
+	h.pairIPv6(p6)
+	return nil
+}
+
+// pairIPv6 makes the prober one that sends probes naming an IPv6 address
+// to p6, if it is an HTTP prober of its own target (not a Config.Prober).
+func (h *Health) pairIPv6(p6 *HTTPProber) {
+	if v4, ok := h.prober.(*HTTPProber); ok && h.cfg.Prober == nil {
+		h.prober = familyProber{v4: v4, v6: p6}
+	} else if h.prober == nil {
+		h.pendingV6 = p6 // paired once ProbeListen's prober is made
+	}
 }
 
 // Addr is the address HTTP is served on, once started ("" before, or with
@@ -458,10 +544,21 @@ func (h *Health) ProbeAddr() string {
 	return h.probeLn.Addr().String()
 }
 
+// ProbeAddrIPv6 is the address the probe target is served on for IPv6,
+// once started ("" without ProbeListenIPv6).
+func (h *Health) ProbeAddrIPv6() string {
+	if h.probeLn6 == nil {
+		return ""
+	}
+	return h.probeLn6.Addr().String()
+}
+
 func (h *Health) probeTarget() string {
 	switch p := h.prober.(type) {
 	case *HTTPProber:
 		return p.Target.Redacted()
+	case familyProber:
+		return p.v4.Target.Redacted() + " (IPv4), " + p.v6.Target.Redacted() + " (IPv6)"
 	case TCPProber:
 		return "a TCP connect to each proxy"
 	}

@@ -37,6 +37,19 @@ type Metrics struct {
 	// ProbeKinds counts probes by kind (KindHTTP, KindConnect, KindTCP);
 	// a plain Prober's are not counted.
 	ProbeKinds map[string]uint64
+	// ProbeFamilies counts probes by the family of the egress address
+	// their request named: "ipv4", "ipv6", or "none" (no address named:
+	// the proxy has no plan, none of a family with a target, or the
+	// prober cannot name one).
+	ProbeFamilies map[string]uint64
+	// EgressTargets says, by family ("ipv4", "ipv6"), whether probes
+	// name that family's egress addresses (it has a probe target): a
+	// family without one is never checked address by address.
+	EgressTargets map[string]bool
+	// EgressMismatches counts passing probes whose target saw the
+	// request come from another address than the one it named, or from
+	// one not of the proxy's plan.
+	EgressMismatches uint64
 	// OpenChecks counts open checks by result (OpenRefused, ...).
 	OpenChecks map[string]uint64
 	// Refused is how many candidates are refused now, by verdict
@@ -97,9 +110,10 @@ var ProbeBuckets = []time.Duration{
 // probeStats counts probe outcomes by result, probes by kind and open
 // checks by result.
 type probeStats struct {
-	results map[string]uint64
-	kinds   map[string]uint64
-	open    map[string]uint64
+	results  map[string]uint64
+	kinds    map[string]uint64
+	open     map[string]uint64
+	families map[string]uint64 // by the family of the address named (FamilyName)
 }
 
 func newProbeStats() probeStats {
@@ -110,7 +124,7 @@ func newProbeStats() probeStats {
 		}
 		return m
 	}
-	return probeStats{results: zero(probeResults), kinds: zero(probeKinds), open: zero(openResults)}
+	return probeStats{results: zero(probeResults), kinds: zero(probeKinds), open: zero(openResults), families: zero(familyNames)}
 }
 
 func (s *probeStats) add(result string) { s.results[result]++ }
@@ -154,11 +168,15 @@ func (h *Health) Metrics() Metrics {
 		ProbesIgnored:   st.ProbesIgnored,
 		ProbeKinds:      maps.Clone(h.probeStats.kinds),
 		OpenChecks:      maps.Clone(h.probeStats.open),
-		Refused:         map[string]int{messages.VerdictOpen: c.Open, messages.VerdictLeaky: c.Leaky, messages.VerdictMismatch: c.Mismatch},
-		Refusals:        map[string]uint64{messages.VerdictOpen: st.RefusedOpen, messages.VerdictLeaky: st.RefusedLeaky, messages.VerdictMismatch: st.RefusedMismatch},
-		Checks:          c.Checks,
-		CheckWrites:     h.checksWrites,
-		Reports:         maps.Clone(h.reports.outcomes),
+		ProbeFamilies:   maps.Clone(h.probeStats.families),
+		EgressTargets: map[string]bool{familyIPv4: h.fold.EgressFamilies&FamilyIPv4 != 0,
+			familyIPv6: h.fold.EgressFamilies&FamilyIPv6 != 0},
+		EgressMismatches: st.EgressMismatches,
+		Refused:          map[string]int{messages.VerdictOpen: c.Open, messages.VerdictLeaky: c.Leaky, messages.VerdictMismatch: c.Mismatch},
+		Refusals:         map[string]uint64{messages.VerdictOpen: st.RefusedOpen, messages.VerdictLeaky: st.RefusedLeaky, messages.VerdictMismatch: st.RefusedMismatch},
+		Checks:           c.Checks,
+		CheckWrites:      h.checksWrites,
+		Reports:          maps.Clone(h.reports.outcomes),
 
 		FeedMessages: h.feed.messages, FeedChanges: h.feed.changes, FeedBytes: h.feed.bytes,
 		FeedResets: h.feed.resets, FeedHeartbeats: h.feed.heartbeats, FeedErrors: h.feed.errors,
@@ -247,11 +265,15 @@ var (
 			func(m Metrics) float64 { return b2f(m.Probing) }},
 		{prometheus.NewDesc("proxyfleet_probe_targets", "Proxies being probed.", nil, nil), prometheus.GaugeValue,
 			func(m Metrics) float64 { return float64(m.Targets) }},
+		{prometheus.NewDesc("proxyfleet_health_egress_mismatches_total", "Passing probes whose target saw the request come from another address than the one it named, or from one not of the proxy's plan.", nil, nil), prometheus.CounterValue,
+			func(m Metrics) float64 { return float64(m.EgressMismatches) }},
 		{prometheus.NewDesc("proxyfleet_probe_results_ignored_total", "Probe results that came too late to count (address changed, proxy deleted).", nil, nil), prometheus.CounterValue,
 			func(m Metrics) float64 { return float64(m.ProbesIgnored) }},
 	}
 	descProbes     = prometheus.NewDesc("proxyfleet_probes_total", "Probes by result.", []string{"result"}, nil)
 	descProbeKinds = prometheus.NewDesc("proxyfleet_probes_by_kind_total", "Probes by kind: http (a GET through the proxy), connect (CONNECT, TLS, GET), tcp (a TCP connect only).", []string{"kind"}, nil)
+	descFamilies   = prometheus.NewDesc("proxyfleet_probes_by_family_total", "Probes by the family of the proxy's egress address their request named: ipv4, ipv6, none (no address named).", []string{"family"}, nil)
+	descEgressTgt  = prometheus.NewDesc("proxyfleet_health_egress_target", "1 if probes name the proxies' egress addresses of the family (it has a probe target: health.target or health.probe_listen for ipv4, health.target_ipv6 or health.probe_listen_ipv6 for ipv6), 0 if that family's addresses are never checked one by one.", []string{"family"}, nil)
 	descOpenChecks = prometheus.NewDesc("proxyfleet_open_checks_total", "Open checks (a probe's request sent again without credentials) by result: refused, open, inconclusive.", []string{"result"}, nil)
 	descRefused    = prometheus.NewDesc("proxyfleet_health_refused", "Candidates kept out of the rotation by their checks, by verdict (open, leaky).", []string{"verdict"}, nil)
 	descRefusals   = prometheus.NewDesc("proxyfleet_health_refusals_total", "Times a candidate's verdict became open or leaky.", []string{"verdict"}, nil)
@@ -269,6 +291,8 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	ch <- descProbes
 	ch <- descProbeKinds
+	ch <- descFamilies
+	ch <- descEgressTgt
 	ch <- descOpenChecks
 	ch <- descRefused
 	ch <- descRefusals
@@ -293,6 +317,12 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	// series from the start.
 	for _, k := range probeKinds {
 		ch <- prometheus.MustNewConstMetric(descProbeKinds, prometheus.CounterValue, float64(m.ProbeKinds[k]), k)
+	}
+	for _, f := range familyNames {
+		ch <- prometheus.MustNewConstMetric(descFamilies, prometheus.CounterValue, float64(m.ProbeFamilies[f]), f)
+	}
+	for _, f := range []string{familyIPv4, familyIPv6} {
+		ch <- prometheus.MustNewConstMetric(descEgressTgt, prometheus.GaugeValue, b2f(m.EgressTargets[f]), f)
 	}
 	for _, r := range openResults {
 		ch <- prometheus.MustNewConstMetric(descOpenChecks, prometheus.CounterValue, float64(m.OpenChecks[r]), r)

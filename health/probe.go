@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"time"
 
 	"proxyfleet/messages"
@@ -35,6 +36,19 @@ type Checker interface {
 	// ChecksOpen reports whether Check can check for an open proxy:
 	// it has credentials to leave out.
 	ChecksOpen() bool
+}
+
+// An EgressChecker is a Checker whose probe can name the proxy's address
+// the request is to leave from (messages.HeaderEgress), for an address of
+// a family in Families: the target of that family's probes reports the
+// address the request came from. HTTPProber is one (its target's
+// family); health's pair of targets (Config.Target, TargetIPv6) is one.
+type EgressChecker interface {
+	Checker
+	// CheckEgress is Check with a request naming egress ("": none).
+	CheckEgress(ctx context.Context, addr, egress string, checkOpen bool) Findings
+	// Families are the families of the addresses it can name.
+	Families() Families
 }
 
 // Findings is what one Check found.
@@ -156,14 +170,21 @@ func probeOne(ctx context.Context, p Prober, t Target, timeout time.Duration, no
 		out.Latency = time.Since(mono)
 	}()
 	var err error
-	if c, ok := p.(Checker); ok {
-		f := c.Check(pctx, t.Addr, t.CheckOpen)
+	var f Findings
+	checked := true
+	if c, ok := p.(EgressChecker); ok && t.Egress != "" {
+		out.Named = t.Egress
+		f = c.CheckEgress(pctx, t.Addr, t.Egress, t.CheckOpen)
+	} else if c, ok := p.(Checker); ok {
+		f = c.Check(pctx, t.Addr, t.CheckOpen)
+	} else {
+		checked, err = false, p.Probe(pctx, t.Addr)
+	}
+	if checked {
 		err, out.Kind = f.Err, f.Kind
 		if err == nil {
 			out.Egress, out.Reported, out.Leak, out.Open, out.OpenErr = f.Egress, f.Reported, f.Leak, f.Open, f.OpenErr
 		}
-	} else {
-		err = p.Probe(pctx, t.Addr)
 	}
 	if err != nil && pctx.Err() != nil && ctx.Err() == nil {
 		// The probe's own time ran out, whatever error that caused.
@@ -217,6 +238,7 @@ func (h *Health) reportProbe(ctx context.Context, o probeOutcome) {
 	if o.Kind != "" {
 		h.probeStats.kinds[o.Kind]++
 	}
+	h.probeStats.families[FamilyName(o.Named)]++
 	if o.OK && o.Open != "" {
 		h.probeStats.open[o.Open]++
 	}
@@ -230,7 +252,10 @@ func (h *Health) reportProbe(ctx context.Context, o probeOutcome) {
 		}
 		h.signal()
 	} else if !o.OK {
-		h.log.Debug("probe failed", "id", o.ID, "result", o.Result, "err", o.Err)
+		h.log.Debug("probe failed", "id", o.ID, "result", o.Result, "err", o.Err, "named", o.Named)
+	}
+	if o.OK && o.Named != "" {
+		h.log.Debug("probe named an egress address", "id", o.ID, "named", o.Named, "egress", o.Egress)
 	}
 	if h.fold.ChecksGen() != checksGen {
 		h.signal()
@@ -260,4 +285,50 @@ func (h *Health) probeIfRisingLocked(id string) {
 	if t, ok := h.fold.Rising(id); ok {
 		h.sched.probeSoon(t)
 	}
+}
+
+// familyProber probes through a proxy to the target of the family of the
+// address a request names: v4 for IPv4 addresses, v6 for IPv6 ones (either
+// may be nil, not both). A request naming none goes to v4 if there is one.
+type familyProber struct {
+	v4, v6 *HTTPProber
+}
+
+// first is the prober of a request that names no address.
+func (p familyProber) first() *HTTPProber {
+	if p.v4 != nil {
+		return p.v4
+	}
+	return p.v6
+}
+
+func (p familyProber) Probe(ctx context.Context, addr string) error {
+	return p.first().Probe(ctx, addr)
+}
+
+func (p familyProber) Check(ctx context.Context, addr string, checkOpen bool) Findings {
+	return p.first().Check(ctx, addr, checkOpen)
+}
+
+// CheckEgress sends the probe to the target of egress's family; one of a
+// family without a target names nothing (the fold names none such).
+func (p familyProber) CheckEgress(ctx context.Context, addr, egress string, checkOpen bool) Findings {
+	for _, q := range []*HTTPProber{p.v4, p.v6} {
+		if a, err := netip.ParseAddr(egress); err == nil && q != nil && q.Families().has(a) {
+			return q.CheckEgress(ctx, addr, egress, checkOpen)
+		}
+	}
+	return p.Check(ctx, addr, checkOpen)
+}
+
+func (p familyProber) ChecksOpen() bool { return p.first().ChecksOpen() }
+
+func (p familyProber) Families() Families {
+	var fs Families
+	for _, q := range []*HTTPProber{p.v4, p.v6} {
+		if q != nil {
+			fs |= q.Families()
+		}
+	}
+	return fs
 }

@@ -123,17 +123,7 @@ func TestHTTPProberOpenCheckInconclusive(t *testing.T) {
 			c.Close()
 			return
 		}
-		out := r.Clone(r.Context())
-		out.RequestURI = ""
-		out.Header.Del("Proxy-Authorization")
-		resp, err := http.DefaultTransport.RoundTrip(out)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadGateway)
-			return
-		}
-		defer resp.Body.Close()
-		w.WriteHeader(resp.StatusCode)
-		io.Copy(w, resp.Body)
+		forward(w, r, http.DefaultTransport, "Proxy-Authorization")
 	}))
 	defer proxy.Close()
 	p, _ := health.NewHTTPProber(target.URL+health.ProbePath, "", health.WithCredentials(fleetUser, fleetPassword))

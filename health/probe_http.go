@@ -18,6 +18,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"proxyfleet/messages"
 )
 
 // maxProbeBody bounds what a probe reads of the target's answer.
@@ -57,13 +59,17 @@ type HTTPProber struct {
 	secrets   []string    // what must never appear in an error: the credentials, longest first
 
 	// The request without its nonce: head is up to the query's nonce
-	// value, tail what follows it, with and without credentials (for an
+	// value, tail what follows it up to the egress line (see
+	// CheckEgress), with and without credentials, then endGet (for an
 	// https target, the GET inside the tunnel, which never carries them).
 	head, tail, tailNoAuth string
-	// For an https target, the CONNECT request, with and without
-	// credentials.
+	// For an https target, the CONNECT request up to the egress line,
+	// with and without credentials, then the empty line.
 	connect, connectNoAuth string
 }
+
+// endGet ends a probe's GET, after its egress line if any.
+const endGet = "Connection: close\r\n\r\n"
 
 // A ProberOption configures an HTTPProber.
 type ProberOption func(*proberOptions)
@@ -134,18 +140,18 @@ func NewHTTPProber(target, expect string, opts ...ProberOption) (*HTTPProber, er
 	const fixed = "User-Agent: proxyfleet-health\r\nCache-Control: no-cache\r\n"
 	if u.Scheme == "http" {
 		p.head = "GET " + uri.String() + "?" + query + NonceParam + "="
-		p.tail = " HTTP/1.1\r\nHost: " + u.Host + "\r\n" + fixed + authLine + "Connection: close\r\n\r\n"
-		p.tailNoAuth = " HTTP/1.1\r\nHost: " + u.Host + "\r\n" + fixed + "Connection: close\r\n\r\n"
+		p.tail = " HTTP/1.1\r\nHost: " + u.Host + "\r\n" + fixed + authLine
+		p.tailNoAuth = " HTTP/1.1\r\nHost: " + u.Host + "\r\n" + fixed
 		return p, nil
 	}
 	hostPort := u.Host
 	if u.Port() == "" {
 		hostPort = net.JoinHostPort(u.Hostname(), "443")
 	}
-	p.connect = "CONNECT " + hostPort + " HTTP/1.1\r\nHost: " + hostPort + "\r\nUser-Agent: proxyfleet-health\r\n" + authLine + "\r\n"
-	p.connectNoAuth = "CONNECT " + hostPort + " HTTP/1.1\r\nHost: " + hostPort + "\r\nUser-Agent: proxyfleet-health\r\n\r\n"
+	p.connect = "CONNECT " + hostPort + " HTTP/1.1\r\nHost: " + hostPort + "\r\nUser-Agent: proxyfleet-health\r\n" + authLine
+	p.connectNoAuth = "CONNECT " + hostPort + " HTTP/1.1\r\nHost: " + hostPort + "\r\nUser-Agent: proxyfleet-health\r\n"
 	p.head = "GET " + uri.RequestURI() + "?" + query + NonceParam + "="
-	p.tail = " HTTP/1.1\r\nHost: " + u.Host + "\r\n" + fixed + "Connection: close\r\n\r\n"
+	p.tail = " HTTP/1.1\r\nHost: " + u.Host + "\r\n" + fixed
 	p.tailNoAuth = p.tail
 	if o.tls != nil {
 		p.tlsConfig = o.tls.Clone()
@@ -157,6 +163,16 @@ func NewHTTPProber(target, expect string, opts ...ProberOption) (*HTTPProber, er
 	}
 	p.tlsConfig.NextProtos = []string{"http/1.1"}
 	return p, nil
+}
+
+// Families is the family of the addresses a probe can name: IPv6 for a
+// target whose host is an IPv6 address, else IPv4 (a name is taken to be
+// reached over IPv4: a proxy uses a named address only over its family).
+func (p *HTTPProber) Families() Families {
+	if a, err := netip.ParseAddr(p.Target.Hostname()); err == nil && a.Unmap().Is6() {
+		return FamilyIPv6
+	}
+	return FamilyIPv4
 }
 
 // ChecksOpen reports whether the prober sends credentials, and so can
@@ -174,11 +190,19 @@ func (p *HTTPProber) Probe(ctx context.Context, addr string) error {
 // credentials, sends the same request without them: the proxy is open if
 // that one reaches the target too.
 func (p *HTTPProber) Check(ctx context.Context, addr string, checkOpen bool) Findings {
+	return p.CheckEgress(ctx, addr, "", checkOpen)
+}
+
+// CheckEgress is Check with a request that names egress, an address of
+// the proxy's, in messages.HeaderEgress (on the GET for an http target,
+// on the CONNECT for an https one; "": no header): the proxy is to leave
+// from it, and the target's report says whether it did.
+func (p *HTTPProber) CheckEgress(ctx context.Context, addr, egress string, checkOpen bool) Findings {
 	f := Findings{Kind: KindHTTP}
 	if p.Target.Scheme == "https" {
 		f.Kind = KindConnect
 	}
-	ans, err := p.request(ctx, addr, true)
+	ans, err := p.request(ctx, addr, egress, true)
 	if err != nil {
 		f.Err = p.scrub(err)
 		return f
@@ -187,7 +211,7 @@ func (p *HTTPProber) Check(ctx context.Context, addr string, checkOpen bool) Fin
 		f.Egress, f.Reported, f.Leak = ans.report.Egress, true, ans.report.leak(ans.client)
 	}
 	if checkOpen && p.auth {
-		_, err := p.request(ctx, addr, false)
+		_, err := p.request(ctx, addr, egress, false)
 		f.Open, f.OpenErr = openResult(err)
 		f.OpenErr = p.scrub(f.OpenErr)
 	}
@@ -241,8 +265,17 @@ type probeBuf struct {
 
 // request sends one request through the proxy at addr on a connection of
 // its own, closed after the answer, and checks the answer.
-func (p *HTTPProber) request(ctx context.Context, addr string, withAuth bool) (answer, error) {
+func (p *HTTPProber) request(ctx context.Context, addr, egress string, withAuth bool) (answer, error) {
 	var ans answer
+	if egress != "" {
+		// Only an address, written as the proxy's rules match it: no
+		// line of the request can be made of it.
+		a, err := netip.ParseAddr(egress)
+		if err != nil || a.Zone() != "" {
+			return ans, fmt.Errorf("egress %q: not an address", egress)
+		}
+		egress = messages.HeaderEgress + ": " + a.Unmap().String() + "\r\n"
+	}
 	nonce, err := newNonce()
 	if err != nil {
 		return ans, err
@@ -278,7 +311,9 @@ func (p *HTTPProber) request(ctx context.Context, addr string, withAuth bool) (a
 		if withAuth {
 			connect = p.connect
 		}
-		if _, err := io.WriteString(conn, connect); err != nil {
+		b.w = append(append(append(b.w[:0], connect...), egress...), "\r\n"...)
+		egress = ""
+		if _, err := conn.Write(b.w); err != nil {
 			return ans, p.ctxErr(ctx, err)
 		}
 		b.r.Reset(conn)
@@ -297,7 +332,7 @@ func (p *HTTPProber) request(ctx context.Context, addr string, withAuth bool) (a
 	} else {
 		br.Reset(conn)
 	}
-	b.w = append(append(append(b.w[:0], p.head...), nonce...), tail...)
+	b.w = append(append(append(append(append(b.w[:0], p.head...), nonce...), tail...), egress...), endGet...)
 	if _, err := rw.Write(b.w); err != nil {
 		return ans, tunnel(p.Target.Scheme, p.ctxErr(ctx, err))
 	}

@@ -79,7 +79,7 @@ func (h *Health) wait(ctx context.Context) error {
 func (h *Health) start(ctx context.Context) error {
 	var err error
 	closeListeners := func() {
-		for _, ln := range []net.Listener{h.ln, h.probeLn} {
+		for _, ln := range []net.Listener{h.ln, h.probeLn, h.probeLn6} {
 			if ln != nil {
 				ln.Close()
 			}
@@ -92,21 +92,38 @@ func (h *Health) start(ctx context.Context) error {
 		h.srv = &http.Server{Handler: h.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 	}
 	if h.cfg.ProbeListen != "" {
-		if h.probeLn, err = net.Listen("tcp", h.cfg.ProbeListen); err != nil {
+		if h.probeLn, h.probeSrv, err = listenProbes(h.cfg.ProbeListen); err != nil {
 			closeListeners()
-			return fmt.Errorf("health: listen on %s for probes: %w", h.cfg.ProbeListen, err)
+			return err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("GET "+ProbePath, ProbeHandler())
-		h.probeSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 		if h.prober == nil {
-			p, err := NewHTTPProber("http://"+h.probeLn.Addr().String()+ProbePath, h.cfg.Expect, h.proberOptions()...)
+			p, err := h.probeListenProber(h.probeLn)
 			if err != nil {
 				closeListeners()
-				return fmt.Errorf("health: %w", err)
+				return err
 			}
 			h.mu.Lock()
 			h.prober = p
+			if h.pendingV6 != nil {
+				h.prober = familyProber{v4: p, v6: h.pendingV6}
+			}
+			h.setCheckOpen()
+			h.mu.Unlock()
+		}
+	}
+	if h.cfg.ProbeListenIPv6 != "" {
+		if h.probeLn6, h.probeSrv6, err = listenProbes(h.cfg.ProbeListenIPv6); err != nil {
+			closeListeners()
+			return err
+		}
+		if v4, ok := h.prober.(*HTTPProber); ok && h.cfg.TargetIPv6 == "" && h.cfg.Prober == nil {
+			p6, err := h.probeListenProber(h.probeLn6)
+			if err != nil {
+				closeListeners()
+				return err
+			}
+			h.mu.Lock()
+			h.prober = familyProber{v4: v4, v6: p6}
 			h.setCheckOpen()
 			h.mu.Unlock()
 		}
@@ -157,6 +174,9 @@ func (h *Health) start(ctx context.Context) error {
 	if h.probeSrv != nil {
 		serve("probe target server", h.probeSrv, h.probeLn)
 	}
+	if h.probeSrv6 != nil {
+		serve("ipv6 probe target server", h.probeSrv6, h.probeLn6)
+	}
 	h.wg.Add(5)
 	go func() {
 		defer h.wg.Done()
@@ -179,17 +199,20 @@ func (h *Health) start(ctx context.Context) error {
 		h.writeChecksLoop(runCtx)
 	}()
 	h.mu.Lock()
-	checkOpen := h.fold.CheckOpen
+	checkOpen, egress := h.fold.CheckOpen, h.fold.EgressFamilies
 	h.mu.Unlock()
 	// The user is no secret; the password is never logged.
 	h.log.Info("health started", "http", h.Addr(), "grace", h.cfg.Grace, "seeded", seeded, "bound", bound,
 		"probe_target", h.probeTarget(), "interval", h.cfg.Interval, "timeout", h.cfg.Timeout,
-		"rise", h.cfg.Rise, "fall", h.cfg.Fall, "lease_ttl", h.cfg.LeaseTTL,
+		"rise", h.cfg.Rise, "fall", h.cfg.Fall, "lease_ttl", h.cfg.LeaseTTL, "egress_families", familiesText(egress),
 		"proxy_user", h.cfg.ProxyUser, "open_check", checkOpen, "open_check_interval", h.cfg.OpenCheckInterval)
 	if h.tcpOnly {
 		h.log.Warn("probing by TCP connect only: configure health.probe_listen or health.target to probe through the proxies",
 			"credentials_unchecked", h.cfg.ProxyUser != "")
-	} else if h.cfg.ProxyUser != "" && !checkOpen {
+	} else if egress&FamilyIPv6 == 0 {
+		h.log.Info("no IPv6 probe target: the proxies' IPv6 egress addresses are not checked one by one (set health.target_ipv6 or health.probe_listen_ipv6)")
+	}
+	if !h.tcpOnly && h.cfg.ProxyUser != "" && !checkOpen {
 		h.log.Warn("proxy credentials are configured but the prober cannot leave them out: no proxy is checked to refuse a request without credentials",
 			"prober", h.probeTarget())
 	}
@@ -206,7 +229,7 @@ func (h *Health) stop() {
 	// The keeper stops consuming and deletes its consumer; the loop
 	// releases the lease.
 	h.cancel()
-	for _, srv := range []*http.Server{h.srv, h.probeSrv} {
+	for _, srv := range []*http.Server{h.srv, h.probeSrv, h.probeSrv6} {
 		if srv == nil {
 			continue
 		}
@@ -223,4 +246,38 @@ func (h *Health) stop() {
 		h.log.Warn("health stop: goroutines still running", "err", ctx.Err())
 	}
 	h.log.Info("health stopped")
+}
+
+// listenProbes listens on addr and returns the server of the probe target
+// there (GET /probe, ProbeHandler), not yet serving.
+func listenProbes(addr string) (net.Listener, *http.Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("health: listen on %s for probes: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET "+ProbePath, ProbeHandler())
+	return ln, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}, nil
+}
+
+// probeListenProber is the prober of the probe target served on ln.
+func (h *Health) probeListenProber(ln net.Listener) (*HTTPProber, error) {
+	p, err := NewHTTPProber("http://"+ln.Addr().String()+ProbePath, h.cfg.Expect, h.proberOptions()...)
+	if err != nil {
+		return nil, fmt.Errorf("health: %w", err)
+	}
+	return p, nil
+}
+
+// familiesText names the families of fs for a log line.
+func familiesText(fs Families) string {
+	switch fs {
+	case FamilyIPv4:
+		return "ipv4"
+	case FamilyIPv6:
+		return "ipv6"
+	case FamilyIPv4 | FamilyIPv6:
+		return "ipv4,ipv6"
+	}
+	return "none"
 }

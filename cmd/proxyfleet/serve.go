@@ -200,15 +200,17 @@ func healthConfig(c *config.Config, log *slog.Logger) health.Config {
 		Logger:   log,
 		Grace:    c.Health.Grace,
 
-		Target:      c.Health.Target,
-		Expect:      c.Health.Expect,
-		ProbeListen: c.Health.ProbeListen,
-		Interval:    c.Health.Interval,
-		Timeout:     c.Health.Timeout,
-		Rise:        c.Health.Rise,
-		Fall:        c.Health.Fall,
-		Concurrency: c.Health.Concurrency,
-		LeaseTTL:    c.Health.LeaseTTL,
+		Target:          c.Health.Target,
+		Expect:          c.Health.Expect,
+		ProbeListen:     c.Health.ProbeListen,
+		TargetIPv6:      c.Health.TargetIPv6,
+		ProbeListenIPv6: c.Health.ProbeListenIPv6,
+		Interval:        c.Health.Interval,
+		Timeout:         c.Health.Timeout,
+		Rise:            c.Health.Rise,
+		Fall:            c.Health.Fall,
+		Concurrency:     c.Health.Concurrency,
+		LeaseTTL:        c.Health.LeaseTTL,
 
 		// The proxies' credential (read by LoadSecrets): probes carry
 		// it, and check that a request without it is refused.
