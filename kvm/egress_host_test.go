@@ -54,12 +54,7 @@ func TestEgress_debianGuest(t *testing.T) {
 	}
 	root6 := netip.MustParseAddr(env["TESTHOST_ROOT_IP6"])
 
-	img := debianImage(t, env)
-	// The entry of TestStaticNetwork_debianGuest: its cached Debian base.
-	p := newTestProvider(t, env, func(o *Options) {
-		o.Host = testhostEntry(env, "thnet")
-		o.Images = []ImageSource{img}
-	})
+	p, img := netProvider(t, env)
 	id := testID("egress")
 	cleanupProxy(t, p, id)
 	gw4, gw6 := bridgeAddrs(t, p)

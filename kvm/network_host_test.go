@@ -54,13 +54,7 @@ func debianImage(t *testing.T, env map[string]string) ImageSource {
 // boots and once the agent confirms it; List reports the same.
 func TestStaticNetwork_debianGuest(t *testing.T) {
 	env := testhostAll(t)
-	img := debianImage(t, env)
-	// A host entry of its own: the Debian base is cached for it alone, and
-	// no other test's sweep of its entry's images removes it.
-	p := newTestProvider(t, env, func(o *Options) {
-		o.Host = testhostEntry(env, "thnet")
-		o.Images = []ImageSource{img}
-	})
+	p, img := netProvider(t, env)
 	id := testID("net")
 	cleanupProxy(t, p, id)
 
@@ -189,6 +183,20 @@ func TestStaticNetwork_debianGuest(t *testing.T) {
 		}
 		t.Logf("%5.1fs %s answers from the root namespace", time.Since(start).Seconds(), net.JoinHostPort(ip.String(), "3128"))
 	}
+}
+
+// netProvider is a provider of the host entry "thnet", the static network
+// tests' own, with the Debian guest image: the Debian base is cached for
+// that entry alone, and no other test's sweep of its entry's images
+// removes it.
+func netProvider(t *testing.T, env map[string]string) (*Provider, ImageSource) {
+	t.Helper()
+	img := debianImage(t, env)
+	p := newTestProvider(t, env, func(o *Options) {
+		o.Host = testhostEntry(env, "thnet")
+		o.Images = []ImageSource{img}
+	})
+	return p, img
 }
 
 // bridgeAddrs are the test network's own addresses, the on-link gateways
@@ -325,12 +333,7 @@ func tryAgentExec(p *Provider, dom libvirt.Domain, path string, args ...string) 
 // whatever a router on the link advertises.
 func TestStaticNetworkIPv4Only_debianGuest(t *testing.T) {
 	env := testhostAll(t)
-	img := debianImage(t, env)
-	// The entry of TestStaticNetwork_debianGuest: its cached Debian base.
-	p := newTestProvider(t, env, func(o *Options) {
-		o.Host = testhostEntry(env, "thnet")
-		o.Images = []ImageSource{img}
-	})
+	p, img := netProvider(t, env)
 	id := testID("net4")
 	cleanupProxy(t, p, id)
 	gw4, _ := bridgeAddrs(t, p)
