@@ -87,7 +87,9 @@ import (
 // is named once (egressChoice, a pure function of the list, the start and
 // the count). A mismatched address is named again, probe after probe,
 // until one leaves from it: that clears the verdict, and the cycle goes
-// on. Addresses of a family without a target are never named: only the
+// on. So is the address of a failing probe, until a probe through it
+// passes: an address that never answers fails Fall probes in a row and
+// takes the proxy out, rather than one probe in n between passes. Addresses of a family without a target are never named: only the
 // address the proxy leaves from by default is checked against its plan.
 //
 // A refused proxy never enters, and one in the rotation leaves at once. It
@@ -508,9 +510,10 @@ func (f *Fold) ApplyProbe(r ProbeResult) (changed bool) {
 		p.fails++
 		p.passes = 0
 	}
-	if r.Named != "" && p.mismatch == "" {
-		// The next probe names the next address; a mismatched one is
-		// named again until a probe leaves from it.
+	if r.Named != "" && r.OK && p.mismatch == "" {
+		// The next probe names the next address; a failed or
+		// mismatched one is named again until a probe passes through it
+		// and leaves from it.
 		p.egressTurn++
 	}
 	if v := f.verdict(p); v != verdict || f.reason(p) != reason || p.egress != egress {

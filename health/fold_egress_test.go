@@ -184,3 +184,41 @@ func TestFoldRefusesARequestLeavingFromAnotherAddressThanNamed(t *testing.T) {
 		t.Fatalf("a request of another family than the named address: %+v", r)
 	}
 }
+
+// A probe that fails names the same address again: an address of the
+// proxy's plan that never answers fails Fall probes in a row and takes
+// the proxy out, instead of failing one probe in n between passes on the
+// others. A failure that passes on its retry changes nothing, and the
+// cycle goes on from the next address.
+func TestFoldTakesOutAProxyWhoseNamedAddressKeepsFailing(t *testing.T) {
+	pf := newEgressFold(t)
+	e := ev("p1", 2, running, "198.18.101.5")
+	e.Egress = plan17
+	pf.apply(e, false)
+	pf.named("p1", "")
+	pf.named("p1", "")
+	pf.want(map[string]string{"p1": "198.18.101.5:3128"})
+
+	// One timeout, then the same address passes: still in, the cycle
+	// resumes after it.
+	flaky := pf.target("p1").Egress
+	pf.result("p1", ProbeResult{Named: flaky})
+	if a := pf.named("p1", ""); a != flaky {
+		t.Fatalf("after a failure the probe named %s, want %s again", a, flaky)
+	}
+	pf.want(map[string]string{"p1": "198.18.101.5:3128"})
+	next := pf.target("p1").Egress
+	if next == flaky {
+		t.Fatalf("after its pass the cycle stayed at %s", flaky)
+	}
+
+	// An address that always times out: named probe after probe, Fall
+	// failures in a row, and the proxy leaves.
+	for i := range pf.f.Fall {
+		if a := pf.target("p1").Egress; a != next {
+			t.Fatalf("failure %d: the probe named %s, want %s again", i, a, next)
+		}
+		pf.result("p1", ProbeResult{Named: next})
+	}
+	pf.want(map[string]string{})
+}
