@@ -61,6 +61,9 @@ var rules = []rule{
 	{pkg: "topology", allow: []string{"messages", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// Hosts reach the worker as Providers, never as a driver it imports.
 	{pkg: "worker", allow: []string{"addrplan", "fleet", "messages", "topology", "topology/defaults", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	// Sharing the hosts lies below the worker: it reaches the worker's
+	// consumers only through the Host it declares, never the worker.
+	{pkg: "worker/hostshare", allow: []string{"messages", "topology", "topology/defaults", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	{pkg: "health", allow: []string{"messages", "bans", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// A client reads the contract, and the rotation through its library,
 	// never the worker's insides.
