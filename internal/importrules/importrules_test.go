@@ -45,9 +45,10 @@ var rules = []rule{
 	{pkg: "bans", allow: []string{"messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	// It takes the roles' defaults from their pure constants, never from
 	// the roles themselves.
-	{pkg: "config", allow: []string{"messages", "addrplan", "fleet", "deny", "bans", "worker/defaults", "topology/defaults"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	{pkg: "config", allow: []string{"messages", "addrplan", "fleet", "deny", "bans", "worker/defaults", "topology/defaults", "health/defaults"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	{pkg: "worker/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	{pkg: "topology/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	{pkg: "health/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	// Address plans and their assignments are pure decisions: the worker
 	// and the config both lean on them, and they on nothing that runs.
 	{pkg: "addrplan", allow: []string{"fleet", "messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
