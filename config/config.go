@@ -13,6 +13,7 @@ import (
 	"proxyfleet/addrplan"
 	"proxyfleet/bans"
 	"proxyfleet/deny"
+	healthdef "proxyfleet/health/defaults"
 	"proxyfleet/messages"
 	topodef "proxyfleet/topology/defaults"
 	workerdef "proxyfleet/worker/defaults"
@@ -510,29 +511,29 @@ func (c *Config) SetDefaults() {
 	setDur(&w.SweepGrace, workerdef.SweepGrace)
 	hl := &c.Health
 	if hl.HTTP == "" {
-		hl.HTTP = "127.0.0.1:8080"
+		hl.HTTP = healthdef.HTTPAddr
 	}
-	setDur(&hl.Interval, 2*time.Second)
-	setDur(&hl.Timeout, hl.Interval*8/10)
+	setDur(&hl.Interval, healthdef.Interval)
+	setDur(&hl.Timeout, healthdef.Timeout(hl.Interval))
 	if hl.Rise == 0 {
-		hl.Rise = 2
+		hl.Rise = healthdef.Rise
 	}
 	if hl.Fall == 0 {
-		hl.Fall = 3
+		hl.Fall = healthdef.Fall
 	}
-	setDur(&hl.Grace, 30*time.Second)
+	setDur(&hl.Grace, healthdef.Grace)
 	if hl.Concurrency == 0 {
-		hl.Concurrency = 64
+		hl.Concurrency = healthdef.Concurrency
 	}
-	setDur(&hl.LeaseTTL, 15*time.Second)
-	setDur(&hl.OpenCheckInterval, time.Minute)
-	setDur(&hl.ReportInterval, 5*time.Second)
+	setDur(&hl.LeaseTTL, healthdef.LeaseTTL)
+	setDur(&hl.OpenCheckInterval, healthdef.OpenCheckInterval)
+	setDur(&hl.ReportInterval, healthdef.ReportInterval)
 	if hl.ReportRate == 0 {
-		hl.ReportRate = 20
+		hl.ReportRate = healthdef.ReportRate
 	}
-	setDur(&hl.SnapshotInterval, time.Second)
+	setDur(&hl.SnapshotInterval, healthdef.SnapshotInterval)
 	if hl.SnapshotRate == 0 {
-		hl.SnapshotRate = 256 << 10
+		hl.SnapshotRate = healthdef.SnapshotRate
 	}
 	g := &c.Gateway
 	if g.Strategy == "" {

@@ -142,7 +142,8 @@
 // lease, shuts HTTP down and returns nil. It returns early the error that
 // kept it from starting, and after stopping what ended it: a server of its
 // that stopped serving, or its NATS connection closed for good. The
-// defaults live in Config.WithDefaults.
+// defaults are the constants of package health/defaults, applied by
+// Config.WithDefaults (config fills a file's gaps with them too).
 //
 // # Limits
 //

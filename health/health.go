@@ -19,11 +19,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"proxyfleet/health/defaults"
 	"proxyfleet/messages"
 )
-
-// DefaultHTTPAddr is where the health process serves HTTP unless told.
-const DefaultHTTPAddr = "127.0.0.1:8080"
 
 // NoHTTP as Config.HTTPAddr serves no HTTP of its own: the caller mounts
 // Handler where it likes.
@@ -35,8 +33,8 @@ type Config struct {
 	Subjects messages.Subjects
 	// HTTPAddr is the listen address of /rotation, /healthz, /readyz and
 	// /metrics;
-	// a port of 0 picks a free one (see Health.Addr). Empty: DefaultHTTPAddr;
-	// NoHTTP: none.
+	// a port of 0 picks a free one (see Health.Addr). Empty:
+	// defaults.HTTPAddr; NoHTTP: none.
 	HTTPAddr string
 	Logger   *slog.Logger
 	// Now is the clock of the fold (grace, probe times), of the
@@ -175,32 +173,20 @@ type Config struct {
 	leaseLooked func()
 }
 
-// DefaultLeaseTTL is Config.LeaseTTL's default.
-const DefaultLeaseTTL = 15 * time.Second
-
-// DefaultSnapshotRate is Config.SnapshotRate's default, in bytes a second.
-const DefaultSnapshotRate = 256 << 10
-
-// DefaultSnapshotInterval is Config.SnapshotInterval's default.
-const DefaultSnapshotInterval = time.Second
-
 // feedRingBytes bounds the feed messages kept for GET /rotation?since=V.
 const feedRingBytes = 1 << 20
 
-// DefaultOpenCheckInterval is Config.OpenCheckInterval's default.
-const DefaultOpenCheckInterval = time.Minute
-
 // WithDefaults returns cfg with every zero value (and negative duration)
-// filled with its default: the one place the health process's defaults
-// live (package config takes its own from here). Timeout's follows
-// Interval; Grace has none (zero demotes at once); Instance is New's to
-// make.
+// filled with its default, the constants of package health/defaults,
+// which package config fills a file's gaps with too. Timeout's follows
+// Interval (defaults.Timeout); Grace has none (zero demotes at once);
+// Instance is New's to make.
 func (cfg Config) WithDefaults() Config {
 	if cfg.Subjects.Prefix == "" {
 		cfg.Subjects = messages.NewSubjects("")
 	}
 	if cfg.HTTPAddr == "" {
-		cfg.HTTPAddr = DefaultHTTPAddr
+		cfg.HTTPAddr = defaults.HTTPAddr
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -213,25 +199,25 @@ func (cfg Config) WithDefaults() Config {
 			*d = v
 		}
 	}
-	def(&cfg.OpTimeout, 5*time.Second)
-	def(&cfg.RetryInterval, time.Second)
-	def(&cfg.CatchUpPoll, 500*time.Millisecond)
-	def(&cfg.CheckInterval, 2*time.Second)
-	def(&cfg.Interval, 2*time.Second)
-	def(&cfg.Timeout, cfg.Interval*8/10)
-	def(&cfg.LeaseTTL, DefaultLeaseTTL)
-	def(&cfg.SnapshotInterval, DefaultSnapshotInterval)
+	def(&cfg.OpTimeout, defaults.OpTimeout)
+	def(&cfg.RetryInterval, defaults.RetryInterval)
+	def(&cfg.CatchUpPoll, defaults.CatchUpPoll)
+	def(&cfg.CheckInterval, defaults.CheckInterval)
+	def(&cfg.Interval, defaults.Interval)
+	def(&cfg.Timeout, defaults.Timeout(cfg.Interval))
+	def(&cfg.LeaseTTL, defaults.LeaseTTL)
+	def(&cfg.SnapshotInterval, defaults.SnapshotInterval)
 	if cfg.SnapshotRate == 0 {
-		cfg.SnapshotRate = DefaultSnapshotRate
+		cfg.SnapshotRate = defaults.SnapshotRate
 	}
-	def(&cfg.OpenCheckInterval, DefaultOpenCheckInterval)
-	def(&cfg.ReportInterval, DefaultReportInterval)
+	def(&cfg.OpenCheckInterval, defaults.OpenCheckInterval)
+	def(&cfg.ReportInterval, defaults.ReportInterval)
 	if cfg.ReportRate <= 0 {
-		cfg.ReportRate = DefaultReportRate
+		cfg.ReportRate = defaults.ReportRate
 	}
-	cfg.Rise = cmp.Or(cfg.Rise, 2)
-	cfg.Fall = cmp.Or(cfg.Fall, 3)
-	cfg.Concurrency = cmp.Or(cfg.Concurrency, 64)
+	cfg.Rise = cmp.Or(cfg.Rise, defaults.Rise)
+	cfg.Fall = cmp.Or(cfg.Fall, defaults.Fall)
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, defaults.Concurrency)
 	return cfg
 }
 

@@ -38,12 +38,6 @@ const (
 
 var reportOutcomes = []string{ReportProbed, ReportLimited, ReportStale, ReportUnknown, ReportInvalid}
 
-// Defaults of Config.ReportInterval and ReportRate.
-const (
-	DefaultReportInterval = 5 * time.Second
-	DefaultReportRate     = 20
-)
-
 // reports is what health keeps of the reports; guarded by Health.mu.
 type reports struct {
 	outcomes map[string]uint64

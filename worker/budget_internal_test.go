@@ -8,6 +8,7 @@ import (
 
 	"proxyfleet/internal/jsapi"
 	"proxyfleet/messages"
+	"proxyfleet/worker/hostshare"
 )
 
 // The benchmarks here measure NATS requests per operation, reported with
@@ -48,16 +49,17 @@ func BenchmarkLastEventsRequests(b *testing.B) {
 }
 
 // BenchmarkUnpinLookups: the stream lookups of a stop that unpins five
-// hosts of one stream through one unpinner.
+// hosts through one hostshare.Unpinner (each unpin asks it for the work
+// stream's handle).
 func BenchmarkUnpinLookups(b *testing.B) {
 	_, nc, js, ctx := setUpTopology(b)
 	lookups := countOf(b, nc, "$JS.API.STREAM.INFO."+messages.StreamWork)
 	ops := 0
 	for b.Loop() {
 		ops++
-		var u unpinner
+		u := hostshare.NewUnpinner(js)
 		for range 5 {
-			if st, err := u.stream(ctx, js, messages.StreamWork); err != nil || st == nil {
+			if st, err := u.Stream(ctx); err != nil || st == nil {
 				b.Fatalf("stream %s: %v", messages.StreamWork, err)
 			}
 		}

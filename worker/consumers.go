@@ -64,7 +64,7 @@ func (w *Worker) awaitTopology(ctx context.Context) error {
 // stream that went missing is waited for.
 //
 // A host's run (host set) pulls only while the membership wants it to (see
-// members.go and handover.go); the intake's always does.
+// package hostshare and handover.go); the intake's always does.
 type consumerRun struct {
 	w      *Worker
 	stream string

@@ -66,13 +66,14 @@
 // Both run their messages on a pool (pool.go), which keeps each in
 // progress and binds it to the fence (fence.go) that abandons work once
 // cut off from NATS; locks.go serialises one proxy's work. consumers.go
-// keeps a consumer consumed; members.go keeps the worker's record and
-// follows everyone's, share.go computes which hosts are whose, handover.go
-// takes and gives up a host's pin, owners.go reads who owns each host from
-// the server's side; consumers.go also waits for the streams and buckets
-// and compares them with the config; backoff.go the retry delays;
-// provider.go the Provider a host implements. The JetStream requests
-// nats.go makes no call for (a desired record read through the leader,
-// the batched reads of last events and records, the pin holds) go through
-// package internal/jsapi; no file here spells an API subject.
+// keeps a consumer consumed, and also waits for the streams and buckets
+// and compares them with the config; handover.go starts and stops pulling
+// a host, keeping its pin until its work has ended; sharing.go joins the
+// sharing of the hosts over the workers, package worker/hostshare (the
+// worker's record, the assignment, claims, pins, stray pins), through the
+// interface it declares; backoff.go the retry delays; provider.go the
+// Provider a host implements. The JetStream requests nats.go makes no call
+// for (a desired record read through the leader, the batched reads of last
+// events and records) go through package internal/jsapi; no file here
+// spells an API subject.
 package worker

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"proxyfleet/internal/jsapi"
 	"proxyfleet/messages"
 )
 
@@ -37,7 +38,7 @@ import (
 // reads them as before.
 type hostView struct {
 	kv    jetstream.KeyValue
-	nc    *nats.Conn // kv's, for stopWatcher
+	nc    *nats.Conn // kv's, for jsapi.StopWatcher
 	retry time.Duration
 	log   *slog.Logger
 
@@ -97,20 +98,6 @@ func sameHosts(a, b []string) bool {
 	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
-// stopWatcher stops kw, a KV watcher made on a context its caller cancels
-// once it returns. While nc is connected it stops it now, which deletes
-// the watch's consumer at once; while nc is not, it leaves the watcher to
-// that context's end: a stop waits for the server to answer the deletion,
-// up to JetStream's request timeout (5s), which a worker stopping with
-// NATS gone cannot spare (its whole stop fits the drain timeout). nats.go
-// then unsubscribes on its own, and the consumer, ephemeral, goes with
-// its inactivity threshold if nobody deletes it.
-func stopWatcher(nc *nats.Conn, kw jetstream.KeyWatcher) {
-	if nc.Status() == nats.CONNECTED {
-		_ = kw.Stop()
-	}
-}
-
 // run keeps the view until ctx is done; a watch that ends is begun anew
 // after retry.
 func (v *hostView) run(ctx context.Context) {
@@ -130,7 +117,7 @@ func (v *hostView) follow(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", messages.BucketHosts, err)
 	}
-	defer stopWatcher(v.nc, kw)
+	defer jsapi.StopWatcher(v.nc, kw)
 	for {
 		select {
 		case <-ctx.Done():

@@ -28,7 +28,7 @@ type metrics struct {
 	redrives prometheus.Counter
 	repairs  prometheus.Counter // consumers made anew or consumed again
 	// strayPins counts pins no worker held that this worker released
-	// (straypin.go).
+	// (hostshare.Config.StrayUnpinned).
 	strayPins prometheus.Counter
 	// addrConflicts counts domains found holding an address another
 	// proxy's record holds (room.go, reserveFound).
@@ -174,7 +174,7 @@ func (w *Worker) Ready() error {
 	if s := w.js.Conn().Status(); s != nats.CONNECTED {
 		return errors.New("nats connection " + s.String())
 	}
-	if !w.members.viewedOnce.Load() {
+	if !w.members.Viewed() {
 		return errors.New("no view of the other workers yet")
 	}
 	return nil
@@ -241,7 +241,7 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			return 0
 		}
-		ch <- prometheus.MustNewConstMetric(descOwned, prometheus.GaugeValue, b2f(r.getPin() != ""), h)
+		ch <- prometheus.MustNewConstMetric(descOwned, prometheus.GaugeValue, b2f(r.Pin() != ""), h)
 		ch <- prometheus.MustNewConstMetric(descPulling, prometheus.GaugeValue, b2f(r.pulling.Load()), h)
 		ch <- prometheus.MustNewConstMetric(descMaxProxies, prometheus.GaugeValue, float64(w.catalog.maxProxies(h)), h)
 		if ctx.Err() != nil {

@@ -17,6 +17,15 @@ import (
 	"proxyfleet/messages"
 )
 
+// hostNames are n hosts' names, h1 to hn.
+func hostNames(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("h%d", i+1)
+	}
+	return out
+}
+
 // placementRig is a worker's placement over hosts on an embedded server:
 // the first full of them hold 5 proxies of their 5, the others have room
 // for a billion; its host view has caught up.

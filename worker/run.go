@@ -14,6 +14,7 @@ import (
 
 	"proxyfleet/messages"
 	"proxyfleet/topology"
+	"proxyfleet/worker/hostshare"
 )
 
 // Run runs the worker until ctx is done, then drains it.
@@ -27,7 +28,7 @@ import (
 // Started is closed then. While it runs, a consumer deleted under it is
 // recreated within CheckInterval (see consumerRun).
 //
-// It pulls only its share of the hosts (see members.go): it writes its
+// It pulls only its share of the hosts (package hostshare): it writes its
 // record in PROXY_WORKERS before it consumes, and follows the others' while
 // it runs, taking and handing over hosts as the membership changes.
 //
@@ -98,16 +99,15 @@ func (w *Worker) start(ctx context.Context) error {
 	hostRuns := w.makeRuns(hosts)
 	// Its record, and everyone's: which hosts are its share to pull.
 	w.life.open(stageMembers)
-	var err error
-	if w.members, err = newMembership(ctx, w.life.ctx(stageMembers), w, hostRuns); err != nil {
+	if err := w.join(ctx, hostRuns); err != nil {
 		return err
 	}
 	if err := w.consumeShare(ctx); err != nil {
 		return err
 	}
-	w.members.claim(ctx)
-	w.members.poke() // the record says what it pulls now
-	w.life.goIn(stageMembers, w.members.run)
+	// It claims the hosts it pulls without a pin, and its record says
+	// what it pulls now.
+	w.life.goIn(stageMembers, w.members.Run)
 	w.life.open(stageSupervisors)
 	for _, c := range w.runs {
 		// Not c.idle(): a want may have started its supervisor, which
@@ -124,7 +124,7 @@ func (w *Worker) start(ctx context.Context) error {
 		w.life.goIn(stageHandlers, func(ctx context.Context) { w.tickLoop(ctx, ticked) })
 	}
 	w.log.Info("worker started", "id", w.cfg.ID, "hosts", hosts, "intake", !w.cfg.NoIntake,
-		"pulling", w.members.share, "heartbeat", w.cfg.Heartbeat, "liveness", w.cfg.Liveness)
+		"pulling", w.members.Mine(), "heartbeat", w.cfg.Heartbeat, "liveness", w.cfg.Liveness)
 	return nil
 }
 
@@ -245,8 +245,8 @@ func (w *Worker) drain() {
 	stopCtx, stopCancel := context.WithDeadline(context.Background(), stopBy)
 	defer stopCancel()
 	w.life.stop(stageMembers)
-	if w.members != nil && !w.js.Conn().IsClosed() {
-		w.members.beat(stopCtx, messages.WorkerDraining)
+	if w.members != nil {
+		w.members.Draining(stopCtx)
 	}
 	w.life.stop(stageSupervisors) // nothing restarts a consume behind us
 	close(w.draining)
@@ -290,7 +290,7 @@ func (w *Worker) drain() {
 	}
 	w.unpinHosts(stopCtx)
 	if w.members != nil {
-		w.members.leave(stopCtx)
+		w.members.Leave(stopCtx)
 	}
 	if stopCtx.Err() != nil {
 		w.log.Warn("stop: NATS calls given up at the drain timeout (pins expire after pinned_ttl, the record after liveness)",
@@ -307,37 +307,29 @@ func handoverShare(drain time.Duration) time.Duration {
 	return min(drain/2, max(drain/10, time.Second))
 }
 
-// unpinAtOnce bounds the unpins a stopping worker has in flight.
-const unpinAtOnce = 16
-
-// unpinTimeout bounds each NATS call of an unpin (within the stop's
-// deadline): a server that does not answer (its JetStream off) costs the
-// stop that long, not the whole drain timeout.
-const unpinTimeout = 2 * time.Second
-
-// unpinHosts releases the pins the worker holds, at most unpinAtOnce at a
-// time, on one lookup of the work stream, giving up when ctx ends (each
-// call after unpinTimeout).
+// unpinHosts releases the pins the worker holds, at most
+// hostshare.UnpinAtOnce at a time, on one lookup of the work stream,
+// giving up when ctx ends (each call after hostshare.UnpinTimeout).
 func (w *Worker) unpinHosts(ctx context.Context) {
 	var pinned []*consumerRun
 	for _, c := range w.runs {
-		if c.host != "" && c.getPin() != "" {
+		if c.host != "" && c.Pin() != "" {
 			pinned = append(pinned, c)
 		}
 	}
 	if len(pinned) == 0 || w.js.Conn().IsClosed() {
 		return // they expire after PinnedTTL
 	}
-	// One lookup, which the unpins then share (unpinner.stream): one
+	// One lookup, which the unpins then share (Unpinner.Stream): one
 	// that fails gives them all up at once.
-	lctx, cancel := context.WithTimeout(ctx, unpinTimeout)
-	_, err := w.unpins.stream(lctx, w.js, messages.StreamWork)
+	lctx, cancel := context.WithTimeout(ctx, hostshare.UnpinTimeout)
+	_, err := w.unpins.Stream(lctx)
 	cancel()
 	if err != nil {
 		w.log.Warn("unpin hosts: look up stream "+messages.StreamWork+" (the pins expire after pinned_ttl)", "hosts", len(pinned), "err", err)
 		return
 	}
-	sem := make(chan struct{}, unpinAtOnce)
+	sem := make(chan struct{}, hostshare.UnpinAtOnce)
 	var wg sync.WaitGroup
 	for _, c := range pinned {
 		sem <- struct{}{}

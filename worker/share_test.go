@@ -16,6 +16,7 @@ import (
 	"proxyfleet/messages"
 	"proxyfleet/sim"
 	"proxyfleet/worker"
+	"proxyfleet/worker/hostshare"
 )
 
 // hostCalls records the provider calls in flight on each host, by worker,
@@ -115,7 +116,7 @@ func as(r *rig, hc *hostCalls, id string, delay time.Duration) workerOpt {
 func (r *rig) owners() map[string]string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	os, err := worker.Owners(ctx, r.js, r.hosts)
+	os, err := hostshare.Owners(ctx, r.js, r.hosts)
 	if err != nil {
 		r.t.Logf("owners: %v", err)
 		return nil
@@ -221,7 +222,7 @@ func TestHostsSharedOverWorkers(t *testing.T) {
 
 	// What the workers say they own is what the server says.
 	r.waitFor("the records to say what the server says", 10*time.Second, func() bool {
-		recs, err := worker.WorkerRecords(context.Background(), r.js)
+		recs, err := hostshare.WorkerRecords(context.Background(), r.js)
 		if err != nil {
 			return false
 		}

@@ -8,6 +8,7 @@ import (
 	"proxyfleet/messages"
 	"proxyfleet/topology"
 	"proxyfleet/worker"
+	"proxyfleet/worker/hostshare"
 )
 
 // A host whose work consumer is pinned to a pull request nobody answers
@@ -58,7 +59,7 @@ func TestStrayPinIsReleased(t *testing.T) {
 		t.Fatalf("the client's request was not pinned: %v", m.Header)
 	}
 	_ = sub.Unsubscribe()
-	owners, err := worker.Owners(ctx, r.js, []string{"h1"})
+	owners, err := hostshare.Owners(ctx, r.js, []string{"h1"})
 	if err != nil {
 		t.Fatal(err)
 	}

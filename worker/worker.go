@@ -18,6 +18,7 @@ import (
 
 	"proxyfleet/messages"
 	"proxyfleet/topology"
+	"proxyfleet/worker/hostshare"
 )
 
 // Config of a worker. New fills the zero values with defaults (see
@@ -125,8 +126,8 @@ type Worker struct {
 	life lifecycle
 
 	// Owned by Run.
-	members *membership
-	begun   bool // start got as far as the handlers: drain has work to do
+	members sharing // set by start once joined
+	begun   bool    // start got as far as the handlers: drain has work to do
 	fence   *fence
 	runs    []*consumerRun
 
@@ -136,9 +137,9 @@ type Worker struct {
 	// hosts pulls a tenth of them in a fleet of ten workers).
 	superMu sync.Mutex // guards each run's superOn
 
-	// unpins bounds the unpins in flight and keeps the stream handles
-	// they use (handover.go).
-	unpins unpinner
+	// unpins bounds the unpins in flight, of hand-overs, of the stop and
+	// of stray pins, and keeps the work stream's handle they use.
+	unpins *hostshare.Unpinner
 }
 
 // Stats counts what a worker did.
@@ -189,7 +190,7 @@ func New(js jetstream.JetStream, cfg Config) (*Worker, error) {
 	w := &Worker{
 		cfg: cfg, js: js, subj: cfg.Subjects, catalog: cfg.Catalog,
 		log: cfg.Logger.With("worker", cfg.ID), now: cfg.Now, locks: newKeyedLocks(), started: make(chan struct{}),
-		metrics: newMetrics(),
+		metrics: newMetrics(), unpins: hostshare.NewUnpinner(js),
 	}
 	w.metrics.init(slices.Sorted(maps.Keys(cfg.Providers)))
 	if cfg.Registerer != nil {

@@ -96,6 +96,9 @@ pools: {interval: 200ms, lease_ttl: 2s, backoff_initial: 500ms, backoff_max: 2s}
 	if o, e, code := runCLI(ctx, "pool", "set", "eu", "--size", "20", "--label", "team=a", "--wait", "--server", srv.ClientURL()); code != 0 {
 		t.Fatalf("pool set eu --size 20 --wait: exit %d\n%s\n%s", code, o, e)
 	}
+	// The pool is full once the controller's rotation holds its 20; this
+	// test's follower of the same feed may apply the last changes later.
+	waitUntil(t, "this test's rotation to hold the 20 of eu", 30*time.Second, func() bool { return poolCounts(rot)["eu"] >= 20 })
 	full := time.Now()
 	waitPool(t, cl, "eu", 20)
 	o, _, code := runCLI(ctx, "pool", "ls", "--server", srv.ClientURL())
@@ -264,6 +267,18 @@ type rotationSamples struct {
 	}
 }
 
+// poolCounts is how many members of each pool rot holds (by the id's
+// prefix before its last '-').
+func poolCounts(rot *rotation.Rotation) map[string]int {
+	count := map[string]int{}
+	for _, p := range rot.Proxies() {
+		if i := strings.LastIndexByte(p.ID, '-'); i > 0 {
+			count[p.ID[:i]]++
+		}
+	}
+	return count
+}
+
 func sampleRotation(t *testing.T, rot *rotation.Rotation) *rotationSamples {
 	s := &rotationSamples{}
 	stop, done := make(chan struct{}), make(chan struct{})
@@ -272,12 +287,7 @@ func sampleRotation(t *testing.T, rot *rotation.Rotation) *rotationSamples {
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			count := map[string]int{}
-			for _, p := range rot.Proxies() {
-				if i := strings.LastIndexByte(p.ID, '-'); i > 0 {
-					count[p.ID[:i]]++
-				}
-			}
+			count := poolCounts(rot)
 			s.mu.Lock()
 			s.samples = append(s.samples, struct {
 				at    time.Time

@@ -15,6 +15,7 @@ import (
 
 	"proxyfleet/config"
 	"proxyfleet/health"
+	healthdef "proxyfleet/health/defaults"
 	"proxyfleet/messages"
 	"proxyfleet/topology"
 )
@@ -41,7 +42,7 @@ func serveWith(ctx context.Context, args []string, stdout, stderr io.Writer, hoo
 	cfgPath := fs.String("config", "", "config file (YAML); required")
 	dataDir := fs.String("data-dir", "./data", "JetStream store of the embedded server")
 	listen := fs.String("listen", "127.0.0.1:4222", "client address of the embedded server")
-	httpAddr := fs.String("http", "", "health HTTP address (default from config, 127.0.0.1:8080)")
+	httpAddr := fs.String("http", "", "health HTTP address (default from config, "+healthdef.HTTPAddr+")")
 	repair := fs.Bool("repair", false, "run set-up at start and recreate deleted streams and buckets while serving (default: on with the embedded server; with --server it needs an admin credential)")
 	id := fs.String("id", "", "the worker's id, stable and readable (default hostname-pid)")
 	if err := parseFlags(fs, args, stdout); err != nil {
@@ -229,7 +230,7 @@ func healthConfig(c *config.Config, log *slog.Logger) health.Config {
 func runHealth(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, nf, lf := roleFlags("health", stderr)
 	cfgPath := fs.String("config", "", "config file (YAML); optional")
-	httpAddr := fs.String("http", "", "HTTP address (default from config, 127.0.0.1:8080)")
+	httpAddr := fs.String("http", "", "HTTP address (default from config, "+healthdef.HTTPAddr+")")
 	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
 	}

@@ -20,7 +20,7 @@ import (
 	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
 	"proxyfleet/sim"
-	"proxyfleet/worker"
+	"proxyfleet/worker/hostshare"
 )
 
 // TestHostsSpreadOverWorkerProcesses runs three `proxyfleet worker`
@@ -61,12 +61,12 @@ worker: {ack_wait: 2s, pinned_ttl: %s, heartbeat: 250ms, liveness: 750ms, poll_i
 	// and returns how long after since that was.
 	waitShares := func(since time.Time, what string, n int, ids ...string) time.Duration {
 		t.Helper()
-		var last map[string]worker.Owner
+		var last map[string]hostshare.Owner
 		held := poll.WaitEvery(30*time.Second, 50*time.Millisecond, func() bool {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			var err error
-			if last, err = worker.Owners(ctx, js, hosts); err != nil {
+			if last, err = hostshare.Owners(ctx, js, hosts); err != nil {
 				return false
 			}
 			count := map[string]int{}
@@ -154,7 +154,7 @@ worker: {ack_wait: 2s, pinned_ttl: %s, heartbeat: 250ms, liveness: 750ms, poll_i
 	// killed mid-command. The shares are settled: w0's hosts stay its own
 	// until the kill.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	owners, err := worker.Owners(ctx, js, hosts)
+	owners, err := hostshare.Owners(ctx, js, hosts)
 	cancel()
 	if err != nil {
 		t.Fatal(err)

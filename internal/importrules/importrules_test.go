@@ -45,9 +45,10 @@ var rules = []rule{
 	{pkg: "bans", allow: []string{"messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	// It takes the roles' defaults from their pure constants, never from
 	// the roles themselves.
-	{pkg: "config", allow: []string{"messages", "addrplan", "fleet", "deny", "bans", "worker/defaults", "topology/defaults"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	{pkg: "config", allow: []string{"messages", "addrplan", "fleet", "deny", "bans", "worker/defaults", "topology/defaults", "health/defaults"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	{pkg: "worker/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	{pkg: "topology/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	{pkg: "health/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	// Address plans and their assignments are pure decisions: the worker
 	// and the config both lean on them, and they on nothing that runs.
 	{pkg: "addrplan", allow: []string{"fleet", "messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
@@ -61,6 +62,9 @@ var rules = []rule{
 	{pkg: "topology", allow: []string{"messages", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// Hosts reach the worker as Providers, never as a driver it imports.
 	{pkg: "worker", allow: []string{"addrplan", "fleet", "messages", "topology", "topology/defaults", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	// Sharing the hosts lies below the worker: it reaches the worker's
+	// consumers only through the Host it declares, never the worker.
+	{pkg: "worker/hostshare", allow: []string{"messages", "topology", "topology/defaults", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	{pkg: "health", allow: []string{"messages", "bans", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// A client reads the contract, and the rotation through its library,
 	// never the worker's insides.

@@ -12,6 +12,8 @@
 // back as *jetstream.APIError, matched with errors.Is against nats.go's
 // errors (jetstream.ErrMsgNotFound) or errors.As by code.
 //
+// StopWatcher stops a key watch without waiting on a server that is gone.
+//
 // An API is a value made from a jetstream.JetStream: it holds the
 // connection and the API prefix (the default, a domain's or a custom one)
 // and, under the default prefix, allocates nothing, so it may be made for
@@ -375,3 +377,17 @@ func (h *PinHold) Renew() error { return h.nc.PublishRequest(h.subject, h.inbox,
 
 // Stop ends the hold, unsubscribing its inbox.
 func (h *PinHold) Stop() error { return h.sub.Unsubscribe() }
+
+// StopWatcher stops kw, a KV watcher made on a context its caller cancels
+// once it returns. While nc is connected it stops it now, which deletes
+// the watch's consumer at once; while nc is not, it leaves the watcher to
+// that context's end: a stop waits for the server to answer the deletion,
+// up to JetStream's request timeout (5s), which a caller whose stop must
+// fit a bound cannot spare. nats.go then unsubscribes on its own, and the
+// consumer, ephemeral, goes with its inactivity threshold if nobody
+// deletes it.
+func StopWatcher(nc *nats.Conn, kw jetstream.KeyWatcher) {
+	if nc.Status() == nats.CONNECTED {
+		_ = kw.Stop()
+	}
+}

@@ -1,4 +1,4 @@
-package worker
+package hostshare
 
 import (
 	"context"
@@ -46,12 +46,7 @@ func Owners(ctx context.Context, js jetstream.JetStream, hosts []string) (map[st
 		if err != nil {
 			return nil, fmt.Errorf("consumer %s: %w", topology.WorkConsumer(h), err)
 		}
-		var o Owner
-		for _, g := range cons.CachedInfo().PriorityGroups {
-			if g.Group == topology.PriorityGroup {
-				o.Pin = g.PinnedClientID
-			}
-		}
+		o := Owner{Pin: pinnedTo(cons)}
 		if o.Pin != "" {
 			o.Worker = byPin[o.Pin]
 		}

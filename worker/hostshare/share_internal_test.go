@@ -1,4 +1,4 @@
-package worker
+package hostshare
 
 import (
 	"fmt"
@@ -10,7 +10,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
 	"proxyfleet/topology"
 )
@@ -107,21 +106,33 @@ func TestLiveMembers(t *testing.T) {
 	}
 }
 
+// fakeHost is a Host that records what it is told.
+type fakeHost struct {
+	want, pulling bool
+	pin           string
+}
+
+func (h *fakeHost) Want(pull bool) { h.want = pull }
+func (h *fakeHost) Pulling() bool  { return h.pulling }
+func (h *fakeHost) Pin() string    { return h.pin }
+
 // benchMembership is the membership of worker 0 of workers, each
 // executing every one of hosts and pulling its share, as their records
 // say, at now.
-func benchMembership(workers, hosts int, now time.Time) *membership {
-	w := &Worker{cfg: Config{Liveness: 6 * time.Second, Heartbeat: 2 * time.Second}, now: func() time.Time { return now },
-		log: slog.New(slog.DiscardHandler)}
+func benchMembership(workers, hosts int, now time.Time) *Membership {
 	names := hostNames(hosts)
-	runs := map[string]*consumerRun{}
+	own := map[string]Host{}
 	for _, h := range names {
-		runs[h] = &consumerRun{w: w, host: h, kick: make(chan struct{}, 1)}
+		own[h] = &fakeHost{}
 	}
 	ms := members(workers, names)
 	owners := assign(ms)
-	m := &membership{w: w, runs: runs, kick: make(chan struct{}, 1), recs: map[string]member{}, idle: map[string]idleOwner{},
-		self: ms[0], viewed: true}
+	m := &Membership{
+		cfg: Config{Hosts: own, Liveness: 6 * time.Second, Heartbeat: 2 * time.Second,
+			Now: func() time.Time { return now }, Log: slog.New(slog.DiscardHandler)},
+		kick: make(chan struct{}, 1), recs: map[string]member{}, wanted: map[string]bool{}, idle: map[string]idleOwner{},
+		self: ms[0], viewed: true,
+	}
 	for _, r := range ms {
 		for _, h := range names {
 			if owners[h] == r.ID {
@@ -164,7 +175,7 @@ func TestAssignmentFollowsTheMembership(t *testing.T) {
 		slices.Sort(s)
 		return s
 	}
-	live := func() []messages.WorkerRecord { return liveMembers(m.recs, m.self, now, m.w.cfg.Liveness) }
+	live := func() []messages.WorkerRecord { return liveMembers(m.recs, m.self, now, m.cfg.Liveness) }
 	m.reconcile()
 	first := m.assignedOwners
 	if want := shareOf(assign(live())); !slices.Equal(m.share, want) || len(want) != 4 {
@@ -228,8 +239,8 @@ func TestLiveMembersOfALaggingView(t *testing.T) {
 // is not.
 func TestMembershipNoticesAStuckWatch(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
-	w := &Worker{cfg: Config{Liveness: 6 * time.Second, Heartbeat: 2 * time.Second}, now: func() time.Time { return now }}
-	m := &membership{w: w, viewed: true, watcher: stuckWatcher{}}
+	m := &Membership{cfg: Config{Liveness: 6 * time.Second, Heartbeat: 2 * time.Second, Now: func() time.Time { return now }},
+		viewed: true, watcher: stuckWatcher{}}
 	m.heard, m.wrote = now.Add(-7*time.Second), now.Add(-time.Second)
 	if !m.stuck() {
 		t.Error("silent for 7s since a write 1s ago: not counted stuck")
@@ -249,29 +260,3 @@ type stuckWatcher struct{}
 
 func (stuckWatcher) Updates() <-chan jetstream.KeyValueEntry { return nil }
 func (stuckWatcher) Stop() error                             { return nil }
-
-// A host's run that the membership does not want pulled has no supervisor
-// once it has checked it has nothing to do, and one starts again when
-// asked, unless the worker is stopping.
-func TestIdleRunsHaveNoSupervisor(t *testing.T) {
-	w := &Worker{log: slog.New(slog.DiscardHandler)}
-	w.cfg.CheckInterval = time.Hour
-	w.life.open(stageSupervisors)
-	defer w.life.stopAll()
-	c := &consumerRun{w: w, host: "h1", kick: make(chan struct{}, 1)}
-	running := func() bool {
-		w.superMu.Lock()
-		defer w.superMu.Unlock()
-		return c.superOn
-	}
-	for round := range 3 {
-		c.kick <- struct{}{}
-		w.supervise(c)
-		poll.Until(t, fmt.Sprintf("round %d: the idle run's supervisor to end", round), 10*time.Second, func() bool { return !running() })
-	}
-	w.life.stop(stageSupervisors)
-	w.supervise(c)
-	if running() {
-		t.Fatal("a supervisor started while the worker stops")
-	}
-}
