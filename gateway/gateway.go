@@ -231,7 +231,13 @@ func (g *Gateway) Run(ctx context.Context) error {
 		IdleTimeout: g.cfg.KeepAliveTimeout,
 		ErrorLog:    slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 		BaseContext: func(net.Listener) context.Context { return g.hard },
+		// OPTIONS * is a server's; to the handler (which refuses it).
+		DisableGeneralOptionsHandler: true,
 	}
+	// One request a connection: its head passed the lean parser; a next
+	// one would be read by net/http's alone, which takes what the lean
+	// one refuses (obs-fold, bare LF line ends).
+	srv.SetKeepAlivesEnabled(false)
 	errc := make(chan error, 3)
 	var serving sync.WaitGroup
 	stop := make(chan struct{})
