@@ -23,12 +23,13 @@
 // or a metric.
 //
 // After AuthFailures (default 5) failed credentials from one source
-// address within a minute (from the first of them), that address's
-// credentials are refused without a password being checked until the
-// minute has passed: 429 with Retry-After (and a close) for HTTP, RFC
-// 1929 status 1 for SOCKS5. A connection's credential that passed
-// before is taken again as ever. The table of addresses holds at most
-// 10,000; a new one evicts the one whose minute began first.
+// within a minute (from the first of them), that source's credentials
+// are refused without a password being checked until the minute has
+// passed: 429 with Retry-After (and a close) for HTTP, RFC 1929 status
+// 1 for SOCKS5. A source is an IPv4 address, or the /64 of an IPv6 one
+// (what a network hands one host). A connection's credential that
+// passed before is taken again as ever. The table of sources holds at
+// most 10,000; a new one evicts the one whose minute began first.
 // Each user has at most MaxConns requests and tunnels at once; over it:
 // 429, or a SOCKS5 general failure.
 //

@@ -585,3 +585,46 @@ func (p *rawProxy) conns() int {
 	return p.count
 }
 
+// TestThrottleKeysIPv6ByPrefix: the throttle counts an IPv6 source by
+// its /64 (a host holding one does not get a fresh budget for each of
+// its addresses), an IPv4 one by its address (IPv4-mapped ones alike).
+func TestThrottleKeysIPv6ByPrefix(t *testing.T) {
+	key := func(s string) netip.Addr {
+		return sourceOf(net.TCPAddrFromAddrPort(netip.MustParseAddrPort(s)))
+	}
+	for _, c := range []struct {
+		a, b string
+		same bool
+	}{
+		{"[2001:db8:1:2::1]:1000", "[2001:db8:1:2:ffff:ffff:ffff:fffe]:2000", true},
+		{"[2001:db8:1:2::1]:1000", "[2001:db8:1:3::1]:1000", false},
+		{"[2001:db8:1:2::1%eth0]:1000", "[2001:db8:1:2::2]:1000", true},
+		{"198.18.0.1:1000", "198.18.0.2:1000", false},
+		{"198.18.0.1:1000", "[::ffff:198.18.0.1]:2000", true},
+		{"198.18.0.1:1000", "198.18.0.1:2000", true},
+	} {
+		if got := key(c.a) == key(c.b); got != c.same {
+			t.Errorf("%s and %s: one source %v, want %v", c.a, c.b, got, c.same)
+		}
+		if got := sourceOfString(c.a) == key(c.a); !got {
+			t.Errorf("%s: net/http's RemoteAddr gives another key (%s, %s)", c.a, sourceOfString(c.a), key(c.a))
+		}
+	}
+
+	// Failures from many addresses of one /64 block all of it, not the
+	// next /64.
+	th := newThrottle(5, time.Minute, maxAuthSources)
+	now := time.Unix(1_000_000, 0)
+	for i := range 5 {
+		th.fail(key(fmt.Sprintf("[2001:db8:1:2::%x]:4000", i+1)), now)
+	}
+	if _, blocked := th.blocked(key("[2001:db8:1:2:abcd::1]:4000"), now); !blocked {
+		t.Fatal("a fresh address of the same /64 is not throttled")
+	}
+	if _, blocked := th.blocked(key("[2001:db8:1:3::1]:4000"), now); blocked {
+		t.Fatal("another /64 is throttled")
+	}
+	if th.len() != 1 {
+		t.Fatalf("%d sources held for one /64, want 1", th.len())
+	}
+}
