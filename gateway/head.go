@@ -397,8 +397,7 @@ func (h *head) note(f *field) error {
 	case fieldConnection, fieldProxyConnection:
 		for v := f.value; len(v) > 0; {
 			var t []byte
-			t, v, _ = bytes.Cut(v, []byte{','})
-			t = trimOWS(t)
+			t, v = nextListItem(v)
 			switch {
 			case len(t) == 0:
 			case asciiEqualFold(t, "close"):
@@ -427,8 +426,7 @@ func (h *head) note(f *field) error {
 		h.te = true
 		for v := f.value; len(v) > 0; {
 			var t []byte
-			t, v, _ = bytes.Cut(v, []byte{','})
-			t = trimOWS(t)
+			t, v = nextListItem(v)
 			switch {
 			case len(t) == 0:
 			case asciiEqualFold(t, "chunked"):
@@ -499,6 +497,13 @@ func validHostField(v []byte) bool {
 		}
 	}
 	return true
+}
+
+// nextListItem cuts the first item (OWS trimmed; empty ones are allowed,
+// RFC 9110 5.6.1) off a comma-separated field value.
+func nextListItem(v []byte) (item, rest []byte) {
+	item, rest, _ = bytes.Cut(v, []byte{','})
+	return trimOWS(item), rest
 }
 
 // parseLength parses a Content-Length value: digits only, under 2^62.

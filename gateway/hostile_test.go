@@ -255,58 +255,25 @@ const (
 // reads the tunnel to its end. A stream it cannot parse is recorded as
 // an error, and the connection closed.
 type recordingProxy struct {
-	ln   net.Listener
-	mu   sync.Mutex
-	reqs []seenRequest
-	errs []string
+	address string
+	mu      sync.Mutex
+	reqs    []seenRequest
+	errs    []string
 	// reply (if not empty) is written as the answer to each plain
 	// request, and the connection then closed.
 	reply []byte
-	live  map[net.Conn]struct{}
-	wg    sync.WaitGroup
 }
 
 func newRecordingProxy(t testing.TB) *recordingProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &recordingProxy{ln: ln, live: map[net.Conn]struct{}{}}
-	p.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			p.mu.Lock()
-			p.live[c] = struct{}{}
-			p.mu.Unlock()
-			p.wg.Go(func() { p.serve(c) })
-		}
-	})
-	t.Cleanup(p.close)
+	p := &recordingProxy{}
+	p.address = serveAddr(t, p.serve)
 	return p
 }
 
-func (p *recordingProxy) addr() string { return p.ln.Addr().String() }
-
-func (p *recordingProxy) close() {
-	p.ln.Close()
-	p.mu.Lock()
-	for c := range p.live {
-		c.Close()
-	}
-	p.mu.Unlock()
-	p.wg.Wait()
-}
+func (p *recordingProxy) addr() string { return p.address }
 
 func (p *recordingProxy) serve(c net.Conn) {
-	defer func() {
-		c.Close()
-		p.mu.Lock()
-		delete(p.live, c)
-		p.mu.Unlock()
-	}()
+	defer c.Close()
 	br := bufio.NewReader(c)
 	for {
 		if _, err := br.Peek(1); err != nil {
