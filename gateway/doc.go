@@ -189,7 +189,10 @@
 // plain request with a body goes to another proxy only if the gateway
 // holds the body whole: the lean path's that came with its head, the
 // slow path's of a known length up to 64 KiB. Both paths and CONNECT
-// share the decision. What
+// share the decision. An open tunnel whose proxy left the rotation is
+// watched from then on, and closed (both its connections) once its
+// proxy connection shows no sign of life for FirstByteTimeout; one whose
+// proxy lives goes on. What
 // speaks for the target is
 // passed on and held against no proxy: every plain answer but 407, and an
 // answer to CONNECT that carries squid's X-Squid-Error (the target did

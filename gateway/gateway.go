@@ -34,6 +34,7 @@ type Gateway struct {
 	track        *tracker
 	pool         *pool         // the lean path's connections to proxies
 	flights      *flights      // attempts in flight, watched (failover.go)
+	tunnels      *tunnelSet    // open tunnels by proxy (failover.go)
 	slow         *chanListener // where the lean path hands connections to the slow one
 	draining     atomic.Bool   // Run is stopping: no connection is kept alive
 	turns        turns         // egress-rotate's counters
@@ -88,6 +89,7 @@ func New(picker Picker, cfg Config) (*Gateway, error) {
 		track:        newTracker(),
 		pool:         newPool(),
 		flights:      newFlights(),
+		tunnels:      newTunnelSet(),
 		authThrottle: newThrottle(cfg.AuthFailures, authFailWindow, maxAuthSources),
 		unauth:       unauth,
 		started:      make(chan struct{}),
