@@ -181,7 +181,7 @@ func banDo(t *testing.T, g *testGateway, user, method, u, body string, slow bool
 	host, _, _ = strings.Cut(host, "/")
 	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: %s\r\nConnection: close\r\n", method, u, host, basic(user, alicePass))
 	if slow {
-		b.WriteString("X-Folded: a\r\n b\r\n") // the lean path declines an obs-fold
+		b.WriteString(slowPad) // a head over the lean path's buffer: handed over
 	}
 	for k, v := range hdr {
 		fmt.Fprintf(&b, "%s: %s\r\n", k, v)

@@ -23,6 +23,11 @@ import (
 // errChunked: a malformed chunked body.
 var errChunked = errors.New("malformed chunked body")
 
+// errBodyChunked: a request's chunked body was malformed; the proxy's
+// connection is closed (it never sees the rest as a request of its own)
+// and the client is answered 400.
+var errBodyChunked = &headError{http.StatusBadRequest, "malformed chunked request body"}
+
 // bodySender sends a request's body to the proxy in a goroutine of its
 // own while the answer is awaited: a proxy may answer before it has read
 // it all.
@@ -211,7 +216,11 @@ func readChunkSize(br *bufio.Reader) (int64, error) {
 			break
 		}
 	}
-	line = trimOWS(line)
+	// BWS may come before an extension (RFC 9112 7.1.1), and is taken
+	// at the end as net/http does; never before the size.
+	for len(line) > 0 && (line[len(line)-1] == ' ' || line[len(line)-1] == '\t') {
+		line = line[:len(line)-1]
+	}
 	if len(line) == 0 || len(line) > 15 {
 		return 0, errChunked
 	}

@@ -105,7 +105,7 @@ func (cc *clientConn) connect(raw []byte) (keep, tunneled bool) {
 	release := g.picker.Acquire(p)
 	handed = true
 	cc.release()
-	t := &tunnel{g: g, client: cc.c, up: up, onDone: func() {
+	t := &tunnel{g: g, proxyID: p.ID, client: cc.c, up: up, onDone: func() {
 		release()
 		u.release()
 		g.m.flight(kindConnect).Dec()

@@ -23,12 +23,13 @@
 // or a metric.
 //
 // After AuthFailures (default 5) failed credentials from one source
-// address within a minute (from the first of them), that address's
-// credentials are refused without a password being checked until the
-// minute has passed: 429 with Retry-After (and a close) for HTTP, RFC
-// 1929 status 1 for SOCKS5. A connection's credential that passed
-// before is taken again as ever. The table of addresses holds at most
-// 10,000; a new one evicts the one whose minute began first.
+// within a minute (from the first of them), that source's credentials
+// are refused without a password being checked until the minute has
+// passed: 429 with Retry-After (and a close) for HTTP, RFC 1929 status
+// 1 for SOCKS5. A source is an IPv4 address, or the /64 of an IPv6 one
+// (what a network hands one host). A connection's credential that
+// passed before is taken again as ever. The table of sources holds at
+// most 10,000; a new one evicts the one whose minute began first.
 // Each user has at most MaxConns requests and tunnels at once; over it:
 // 429, or a SOCKS5 general failure.
 //
@@ -84,17 +85,39 @@
 //
 // The HTTP proxy's connections are served by a lean loop of the
 // gateway's own (serve.go): a strict HTTP/1.x parser without
-// allocation, one goroutine per connection, one write for a request's
+// allocation (head.go), one goroutine per connection, one write for a request's
 // head (and a small body) to the proxy and one for the answer's head
 // (and what came of its body) to the client, no goroutine per request
 // unless a body must go up while the answer is awaited; 1xx interim
 // answers are dropped, Expect: 100-continue is answered by the gateway,
 // a client that leaves while its answer is awaited is noticed within
-// 250ms. What it does not take (an https:// or origin-form target, a
-// head it does not parse or larger than 8 KiB) goes, with the
-// connection and what was read of it, to a net/http.Server whose handler
-// is ServeHTTP (the slow path, an http.Transport to the proxies), which
-// answers as it always has.
+// 250ms. Every request head is read by that parser, and one it does not
+// take is refused there (below), never handed on. What it takes but
+// does not carry itself (an https:// or origin-form target, a head
+// larger than 8 KiB, read whole and checked) goes, with the connection
+// and what was read of it, to a net/http.Server whose handler is
+// ServeHTTP (the slow path, an http.Transport to the proxies), which
+// answers that request and closes the connection (its keep-alives are
+// off: a next head would be read by net/http's parser alone).
+//
+// # Refused heads
+//
+// Before its credential is looked at, a request is answered and its
+// connection closed (what the client sends on is read and dropped for
+// up to 500ms, so the answer is not lost to a reset) if its head breaks
+// RFC 9112: 400 for a malformed request line or field (whitespace
+// before a colon, obs-fold, a bare CR or LF, a control byte in a value,
+// a name not a token), an HTTP/1.1 request without exactly one Host or
+// with a Host that is no host[:port], Content-Length values that differ
+// or are not digits, a Transfer-Encoding whose last coding is not
+// chunked (or chunked twice, or any in HTTP/1.0), more than 8 options
+// in Connection, an http:// target with user info, a bad authority or a
+// fragment; 501 for a transfer coding besides chunked; 417 for an
+// Expect but 100-continue; 505 for an HTTP version but 1.0 and 1.1. A
+// chunked request body that turns out malformed (a size not hex, or
+// with whitespace before it, data longer than its size, a bare LF) ends
+// the proxy's connection before any more of it is sent and is answered
+// 400.
 //
 // # Limits before authentication
 //
@@ -104,11 +127,11 @@
 // after its first byte; not complete by then, the connection is closed
 // (the lean path's read deadline; net/http's ReadHeaderTimeout, brought
 // forward to the same time for a head handed over). A head over
-// MaxHeaderBytes (default 64 KiB; the lean path takes up to 8 KiB and
-// hands larger ones to net/http, whose MaxHeaderBytes is set so) or with
-// more than MaxHeaderFields fields (default 100; counted by the lean
-// parser, and by the handler on the slow path) is answered 431 Request
-// Header Fields Too Large before its credential is looked at, and the
+// MaxHeaderBytes (default 64 KiB; the lean path reads up to that much,
+// and net/http's MaxHeaderBytes is set so too) or with more than
+// MaxHeaderFields fields (default 100; counted by the lean parser, and
+// by the handler on the slow path) is answered 431 Request Header
+// Fields Too Large before its credential is looked at, and the
 // connection closed. At most MaxUnauthenticated connections (default
 // 1024, HTTP and SOCKS5 together) are open at once that have not yet
 // presented a valid credential; over it, a new connection is closed as
@@ -118,9 +141,8 @@
 //
 // A request with both Content-Length and Transfer-Encoding: chunked is
 // carried as chunked (its length is not forwarded), answered, and its
-// connection closed (RFC 9112 6.1). The slow path cannot tell it from a
-// plain chunked request (net/http drops the length before the handler
-// sees it), so it closes after every chunked request.
+// connection closed (RFC 9112 6.1). The slow path closes after every
+// request.
 //
 // # Idle
 //
@@ -167,7 +189,10 @@
 // plain request with a body goes to another proxy only if the gateway
 // holds the body whole: the lean path's that came with its head, the
 // slow path's of a known length up to 64 KiB. Both paths and CONNECT
-// share the decision. What
+// share the decision. An open tunnel whose proxy left the rotation is
+// watched from then on, and closed (both its connections) once its
+// proxy connection shows no sign of life for FirstByteTimeout; one whose
+// proxy lives goes on. What
 // speaks for the target is
 // passed on and held against no proxy: every plain answer but 407, and an
 // answer to CONNECT that carries squid's X-Squid-Error (the target did

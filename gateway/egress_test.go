@@ -127,8 +127,8 @@ func TestGatewayDropsAClientsEgress(t *testing.T) {
 	}
 }
 
-// The slow path (net/http, for what the lean parser declines: here an
-// obs-fold line) tells the proxy and the client the same.
+// The slow path (net/http, for what the lean path does not carry: here a
+// head larger than its buffer) tells the proxy and the client the same.
 func TestGatewaySlowPathTellsTheProxyItsEgress(t *testing.T) {
 	up := newUpstream(t, "p1", "")
 	p := Proxy{ID: "p1", Addr: up.addr(), EgressAddrs: []netip.Addr{netip.MustParseAddr("198.18.101.7"), netip.MustParseAddr("2001:db8:101::10")}}
@@ -139,8 +139,8 @@ func TestGatewaySlowPathTellsTheProxyItsEgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	fmt.Fprintf(c, "GET %s/ HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: %s\r\nX-Folded: a\r\n b\r\nConnection: close\r\n\r\n",
-		tg.srv.URL, tg.srv.Listener.Addr(), basic("alice", alicePass))
+	fmt.Fprintf(c, "GET %s/ HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: %s\r\n%sConnection: close\r\n\r\n",
+		tg.srv.URL, tg.srv.Listener.Addr(), basic("alice", alicePass), slowPad)
 	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {

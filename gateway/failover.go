@@ -166,8 +166,10 @@ func (g *Gateway) watch(stop <-chan struct{}) {
 		case <-changed:
 			changed = g.picker.Changed() // before the look: no change is missed
 			g.endLeft()
+			g.tunnels.markLeft(g.picker)
 		case now := <-t.C:
 			g.endSilent(now)
+			g.tunnels.closeSilent(g.cfg.FirstByteTimeout)
 		}
 	}
 }
@@ -232,14 +234,14 @@ func idleDead(c net.Conn, idle time.Duration) bool {
 // silent says whether c carries bytes the proxy has not acknowledged
 // and nothing came from the proxy for d.
 func silent(c net.Conn, d time.Duration) bool {
-	unacked, quiet, ok := tcpState(c)
+	unacked, quiet, ok := tcpStateOf(c)
 	return ok && unacked && quiet >= d
 }
 
 // quietFor is how long nothing came from the proxy on c (0 when it
 // cannot be told).
 func quietFor(c net.Conn) time.Duration {
-	_, quiet, ok := tcpState(c)
+	_, quiet, ok := tcpStateOf(c)
 	if !ok {
 		return 0
 	}
@@ -249,3 +251,82 @@ func quietFor(c net.Conn) time.Duration {
 // keepalive is the dialer's configuration for the connections to
 // proxies (see deadAfterIdle).
 var keepalive = net.KeepAliveConfig{Enable: true, Idle: keepaliveIdle, Interval: keepaliveInterval, Count: keepaliveCount}
+
+// tcpStateOf is tcpState (a variable for the tests, which cannot make a
+// loopback peer stop acknowledging).
+var tcpStateOf = tcpState
+
+// An open tunnel whose proxy left the rotation is watched from then on:
+// once its connection to the proxy shows no sign of life (silent, for
+// FirstByteTimeout) both its connections are closed, so its client
+// learns at once and may open another (through a proxy of the
+// rotation). One that lives goes on: a proxy taken out alive (drained,
+// recycled) carries its tunnels to their end.
+type tunnelSet struct {
+	mu   sync.Mutex
+	byID map[string]map[*tunnel]struct{}
+	left map[*tunnel]struct{} // whose proxy left the rotation
+}
+
+func newTunnelSet() *tunnelSet {
+	return &tunnelSet{byID: map[string]map[*tunnel]struct{}{}, left: map[*tunnel]struct{}{}}
+}
+
+func (s *tunnelSet) add(t *tunnel) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.byID[t.proxyID]
+	if m == nil {
+		m = map[*tunnel]struct{}{}
+		s.byID[t.proxyID] = m
+	}
+	m[t] = struct{}{}
+}
+
+func (s *tunnelSet) remove(t *tunnel) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m := s.byID[t.proxyID]; m != nil {
+		delete(m, t)
+		if len(m) == 0 {
+			delete(s.byID, t.proxyID)
+		}
+	}
+	delete(s.left, t)
+}
+
+// markLeft watches the tunnels whose proxy is not in the rotation (and
+// stops watching those whose proxy came back).
+func (s *tunnelSet) markLeft(p Picker) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.left)
+	for id, m := range s.byID {
+		if _, ok := p.Get(id); ok {
+			continue
+		}
+		for t := range m {
+			s.left[t] = struct{}{}
+		}
+	}
+}
+
+// closeSilent closes the watched tunnels whose proxy connection is
+// silent for d.
+func (s *tunnelSet) closeSilent(d time.Duration) {
+	s.mu.Lock()
+	var dead []*tunnel
+	for t := range s.left {
+		if silent(t.up, d) {
+			dead = append(dead, t)
+			delete(s.left, t)
+		}
+	}
+	s.mu.Unlock()
+	for _, t := range dead {
+		t.g.m.failure(causeSilent).Inc()
+		t.g.log.Info("gateway: a tunnel's proxy left the rotation and is silent, tunnel closed", "proxy", t.proxyID)
+		t.client.Close()
+		t.up.Close()
+	}
+}

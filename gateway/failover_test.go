@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"net"
@@ -120,5 +121,63 @@ func TestFailoverWhenProxyLeaves(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestTunnelOnProxyThatLeft: a tunnel open on a proxy that leaves the
+// rotation goes on while the proxy lives (taken out alive, it carries
+// its tunnels to their end), and is closed, both ways, once its
+// connection to the proxy shows no sign of life. Loopback always
+// acknowledges, so the TCP look is made to say so.
+func TestTunnelOnProxyThatLeft(t *testing.T) {
+	var dead atomic.Bool
+	t.Cleanup(func() { tcpStateOf = tcpState }) // after the gateway's stop
+	tcpStateOf = func(c net.Conn) (bool, time.Duration, bool) {
+		if dead.Load() {
+			return true, time.Hour, true
+		}
+		return tcpState(c)
+	}
+	up := newUpstream(t, "a", "")
+	pk := newPicker(Proxy{ID: "a", Addr: up.addr()})
+	g := startGateway(t, pk, nil)
+	tg := newTarget(t, false)
+	target := tg.srv.Listener.Addr().String()
+	through := func(c net.Conn, br *bufio.Reader) error {
+		if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: t\r\n\r\n"); err != nil {
+			return err
+		}
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return err
+	}
+	resp, c, br := g.connect(t, target, basic("alice", alicePass), nil)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("CONNECT: %s", resp.Status)
+	}
+	if err := through(c, br); err != nil {
+		t.Fatalf("through the tunnel: %v", err)
+	}
+
+	pk.remove("a")
+	// The watcher has looked (a tick or two) and the proxy lives: the
+	// tunnel goes on.
+	time.Sleep(3 * watchEvery)
+	if err := through(c, br); err != nil {
+		t.Fatalf("through the tunnel of a live proxy that left: %v", err)
+	}
+
+	dead.Store(true)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("the tunnel of a silent proxy that left: read %v, want its close (EOF)", err)
+	}
+	if got := testutil.ToFloat64(g.m.failure(causeSilent)); got != 1 {
+		t.Errorf("upstream_failures_total{cause=silent} = %v, want 1", got)
 	}
 }

@@ -34,6 +34,7 @@ type Gateway struct {
 	track        *tracker
 	pool         *pool         // the lean path's connections to proxies
 	flights      *flights      // attempts in flight, watched (failover.go)
+	tunnels      *tunnelSet    // open tunnels by proxy (failover.go)
 	slow         *chanListener // where the lean path hands connections to the slow one
 	draining     atomic.Bool   // Run is stopping: no connection is kept alive
 	turns        turns         // egress-rotate's counters
@@ -88,6 +89,7 @@ func New(picker Picker, cfg Config) (*Gateway, error) {
 		track:        newTracker(),
 		pool:         newPool(),
 		flights:      newFlights(),
+		tunnels:      newTunnelSet(),
 		authThrottle: newThrottle(cfg.AuthFailures, authFailWindow, maxAuthSources),
 		unauth:       unauth,
 		started:      make(chan struct{}),
@@ -231,7 +233,13 @@ func (g *Gateway) Run(ctx context.Context) error {
 		IdleTimeout: g.cfg.KeepAliveTimeout,
 		ErrorLog:    slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 		BaseContext: func(net.Listener) context.Context { return g.hard },
+		// OPTIONS * is a server's; to the handler (which refuses it).
+		DisableGeneralOptionsHandler: true,
 	}
+	// One request a connection: its head passed the lean parser; a next
+	// one would be read by net/http's alone, which takes what the lean
+	// one refuses (obs-fold, bare LF line ends).
+	srv.SetKeepAlivesEnabled(false)
 	errc := make(chan error, 3)
 	var serving sync.WaitGroup
 	stop := make(chan struct{})

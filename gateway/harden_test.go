@@ -151,14 +151,23 @@ func TestWrongCredentialCloses(t *testing.T) {
 		{"slow", "Cookie: " + strings.Repeat("k", 12<<10) + "\r\n"},
 	} {
 		t.Run(path.name, func(t *testing.T) {
+			// The slow path closes after every answer (its keep-alives are
+			// off): there, each request goes on a connection of its own.
+			slow := path.name == "slow"
 			rc := dialGateway(t, g)
 			rc.send("GET " + tg.srv.URL + "/ HTTP/1.1\r\nHost: x\r\n" + path.more + "\r\n")
-			if resp, _ := rc.read("GET"); resp.StatusCode != http.StatusProxyAuthRequired || resp.Close {
-				t.Fatalf("missing: %s close %v, want 407 keeping the connection", resp.Status, resp.Close)
+			if resp, _ := rc.read("GET"); resp.StatusCode != http.StatusProxyAuthRequired || resp.Close != slow {
+				t.Fatalf("missing: %s close %v, want 407 keeping the connection (on the lean path)", resp.Status, resp.Close)
+			}
+			if slow {
+				rc = dialGateway(t, g)
 			}
 			rc.send(get1(tg.srv.URL+"/", path.more))
 			if resp, body := rc.read("GET"); resp.StatusCode != 200 || body != "hello from target" {
 				t.Fatalf("then right: %s %q", resp.Status, body)
+			}
+			if slow {
+				rc = dialGateway(t, g)
 			}
 			rc.send("GET " + tg.srv.URL + "/ HTTP/1.1\r\nHost: x\r\n" + path.more + "Proxy-Authorization: " + basic("alice", "nope") + "\r\n\r\n")
 			if resp, _ := rc.read("GET"); resp.StatusCode != http.StatusProxyAuthRequired || !resp.Close {
@@ -437,20 +446,18 @@ func TestMaxUnauthenticated(t *testing.T) {
 		t.Fatalf("c: %s", resp.Status)
 	}
 	// b ends: its place too; and a handed-over one gives it back on
-	// authenticating.
+	// authenticating (its body, still awaited, holds the connection
+	// open).
 	b.c.Close()
 	poll.Until(t, "b's place given back", 10*time.Second, func() bool { return unauth() == 0 })
 	d := dialGateway(t, g)
-	d.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n") // origin-form: the slow path
-	if resp, _ := d.read("GET"); resp.StatusCode != http.StatusProxyAuthRequired {
-		t.Fatalf("d: %s", resp.Status)
-	}
-	poll.Until(t, "d holds a place on the slow path", 10*time.Second, func() bool { return unauth() == 1 })
-	d.send(get1(tg.srv.URL + "/"))
-	if resp, _ := d.read("GET"); resp.StatusCode != 200 {
-		t.Fatalf("d: %s", resp.Status)
-	}
+	poll.Until(t, "d holds a place", 10*time.Second, func() bool { return unauth() == 1 })
+	d.send("POST " + tg.srv.URL + "/ HTTP/1.1\r\nHost: x\r\n" + aliceAuth + slowPad + "Content-Length: 6\r\n\r\nabc") // a large head: the slow path
 	poll.Until(t, "d's place given back", 10*time.Second, func() bool { return unauth() == 0 })
+	d.send("def")
+	if resp, _ := d.read("POST"); resp.StatusCode != 200 {
+		t.Fatalf("d: %s", resp.Status)
+	}
 }
 
 // gathered is the value of the gateway's metric name (without labels),
@@ -576,4 +583,48 @@ func (p *rawProxy) conns() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.count
+}
+
+// TestThrottleKeysIPv6ByPrefix: the throttle counts an IPv6 source by
+// its /64 (a host holding one does not get a fresh budget for each of
+// its addresses), an IPv4 one by its address (IPv4-mapped ones alike).
+func TestThrottleKeysIPv6ByPrefix(t *testing.T) {
+	key := func(s string) netip.Addr {
+		return sourceOf(net.TCPAddrFromAddrPort(netip.MustParseAddrPort(s)))
+	}
+	for _, c := range []struct {
+		a, b string
+		same bool
+	}{
+		{"[2001:db8:1:2::1]:1000", "[2001:db8:1:2:ffff:ffff:ffff:fffe]:2000", true},
+		{"[2001:db8:1:2::1]:1000", "[2001:db8:1:3::1]:1000", false},
+		{"[2001:db8:1:2::1%eth0]:1000", "[2001:db8:1:2::2]:1000", true},
+		{"198.18.0.1:1000", "198.18.0.2:1000", false},
+		{"198.18.0.1:1000", "[::ffff:198.18.0.1]:2000", true},
+		{"198.18.0.1:1000", "198.18.0.1:2000", true},
+	} {
+		if got := key(c.a) == key(c.b); got != c.same {
+			t.Errorf("%s and %s: one source %v, want %v", c.a, c.b, got, c.same)
+		}
+		if got := sourceOfString(c.a) == key(c.a); !got {
+			t.Errorf("%s: net/http's RemoteAddr gives another key (%s, %s)", c.a, sourceOfString(c.a), key(c.a))
+		}
+	}
+
+	// Failures from many addresses of one /64 block all of it, not the
+	// next /64.
+	th := newThrottle(5, time.Minute, maxAuthSources)
+	now := time.Unix(1_000_000, 0)
+	for i := range 5 {
+		th.fail(key(fmt.Sprintf("[2001:db8:1:2::%x]:4000", i+1)), now)
+	}
+	if _, blocked := th.blocked(key("[2001:db8:1:2:abcd::1]:4000"), now); !blocked {
+		t.Fatal("a fresh address of the same /64 is not throttled")
+	}
+	if _, blocked := th.blocked(key("[2001:db8:1:3::1]:4000"), now); blocked {
+		t.Fatal("another /64 is throttled")
+	}
+	if th.len() != 1 {
+		t.Fatalf("%d sources held for one /64, want 1", th.len())
+	}
 }

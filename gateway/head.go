@@ -4,13 +4,15 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"net/http"
 )
 
-// The lean HTTP/1.1 path (serve.go, relay.go) reads message heads with
-// this parser: no allocation, the fields as slices of the head's bytes,
-// and strict. A request it does not take (anything but CRLF lines of
-// token names and visible values, HTTP/1.0 or 1.1, at most one framing)
-// goes to net/http (the slow path), which answers it as it always has; a
+// The gateway reads every request head with this parser, and the lean
+// HTTP/1.1 path (serve.go, relay.go) every answer's: no allocation, the
+// fields as slices of the head's bytes, and strict. A request it does
+// not take (anything but CRLF lines of token names and visible values,
+// HTTP/1.0 or 1.1, one Host in 1.1, at most one framing) is refused
+// with the status its headError carries, and its connection closed; a
 // response it does not take is the proxy's failure.
 
 // fieldKind is what the gateway does with a header field.
@@ -146,6 +148,12 @@ type head struct {
 	// closes after the answer (a request's) or is not kept (a proxy's).
 	both      bool
 	expect100 bool // Expect: 100-continue
+	// Transfer-Encoding, over all its fields: present, how many chunked
+	// codings, and any other coding.
+	te, teOther bool
+	teChunked   int
+	hosts       int  // Host fields (a request's)
+	badHost     bool // one of them is no host[:port]
 
 	auth, session, labels []byte // the first of each, nil without
 	hasSession, hasLabels bool
@@ -154,12 +162,32 @@ type head struct {
 	nTokens    int
 }
 
-// Why a head is refused (a request goes to the slow path; a response is
-// the proxy's failure).
+// headError is why a head is refused, with the status a request is
+// refused with (RFC 9112; a response's is the proxy's failure).
+type headError struct {
+	status int
+	text   string
+}
+
+func (e *headError) Error() string { return e.text }
+
+// Why a head is refused.
 var (
-	errHeadSyntax   = errors.New("malformed head")
-	errHeadTooLarge = errors.New("head too large")
-	errHeadFraming  = errors.New("unsupported framing")
+	errHeadSyntax   = &headError{http.StatusBadRequest, "malformed request head"}
+	errHeadTooLarge = &headError{http.StatusRequestHeaderFieldsTooLarge, "request head too large"}
+	// errHeadFraming: a body's length that cannot be known (RFC 9112
+	// 6.3): Content-Length values that disagree or are not digits,
+	// Transfer-Encoding whose final coding is not chunked, or in an
+	// HTTP/1.0 message; or more Connection options than the gateway
+	// keeps.
+	errHeadFraming = &headError{http.StatusBadRequest, "bad message framing"}
+	// errHeadCoding: a transfer coding besides chunked (RFC 9112 6.1).
+	errHeadCoding  = &headError{http.StatusNotImplemented, "transfer coding not implemented"}
+	errHeadExpect  = &headError{http.StatusExpectationFailed, "expectation not supported"}
+	errHeadVersion = &headError{http.StatusHTTPVersionNotSupported, "HTTP version not supported"}
+	// errHeadHost: an HTTP/1.1 request without exactly one Host, or
+	// with a Host that is no host[:port] (RFC 9112 3.2).
+	errHeadHost = &headError{http.StatusBadRequest, "a request needs exactly one valid Host"}
 )
 
 // tchar is RFC 9110's token character set.
@@ -248,6 +276,9 @@ func (h *head) parse(raw []byte, request bool) error {
 			return err
 		}
 		h.fields = append(h.fields, f)
+	}
+	if err := h.framing(request); err != nil {
+		return err
 	}
 	if h.chunked && h.length >= 0 {
 		// Chunked wins (RFC 9112 6.3, as net/http); the length is not
@@ -344,10 +375,15 @@ func (h *head) version(v []byte) error {
 	case "HTTP/1.0":
 		h.http10 = true
 	default:
+		if len(v) == len("HTTP/1.1") && bytes.HasPrefix(v, []byte("HTTP/")) && isDigit(v[5]) && v[6] == '.' && isDigit(v[7]) {
+			return errHeadVersion // well formed, not 1.x (RFC 9110 15.6.6)
+		}
 		return errHeadSyntax
 	}
 	return nil
 }
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 
 // status is a response head's code.
 func (h *head) status() int {
@@ -361,8 +397,7 @@ func (h *head) note(f *field) error {
 	case fieldConnection, fieldProxyConnection:
 		for v := f.value; len(v) > 0; {
 			var t []byte
-			t, v, _ = bytes.Cut(v, []byte{','})
-			t = trimOWS(t)
+			t, v = nextListItem(v)
 			switch {
 			case len(t) == 0:
 			case asciiEqualFold(t, "close"):
@@ -386,13 +421,28 @@ func (h *head) note(f *field) error {
 		}
 		h.length = n
 	case fieldTransferEncoding:
-		if h.chunked || !asciiEqualFold(f.value, "chunked") {
-			return errHeadFraming // only chunked, once (as net/http)
+		// The codings of every Transfer-Encoding field, in order; the
+		// message is chunked if the last is (checked by framing).
+		h.te = true
+		for v := f.value; len(v) > 0; {
+			var t []byte
+			t, v = nextListItem(v)
+			switch {
+			case len(t) == 0:
+			case asciiEqualFold(t, "chunked"):
+				h.teChunked++
+				h.chunked = true
+			default:
+				h.teOther = true
+				h.chunked = false
+			}
 		}
-		h.chunked = true
+	case fieldHost:
+		h.hosts++
+		h.badHost = h.badHost || !validHostField(f.value)
 	case fieldExpect:
 		if !asciiEqualFold(f.value, "100-continue") {
-			return errHeadFraming
+			return errHeadExpect
 		}
 		h.expect100 = true
 	case fieldProxyAuthorization:
@@ -409,6 +459,51 @@ func (h *head) note(f *field) error {
 		}
 	}
 	return nil
+}
+
+// framing checks what the fields say of the body once all are read: a
+// Transfer-Encoding of exactly one final chunked (RFC 9112 6.1: chunked
+// not final, or twice, 400; another coding, 501) and not in HTTP/1.0
+// (faulty framing); a request's Host (RFC 9112 3.2: an HTTP/1.1 one has
+// exactly one).
+func (h *head) framing(request bool) error {
+	if h.te {
+		switch {
+		case request && h.http10:
+			return errHeadFraming
+		case !h.chunked || h.teChunked > 1:
+			return errHeadFraming
+		case h.teOther:
+			return errHeadCoding
+		}
+	}
+	if request && (h.hosts > 1 || h.hosts == 0 && !h.http10 || h.badHost) {
+		return errHeadHost
+	}
+	return nil
+}
+
+// validHostField says whether a Host value may be a uri-host with an
+// optional port (RFC 3986: unreserved, pct-encoded, sub-delims, ':' and
+// IPv6 brackets); empty is taken (RFC 9112 3.2). The proxy is sent the
+// target's authority, never this value.
+func validHostField(v []byte) bool {
+	for _, c := range v {
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case bytes.IndexByte([]byte("-._~%!$&'()*+,;=:[]"), c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// nextListItem cuts the first item (OWS trimmed; empty ones are allowed,
+// RFC 9110 5.6.1) off a comma-separated field value.
+func nextListItem(v []byte) (item, rest []byte) {
+	item, rest, _ = bytes.Cut(v, []byte{','})
+	return trimOWS(item), rest
 }
 
 // parseLength parses a Content-Length value: digits only, under 2^62.

@@ -7,8 +7,8 @@ import (
 	"testing"
 )
 
-// TestHeadParse: what the lean parser takes, and what it leaves to the
-// slow path (a request) or holds as a proxy's failure (an answer).
+// TestHeadParse: what the parser takes, and why it refuses a request
+// (the status its error carries) or an answer (the proxy's failure).
 func TestHeadParse(t *testing.T) {
 	for _, c := range []struct {
 		name, raw string
@@ -21,8 +21,8 @@ func TestHeadParse(t *testing.T) {
 				t.Fatalf("%+v", h)
 			}
 		}},
-		{"connection tokens", "GET http://a/ HTTP/1.1\r\nConnection: close, X-Gone\r\nx-gone: 1\r\nKeep-Alive: 1\r\n\r\n", true, nil, func(t *testing.T, h *head) {
-			if !h.close || h.fields[1].kind != fieldHop || h.fields[2].kind != fieldHop {
+		{"connection tokens", "GET http://a/ HTTP/1.1\r\nHost: a\r\nConnection: close, X-Gone\r\nx-gone: 1\r\nKeep-Alive: 1\r\n\r\n", true, nil, func(t *testing.T, h *head) {
+			if !h.close || h.fields[2].kind != fieldHop || h.fields[3].kind != fieldHop {
 				t.Fatalf("%+v", h)
 			}
 		}},
@@ -31,12 +31,12 @@ func TestHeadParse(t *testing.T) {
 				t.Fatalf("%+v", h)
 			}
 		}},
-		{"same length twice", "POST http://a/ HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n", true, nil, func(t *testing.T, h *head) {
+		{"same length twice", "POST http://a/ HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n", true, nil, func(t *testing.T, h *head) {
 			if h.length != 3 || h.idempotent {
 				t.Fatalf("%+v", h)
 			}
 		}},
-		{"credentials and options", "GET http://a/ HTTP/1.1\r\nProxy-Authorization: Basic x\r\nProxy-Authorization: Basic y\r\nX-Proxyfleet-Session: s\r\nX-Proxyfleet-Labels: a=b\r\n\r\n", true, nil, func(t *testing.T, h *head) {
+		{"credentials and options", "GET http://a/ HTTP/1.1\r\nHost: a\r\nProxy-Authorization: Basic x\r\nProxy-Authorization: Basic y\r\nX-Proxyfleet-Session: s\r\nX-Proxyfleet-Labels: a=b\r\n\r\n", true, nil, func(t *testing.T, h *head) {
 			if string(h.auth) != "Basic x" || string(h.session) != "s" || string(h.labels) != "a=b" {
 				t.Fatalf("%+v", h)
 			}
@@ -45,17 +45,30 @@ func TestHeadParse(t *testing.T) {
 		{"obs-fold request", "GET http://a/ HTTP/1.1\r\nX-A: 1\r\n 2\r\n\r\n", true, errHeadSyntax, nil},
 		{"space before colon", "GET http://a/ HTTP/1.1\r\nX-A : 1\r\n\r\n", true, errHeadSyntax, nil},
 		{"control in value", "GET http://a/ HTTP/1.1\r\nX-A: 1\x002\r\n\r\n", true, errHeadSyntax, nil},
-		{"HTTP/2.0", "GET http://a/ HTTP/2.0\r\n\r\n", true, errHeadSyntax, nil},
+		{"HTTP/2.0", "GET http://a/ HTTP/2.0\r\n\r\n", true, errHeadVersion, nil},
+		{"version lowercase", "GET http://a/ http/1.1\r\nHost: a\r\n\r\n", true, errHeadSyntax, nil},
 		{"space in target", "GET http://a/ b HTTP/1.1\r\n\r\n", true, errHeadSyntax, nil},
-		{"chunked and length", "POST http://a/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", true, nil, func(t *testing.T, h *head) {
+		{"chunked and length", "POST http://a/ HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", true, nil, func(t *testing.T, h *head) {
 			if !h.chunked || h.length != -1 || !h.both || !h.close {
 				t.Fatalf("chunked %v length %d both %v close %v; want chunked, no length, closing", h.chunked, h.length, h.both, h.close)
 			}
 		}},
-		{"two lengths", "POST http://a/ HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n", true, errHeadFraming, nil},
-		{"bad length", "POST http://a/ HTTP/1.1\r\nContent-Length: +3\r\n\r\n", true, errHeadFraming, nil},
-		{"gzip coding", "POST http://a/ HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", true, errHeadFraming, nil},
-		{"odd expectation", "POST http://a/ HTTP/1.1\r\nExpect: magic\r\n\r\n", true, errHeadFraming, nil},
+		{"two lengths", "POST http://a/ HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n", true, errHeadFraming, nil},
+		{"bad length", "POST http://a/ HTTP/1.1\r\nHost: a\r\nContent-Length: +3\r\n\r\n", true, errHeadFraming, nil},
+		{"gzip coding", "POST http://a/ HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", true, errHeadCoding, nil},
+		{"chunked not final", "POST http://a/ HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n\r\n", true, errHeadFraming, nil},
+		{"chunked twice", "POST http://a/ HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, chunked\r\n\r\n", true, errHeadFraming, nil},
+		{"chunked in 1.0", "POST http://a/ HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", true, errHeadFraming, nil},
+		{"chunked over two fields", "POST http://a/ HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: \r\nTransfer-Encoding: Chunked\r\n\r\n", true, nil, func(t *testing.T, h *head) {
+			if !h.chunked {
+				t.Fatalf("%+v", h)
+			}
+		}},
+		{"no Host in 1.1", "GET http://a/ HTTP/1.1\r\n\r\n", true, errHeadHost, nil},
+		{"two Hosts", "GET http://a/ HTTP/1.1\r\nHost: a\r\nhost: a\r\n\r\n", true, errHeadHost, nil},
+		{"bad Host", "GET http://a/ HTTP/1.1\r\nHost: u@a\r\n\r\n", true, errHeadHost, nil},
+		{"no Host in 1.0", "GET http://a/ HTTP/1.0\r\n\r\n", true, nil, nil},
+		{"odd expectation", "POST http://a/ HTTP/1.1\r\nHost: a\r\nExpect: magic\r\n\r\n", true, errHeadExpect, nil},
 		{"answer", "HTTP/1.1 204 No Content\r\nX-A: 1\r\n\r\n", false, nil, func(t *testing.T, h *head) {
 			if h.status() != 204 || string(h.line[2]) != "No Content" {
 				t.Fatalf("%+v", h)

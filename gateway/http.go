@@ -271,7 +271,7 @@ func (g *Gateway) serveConnect(ctx context.Context, w http.ResponseWriter, r *ht
 	}
 	g.m.request(kindConnect, outcomeOK).Inc()
 	release := g.picker.Acquire(p)
-	t := &tunnel{g: g, client: client, up: up, onDone: func() {
+	t := &tunnel{g: g, proxyID: p.ID, client: client, up: up, onDone: func() {
 		release()
 		u.release()
 		g.m.flight(kindConnect).Dec()

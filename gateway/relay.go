@@ -149,6 +149,7 @@ func (cc *clientConn) fail(kind string, err error) bool {
 	var failed *allFailed
 	var denied *deniedError
 	var banned *bannedError
+	var refused *headError
 	switch {
 	case errors.As(err, &denied):
 		g.m.request(kind, outcomeDenied).Inc()
@@ -165,6 +166,9 @@ func (cc *clientConn) fail(kind string, err error) bool {
 	case isCanceled(err):
 		g.m.request(kind, outcomeClientGone).Inc()
 		return false
+	case errors.As(err, &refused):
+		cc.refuse(refused)
+		return false
 	}
 	g.m.request(kind, outcomeError).Inc()
 	g.log.Error("gateway: request failed", "kind", kind, "err", err)
@@ -172,17 +176,27 @@ func (cc *clientConn) fail(kind string, err error) bool {
 }
 
 // plain carries an absolute http:// request. keep: the connection goes
-// on; handed: it went to the slow path.
-func (cc *clientConn) plain(raw []byte) (keep, handed bool) {
+// on.
+func (cc *clientConn) plain(raw []byte) (keep bool) {
 	g := cc.g
+	cc.headLen = len(raw)
 	host, ok := authority(cc.h.line[1])
 	if !ok {
-		return false, cc.handOver()
+		// Refused before a proxy is picked (and before the credential
+		// is looked at): no proxy hears of it.
+		why := "a fragment in the URI"
+		if t := cc.h.line[1][len("http://"):]; bytes.IndexByte(t, '#') < 0 {
+			if end := bytes.IndexAny(t, "/?"); end >= 0 {
+				t = t[:end]
+			}
+			why = fmt.Sprintf("URI host %q: %v", t, errAuthority)
+		}
+		cc.refuse(&headError{http.StatusBadRequest, why})
+		return false
 	}
-	cc.headLen = len(raw)
 	u, o, ok, keep := cc.admit(kindHTTP)
 	if !ok {
-		return keep, false
+		return keep
 	}
 	defer u.release()
 	g.m.flight(kindHTTP).Inc()
@@ -198,12 +212,12 @@ func (cc *clientConn) plain(raw []byte) (keep, handed bool) {
 	g.m.bytesUp.Add(float64(st.upBytes))
 	if err != nil {
 		keep := cc.fail(kindHTTP, err)
-		return keep && !cc.hasBody(), false
+		return keep && !cc.hasBody()
 	}
 	release := g.picker.Acquire(p)
 	keep = cc.answer(&st)
 	release()
-	return keep, false
+	return keep
 }
 
 // requestHead builds the head the proxy gets into cc.out: the request
@@ -342,7 +356,10 @@ func (cc *clientConn) try(req []byte, st *relayState) (retryable bool, err error
 			st.sender = nil
 			s.abort(cc, uc)
 			st.upBytes += s.n
-			if s.clientErr != nil {
+			switch {
+			case errors.Is(s.clientErr, errChunked):
+				err = errBodyChunked // the client's doing: it is told
+			case s.clientErr != nil:
 				err = errClientLeft
 			}
 		}

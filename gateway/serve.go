@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -17,14 +18,18 @@ import (
 // The HTTP proxy's connections are served by a lean loop of the
 // gateway's own (this file, relay.go, body.go): one goroutine per client
 // connection reads a request head with the strict parser of head.go,
-// answers CONNECT, and relays an absolute http:// request over a
-// keep-alive connection to the picked proxy (pool.go) with a write for
-// the head (and a small body) and one for the answer's head (and what
-// came of its body), allocating nothing in the steady state. A request
-// it does not take (an https:// or origin-form target, a head it does
-// not parse, one larger than its buffer) hands the connection, with
-// what was read of it, to a net/http.Server whose handler is ServeHTTP:
-// the slow path, which answers everything as the gateway always did.
+// refuses one it does not take (with the status of its headError, and
+// a close), answers CONNECT, and relays an absolute http:// request
+// over a keep-alive connection to the picked proxy (pool.go) with a
+// write for the head (and a small body) and one for the answer's head
+// (and what came of its body), allocating nothing in the steady state.
+// A request it took but does not carry itself (an https:// or
+// origin-form target, a head larger than its buffer, read and checked
+// whole) hands the connection, with what was read of it, to a
+// net/http.Server whose handler is ServeHTTP: the slow path, which
+// answers that one request and closes the connection (its keep-alives
+// are off), so no request head reaches net/http that the strict parser
+// did not take.
 
 const (
 	// clientReadSize is a client connection's read buffer: the largest
@@ -214,35 +219,43 @@ func (cc *clientConn) serve() {
 			cc.headBy = time.Now().Add(g.cfg.HeaderTimeout)
 			return cc.c.SetReadDeadline(cc.headBy)
 		})
+		long := false
+		if errors.Is(err, errHeadTooLarge) {
+			// Larger than the lean path's buffer: read whole (up to
+			// MaxHeaderBytes) and checked here all the same, then handed
+			// over.
+			long = true
+			raw, err = cc.readLongHead(first)
+		}
 		if err == nil {
 			err = cc.h.parse(raw, true)
 		}
 		cc.headLen, cc.sentContinue = 0, false
 		var keep bool
+		var he *headError
 		switch {
 		case err == nil && len(cc.h.fields) > g.cfg.MaxHeaderFields:
 			// Before the credential is looked at; the connection closes.
-			cc.h.close = true
-			g.m.request(headKind(&cc.h), outcomeError).Inc()
-			cc.reply(http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("more than %d header fields", g.cfg.MaxHeaderFields))
+			cc.refuse(&headError{http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("more than %d header fields", g.cfg.MaxHeaderFields)})
 			return
-		case errors.Is(err, errHeadSyntax), errors.Is(err, errHeadFraming), errors.Is(err, errHeadTooLarge):
-			handed = cc.handOver()
+		case errors.As(err, &he):
+			// Refused here, never handed to another parser.
+			cc.refuse(he)
 			return
 		case err != nil:
 			return // the client left, or its head's time ran out
+		case long:
+			handed = cc.handOver(raw)
+			return
 		case string(cc.h.line[0]) == http.MethodConnect:
 			keep, handed = cc.connect(raw)
 			if handed {
 				return // the tunnel's now
 			}
 		case hasPrefixHTTP(cc.h.line[1]):
-			keep, handed = cc.plain(raw)
-			if handed {
-				return
-			}
+			keep = cc.plain(raw)
 		default:
-			handed = cc.handOver()
+			handed = cc.handOver(nil)
 			return
 		}
 		if !keep {
@@ -281,11 +294,59 @@ func (cc *clientConn) release() {
 	cc.h, cc.rh = head{}, head{}
 }
 
-// handOver gives the connection, with what was read of it, to the slow
+// readLongHead reads a request head that does not fit the client's
+// reader (consumed from it) into cc.acc, up to MaxHeaderBytes: over it,
+// errHeadTooLarge. A next request's head is due HeaderTimeout from now
+// if its deadline was not set yet.
+func (cc *clientConn) readLongHead(first bool) ([]byte, error) {
+	if !first && cc.headBy.IsZero() {
+		cc.idleUntil = time.Time{}
+		cc.headBy = time.Now().Add(cc.g.cfg.HeaderTimeout)
+		if err := cc.c.SetReadDeadline(cc.headBy); err != nil {
+			return nil, err
+		}
+	}
+	return readLongHead(cc.br, &cc.acc, cc.g.cfg.MaxHeaderBytes)
+}
+
+// refuse answers a request refused for its head with the status of he,
+// before its credential is looked at, and ends the connection (what the
+// client sent after it is read and dropped for a while, so that the
+// close does not reset the answer away).
+func (cc *clientConn) refuse(he *headError) {
+	g := cc.g
+	cc.h.close = true
+	g.m.request(headKind(&cc.h), outcomeError).Inc()
+	g.log.Debug("gateway: request refused", "status", he.status, "why", he.text, "remote", cc.c.RemoteAddr().String())
+	cc.reply(he.status, he.text) // (h.close: it says the connection ends)
+	lingerClose(cc.c)
+}
+
+// Closing a connection whose peer still sends (a refused request's body)
+// resets it, and the peer may lose the answer it was sent: first the
+// write side is closed, then what comes is read and dropped, up to
+// lingerBytes or for lingerTime.
+const (
+	lingerTime  = 500 * time.Millisecond
+	lingerBytes = 256 << 10
+)
+
+// lingerClose closes c's write side and drains it (the caller closes c).
+func lingerClose(c net.Conn) {
+	cw, ok := c.(interface{ CloseWrite() error })
+	if !ok || cw.CloseWrite() != nil || c.SetReadDeadline(time.Now().Add(lingerTime)) != nil {
+		return
+	}
+	_, _ = io.CopyN(io.Discard, c, lingerBytes)
+}
+
+// handOver gives the connection, with head (a head already consumed
+// from the reader, if any) and what else was read of it, to the slow
 // path (net/http). It says whether the server took it.
-func (cc *clientConn) handOver() bool {
+func (cc *clientConn) handOver(head []byte) bool {
 	buffered, _ := cc.br.Peek(cc.br.Buffered())
-	pc := &prefixConn{Conn: cc.c, prefix: bytes.Clone(buffered), headBy: cc.headBy, unauth: &cc.unauth}
+	prefix := append(bytes.Clone(head), buffered...)
+	pc := &prefixConn{Conn: cc.c, prefix: prefix, headBy: cc.headBy, unauth: &cc.unauth}
 	if cc.c.SetReadDeadline(time.Time{}) != nil {
 		return false
 	}

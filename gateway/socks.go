@@ -203,7 +203,7 @@ func (g *Gateway) serveSocksConn(c net.Conn, unauth *unauthSlot) (handed bool) {
 	g.log.Debug("gateway: SOCKS5 tunnel", "target", target.String(), "proxy", p.ID)
 	release := g.picker.Acquire(p)
 	handed = true
-	t := &tunnel{g: g, client: c, up: up, onDone: func() {
+	t := &tunnel{g: g, proxyID: p.ID, client: c, up: up, onDone: func() {
 		release()
 		u.release()
 		g.m.flight(kindSocks).Dec()

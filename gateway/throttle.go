@@ -8,12 +8,13 @@ import (
 	"time"
 )
 
-// Credential guessing is throttled by source address: after limit
-// failed credentials from one address within window (counted from the
-// first of them), its further attempts are refused without a password
-// being checked until the window has passed. The table holds at most
-// max addresses; a new one beyond that evicts the one whose window
-// began first, so memory stays bounded whatever the sources.
+// Credential guessing is throttled by source (an IPv4 address, or an
+// IPv6 /64: sourceOf): after limit failed credentials from one source
+// within window (counted from the first of them), its further attempts
+// are refused without a password being checked until the window has
+// passed. The table holds at most max sources; a new one beyond that
+// evicts the one whose window began first, so memory stays bounded
+// whatever the sources.
 const (
 	authFailWindow = time.Minute
 	maxAuthSources = 10_000
@@ -89,11 +90,13 @@ func (t *throttle) len() int {
 	return len(t.m)
 }
 
-// sourceOf is the address of a connection's peer (IPv4 unmapped); the
-// zero Addr if it has none (all such share one entry).
+// sourceOf is the throttle's key for a connection's peer: its IPv4
+// address (an IPv4-mapped IPv6 one unmapped), or the /64 of its IPv6
+// address (sourcePrefix6); the zero Addr if it has none (all such share
+// one entry).
 func sourceOf(a net.Addr) netip.Addr {
 	if ta, ok := a.(*net.TCPAddr); ok {
-		return ta.AddrPort().Addr().Unmap()
+		return sourceKey(ta.AddrPort().Addr())
 	}
 	if a == nil {
 		return netip.Addr{}
@@ -108,7 +111,25 @@ func sourceOfString(s string) netip.Addr {
 	if err != nil {
 		return netip.Addr{}
 	}
-	return ap.Addr().Unmap()
+	return sourceKey(ap.Addr())
+}
+
+// sourcePrefix6 is the IPv6 prefix one source holds: a /64 is the
+// smallest a network hands a host (RFC 6177), and a host with one has
+// 2^64 addresses to guess from.
+const sourcePrefix6 = 64
+
+// sourceKey is the throttle's key for address a.
+func sourceKey(a netip.Addr) netip.Addr {
+	a = a.Unmap()
+	if !a.Is6() {
+		return a
+	}
+	p, err := a.WithZone("").Prefix(sourcePrefix6)
+	if err != nil {
+		return a
+	}
+	return p.Addr()
 }
 
 // retryAfter is d in whole seconds, at least 1, for a Retry-After.

@@ -115,6 +115,7 @@ func (t *tracker) closeAll() {
 // reads under a deadline, IdleTimeout after the last byte either way.
 type tunnel struct {
 	g          *Gateway
+	proxyID    string // the proxy that carries it
 	client, up net.Conn
 	onDone     func()
 	seen       atomic.Int64 // when a byte last went either way (unix ns)
@@ -129,6 +130,10 @@ type tunnel struct {
 func (t *tunnel) run() {
 	t.left = 2
 	t.seen.Store(time.Now().UnixNano())
+	t.g.tunnels.add(t)
+	if _, ok := t.g.picker.Get(t.proxyID); !ok {
+		t.g.tunnels.markLeft(t.g.picker) // it left as the tunnel opened
+	}
 	t.g.track.add()
 	go func() {
 		defer t.g.track.done()
@@ -181,6 +186,7 @@ func (t *tunnel) copy(dst, src net.Conn, up bool) {
 	}
 	t.client.Close()
 	t.up.Close()
+	t.g.tunnels.remove(t)
 	t.g.m.bytesUp.Add(float64(t.up2))
 	t.g.m.bytesDown.Add(float64(t.down))
 	if t.onDone != nil {

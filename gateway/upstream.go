@@ -287,8 +287,9 @@ func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, tr
 		if ctx.Err() != nil {
 			return p, ctx.Err()
 		}
-		if errors.Is(err, errClientLeft) {
-			return p, err // nobody's failure
+		var refused *headError
+		if errors.Is(err, errClientLeft) || errors.As(err, &refused) {
+			return p, err // nobody's failure, or the client's
 		}
 		var ta *targetAnswer
 		if errors.As(err, &ta) {
