@@ -27,6 +27,7 @@ const (
 	fieldProxyAuthorization                  // the client's credential (hop)
 	fieldSession                             // X-Proxyfleet-Session (hop)
 	fieldLabels                              // X-Proxyfleet-Labels (hop)
+	fieldBan                                 // X-Proxyfleet-Ban (hop)
 	fieldProxyID                             // X-Proxyfleet-Proxy: the gateway's own
 	fieldExpect                              // handled by the gateway
 )
@@ -65,6 +66,9 @@ func kindOf(name []byte) fieldKind {
 	case 16:
 		if eq("Proxy-Connection") {
 			return fieldProxyConnection
+		}
+		if eq(HeaderBan) {
+			return fieldBan
 		}
 	case 17:
 		if eq("Transfer-Encoding") {
@@ -147,8 +151,8 @@ type head struct {
 	both      bool
 	expect100 bool // Expect: 100-continue
 
-	auth, session, labels []byte // the first of each, nil without
-	hasSession, hasLabels bool
+	auth, session, labels, ban    []byte // the first of each, nil without
+	hasSession, hasLabels, hasBan bool
 
 	connTokens [maxConnTokens][]byte // other names Connection lists (hop)
 	nTokens    int
@@ -406,6 +410,10 @@ func (h *head) note(f *field) error {
 	case fieldLabels:
 		if !h.hasLabels {
 			h.labels, h.hasLabels = f.value, true
+		}
+	case fieldBan:
+		if !h.hasBan {
+			h.ban, h.hasBan = f.value, true
 		}
 	}
 	return nil

@@ -132,8 +132,8 @@ func (cc *clientConn) admit(kind string) (u *user, o options, ok, keep bool) {
 		cc.g.m.request(kind, outcomeLimit).Inc()
 		return nil, o, false, cc.reply(http.StatusTooManyRequests, fmt.Sprintf("too many connections at once for this user (at most %d)", u.max))
 	}
-	if cc.h.hasSession || cc.h.hasLabels {
-		if err := o.withHeaders(string(cc.h.session), string(cc.h.labels)); err != nil {
+	if cc.h.hasSession || cc.h.hasLabels || cc.h.hasBan {
+		if err := o.withHeaders(string(cc.h.session), string(cc.h.labels), string(cc.h.ban)); err != nil {
 			u.release()
 			cc.g.m.request(kind, outcomeError).Inc()
 			return nil, o, false, cc.reply(http.StatusBadRequest, err.Error())

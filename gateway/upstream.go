@@ -239,6 +239,9 @@ func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, tr
 		}
 	}
 	sc := g.scopeOf(host)
+	if o.ban > 0 {
+		g.banAsked(o, sc)
+	}
 	var failures []string
 	var next *attempt // picked ahead by attempt.more
 	i := 0
