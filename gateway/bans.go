@@ -112,6 +112,9 @@ type attempt struct {
 	// when neither is known (nothing to ban).
 	addr netip.Addr
 	sc   *scope
+	// status is the status of the answer passed on to the client, set by
+	// the try that got it (0: none, or a tunnel's).
+	status int
 	// more picks the next candidate ahead and says whether there is one
 	// (the retries left and a proxy with an address the request may use).
 	more func() bool
@@ -177,6 +180,7 @@ func (g *Gateway) ban(addr netip.Addr, site string, d time.Duration, rule int, s
 	}
 	g.bans.HoldBan(addr, site, d)
 	g.m.ban(rule, source).Inc()
+	g.stats.ban(site)
 	req := bans.Request{Address: addr.String(), Site: site, For: messages.Duration(d), Source: source, Reason: reason}
 	g.background.Go(func() {
 		ctx, cancel := context.WithTimeout(g.hard, banTimeout)

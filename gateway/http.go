@@ -475,7 +475,7 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 				return true, errRuleRetry
 			}
 		}
-		resp = rsp
+		resp, at.status = rsp, rsp.StatusCode
 		return true, nil
 	})
 	g.m.bytesUp.Add(float64(up))

@@ -193,7 +193,11 @@ func (cc *clientConn) plain(raw []byte) (keep, handed bool) {
 	var st relayState
 	p, err := g.attempts(g.hard, kindHTTP, hostname, o, func(at *attempt) (bool, error) {
 		st.p, st.egress, st.at = at.p, at.egress, at
-		return cc.try(withEgress(req, st.egress), &st)
+		retryable, err := cc.try(withEgress(req, st.egress), &st)
+		if err == nil {
+			at.status = cc.rh.status()
+		}
+		return retryable, err
 	})
 	g.m.bytesUp.Add(float64(st.upBytes))
 	if err != nil {
