@@ -107,15 +107,19 @@ func (c *siteCounts) sum(m int64) slotCounts {
 		if d := m - c.epoch[i]; d < 0 || d >= int64(statsSlots) {
 			continue
 		}
-		sl := &c.slots[i]
-		s.requests += sl.requests
-		s.retries += sl.retries
-		s.bans += sl.bans
-		for k := range s.answers {
-			s.answers[k] += sl.answers[k]
-		}
+		s.plus(&c.slots[i])
 	}
 	return s
+}
+
+// plus adds d's counts to c's.
+func (c *slotCounts) plus(d *slotCounts) {
+	c.requests += d.requests
+	c.retries += d.retries
+	c.bans += d.bans
+	for k := range c.answers {
+		c.answers[k] += d.answers[k]
+	}
 }
 
 // siteStats counts requests, answers, bans and retries by site; pure
@@ -134,11 +138,8 @@ func newSiteStats(now func() time.Time) *siteStats {
 func minute(t time.Time) int64 { return t.Unix() / int64(statsSlot/time.Second) }
 
 // slot is site's slot of now, the site counted from now on if it was
-// not (the table made room when full); nil for no site. Under s.mu.
+// not (the table made room when full). Under s.mu.
 func (s *siteStats) slot(site string) *slotCounts {
-	if site == "" {
-		return nil
-	}
 	m := minute(s.now())
 	c := s.sites[site]
 	if c == nil {
@@ -175,28 +176,22 @@ func (s *siteStats) shrink(m int64) {
 // request counts a request for site ("": none, not counted): its
 // answer's class and the retries it took.
 func (s *siteStats) request(site string, class, retries int) {
-	if site == "" {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if c := s.slot(site); c != nil {
-		c.requests++
-		c.answers[class]++
-		c.retries += uint32(retries)
-	}
+	d := slotCounts{requests: 1, retries: uint32(retries)}
+	d.answers[class] = 1
+	s.add(site, &d)
 }
 
 // ban counts a ban this gateway made for site.
-func (s *siteStats) ban(site string) {
+func (s *siteStats) ban(site string) { s.add(site, &slotCounts{bans: 1}) }
+
+// add adds d to site's slot of now.
+func (s *siteStats) add(site string, d *slotCounts) {
 	if site == "" {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if c := s.slot(site); c != nil {
-		c.bans++
-	}
+	s.slot(site).plus(d)
 }
 
 // Stats is what /stats answers.
