@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -111,6 +112,9 @@ type attempt struct {
 	// when neither is known (nothing to ban).
 	addr netip.Addr
 	sc   *scope
+	// status is the status of the answer passed on to the client, set by
+	// the try that got it (0: none, or a tunnel's).
+	status int
 	// more picks the next candidate ahead and says whether there is one
 	// (the retries left and a proxy with an address the request may use).
 	more func() bool
@@ -176,6 +180,7 @@ func (g *Gateway) ban(addr netip.Addr, site string, d time.Duration, rule int, s
 	}
 	g.bans.HoldBan(addr, site, d)
 	g.m.ban(rule, source).Inc()
+	g.stats.ban(site)
 	req := bans.Request{Address: addr.String(), Site: site, For: messages.Duration(d), Source: source, Reason: reason}
 	g.background.Go(func() {
 		ctx, cancel := context.WithTimeout(g.hard, banTimeout)
@@ -188,3 +193,44 @@ func (g *Gateway) ban(addr netip.Addr, site string, d time.Duration, rule int, s
 
 // banTimeout bounds the request that stores a ban.
 const banTimeout = 10 * time.Second
+
+// HeaderBan, on a client's request in a session (a CONNECT too), bans
+// the address that session leaves from for the request's site, for the
+// duration it gives (1s to 720h, as bans.Request's): the client saw the
+// site refuse it (a captcha inside a tunnel the gateway cannot read).
+// The request then goes from another address. Removed before
+// forwarding. A value that is no such duration, or a request without a
+// session or with egress-rotate (no one address to name), is answered
+// 400 naming the header.
+const HeaderBan = "X-Proxyfleet-Ban"
+
+// withBan takes HeaderBan's value v into o (o.session already set).
+func (o *options) withBan(v string) error {
+	v = strings.TrimSpace(v)
+	d, err := time.ParseDuration(v)
+	if err != nil || d < bans.MinDuration || d > bans.MaxDuration {
+		return fmt.Errorf("%s: %.32q is not a duration from %s to %s", HeaderBan, v, bans.MinDuration, bans.MaxDuration)
+	}
+	switch {
+	case o.session == "":
+		return fmt.Errorf("%s needs a session (%s or USER-session-KEY): it bans the address the session leaves from", HeaderBan, HeaderSession)
+	case o.rotate:
+		return fmt.Errorf("%s: a session with egress-rotate has no one address to ban (proxyfleet ban add bans one)", HeaderBan)
+	}
+	o.ban = d
+	return nil
+}
+
+// banAsked bans o's session's address for the request's site, for
+// o.ban: the one the session leaves from for that site now (its answers
+// named it in HeaderEgress), held here at once and reported to the
+// fleet (source header). The request's own pick, which follows, passes
+// it over. Nothing when no proxy or address is known for the session
+// (the pick then says why) or the host has no site.
+func (g *Gateway) banAsked(o options, sc *scope) {
+	at, err := g.pick(o, sc)
+	if err != nil {
+		return
+	}
+	g.ban(at.addr, sc.site, o.ban, -1, bans.SourceHeader, "client header "+HeaderBan)
+}

@@ -357,3 +357,94 @@ func TestBodyRule(t *testing.T) {
 		})
 	}
 }
+
+// X-Proxyfleet-Ban on a session's request bans, for the request's site,
+// the address the session left from, and the request goes from another;
+// on a CONNECT (an HTTPS session, whose answer named the address) and a
+// plain request, on both paths. The header never reaches a proxy or a
+// target; a bad value, a request without a session or with
+// egress-rotate is refused 400 naming it, and bans nothing.
+func TestHeaderBan(t *testing.T) {
+	for _, path := range []string{"lean", "slow"} {
+		t.Run(path, func(t *testing.T) {
+			slow := path == "slow"
+			up := newUpstream(t, "p1", "")
+			var addrs []netip.Addr
+			for i := 1; i <= 4; i++ {
+				addrs = append(addrs, netip.MustParseAddr(fmt.Sprintf("198.18.12.%d", i)))
+			}
+			p := Proxy{ID: "p1", Addr: up.addr(), EgressAddrs: addrs}
+			g := startGateway(t, newPicker(p), nil)
+			tg := newTarget(t, false)
+			const site = "127.0.0.1" // the target's
+			connect := func(user string, hdr map[string]string) (*http.Response, string) {
+				t.Helper()
+				all := map[string]string{}
+				if slow {
+					all["X-Folded"] = "a\r\n b" // the lean path declines an obs-fold
+				}
+				for k, v := range hdr {
+					all[k] = v
+				}
+				resp, conn, _ := g.connect(t, tg.srv.Listener.Addr().String(), basic(user, alicePass), all)
+				defer conn.Close()
+				var body []byte
+				if resp.StatusCode != http.StatusOK {
+					_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+					body, _ = io.ReadAll(resp.Body)
+				}
+				return resp, string(body)
+			}
+			user := "alice-session-s1"
+			resp, _ := connect(user, nil)
+			a := resp.Header.Get(HeaderEgress)
+			if resp.StatusCode != 200 || a != rotation.SessionEgress(p, "s1", rotation.IPv4).String() {
+				t.Fatalf("CONNECT: %s from %q, want 200 from the session's address", resp.Status, a)
+			}
+			resp, _ = connect(user, map[string]string{HeaderBan: "30m"})
+			b := resp.Header.Get(HeaderEgress)
+			if resp.StatusCode != 200 || b == a || b == "" {
+				t.Fatalf("CONNECT with %s: %s from %q, want 200 from another address than %s", HeaderBan, resp.Status, b, a)
+			}
+			if !g.bans.Banned(netip.MustParseAddr(a), site) {
+				t.Fatalf("%s is not banned for %s", a, site)
+			}
+			if resp, _ = connect(user, nil); resp.Header.Get(HeaderEgress) != b {
+				t.Errorf("the session's next CONNECT left from %s, want %s", resp.Header.Get(HeaderEgress), b)
+			}
+			if st, eg, _ := banDo(t, g, user, http.MethodGet, tg.srv.URL+"/", "", slow, nil); st != 200 || eg != b {
+				t.Errorf("a plain request of the session: %d from %s, want 200 from %s", st, eg, b)
+			}
+			st, c, _ := banDo(t, g, user, http.MethodGet, tg.srv.URL+"/", "", slow, map[string]string{HeaderBan: "1h"})
+			if st != 200 || c == a || c == b {
+				t.Errorf("a plain request with %s: %d from %s, want 200 from neither %s nor %s", HeaderBan, st, c, a, b)
+			}
+			if !g.bans.Banned(netip.MustParseAddr(b), site) || g.bans.Banned(netip.MustParseAddr(b), "other.example") {
+				t.Errorf("%s: want it banned for %s only", b, site)
+			}
+			up.mu.Lock()
+			heads := slices.Clone(up.headers)
+			up.mu.Unlock()
+			for i, h := range append(heads, tg.seen()...) {
+				if v := h.Get(HeaderBan); v != "" {
+					t.Errorf("request %d reached a proxy or the target with %s: %q", i, HeaderBan, v)
+				}
+			}
+			for _, c := range []struct{ user, value string }{
+				{user, "5x"}, {user, "0s"}, {user, "721h"}, {user, "-1m"},
+				{"alice", "30m"}, {"alice-session-s2-egress-rotate", "30m"},
+			} {
+				resp, body := connect(c.user, map[string]string{HeaderBan: c.value})
+				if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, HeaderBan) {
+					t.Errorf("%s with %s: %q: %s %q, want 400 naming the header", c.user, HeaderBan, c.value, resp.Status, body)
+				}
+			}
+			if st, _, body := banDo(t, g, user, http.MethodGet, tg.srv.URL+"/", "", slow, map[string]string{HeaderBan: "soon"}); st != http.StatusBadRequest || !strings.Contains(body, HeaderBan) {
+				t.Errorf("a plain request with %s: soon: %d %q, want 400 naming the header", HeaderBan, st, body)
+			}
+			if got := testutil.ToFloat64(g.m.bans.WithLabelValues("none", bans.SourceHeader)); got != 2 {
+				t.Errorf("bans by header: %v, want 2", got)
+			}
+		})
+	}
+}

@@ -46,6 +46,8 @@ type Gateway struct {
 	// bans are Config.Bans (or the gateway's own), rules Config.Rules.
 	bans  Bans
 	rules *bans.Rules
+	// stats count requests by site (/stats).
+	stats *siteStats
 	// background are the requests that store bans; Run waits for them.
 	background sync.WaitGroup
 
@@ -96,6 +98,7 @@ func New(picker Picker, cfg Config) (*Gateway, error) {
 		deny:         *cfg.Deny,
 		bans:         cfg.Bans,
 		rules:        cfg.Rules,
+		stats:        newSiteStats(cfg.Now),
 	}
 	if g.bans == nil {
 		g.bans = newLocalBans(cfg.Now)

@@ -29,6 +29,7 @@ const (
 	fieldProxyAuthorization                  // the client's credential (hop)
 	fieldSession                             // X-Proxyfleet-Session (hop)
 	fieldLabels                              // X-Proxyfleet-Labels (hop)
+	fieldBan                                 // X-Proxyfleet-Ban (hop)
 	fieldProxyID                             // X-Proxyfleet-Proxy: the gateway's own
 	fieldExpect                              // handled by the gateway
 )
@@ -67,6 +68,9 @@ func kindOf(name []byte) fieldKind {
 	case 16:
 		if eq("Proxy-Connection") {
 			return fieldProxyConnection
+		}
+		if eq(HeaderBan) {
+			return fieldBan
 		}
 	case 17:
 		if eq("Transfer-Encoding") {
@@ -155,8 +159,8 @@ type head struct {
 	hosts       int  // Host fields (a request's)
 	badHost     bool // one of them is no host[:port]
 
-	auth, session, labels []byte // the first of each, nil without
-	hasSession, hasLabels bool
+	auth, session, labels, ban    []byte // the first of each, nil without
+	hasSession, hasLabels, hasBan bool
 
 	connTokens [maxConnTokens][]byte // other names Connection lists (hop)
 	nTokens    int
@@ -456,6 +460,10 @@ func (h *head) note(f *field) error {
 	case fieldLabels:
 		if !h.hasLabels {
 			h.labels, h.hasLabels = f.value, true
+		}
+	case fieldBan:
+		if !h.hasBan {
+			h.ban, h.hasBan = f.value, true
 		}
 	}
 	return nil

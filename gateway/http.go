@@ -57,7 +57,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			u.release()
 		}
 	}()
-	if err := o.withHeaders(r.Header.Get(HeaderSession), r.Header.Get(HeaderLabels)); err != nil {
+	if err := o.withHeaders(r.Header.Get(HeaderSession), r.Header.Get(HeaderLabels), r.Header.Get(HeaderBan)); err != nil {
 		g.m.request(kind, outcomeError).Inc()
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
@@ -285,7 +285,7 @@ func (g *Gateway) serveConnect(ctx context.Context, w http.ResponseWriter, r *ht
 // with the gateway's own request headers.
 var hopHeaders = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
-	"Te", "Trailer", "Transfer-Encoding", "Upgrade", HeaderSession, HeaderLabels, HeaderEgress,
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade", HeaderSession, HeaderLabels, HeaderEgress, HeaderBan,
 }
 
 func removeHop(h http.Header) {
@@ -475,7 +475,7 @@ func (g *Gateway) servePlain(ctx context.Context, w http.ResponseWriter, r *http
 				return true, errRuleRetry
 			}
 		}
-		resp = rsp
+		resp, at.status = rsp, rsp.StatusCode
 		return true, nil
 	})
 	g.m.bytesUp.Add(float64(up))

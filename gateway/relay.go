@@ -132,8 +132,8 @@ func (cc *clientConn) admit(kind string) (u *user, o options, ok, keep bool) {
 		cc.g.m.request(kind, outcomeLimit).Inc()
 		return nil, o, false, cc.reply(http.StatusTooManyRequests, fmt.Sprintf("too many connections at once for this user (at most %d)", u.max))
 	}
-	if cc.h.hasSession || cc.h.hasLabels {
-		if err := o.withHeaders(string(cc.h.session), string(cc.h.labels)); err != nil {
+	if cc.h.hasSession || cc.h.hasLabels || cc.h.hasBan {
+		if err := o.withHeaders(string(cc.h.session), string(cc.h.labels), string(cc.h.ban)); err != nil {
 			u.release()
 			cc.g.m.request(kind, outcomeError).Inc()
 			return nil, o, false, cc.reply(http.StatusBadRequest, err.Error())
@@ -207,7 +207,11 @@ func (cc *clientConn) plain(raw []byte) (keep bool) {
 	var st relayState
 	p, err := g.attempts(g.hard, kindHTTP, hostname, o, func(at *attempt) (bool, error) {
 		st.p, st.egress, st.at = at.p, at.egress, at
-		return cc.try(withEgress(req, st.egress), &st)
+		retryable, err := cc.try(withEgress(req, st.egress), &st)
+		if err == nil {
+			at.status = cc.rh.status()
+		}
+		return retryable, err
 	})
 	g.m.bytesUp.Add(float64(st.upBytes))
 	if err != nil {

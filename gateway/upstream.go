@@ -230,8 +230,10 @@ func (e *allFailed) Error() string {
 // a denied address is refused (a *deniedError; no proxy picked, none
 // reported), and where the addresses banned for its site are passed
 // over: a proxy with none other is not tried (none at all: a
-// *bannedError).
-func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, try func(at *attempt) (retryable bool, err error)) (Proxy, error) {
+// *bannedError). Each request that gets this far is counted in the
+// gateway's stats for its site, with its answer's class (attempt.status)
+// and retries.
+func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, try func(at *attempt) (retryable bool, err error)) (_ Proxy, err error) {
 	if g.deny.Len() > 0 {
 		if a, ok := targetAddr(host); ok && g.deny.Denies(a) {
 			g.log.Debug("gateway: destination denied", "kind", kind, "addr", a.String())
@@ -239,6 +241,12 @@ func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, tr
 		}
 	}
 	sc := g.scopeOf(host)
+	var last *attempt // the one tried last
+	retries := 0
+	defer func() { g.stats.request(sc.site, answerClass(last, err), retries) }()
+	if o.ban > 0 {
+		g.banAsked(o, sc)
+	}
 	var failures []string
 	var next *attempt // picked ahead by attempt.more
 	i := 0
@@ -276,9 +284,11 @@ func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, tr
 			}
 		}
 		at.more = more
+		last = at
 		p := at.p
 		if i > 0 {
 			g.m.retry(kind).Inc()
+			retries++
 		}
 		retryable, err := try(at)
 		if err == nil {

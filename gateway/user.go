@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 )
 
 // options are what a request asks of the picker: a session key and
@@ -20,6 +21,9 @@ type options struct {
 	// rotate: each request leaves from the proxy's next address
 	// (egress-rotate), not the session's own or one at random.
 	rotate bool
+	// ban is what HeaderBan asks (0: nothing): the session's address
+	// is banned for the request's site for this long (banAsked).
+	ban time.Duration
 }
 
 // parseUser splits "alice-session-s1-label-country-de-pool-x" into the
@@ -108,10 +112,16 @@ const (
 	HeaderProxy = "X-Proxyfleet-Proxy"
 )
 
-// withHeaders adds the header options (they win over the user name's).
-func (o *options) withHeaders(session, labels string) error {
+// withHeaders adds the header options (they win over the user name's);
+// ban is HeaderBan's value ("": none), taken once the session is known.
+func (o *options) withHeaders(session, labels, ban string) error {
 	if s := strings.TrimSpace(session); s != "" {
 		o.session = s
+	}
+	if strings.TrimSpace(ban) != "" {
+		if err := o.withBan(ban); err != nil {
+			return err
+		}
 	}
 	if strings.TrimSpace(labels) == "" {
 		return nil

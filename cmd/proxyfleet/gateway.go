@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 
 	"github.com/nats-io/nats.go"
@@ -30,10 +31,10 @@ func gatewayEnabled(c *config.Config) bool {
 
 // gatewayComponent follows the rotation on nc and serves the gateway over
 // it; its metrics go to reg. ready reports whether it serves: the
-// rotation caught up and the listeners bound.
-func gatewayComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg prometheus.Registerer) (component, func() error, error) {
+// rotation caught up and the listeners bound; stats serves its /stats.
+func gatewayComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg prometheus.Registerer) (comp component, ready func() error, stats http.Handler, err error) {
 	if err := c.LoadGatewaySecrets(); err != nil {
-		return component{}, nil, err
+		return component{}, nil, nil, err
 	}
 	rot, err := rotation.New(nc, rotation.Config{
 		Subjects: messages.NewSubjects(c.NATS.Prefix),
@@ -43,18 +44,18 @@ func gatewayComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg pro
 		Logger:   log,
 	})
 	if err != nil {
-		return component{}, nil, fmt.Errorf("gateway: %w", err)
+		return component{}, nil, nil, fmt.Errorf("gateway: %w", err)
 	}
 	if err := registerRotationMetrics(reg, rot); err != nil {
-		return component{}, nil, err
+		return component{}, nil, nil, err
 	}
 	denied, err := c.Gateway.DenyList()
 	if err != nil {
-		return component{}, nil, fmt.Errorf("gateway: %w", err)
+		return component{}, nil, nil, fmt.Errorf("gateway: %w", err)
 	}
 	rules, err := c.Gateway.CompiledRules()
 	if err != nil {
-		return component{}, nil, fmt.Errorf("gateway: %w", err)
+		return component{}, nil, nil, fmt.Errorf("gateway: %w", err)
 	}
 	gc := gateway.Config{
 		Listen: c.Gateway.Listen, SocksListen: c.Gateway.SocksListen,
@@ -74,9 +75,9 @@ func gatewayComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg pro
 	}
 	gw, err := gateway.New(rot, gc)
 	if err != nil {
-		return component{}, nil, fmt.Errorf("gateway: %w", err)
+		return component{}, nil, nil, fmt.Errorf("gateway: %w", err)
 	}
-	ready := func() error {
+	ready = func() error {
 		select {
 		case <-rot.Ready():
 		default:
@@ -110,14 +111,14 @@ func gatewayComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg pro
 			err = fmt.Errorf("gateway: follow the rotation: %w", rerr)
 		}
 		return err
-	}}, ready, nil
+	}}, ready, gw.StatsHandler(), nil
 }
 
 // runGateway runs the gateway role alone.
 func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, nf, lf := roleFlags("gateway", stderr)
 	cfgPath := fs.String("config", "", "config file (YAML); required")
-	httpAddr := fs.String("http", "", "address of /metrics, /healthz and /readyz (default from config gateway.http; none if empty)")
+	httpAddr := fs.String("http", "", "address of /metrics, /healthz, /readyz and /stats (default from config gateway.http; none if empty)")
 	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
 	}
@@ -146,7 +147,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	defer nc.Close()
 	reg := newRegistry("gateway")
-	g, ready, err := gatewayComponent(nc, c, log, reg)
+	g, ready, stats, err := gatewayComponent(nc, c, log, reg)
 	if err != nil {
 		return err
 	}
@@ -156,7 +157,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if err != nil {
 			return fmt.Errorf("--http: %w", err)
 		}
-		comps = append(comps, opsComponent(ln, opsHandler(reg, ready), log))
+		comps = append(comps, opsComponent(ln, withStats(opsHandler(reg, ready), stats), log))
 	}
 	return runAll(ctx, log, comps...)
 }

@@ -161,6 +161,16 @@ func pprofHandler(h http.Handler) http.Handler {
 	return mux
 }
 
+// withStats is h with the gateway's per-site statistics at /stats: on
+// the ops listener and nowhere else, as guarded as /metrics (loopback by
+// default), since it names the sites the gateway's clients reach.
+func withStats(h, stats http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", h)
+	mux.Handle("GET /stats", stats)
+	return mux
+}
+
 // opsComponent serves h on ln until ctx is done.
 func opsComponent(ln net.Listener, h http.Handler, log *slog.Logger) component {
 	return component{"http", func(ctx context.Context) error {

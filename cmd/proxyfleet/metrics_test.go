@@ -385,3 +385,23 @@ func TestPprofOnlyWhenAsked(t *testing.T) {
 		}
 	}
 }
+
+// The gateway role's ops listener serves /stats beside the rest; the
+// other roles' do not.
+func TestStatsOnTheGatewaysOpsListener(t *testing.T) {
+	reg := newRegistry("gateway")
+	ready := func() error { return nil }
+	stats := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "stats") })
+	for _, c := range []struct {
+		h     http.Handler
+		stats int
+	}{{opsHandler(reg, ready), http.StatusNotFound}, {withStats(opsHandler(reg, ready), stats), http.StatusOK}} {
+		for path, want := range map[string]int{"/stats": c.stats, "/metrics": 200, "/readyz": 200, "/healthz": 200} {
+			rec := httptest.NewRecorder()
+			c.h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+			if rec.Code != want {
+				t.Errorf("GET %s = %d, want %d", path, rec.Code, want)
+			}
+		}
+	}
+}

@@ -153,7 +153,8 @@ func serveWith(ctx context.Context, args []string, stdout, stderr io.Writer, hoo
 			return err
 		}
 		defer gnc.Close()
-		g, ready, err := gatewayComponent(gnc, c, glog, reg)
+		// serve's one listener is health's: no /stats there.
+		g, ready, _, err := gatewayComponent(gnc, c, glog, reg)
 		if err != nil {
 			return err
 		}
