@@ -113,6 +113,11 @@ gateway:
 		return sectionResult{}, err
 	}
 	defer gw.stop(b)
+	peers, err := startGatewayPeers(ctx, b, filepath.Join(dir, "peers"), []string{up.addr()}, gwFleetUser, gwFleetPass)
+	if err != nil {
+		return sectionResult{}, fmt.Errorf("peers: %w", err)
+	}
+	defer peers.stop()
 
 	direct := &url.URL{Scheme: "http", Host: up.addr(), User: url.UserPassword(gwFleetUser, gwFleetPass)}
 	via := &url.URL{Scheme: "http", Host: gwAddr, User: url.UserPassword(gwUser, gwPass)}
@@ -136,6 +141,9 @@ gateway:
 		}
 		c2 := cpuTime()
 		g2, _ := procTicks(pid)
+		if err := peers.keepAlive(ctx, d, target.url); err != nil {
+			return sectionResult{}, err
+		}
 		cpuDirect = append(cpuDirect, float64((c1-c0).Microseconds())/float64(nd))
 		cpuVia = append(cpuVia, float64((c2-c1).Microseconds())/float64(nv))
 		cpuGateway = append(cpuGateway, float64(g2-g1)*1e6/clockTicks/float64(nv))
@@ -194,13 +202,19 @@ gateway:
 	if tunnels < gwTunnelsWanted {
 		tun.Bound = fmt.Sprintf("%d tunnels, not 10,000: this machine's hard RLIMIT_NOFILE is %s, and the bench process holds 4 descriptors per tunnel (client, the proxy's two, target)", tunnels, nofile)
 	}
+	rate.Peer += "; " + peers.keepAliveNote()
+	tunFigs, err := peers.tunnelFigures(ctx, b, direct, via, pid)
+	if err != nil {
+		return sectionResult{}, err
+	}
 	for _, f := range []*figure{&rate, &lat, &tun} {
 		f.check()
 	}
 	if rate.Met {
 		rate.Bound = "" // only a missed target needs its bound
 	}
-	return sectionResult{figures: []figure{rate, lat, tun}}, nil
+	peers.behindSquid(&rate, median(ratios), peers.kaSquid)
+	return sectionResult{figures: append([]figure{rate, lat, tun}, tunFigs...)}, nil
 }
 
 // requestRate is the requests per second of gwClients clients through
