@@ -15,7 +15,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -223,30 +222,7 @@ func requestRate(ctx context.Context, proxy *url.URL, target string) (float64, i
 	tr := &http.Transport{Proxy: http.ProxyURL(proxy), MaxIdleConnsPerHost: gwClients}
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-	var n atomic.Int64
-	var firstErr error
-	var once sync.Once
-	end := time.Now().Add(gwRateFor)
-	var wg sync.WaitGroup
-	start := time.Now()
-	for range gwClients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for time.Now().Before(end) && ctx.Err() == nil {
-				if err := fetch(c, target); err != nil {
-					once.Do(func() { firstErr = err })
-					return
-				}
-				n.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	if firstErr != nil {
-		return 0, 0, firstErr
-	}
-	return float64(n.Load()) / time.Since(start).Seconds(), n.Load(), nil
+	return runClients(ctx, func() error { return fetch(c, target) })
 }
 
 // latencies are gwLatencyN requests' times, one after another.
