@@ -107,7 +107,7 @@ gateway:
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return sectionResult{}, err
 	}
-	gw, _, err := startReady(ctx, bin, filepath.Join(dir, "gateway.log"), nil, "gateway", "--config", cfgPath)
+	gw, gwHTTP, err := startReady(ctx, bin, filepath.Join(dir, "gateway.log"), nil, gatewayArgs(cfgPath)...)
 	if err != nil {
 		return sectionResult{}, err
 	}
@@ -202,7 +202,7 @@ gateway:
 		tun.Bound = fmt.Sprintf("%d tunnels, not 10,000: this machine's hard RLIMIT_NOFILE is %s, and the bench process holds 4 descriptors per tunnel (client, the proxy's two, target)", tunnels, nofile)
 	}
 	rate.Peer += "; " + peers.keepAliveNote()
-	tunFigs, err := peers.tunnelFigures(ctx, b, direct, via, pid)
+	tunFigs, err := peers.tunnelFigures(ctx, b, direct, via, pid, gwHTTP)
 	if err != nil {
 		return sectionResult{}, err
 	}

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log"
@@ -31,6 +32,20 @@ import (
 // with apt-get when missing; their system services are stopped and
 // disabled). Each workload is a ratio against the client straight to the
 // upstream, measured in the same run.
+
+// gwProfileDir, when set, receives a CPU profile of the gateway process
+// during each run of a tunnel workload through it.
+var gwProfileDir = flag.String("gateway-profile", "", "gateway: write CPU profiles of the gateway process (run with --pprof) during the tunnel workloads' runs through it to this directory")
+
+// gatewayArgs are the gateway process's arguments (--http is added by
+// startReady).
+func gatewayArgs(cfgPath string) []string {
+	args := []string{"gateway", "--config", cfgPath}
+	if *gwProfileDir != "" {
+		args = append(args, "--pprof")
+	}
+	return args
+}
 
 // gwParty is one way to the upstream: its name, its proxy URL (with the
 // credential it needs) and its process (0: none of its own).
@@ -137,6 +152,21 @@ func startGatewayPeers(ctx context.Context, b *bench, dir string, upstreams []st
 	p.squid = gwParty{name: "squid", proxy: &url.URL{Scheme: "http", Host: squidAddr}, pid: sqp.cmd.Process.Pid}
 	p.haproxy = gwParty{name: "haproxy", proxy: &url.URL{Scheme: "http", Host: haAddr, User: url.UserPassword(user, pass)}, pid: hap.cmd.Process.Pid}
 	return p, nil
+}
+
+// profileGateway writes a CPU profile of the gateway (its ops listener
+// at addr) over gwRateFor to path; a failure is logged.
+func profileGateway(b *bench, addr, path string) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		b.log.Printf("gateway: CPU profile: %v", err)
+		return
+	}
+	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(gwRateFor.Seconds()))
+	if err := fetchTo(url, path, gwRateFor+time.Minute); err != nil {
+		b.log.Printf("gateway: CPU profile: %v", err)
+		return
+	}
+	b.log.Printf("gateway: CPU profile of the gateway: %s", path)
 }
 
 // squidConfig is squid's config in dir: listening on addr, each of
@@ -309,7 +339,7 @@ type tunnelWorkload struct {
 // client straight to the upstream (before and after the proxies), the
 // gateway (process gwPid), squid and haproxy, b.runs times, and returns
 // gateway_connect_ratio and gateway_bulk_ratio with the peers' ratios.
-func (p *gwPeers) tunnelFigures(ctx context.Context, b *bench, direct, via *url.URL, gwPid int) ([]figure, error) {
+func (p *gwPeers) tunnelFigures(ctx context.Context, b *bench, direct, via *url.URL, gwPid int, gwHTTP string) ([]figure, error) {
 	tt := newTLSTarget()
 	defer tt.close()
 	src, err := newBulkSource()
@@ -342,8 +372,17 @@ func (p *gwPeers) tunnelFigures(ctx context.Context, b *bench, direct, via *url.
 			straightCPU := cpuTime() - c0
 			rates := map[string]float64{}
 			for _, pt := range parties {
+				var profiled sync.WaitGroup
+				if pt.name == "gateway" && *gwProfileDir != "" {
+					profiled.Add(1)
+					go func() {
+						defer profiled.Done()
+						profileGateway(b, gwHTTP, filepath.Join(*gwProfileDir, fmt.Sprintf("%s-run%d.cpu.pprof", w.key, i+1)))
+					}()
+				}
 				t0, _ := procTicks(pt.pid)
 				r, n, err := w.rate(ctx, pt.proxy)
+				profiled.Wait()
 				if err != nil {
 					return nil, fmt.Errorf("%s through %s: %w", w.key, pt.name, err)
 				}
