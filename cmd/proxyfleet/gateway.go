@@ -119,6 +119,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs, nf, lf := roleFlags("gateway", stderr)
 	cfgPath := fs.String("config", "", "config file (YAML); required")
 	httpAddr := fs.String("http", "", "address of /metrics, /healthz, /readyz and /stats (default from config gateway.http; none if empty)")
+	withPprof := fs.Bool("pprof", false, "also serve Go's profiles (net/http/pprof) under /debug/pprof/ on the --http listener")
 	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
 	}
@@ -157,7 +158,9 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if err != nil {
 			return fmt.Errorf("--http: %w", err)
 		}
-		comps = append(comps, opsComponent(ln, withStats(opsHandler(reg, ready), stats), log))
+		comps = append(comps, opsComponent(ln, withStats(roleOpsHandler(reg, ready, *withPprof), stats), log))
+	} else if *withPprof {
+		return errors.New("--pprof needs an --http listener (or gateway.http)")
 	}
 	return runAll(ctx, log, comps...)
 }

@@ -15,7 +15,7 @@ Usage:
   proxyfleet setup    [--config F] [--repair [--interval 5s]]
   proxyfleet worker   --config F [--id ID] [--http ADDR] [--pprof]
   proxyfleet health   [--config F] [--http ADDR]
-  proxyfleet gateway  --config F [--http ADDR]
+  proxyfleet gateway  --config F [--http ADDR] [--pprof]
   proxyfleet pools    --config F [--id ID] [--http ADDR]
   proxyfleet create   ID [--host H] [--image I] [--cpus N] [--memory-mib M] [--label k=v] [--command-id C] [--wait]
   proxyfleet delete   ID [--command-id C] [--wait]

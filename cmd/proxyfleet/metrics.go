@@ -146,10 +146,20 @@ func opsHandler(reg *prometheus.Registry, ready func() error) http.Handler {
 	return mux
 }
 
+// roleOpsHandler is opsHandler, with Go's profiles (pprofHandler) when
+// withPprof: a role's --http listener as its --pprof flag asks.
+func roleOpsHandler(reg *prometheus.Registry, ready func() error, withPprof bool) http.Handler {
+	h := opsHandler(reg, ready)
+	if withPprof {
+		h = pprofHandler(h)
+	}
+	return h
+}
+
 // pprofHandler is h with Go's profiles (net/http/pprof) under
-// /debug/pprof/: for `worker --pprof` only (they show the process's insides
-// and cost CPU while one is taken), so that `go tool pprof` can profile a
-// worker under load (make bench's fleet50k section does).
+// /debug/pprof/: only with a role's --pprof (the profiles show the process's
+// insides and cost CPU while one is taken), so that `go tool pprof` can
+// profile a worker or a gateway under load (make bench does).
 func pprofHandler(h http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/", h)

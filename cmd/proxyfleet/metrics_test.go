@@ -367,7 +367,7 @@ func TestWorkerNotReadyWithoutTopology(t *testing.T) {
 	}
 }
 
-// `worker --pprof` adds Go's profiles to the ops listener, which serves
+// `worker --pprof` and `gateway --pprof` add Go's profiles to the ops listener, which serves
 // the rest as before; without it there are none.
 func TestPprofOnlyWhenAsked(t *testing.T) {
 	reg := newRegistry("worker")
@@ -375,7 +375,7 @@ func TestPprofOnlyWhenAsked(t *testing.T) {
 	for _, c := range []struct {
 		h     http.Handler
 		pprof int
-	}{{opsHandler(reg, ready), http.StatusNotFound}, {pprofHandler(opsHandler(reg, ready)), http.StatusOK}} {
+	}{{roleOpsHandler(reg, ready, false), http.StatusNotFound}, {roleOpsHandler(reg, ready, true), http.StatusOK}} {
 		for path, want := range map[string]int{"/debug/pprof/": c.pprof, "/debug/pprof/heap?debug=1": c.pprof, "/metrics": 200, "/readyz": 200} {
 			rec := httptest.NewRecorder()
 			c.h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))

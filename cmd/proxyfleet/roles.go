@@ -218,11 +218,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if err != nil {
 			return fmt.Errorf("--http: %w", err)
 		}
-		h := opsHandler(reg, ready)
-		if *withPprof {
-			h = pprofHandler(h)
-		}
-		comps = append(comps, opsComponent(ln, h, log))
+		comps = append(comps, opsComponent(ln, roleOpsHandler(reg, ready, *withPprof), log))
 	} else if *withPprof {
 		return errors.New("--pprof needs an --http listener (or worker.http)")
 	}

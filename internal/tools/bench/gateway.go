@@ -15,7 +15,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -108,11 +107,16 @@ gateway:
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return sectionResult{}, err
 	}
-	gw, _, err := startReady(ctx, bin, filepath.Join(dir, "gateway.log"), nil, "gateway", "--config", cfgPath)
+	gw, gwHTTP, err := startReady(ctx, bin, filepath.Join(dir, "gateway.log"), nil, gatewayArgs(cfgPath)...)
 	if err != nil {
 		return sectionResult{}, err
 	}
 	defer gw.stop(b)
+	peers, err := startGatewayPeers(ctx, b, filepath.Join(dir, "peers"), []string{up.addr()}, gwFleetUser, gwFleetPass)
+	if err != nil {
+		return sectionResult{}, fmt.Errorf("peers: %w", err)
+	}
+	defer peers.stop()
 
 	direct := &url.URL{Scheme: "http", Host: up.addr(), User: url.UserPassword(gwFleetUser, gwFleetPass)}
 	via := &url.URL{Scheme: "http", Host: gwAddr, User: url.UserPassword(gwUser, gwPass)}
@@ -136,6 +140,9 @@ gateway:
 		}
 		c2 := cpuTime()
 		g2, _ := procTicks(pid)
+		if err := peers.keepAlive(ctx, d, target.url); err != nil {
+			return sectionResult{}, err
+		}
 		cpuDirect = append(cpuDirect, float64((c1-c0).Microseconds())/float64(nd))
 		cpuVia = append(cpuVia, float64((c2-c1).Microseconds())/float64(nv))
 		cpuGateway = append(cpuGateway, float64(g2-g1)*1e6/clockTicks/float64(nv))
@@ -194,13 +201,19 @@ gateway:
 	if tunnels < gwTunnelsWanted {
 		tun.Bound = fmt.Sprintf("%d tunnels, not 10,000: this machine's hard RLIMIT_NOFILE is %s, and the bench process holds 4 descriptors per tunnel (client, the proxy's two, target)", tunnels, nofile)
 	}
+	rate.Peer += "; " + peers.keepAliveNote()
+	tunFigs, err := peers.tunnelFigures(ctx, b, direct, via, pid, gwHTTP)
+	if err != nil {
+		return sectionResult{}, err
+	}
 	for _, f := range []*figure{&rate, &lat, &tun} {
 		f.check()
 	}
 	if rate.Met {
 		rate.Bound = "" // only a missed target needs its bound
 	}
-	return sectionResult{figures: []figure{rate, lat, tun}}, nil
+	peers.behindSquid(&rate, median(ratios), peers.kaSquid)
+	return sectionResult{figures: append([]figure{rate, lat, tun}, tunFigs...)}, nil
 }
 
 // requestRate is the requests per second of gwClients clients through
@@ -209,30 +222,7 @@ func requestRate(ctx context.Context, proxy *url.URL, target string) (float64, i
 	tr := &http.Transport{Proxy: http.ProxyURL(proxy), MaxIdleConnsPerHost: gwClients}
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-	var n atomic.Int64
-	var firstErr error
-	var once sync.Once
-	end := time.Now().Add(gwRateFor)
-	var wg sync.WaitGroup
-	start := time.Now()
-	for range gwClients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for time.Now().Before(end) && ctx.Err() == nil {
-				if err := fetch(c, target); err != nil {
-					once.Do(func() { firstErr = err })
-					return
-				}
-				n.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	if firstErr != nil {
-		return 0, 0, firstErr
-	}
-	return float64(n.Load()) / time.Since(start).Seconds(), n.Load(), nil
+	return runClients(ctx, func() error { return fetch(c, target) })
 }
 
 // latencies are gwLatencyN requests' times, one after another.
