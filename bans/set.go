@@ -87,6 +87,16 @@ func (s *Set) Expire(now time.Time) (n int) {
 	return n
 }
 
+// Each calls f for every ban not over at now, in no order. f must not
+// change s. O(bans held).
+func (s *Set) Each(now time.Time, f func(addr netip.Addr, site string)) {
+	for p, end := range s.ends {
+		if now.Before(end) {
+			f(p.addr, p.site)
+		}
+	}
+}
+
 // Len is the number of bans held (some may be over and not expired yet).
 func (s *Set) Len() int { return len(s.ends) }
 

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"time"
 )
@@ -53,7 +54,9 @@ type PoolRecord struct {
 	// MaxAge 0: members are never recycled for their age.
 	MaxAge       Duration `json:"max_age"`
 	ReadyTimeout Duration `json:"ready_timeout"`
-	Spec         PoolSpec `json:"spec,omitzero"`
+	// RecycleAfterBans 0: members are never recycled for their bans.
+	RecycleAfterBans int      `json:"recycle_after_bans,omitempty"`
+	Spec             PoolSpec `json:"spec,omitzero"`
 	// Members, sorted by id.
 	Members []PoolMember `json:"members,omitempty"`
 	// Pending are the commands waiting for their final answer: the last
@@ -95,6 +98,10 @@ type PoolMember struct {
 	// Recycle is the command id of the pool recycle that marked it (due
 	// now, as if it were old).
 	Recycle string `json:"recycle,omitempty"`
+	// BannedOn is the number of sites its egress addresses were banned on
+	// at once when the controller found it burned (at least the pool's
+	// recycle_after_bans): due now, as if it were old. 0: not burned.
+	BannedOn int `json:"banned_on,omitempty"`
 	// Spec is the hash of the spec it was made with (PoolSpec.Hash): a
 	// set that changes the spec has the members of the old one replaced,
 	// make-before-break.
@@ -102,6 +109,19 @@ type PoolMember struct {
 	// Retired is set once the controller decided to delete it.
 	Retired *PoolRetire `json:"retired,omitempty"`
 }
+
+// Causes of a recycle: why a member is due (PoolRecord.DueCause), the
+// values of the cause label of the pools' recycles metric.
+const (
+	RecycleCommand = "command" // named by a pool recycle
+	RecycleBans    = "bans"    // its addresses banned on recycle_after_bans sites
+	RecycleSpec    = "spec"    // made with another spec
+	RecycleHosts   = "hosts"   // on a host spec.hosts no longer names
+	RecycleAge     = "age"     // older than max_age
+)
+
+// RecycleCauses lists every cause of a recycle, for metrics.
+var RecycleCauses = []string{RecycleCommand, RecycleBans, RecycleSpec, RecycleHosts, RecycleAge}
 
 // PoolRetire is a member's deletion: when, why, and whether its delete is
 // stored.
@@ -162,7 +182,10 @@ type PoolSummary struct {
 	Ready     int `json:"ready"`
 	Creating  int `json:"creating"`
 	Recycling int `json:"recycling"`
-	Retiring  int `json:"retiring"`
+	// Banned are those of Recycling due for their bans
+	// (recycle_after_bans).
+	Banned   int `json:"banned"`
+	Retiring int `json:"retiring"`
 	// Oldest is when the oldest live member was made (zero: none).
 	Oldest time.Time `json:"oldest,omitzero"`
 }
@@ -184,7 +207,12 @@ func (r *PoolRecord) Summary(now time.Time, inRotation func(id string) bool) Poo
 		case m.Ready.IsZero():
 			s.Creating++
 		}
-		if due, _ := r.Due(m, now); due {
+		switch cause, _ := r.DueCause(m, now); cause {
+		case "":
+		case RecycleBans:
+			s.Banned++
+			fallthrough
+		default:
 			s.Recycling++
 		}
 		if s.Oldest.IsZero() || m.Created.Before(s.Oldest) {
@@ -195,21 +223,32 @@ func (r *PoolRecord) Summary(now time.Time, inRotation func(id string) bool) Poo
 }
 
 // Due reports whether member m of r is due for replacement at now, and
-// why: named by a recycle, past its deadline under max_age, made with
-// another spec than r's, or on a host spec.hosts no longer names.
+// why (see DueCause).
 func (r *PoolRecord) Due(m PoolMember, now time.Time) (bool, string) {
+	cause, why := r.DueCause(m, now)
+	return cause != "", why
+}
+
+// DueCause says why member m of r is due for replacement at now: the
+// cause (RecycleCommand, ...; "" when it is not due) and a reason to
+// show. In this order: named by a recycle, burned by its bans, made with
+// another spec than r's, on a host spec.hosts no longer names, past its
+// deadline under max_age.
+func (r *PoolRecord) DueCause(m PoolMember, now time.Time) (cause, reason string) {
 	switch {
 	case m.Recycle != "":
-		return true, "recycled by command " + m.Recycle
+		return RecycleCommand, "recycled by command " + m.Recycle
+	case m.BannedOn > 0:
+		return RecycleBans, fmt.Sprintf("its addresses are banned on %d sites (recycle_after_bans %d)", m.BannedOn, r.RecycleAfterBans)
 	case m.Spec != "" && m.Spec != r.Spec.Hash():
-		return true, "made with another spec"
+		return RecycleSpec, "made with another spec"
 	case len(r.Spec.Hosts) > 0 && !slices.Contains(r.Spec.Hosts, m.Host):
-		return true, "its host " + m.Host + " is not in spec.hosts"
+		return RecycleHosts, "its host " + m.Host + " is not in spec.hosts"
 	}
 	if d := m.Deadline(r.MaxAge.D()); !d.IsZero() && !now.Before(d) {
-		return true, "older than max_age " + r.MaxAge.D().String()
+		return RecycleAge, "older than max_age " + r.MaxAge.D().String()
 	}
-	return false, ""
+	return "", ""
 }
 
 // Hash identifies what a member is made of (image, sizes, labels; not the

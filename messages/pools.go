@@ -65,6 +65,8 @@ const (
 	PoolJitter = 0.1
 	// PoolLabel is the label every member carries, with the pool's name.
 	PoolLabel = "pool"
+	// MaxPoolRecycleAfterBans bounds recycle_after_bans.
+	MaxPoolRecycleAfterBans = 1000
 )
 
 // Duration is a time.Duration that travels as a Go duration string
@@ -121,7 +123,11 @@ type PoolSet struct {
 	// ReadyTimeout: a member not in the rotation for this long (since it
 	// was made, or since it left) is deleted and replaced (default 5m).
 	ReadyTimeout Duration `json:"ready_timeout,omitempty"`
-	Spec         PoolSpec `json:"spec,omitzero"`
+	// RecycleAfterBans: a member whose egress addresses are banned on
+	// this many sites at once is replaced, make-before-break; 0 or
+	// absent: never.
+	RecycleAfterBans int      `json:"recycle_after_bans,omitempty"`
+	Spec             PoolSpec `json:"spec,omitzero"`
 }
 
 // PoolDelete is published on <prefix>.cmd.pool.delete.<name>: every member
@@ -172,6 +178,7 @@ func DecodePoolSet(body []byte, subjectName string) (PoolSet, error) {
 		Surge        *int            `json:"surge"`
 		MaxAge       *string         `json:"max_age"`
 		ReadyTimeout *string         `json:"ready_timeout"`
+		Recycle      *int            `json:"recycle_after_bans"`
 		Spec         json.RawMessage `json:"spec"`
 	}
 	if err := decodeStrict(body, &w); err != nil {
@@ -185,6 +192,9 @@ func DecodePoolSet(body []byte, subjectName string) (PoolSet, error) {
 		return p, fieldErr("size", "missing")
 	}
 	p.Size = *w.Size
+	if w.Recycle != nil {
+		p.RecycleAfterBans = *w.Recycle
+	}
 	for _, d := range []struct {
 		field string
 		in    *string
@@ -242,6 +252,9 @@ func (p PoolSet) Validate(subjectName string) error {
 	}
 	if r := p.ReadyTimeout.D(); r != 0 && (r < MinPoolReadyTimeout || r > MaxPoolReadyTimeout) {
 		return fieldErr("ready_timeout", "%s is out of range [%s, %s]", r, MinPoolReadyTimeout, MaxPoolReadyTimeout)
+	}
+	if n := p.RecycleAfterBans; n < 0 || n > MaxPoolRecycleAfterBans {
+		return fieldErr("recycle_after_bans", "%d is out of range: 0 (never) to %d", n, MaxPoolRecycleAfterBans)
 	}
 	return p.Spec.validate()
 }

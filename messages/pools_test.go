@@ -9,12 +9,12 @@ import (
 
 func TestDecodePoolSet(t *testing.T) {
 	p, err := DecodePoolSet([]byte(`{"v":1,"name":"eu","size":20,"min_ready":18,"surge":2,"max_age":"6h","ready_timeout":"3m",
-		"spec":{"image":"debian-12","cpus":2,"memory_mib":512,"labels":{"team":"a"},"hosts":["h1","h2"]}}`), "eu")
+		"recycle_after_bans":3,"spec":{"image":"debian-12","cpus":2,"memory_mib":512,"labels":{"team":"a"},"hosts":["h1","h2"]}}`), "eu")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if p.Name != "eu" || p.Size != 20 || *p.MinReady != 18 || *p.Surge != 2 || p.MaxAge.D() != 6*time.Hour ||
-		p.ReadyTimeout.D() != 3*time.Minute || p.Spec.Image != "debian-12" || p.Spec.CPUs != 2 || p.Spec.Labels["team"] != "a" ||
+		p.ReadyTimeout.D() != 3*time.Minute || p.RecycleAfterBans != 3 || p.Spec.Image != "debian-12" || p.Spec.CPUs != 2 || p.Spec.Labels["team"] != "a" ||
 		len(p.Spec.Hosts) != 2 {
 		t.Fatalf("decoded %+v", p)
 	}
@@ -28,7 +28,7 @@ func TestDecodePoolSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	minReady, surge, rt = p.Resolved()
-	if p.MinReady != nil || p.Surge != nil || p.MaxAge != 0 || minReady != 3 || surge != DefaultPoolSurge || rt != DefaultPoolReadyTimeout {
+	if p.MinReady != nil || p.Surge != nil || p.MaxAge != 0 || p.RecycleAfterBans != 0 || minReady != 3 || surge != DefaultPoolSurge || rt != DefaultPoolReadyTimeout {
 		t.Fatalf("defaults: %+v → %d %d %s", p, minReady, surge, rt)
 	}
 
@@ -69,6 +69,9 @@ func TestDecodePoolErrorsNameTheField(t *testing.T) {
 		{`{"v":1,"name":"eu","size":2,"max_age":6}`, "eu", "max_age"},
 		{`{"v":1,"name":"eu","size":2,"ready_timeout":"0s"}`, "eu", "ready_timeout"},
 		{`{"v":1,"name":"eu","size":2,"ready_timeout":"48h"}`, "eu", "ready_timeout"},
+		{`{"v":1,"name":"eu","size":2,"recycle_after_bans":-1}`, "eu", "recycle_after_bans"},
+		{`{"v":1,"name":"eu","size":2,"recycle_after_bans":1001}`, "eu", "recycle_after_bans"},
+		{`{"v":1,"name":"eu","size":2,"recycle_after_bans":"2"}`, "eu", "recycle_after_bans"},
 		{`{"v":1,"name":"eu","size":2,"x":1}`, "eu", "x"},
 		{`{"v":1,"name":"eu","size":2,"spec":[]}`, "eu", "spec"},
 		{`{"v":1,"name":"eu","size":2,"spec":{"imag":"x"}}`, "eu", "spec.imag"},
@@ -173,5 +176,37 @@ func TestPoolRecordJSON(t *testing.T) {
 	}
 	if d := back.Members[0].Deadline(time.Hour); !d.Equal(at.Add(57 * time.Minute)) {
 		t.Fatalf("deadline %s", d)
+	}
+}
+
+// A member is due for the first cause that holds, in the documented
+// order; the summary counts those due for their bans apart.
+func TestPoolMemberDueCause(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	r := PoolRecord{Size: 4, MaxAge: Duration(time.Hour), RecycleAfterBans: 2, Spec: PoolSpec{Image: "img", Hosts: []string{"h1"}}}
+	spec := r.Spec.Hash()
+	for _, tc := range []struct {
+		m     PoolMember
+		cause string
+	}{
+		{PoolMember{ID: "a", Host: "h1", Created: at, Spec: spec}, ""},
+		{PoolMember{ID: "b", Host: "h1", Created: at, Spec: spec, Recycle: "r1", BannedOn: 3}, RecycleCommand},
+		{PoolMember{ID: "c", Host: "h2", Created: at.Add(-2 * time.Hour), Spec: "other", BannedOn: 3}, RecycleBans},
+		{PoolMember{ID: "d", Host: "h2", Created: at.Add(-2 * time.Hour), Spec: "other"}, RecycleSpec},
+		{PoolMember{ID: "e", Host: "h2", Created: at.Add(-2 * time.Hour), Spec: spec}, RecycleHosts},
+		{PoolMember{ID: "f", Host: "h1", Created: at.Add(-2 * time.Hour), Spec: spec}, RecycleAge},
+	} {
+		cause, why := r.DueCause(tc.m, at)
+		if due, why2 := r.Due(tc.m, at); cause != tc.cause || due != (cause != "") || why2 != why || (cause == "") != (why == "") {
+			t.Errorf("%s: cause %q (%q), due %v; want cause %q", tc.m.ID, cause, why, due, tc.cause)
+		}
+		if tc.cause == RecycleBans && why != "its addresses are banned on 3 sites (recycle_after_bans 2)" {
+			t.Errorf("%s: reason %q", tc.m.ID, why)
+		}
+		r.Members = append(r.Members, tc.m)
+	}
+	s := r.Summary(at, func(string) bool { return true })
+	if s.Recycling != 5 || s.Banned != 1 || s.Ready != 6 {
+		t.Fatalf("summary %+v, want 5 recycling, 1 of them for its bans", s)
 	}
 }

@@ -299,6 +299,13 @@ func (c *Controller) applySet(cur *messages.PoolRecord, set messages.PoolSet, se
 	next.Op, next.Seq, next.CommandID, next.Applied = "set", seq, cmdID, seq
 	next.Size, next.MinReady, next.Surge = set.Size, minReady, surge
 	next.MaxAge, next.ReadyTimeout, next.Spec = set.MaxAge, messages.Duration(rt), set.Spec
+	next.RecycleAfterBans = set.RecycleAfterBans
+	if next.RecycleAfterBans == 0 {
+		// Off: the members found burned are no longer due for it.
+		for i := range next.Members {
+			next.Members[i].BannedOn = 0
+		}
+	}
 	if next.Failures > 0 && cur != nil && !sameSpec(cur.Spec, set.Spec) {
 		next.Failures = 0 // a new spec starts afresh
 	}

@@ -46,7 +46,10 @@
 //     Config.BackoffMax), and is degraded meanwhile: its state says so,
 //     with the last reason, once, at warn level, and in its metrics.
 //   - Members older than max_age (less a jitter of up to 10% each, drawn
-//     when it is made) or named by a recycle are replaced make-before-break:
+//     when it is made), named by a recycle, or burned (their egress
+//     addresses banned on recycle_after_bans distinct sites at once, from
+//     the bans the rotation follows; marked in the record, so they stay
+//     due when the bans end) are replaced make-before-break:
 //     at most size+surge members are live at once; an old member goes only
 //     once a fresh one in the rotation fills its place, and only if the
 //     pool keeps min_ready members in the rotation.

@@ -19,6 +19,7 @@ type metrics struct {
 	creates  map[string]float64    // by pool
 	deletes  map[[2]string]float64 // by pool, why
 	failures map[string]float64    // by pool
+	recycles map[[2]string]float64 // by pool, cause
 	commands map[[2]string]float64 // by op, outcome
 }
 
@@ -32,14 +33,15 @@ var (
 	descDeletes   = prometheus.NewDesc("proxyfleet_pool_deletes_total", "Deletes of pool members this controller published, by why: broken, recycle, shrink, delete.", []string{"pool", "why"}, nil)
 	descFailures  = prometheus.NewDesc("proxyfleet_pool_failures_total", "Pool members this controller found broken (failed, or out of the rotation for ready_timeout).", []string{"pool"}, nil)
 	descCommands  = prometheus.NewDesc("proxyfleet_pool_commands_total", "Answers to pool commands, by op and outcome.", []string{"op", "outcome"}, nil)
-	allPoolDescs  = []*prometheus.Desc{descActive, descSize, descMembers, descDegraded, descOldest, descCreates, descDeletes, descFailures, descCommands}
+	descRecycles  = prometheus.NewDesc("proxyfleet_pool_recycles_total", "Pool members this controller retired once a replacement filled their place, by cause: command (pool recycle), bans (banned on recycle_after_bans sites), spec, hosts, age (max_age).", []string{"pool", "cause"}, nil)
+	allPoolDescs  = []*prometheus.Desc{descActive, descSize, descMembers, descDegraded, descOldest, descCreates, descDeletes, descFailures, descCommands, descRecycles}
 	memberStates  = []string{"ready", "creating", "recycling", "retiring"}
 	poolDeleteWhy = []string{messages.RetireBroken, messages.RetireRecycle, messages.RetireShrink, messages.RetireDelete}
 )
 
 func newMetrics(c *Controller) *metrics {
 	return &metrics{c: c, creates: map[string]float64{}, deletes: map[[2]string]float64{}, failures: map[string]float64{},
-		commands: map[[2]string]float64{}}
+		recycles: map[[2]string]float64{}, commands: map[[2]string]float64{}}
 }
 
 func (m *metrics) created(pool string) {
@@ -57,6 +59,12 @@ func (m *metrics) deleted(pool, why string) {
 func (m *metrics) failed(pool string) {
 	m.mu.Lock()
 	m.failures[pool]++
+	m.mu.Unlock()
+}
+
+func (m *metrics) recycled(pool, cause string) {
+	m.mu.Lock()
+	m.recycles[[2]string{pool, cause}]++
 	m.mu.Unlock()
 }
 
@@ -110,6 +118,9 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		for _, why := range poolDeleteWhy {
 			ch <- prometheus.MustNewConstMetric(descDeletes, prometheus.CounterValue, m.deletes[[2]string{p, why}], p, why)
 		}
+		for _, cause := range messages.RecycleCauses {
+			ch <- prometheus.MustNewConstMetric(descRecycles, prometheus.CounterValue, m.recycles[[2]string{p, cause}], p, cause)
+		}
 	}
 	// A deleted pool's counters go with it.
 	for p := range m.creates {
@@ -125,6 +136,11 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	for k := range m.deletes {
 		if !pools[k[0]] {
 			delete(m.deletes, k)
+		}
+	}
+	for k := range m.recycles {
+		if !pools[k[0]] {
+			delete(m.recycles, k)
 		}
 	}
 	for k, v := range m.commands {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/messages"
+	"proxyfleet/rotation"
 )
 
 // A pass of the active controller, pool by pool: observe the members
@@ -44,13 +46,21 @@ func (c *Controller) pass(ctx context.Context, l *lease) {
 		}
 		return hosts
 	}
+	var banned map[netip.Addr][]string
+	bansRead := false
+	bansOnce := func() map[netip.Addr][]string {
+		if !bansRead {
+			banned, bansRead = c.bannedSites(), true
+		}
+		return banned
+	}
 	pools := c.snapshot()
 	slices.SortFunc(pools, func(a, b entry) int { return cmp.Compare(a.rec.Name, b.rec.Name) })
 	for _, e := range pools {
 		if !l.valid() || ctx.Err() != nil {
 			return
 		}
-		created, err := c.passPool(ctx, l, e, hostsOnce)
+		created, err := c.passPool(ctx, l, e, hostsOnce, bansOnce)
 		switch {
 		case errors.Is(err, errConflict):
 			c.refresh(ctx, e.rec.Name)
@@ -70,12 +80,17 @@ func (c *Controller) pass(ctx context.Context, l *lease) {
 }
 
 // passPool runs the pass of one pool and returns the hosts of the members
-// it made.
-func (c *Controller) passPool(ctx context.Context, l *lease, e entry, hosts func() []hostRoom) ([]string, error) {
+// it made; banned gives the bans (bannedSites), read once per pass and
+// only for a pool with recycle_after_bans.
+func (c *Controller) passPool(ctx context.Context, l *lease, e entry, hosts func() []hostRoom, banned func() map[netip.Addr][]string) ([]string, error) {
 	before := e.rec
 	now := c.cfg.Now()
+	var counts map[string]int
+	if before.RecycleAfterBans > 0 && before.Op != messages.OpDelete {
+		counts = c.banCounts(&before, banned())
+	}
 	p := plan(&before, planEnv{
-		now: now, obs: c.observe(ctx, &before), hosts: hosts, newID: c.newSuffix, rand: c.cfg.Rand,
+		now: now, obs: c.observe(ctx, &before), bans: counts, hosts: hosts, newID: c.newSuffix, rand: c.cfg.Rand,
 		backoffInitial: c.cfg.BackoffInitial, backoffMax: c.cfg.BackoffMax,
 	})
 	rec, rev := &p.rec, e.rev
@@ -190,6 +205,53 @@ func (c *Controller) observe(ctx context.Context, rec *messages.PoolRecord) map[
 		obs[m.ID] = o
 	}
 	return obs
+}
+
+// bannedSites is every ban the rotation follows from PROXY_BANS (package
+// rotation keeps them in a bans.Set): the sites each address is banned
+// for now.
+func (c *Controller) bannedSites() map[netip.Addr][]string {
+	out := map[netip.Addr][]string{}
+	c.rot.EachBan(func(a netip.Addr, site string) { out[a] = append(out[a], site) })
+	return out
+}
+
+// banCounts counts, for each live member of rec in the rotation, the
+// distinct sites its egress addresses are banned for (sitesOf); members
+// banned nowhere are absent.
+func (c *Controller) banCounts(rec *messages.PoolRecord, banned map[netip.Addr][]string) map[string]int {
+	if len(banned) == 0 {
+		return nil
+	}
+	counts := map[string]int{}
+	for _, m := range rec.Members {
+		if m.Retired != nil {
+			continue
+		}
+		if p, ok := c.rot.Get(m.ID); ok {
+			if n := sitesOf(p, banned); n > 0 {
+				counts[m.ID] = n
+			}
+		}
+	}
+	return counts
+}
+
+// sitesOf counts the distinct sites any egress address of p is banned
+// for: the addresses its host's plan gave it, and the one health saw it
+// leave from (a proxy without a plan has only that one).
+func sitesOf(p rotation.Proxy, banned map[netip.Addr][]string) int {
+	addrs := p.EgressAddrs
+	if a, err := netip.ParseAddr(p.Egress); err == nil && !slices.Contains(addrs, a.Unmap()) {
+		addrs = append(slices.Clip(addrs), a.Unmap())
+	}
+	sites := map[string]bool{}
+	for _, a := range addrs {
+		for _, s := range banned[a.Unmap()] {
+			sites[s] = true
+		}
+	}
+	return len(sites)
 }
 
 // lastEvent is id's last state event, nil if it has none or it could not
@@ -386,11 +448,19 @@ func (c *Controller) report(before *messages.PoolRecord, p *planned) {
 		m, _ := rec.Member(id)
 		c.log.Info("pool member made", "pool", rec.Name, "id", id, "host", m.Host)
 	}
+	for _, id := range p.burned {
+		m, _ := rec.Member(id)
+		c.log.Info("pool member burned: its addresses are banned on too many sites; replacing it", "pool", rec.Name, "id", id,
+			"sites", m.BannedOn, "recycle_after_bans", rec.RecycleAfterBans)
+	}
 	for _, r := range p.retired {
 		level := c.log.Info
-		if r.why == messages.RetireBroken {
+		switch r.why {
+		case messages.RetireBroken:
 			level = c.log.Warn
 			c.metrics.failed(rec.Name)
+		case messages.RetireRecycle:
+			c.metrics.recycled(rec.Name, r.cause)
 		}
 		level("pool member retired", "pool", rec.Name, "id", r.id, "why", r.why, "reason", r.reason)
 	}

@@ -11,8 +11,9 @@ import (
 
 // The plan is the controller's decision for one pool in one pass, a pure
 // function of the pool's record, what is observed of its members (the
-// rotation, their last state events), the hosts' room and the clock. The
-// pass (pass.go) writes what it decides and publishes the commands.
+// rotation, their last state events, the sites their egress addresses are
+// banned on), the hosts' room and the clock. The pass (pass.go) writes
+// what it decides and publishes the commands.
 
 // observed is what a pass saw of one member.
 type observed struct {
@@ -27,6 +28,10 @@ type observed struct {
 type planEnv struct {
 	now time.Time
 	obs map[string]observed
+	// bans counts, by member id, the distinct sites any of the member's
+	// egress addresses is banned for now (nil, or a member absent: none
+	// known). Read only for a pool with recycle_after_bans.
+	bans map[string]int
 	// hosts returns the hosts' room, read once per pass and only if some
 	// pool creates.
 	hosts func() []hostRoom
@@ -45,9 +50,9 @@ type answer struct {
 }
 
 // retirement is a member the plan decided to delete, for the log and the
-// metrics.
+// metrics; cause is a recycle's (messages.RecycleAge, ...).
 type retirement struct {
-	id, why, reason string
+	id, why, cause, reason string
 }
 
 // planned is what a plan decided.
@@ -57,6 +62,8 @@ type planned struct {
 	retired []retirement
 	created []string
 	dropped []string
+	// burned are the members this pass found burned by their bans.
+	burned []string
 	// gone: the pool is deleted and has no member left: once its pending
 	// commands are answered, its record goes.
 	gone bool
@@ -125,6 +132,19 @@ func plan(rec *messages.PoolRecord, env planEnv) planned {
 		return p
 	}
 
+	// Burned: a member whose addresses are banned on recycle_after_bans
+	// sites at once is due, and stays due (its record says on how many)
+	// whatever becomes of the bans meanwhile.
+	if n := r.RecycleAfterBans; n > 0 {
+		for i := range r.Members {
+			m := &r.Members[i]
+			if k := env.bans[m.ID]; m.Retired == nil && m.BannedOn == 0 && k >= n {
+				m.BannedOn = k
+				p.burned = append(p.burned, m.ID)
+			}
+		}
+	}
+
 	fresh, old := p.split(now)
 	size := r.Size
 	in := func(m *messages.PoolMember) bool { return env.obs[m.ID].in }
@@ -175,8 +195,8 @@ func plan(rec *messages.PoolRecord, env planEnv) planned {
 		if in(m) {
 			ready--
 		}
-		_, why := r.Due(*m, now)
-		p.retire(m, now, messages.RetireRecycle, why)
+		cause, why := r.DueCause(*m, now)
+		p.retireFor(m, now, messages.RetireRecycle, cause, why)
 		drop--
 	}
 	old = stay
@@ -310,8 +330,13 @@ func (p *planned) split(now time.Time) (fresh, old []*messages.PoolMember) {
 }
 
 func (p *planned) retire(m *messages.PoolMember, now time.Time, why, reason string) {
+	p.retireFor(m, now, why, "", reason)
+}
+
+// retireFor is retire with a recycle's cause.
+func (p *planned) retireFor(m *messages.PoolMember, now time.Time, why, cause, reason string) {
 	m.Retired = &messages.PoolRetire{At: now, Why: why, Reason: reason}
-	p.retired = append(p.retired, retirement{id: m.ID, why: why, reason: reason})
+	p.retired = append(p.retired, retirement{id: m.ID, why: why, cause: cause, reason: reason})
 }
 
 // create adds a member on host, with a fresh id (never one of the

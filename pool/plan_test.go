@@ -19,6 +19,9 @@ type world struct {
 	rec     messages.PoolRecord
 	boot    time.Duration
 	failing bool // every create fails (a broken image)
+	// bans counts, by member, the sites its addresses are banned on.
+	bans    map[string]int
+	retired []retirement // every retirement, in order
 	hosts   []hostRoom
 	rng     *rand.Rand
 
@@ -68,12 +71,13 @@ func (w *world) observe() map[string]observed {
 func (w *world) pass() planned {
 	n := 0
 	p := plan(&w.rec, planEnv{
-		now: w.now, obs: w.observe(),
+		now: w.now, obs: w.observe(), bans: w.bans,
 		hosts: func() []hostRoom { return w.hosts },
 		newID: func() string { n++; return fmt.Sprintf("%06d", w.rng.IntN(1e6)) },
 		rand:  w.rng.Float64, backoffInitial: time.Second, backoffMax: 8 * time.Second,
 	})
 	w.rec = p.rec
+	w.retired = append(w.retired, p.retired...)
 	for i := range w.rec.Members {
 		m := &w.rec.Members[i]
 		if !m.Published {
@@ -338,5 +342,58 @@ func TestPlanRollsANewSpec(t *testing.T) {
 	}
 	if w.minSeen < 4 || w.rec.State != messages.PoolReady || len(w.live()) != 4 {
 		t.Fatalf("fewest in the rotation %d, state %s, live %d", w.minSeen, w.rec.State, len(w.live()))
+	}
+}
+
+// A member whose addresses are banned on recycle_after_bans sites is
+// replaced make-before-break and stays due once its bans end; one banned
+// on fewer is kept, and a pool without the setting keeps them all.
+func TestPlanRecyclesTheBurned(t *testing.T) {
+	w := newWorld(t, 3, 3, 1, 0)
+	w.rec.RecycleAfterBans = 2
+	w.run(time.Second, 100*time.Millisecond)
+	live := w.live()
+	if len(live) != 3 || w.rec.State != messages.PoolReady {
+		t.Fatalf("live %d, state %s", len(live), w.rec.State)
+	}
+	burned, kept := live[0].ID, live[1].ID
+	w.bans = map[string]int{burned: 2, kept: 1}
+	p := w.pass()
+	if m, _ := w.rec.Member(burned); m.BannedOn != 2 || m.Retired != nil || !slices.Equal(p.burned, []string{burned}) {
+		t.Fatalf("burned member %+v, pass found %v burned; want it marked, not yet retired", m, p.burned)
+	}
+	if m, _ := w.rec.Member(kept); m.BannedOn != 0 {
+		t.Fatalf("%s, banned on 1 site, marked burned", kept)
+	}
+	if w.rec.State != messages.PoolRecycling || len(p.created) != 1 {
+		t.Fatalf("state %s, %d made; want recycling with its replacement made first", w.rec.State, len(p.created))
+	}
+	w.bans = nil // its bans end: it stays due
+	w.run(3*time.Second, 100*time.Millisecond)
+	if _, ok := w.rec.Member(burned); ok {
+		t.Fatalf("%s is still a member", burned)
+	}
+	if _, ok := w.rec.Member(kept); !ok {
+		t.Fatalf("%s, banned on fewer sites than recycle_after_bans, was retired", kept)
+	}
+	var recycles []retirement
+	for _, r := range w.retired {
+		if r.why == messages.RetireRecycle {
+			recycles = append(recycles, r)
+		}
+	}
+	if len(recycles) != 1 || recycles[0].id != burned || recycles[0].cause != messages.RecycleBans {
+		t.Fatalf("recycles %+v, want %s's for its bans", recycles, burned)
+	}
+	if w.minSeen < 3 || len(w.live()) != 3 || len(w.created) != 4 || w.rec.State != messages.PoolReady {
+		t.Fatalf("fewest in the rotation %d, live %d, created %d, state %s", w.minSeen, len(w.live()), len(w.created), w.rec.State)
+	}
+
+	off := newWorld(t, 2, 2, 1, 0)
+	off.run(time.Second, 100*time.Millisecond)
+	off.bans = map[string]int{off.live()[0].ID: 50}
+	off.run(time.Second, 100*time.Millisecond)
+	if len(off.created) != 2 || off.live()[0].BannedOn != 0 {
+		t.Fatalf("without recycle_after_bans: %d made, %+v", len(off.created), off.live()[0])
 	}
 }

@@ -16,8 +16,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
+	"proxyfleet/addrplan"
 	"proxyfleet/client"
 	"proxyfleet/health"
 	"proxyfleet/internal/natstest"
@@ -53,6 +55,8 @@ type rig struct {
 	ctrls  []*pool.Controller
 	runs   []*runtest.Running
 	sample *sampler
+	// reg, if set, gets the metrics of the next controller started.
+	reg prometheus.Registerer
 
 	mu sync.Mutex
 	// createCmds are the create commands published, by proxy id: each
@@ -66,6 +70,13 @@ type published struct {
 }
 
 func newRig(t *testing.T, hosts ...string) *rig {
+	t.Helper()
+	return newRigPlans(t, nil, hosts...)
+}
+
+// newRigPlans is newRig whose hosts have the address plans of plans (by
+// host; nil: none).
+func newRigPlans(t *testing.T, plans map[string]addrplan.Config, hosts ...string) *rig {
 	t.Helper()
 	srv := natstest.Start(t)
 	nc, js := srv.Connect(t)
@@ -98,8 +109,19 @@ func newRig(t *testing.T, hosts ...string) *rig {
 		}
 		r.drv[h], provs[h] = d, d
 	}
+	cat := worker.Catalog{Hosts: hosts, Images: []string{"img"}, DefaultImage: "img", DefaultCPUs: 1, DefaultMemoryMiB: 128}
+	for h, pc := range plans {
+		p, err := addrplan.New(h, pc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cat.Plans == nil {
+			cat.Plans = map[string]*addrplan.Plan{}
+		}
+		cat.Plans[h] = p
+	}
 	w, err := worker.New(r.conn(), worker.Config{
-		Subjects: subj, Catalog: worker.Catalog{Hosts: hosts, Images: []string{"img"}, DefaultImage: "img", DefaultCPUs: 1, DefaultMemoryMiB: 128},
+		Subjects: subj, Catalog: cat,
 		Providers: provs, PollInterval: 10 * time.Millisecond, CheckInterval: 200 * time.Millisecond,
 		ObserveInterval: 200 * time.Millisecond, MaxAttempts: 3, Logger: r.log,
 	})
@@ -145,7 +167,7 @@ func (r *rig) controller(id string) (*pool.Controller, *nats.Conn, *runtest.Runn
 	c, err := pool.New(nc, pool.Config{
 		Subjects: subj, ID: id, Hosts: hs, Images: []string{"img"}, DefaultImage: "img",
 		Interval: 200 * time.Millisecond, LeaseTTL: time.Second, BackoffInitial: 500 * time.Millisecond, BackoffMax: 2 * time.Second,
-		CheckInterval: 200 * time.Millisecond, Logger: r.log.With("controller", id),
+		CheckInterval: 200 * time.Millisecond, Logger: r.log.With("controller", id), Registry: r.reg,
 	})
 	if err != nil {
 		r.t.Fatal(err)

@@ -41,6 +41,15 @@ func (r *Rotation) ActiveBans() int {
 	return r.bans.Active(now)
 }
 
+// EachBan calls f for every ban held that is not over, in no order,
+// holding the bans' read lock: f must not call r. O(bans held).
+func (r *Rotation) EachBan(f func(addr netip.Addr, site string)) {
+	now := r.cfg.Now()
+	r.banMu.RLock()
+	defer r.banMu.RUnlock()
+	r.bans.Each(now, f)
+}
+
 // BansReady is closed once PROXY_BANS has been read whole the first time.
 func (r *Rotation) BansReady() <-chan struct{} { return r.bansReady }
 

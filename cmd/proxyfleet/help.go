@@ -114,8 +114,11 @@ var helps = map[string]helpText{
 		args: "NAME", summary: "create pool NAME, or replace its whole spec (a flag left out takes its default)",
 		more: "Members are proxies NAME-xxxxxx labelled pool=NAME, made by ordinary create commands on the hosts with the\n" +
 			"fewest members of the pool, then the most room. With --wait, exits once the pool is at its size in the\n" +
-			"rotation (done), or 1 when it is degraded (its creates keep failing) or the set is rejected.",
+			"rotation (done), or 1 when it is degraded (its creates keep failing) or the set is rejected. With\n" +
+			"--recycle-after-bans N, a member whose egress addresses are banned on N sites at once is replaced,\n" +
+			"make-before-break, by one with fresh addresses.",
 		examples: []string{"proxyfleet pool set eu --size 20 --min-ready 18 --surge 2 --max-age 6h --label country=de --wait",
+			"proxyfleet pool set eu --size 20 --recycle-after-bans 3",
 			"proxyfleet pool set eu --size 0"},
 	},
 	"pool get": {
@@ -123,7 +126,7 @@ var helps = map[string]helpText{
 		examples: []string{"proxyfleet pool get eu", "proxyfleet pool get eu --json"},
 	},
 	"pool ls": {
-		summary:  "list the pools: size, members ready, creating, recycling and retiring, the oldest's age, state",
+		summary:  "list the pools: size, members ready, creating, recycling (banned: for their bans) and retiring, the oldest's age, state",
 		examples: []string{"proxyfleet pool ls", "proxyfleet pool ls --json"},
 	},
 	"pool rm": {

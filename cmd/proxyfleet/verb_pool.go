@@ -31,6 +31,7 @@ func (h *hostFlags) Set(v string) error {
 type poolSetCmd struct {
 	sendFlags
 	size, minReady, surge int
+	recycleAfterBans      int
 	maxAge, readyTimeout  time.Duration
 	image                 string
 	cpus, mem             int
@@ -44,6 +45,7 @@ func (p *poolSetCmd) flags(fs *flag.FlagSet) {
 	fs.IntVar(&p.surge, "surge", -1, "members made beyond size at once to replace old ones (default 1)")
 	fs.DurationVar(&p.maxAge, "max-age", 0, "replace a member older than this (less up to 10% jitter), make-before-break (default: never)")
 	fs.DurationVar(&p.readyTimeout, "ready-timeout", 0, "replace a member out of the rotation this long (default 5m)")
+	fs.IntVar(&p.recycleAfterBans, "recycle-after-bans", 0, "replace a member whose egress addresses are banned on this many sites at once, make-before-break, to fresh addresses (default 0: never)")
 	fs.StringVar(&p.image, "image", "", "the members' image (default: the config's default_image)")
 	fs.IntVar(&p.cpus, "cpus", 0, "the members' vCPUs (default from config)")
 	fs.IntVar(&p.mem, "memory-mib", 0, "the members' memory in MiB (default from config)")
@@ -58,7 +60,7 @@ func (p *poolSetCmd) run(ctx context.Context, in *invocation) error {
 		return exitError{2}
 	}
 	cmd := messages.PoolSet{Name: in.id, Size: p.size, MaxAge: messages.Duration(p.maxAge), ReadyTimeout: messages.Duration(p.readyTimeout),
-		Spec: messages.PoolSpec{Image: p.image, CPUs: p.cpus, MemoryMiB: p.mem, Hosts: p.hosts}}
+		RecycleAfterBans: p.recycleAfterBans, Spec: messages.PoolSpec{Image: p.image, CPUs: p.cpus, MemoryMiB: p.mem, Hosts: p.hosts}}
 	if len(p.labels) > 0 {
 		cmd.Spec.Labels = p.labels
 	}
@@ -147,14 +149,18 @@ func dashed(s string) string {
 // age of its oldest, its state and, when degraded, why.
 func printPools(w io.Writer, pools []client.PoolStatus, now time.Time) error {
 	tw := tab(w)
-	fmt.Fprintln(tw, "NAME\tSIZE\tREADY\tCREATING\tRECYCLING\tRETIRING\tOLDEST\tSTATE\tREASON")
+	fmt.Fprintln(tw, "NAME\tSIZE\tREADY\tCREATING\tRECYCLING\tBANNED\tRETIRING\tOLDEST\tSTATE\tREASON")
 	for _, p := range pools {
 		s, r := p.Summary, p.Record
 		reason := ""
 		if r.State == messages.PoolDegraded {
 			reason = oneLineReason(r.Reason)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", r.Name, r.Size, s.Ready, s.Creating, s.Recycling, s.Retiring,
+		banned := "-" // recycle_after_bans off
+		if r.RecycleAfterBans > 0 {
+			banned = fmt.Sprint(s.Banned)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%d\t%s\t%s\t%s\n", r.Name, r.Size, s.Ready, s.Creating, s.Recycling, banned, s.Retiring,
 			client.Age(now, s.Oldest), dashed(r.State), dashed(reason))
 	}
 	return tw.Flush()
@@ -177,6 +183,11 @@ func printPool(w io.Writer, p client.PoolStatus, now time.Time) error {
 	}
 	row("max_age", maxAge)
 	row("ready_timeout", r.ReadyTimeout.D().String())
+	recycleBans := "never recycled for them (recycle_after_bans 0)"
+	if r.RecycleAfterBans > 0 {
+		recycleBans = fmt.Sprintf("a member banned on %d sites at once is replaced (recycle_after_bans)", r.RecycleAfterBans)
+	}
+	row("bans", recycleBans)
 	spec := r.Spec
 	image := spec.Image
 	if image == "" {
@@ -192,7 +203,11 @@ func printPool(w io.Writer, p client.PoolStatus, now time.Time) error {
 	if len(spec.Hosts) > 0 {
 		row("hosts", strings.Join(spec.Hosts, ", "))
 	}
-	row("members", fmt.Sprintf("%d ready, %d creating, %d recycling, %d retiring", s.Ready, s.Creating, s.Recycling, s.Retiring))
+	members := fmt.Sprintf("%d ready, %d creating, %d recycling, %d retiring", s.Ready, s.Creating, s.Recycling, s.Retiring)
+	if s.Banned > 0 {
+		members = fmt.Sprintf("%d ready, %d creating, %d recycling (%d for their bans), %d retiring", s.Ready, s.Creating, s.Recycling, s.Banned, s.Retiring)
+	}
+	row("members", members)
 	if r.Failures > 0 {
 		row("failures", fmt.Sprintf("%d since a member last entered the rotation (last %s ago)", r.Failures, client.Age(now, r.LastFailure)))
 	}

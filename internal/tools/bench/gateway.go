@@ -38,63 +38,84 @@ const (
 	gwTunnelsWanted          = 10000
 )
 
-func runGateway(ctx context.Context, b *bench) (sectionResult, error) {
-	nofile := raiseNofile()
-	bin := filepath.Join(b.dir, "proxyfleet")
-	if _, err := os.Stat(bin); err != nil {
-		if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "proxyfleet/cmd/proxyfleet").CombinedOutput(); err != nil {
-			return sectionResult{}, fmt.Errorf("go build: %w: %s", err, out)
+// gwRig is what the gateway sections share: the binary built from this
+// tree, a loopback target, the upstream proxy, an embedded nats-server
+// set up as `proxyfleet setup` does, whose rotation (its pages answered
+// here, as health answers them) holds that one proxy, and the passwords.
+// gateway starts gateway processes on it; close stops what it started.
+type gwRig struct {
+	bin, dir      string
+	target        *benchTarget
+	up            *benchUpstream
+	srv           *server.Server
+	nc            *nats.Conn
+	pages         *nats.Subscription
+	fleetPW, gwPW string
+}
+
+func newGWRig(ctx context.Context, b *bench, name string) (*gwRig, error) {
+	r := &gwRig{bin: filepath.Join(b.dir, "proxyfleet"), dir: filepath.Join(b.dir, name)}
+	ok := false
+	defer func() {
+		if !ok {
+			r.close()
+		}
+	}()
+	if _, err := os.Stat(r.bin); err != nil {
+		if out, err := exec.CommandContext(ctx, "go", "build", "-o", r.bin, "proxyfleet/cmd/proxyfleet").CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("go build: %w: %s", err, out)
 		}
 	}
-	dir := filepath.Join(b.dir, "gateway")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return sectionResult{}, err
+	if err := os.MkdirAll(r.dir, 0o755); err != nil {
+		return nil, err
 	}
-	target, err := newBenchTarget()
-	if err != nil {
-		return sectionResult{}, err
+	var err error
+	if r.target, err = newBenchTarget(); err != nil {
+		return nil, err
 	}
-	defer target.close()
-	up, err := newBenchUpstream()
-	if err != nil {
-		return sectionResult{}, err
+	if r.up, err = newBenchUpstream(); err != nil {
+		return nil, err
 	}
-	defer up.close()
-
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: filepath.Join(dir, "nats"), NoLog: true, NoSigs: true})
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: filepath.Join(r.dir, "nats"), NoLog: true, NoSigs: true})
 	if err != nil {
-		return sectionResult{}, err
+		return nil, err
 	}
 	go s.Start()
-	defer s.Shutdown()
+	r.srv = s
 	if !s.ReadyForConnections(10 * time.Second) {
-		return sectionResult{}, errors.New("nats-server not ready")
+		return nil, errors.New("nats-server not ready")
 	}
 	nc, js := connect(s.ClientURL())
-	defer nc.Close()
+	r.nc = nc
 	if _, err := (topology.Topology{Subjects: messages.NewSubjects("")}).Setup(ctx, js); err != nil {
-		return sectionResult{}, fmt.Errorf("setup: %w", err)
+		return nil, fmt.Errorf("setup: %w", err)
 	}
 	// The rotation, as health publishes it (the gateway follows the feed
 	// and reads the pages): one proxy, its pages answered here.
 	page, err := json.Marshal(messages.RotationPage{V: messages.Version, Version: 1, Size: 1,
-		Proxies: []messages.RotationEntry{{ID: "up1", Addr: up.addr(), Host: "h1", Since: time.Now().UTC()}}})
+		Proxies: []messages.RotationEntry{{ID: "up1", Addr: r.up.addr(), Host: "h1", Since: time.Now().UTC()}}})
 	if err != nil {
-		return sectionResult{}, err
+		return nil, err
 	}
-	pages, err := nc.Subscribe(messages.NewSubjects("").RotationGet(), func(m *nats.Msg) { _ = m.Respond(page) })
-	if err != nil {
-		return sectionResult{}, err
+	if r.pages, err = nc.Subscribe(messages.NewSubjects("").RotationGet(), func(m *nats.Msg) { _ = m.Respond(page) }); err != nil {
+		return nil, err
 	}
-	defer pages.Unsubscribe()
-
-	fleetPW, gwPW := filepath.Join(dir, "fleet-password"), filepath.Join(dir, "gateway-password")
-	for p, v := range map[string]string{fleetPW: gwFleetPass, gwPW: gwPass} {
+	r.fleetPW, r.gwPW = filepath.Join(r.dir, "fleet-password"), filepath.Join(r.dir, "gateway-password")
+	for p, v := range map[string]string{r.fleetPW: gwFleetPass, r.gwPW: gwPass} {
 		if err := os.WriteFile(p, []byte(v+"\n"), 0o600); err != nil {
-			return sectionResult{}, err
+			return nil, err
 		}
 	}
-	gwAddr := freeAddr()
+	ok = true
+	return r, nil
+}
+
+// gateway starts a `proxyfleet gateway` process named name (its config
+// and log in the rig's directory under that name), ready, with extra (YAML
+// lines indented by two spaces) added to its gateway settings, and
+// returns it, its listen address and its ops (--http) address.
+func (r *gwRig) gateway(ctx context.Context, name, extra string) (*role, string, string, error) {
+	addr := freeAddr()
 	cfg := fmt.Sprintf(`nats: {url: %q}
 hosts: [{name: h1, driver: sim, sim: {dir: %q}}]
 proxy: {auth: {user: %s, password_file: %q}}
@@ -102,12 +123,53 @@ gateway:
   listen: %q
   users: [{name: %s, password_file: %q, max_conns: 20000}]
   deny: []            # the target is on loopback, which the default list refuses
-`, s.ClientURL(), filepath.Join(dir, "sim"), gwFleetUser, fleetPW, gwAddr, gwUser, gwPW)
-	cfgPath := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+%s`, r.srv.ClientURL(), filepath.Join(r.dir, "sim"), gwFleetUser, r.fleetPW, addr, gwUser, r.gwPW, extra)
+	path := filepath.Join(r.dir, name+".yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		return nil, "", "", err
+	}
+	gw, ops, err := startReady(ctx, r.bin, filepath.Join(r.dir, name+".log"), nil, gatewayArgs(path)...)
+	if err != nil {
+		return nil, "", "", err
+	}
+	return gw, addr, ops, nil
+}
+
+func (r *gwRig) close() {
+	if r.pages != nil {
+		_ = r.pages.Unsubscribe()
+	}
+	if r.nc != nil {
+		r.nc.Close()
+	}
+	if r.srv != nil {
+		r.srv.Shutdown()
+	}
+	if r.up != nil {
+		r.up.close()
+	}
+	if r.target != nil {
+		r.target.close()
+	}
+}
+
+// gwVia is the URL of the gateway at addr, with the bench's user.
+func gwVia(addr string) *url.URL {
+	return &url.URL{Scheme: "http", Host: addr, User: url.UserPassword(gwUser, gwPass)}
+}
+
+// gwSetup says how the gateway sections are set up, for the figures.
+const gwSetup = "one `proxyfleet gateway` process (the binary built from this tree, defaults but max_conns) following the rotation's feed on an embedded nats-server, its pages answered by the bench as health answers them, with one proxy: a loopback forward proxy in the bench process (Go: plain requests through an http.Transport, CONNECT by hijack and io.Copy; Basic credential required, as the guests' squid), and a loopback HTTP target answering 2 bytes. Client: Go's http.Client with keep-alive"
+
+func runGateway(ctx context.Context, b *bench) (sectionResult, error) {
+	nofile := raiseNofile()
+	rig, err := newGWRig(ctx, b, "gateway")
+	if err != nil {
 		return sectionResult{}, err
 	}
-	gw, gwHTTP, err := startReady(ctx, bin, filepath.Join(dir, "gateway.log"), nil, gatewayArgs(cfgPath)...)
+	defer rig.close()
+	target, up, dir := rig.target, rig.up, rig.dir
+	gw, gwAddr, gwHTTP, err := rig.gateway(ctx, "gateway", "")
 	if err != nil {
 		return sectionResult{}, err
 	}
@@ -119,7 +181,7 @@ gateway:
 	defer peers.stop()
 
 	direct := &url.URL{Scheme: "http", Host: up.addr(), User: url.UserPassword(gwFleetUser, gwFleetPass)}
-	via := &url.URL{Scheme: "http", Host: gwAddr, User: url.UserPassword(gwUser, gwPass)}
+	via := gwVia(gwAddr)
 	var ratios, added, rateDirect, rateVia, p99Direct, p99Via []float64
 	// CPU per request of each party in the rate runs (µs): this process
 	// (client, proxy, target) straight and through the gateway, and the
@@ -175,7 +237,7 @@ gateway:
 	}
 	b.log.Printf("gateway: %d idle tunnels: %.1f KiB of the gateway's RSS each", tunnels, kib)
 
-	setup := ("one `proxyfleet gateway` process (the binary built from this tree, defaults but max_conns) following the rotation's feed on an embedded nats-server, its pages answered by the bench as health answers them, with one proxy: a loopback forward proxy in the bench process (Go: plain requests through an http.Transport, CONNECT by hijack and io.Copy; Basic credential required, as the guests' squid), and a loopback HTTP target answering 2 bytes. Client: Go's http.Client with keep-alive")
+	setup := gwSetup
 	rate := figure{Key: "gateway_ratio", Section: "gateway", Value: median(ratios), Unit: "ratio", Target: atLeast(0.8), Runs: ratios,
 		Ours: fmt.Sprintf("%.0f requests/s through the gateway (median)", median(rateVia)),
 		Peer: fmt.Sprintf("the same client straight to the proxy: %.0f requests/s", median(rateDirect)),

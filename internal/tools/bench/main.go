@@ -47,6 +47,7 @@ var sections = []section{
 	{name: "fleet50k", run: runFleet50k},
 	{name: "health", run: runHealth},
 	{name: "gateway", run: runGateway},
+	{name: "gateway-rules", run: runGatewayRules},
 	{name: "upload", host: true, run: runUpload},
 	{name: "lifecycle", host: true, run: runLifecycle},
 }
