@@ -25,6 +25,8 @@ type hub struct {
 	cl  *client.Client
 	log *slog.Logger
 
+	size int // of the ring: ringSize
+
 	mu      sync.Mutex
 	last    uint64 // the stream sequence of the newest event seen
 	ring    []client.Update
@@ -33,7 +35,7 @@ type hub struct {
 }
 
 func newHub(cl *client.Client, log *slog.Logger) *hub {
-	return &hub{cl: cl, log: log, subs: map[chan client.Update]struct{}{}}
+	return &hub{cl: cl, log: log, size: ringSize, subs: map[chan client.Update]struct{}{}}
 }
 
 // run follows the events until ctx ends; a watch that fails is opened
@@ -81,9 +83,9 @@ func (h *hub) publish(u client.Update) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.last = max(h.last, u.StreamSeq)
-	if len(h.ring) == ringSize {
+	if len(h.ring) == h.size {
 		copy(h.ring, h.ring[1:])
-		h.ring = h.ring[:ringSize-1]
+		h.ring = h.ring[:h.size-1]
 	}
 	h.ring = append(h.ring, u)
 	for ch := range h.subs {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"embed"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"html/template"
 	"io/fs"
@@ -190,7 +191,7 @@ func (s *Server) action(name string, do func(ctx context.Context, r *http.Reques
 		if err != nil {
 			res.Error = err.Error()
 			outcome, code = "failed", http.StatusBadGateway
-			if _, ok := messages.AsFieldError(err); ok {
+			if _, ok := messages.AsFieldError(err); ok || errors.Is(err, errInvalid) {
 				outcome, code = "invalid", http.StatusBadRequest
 			}
 		}
@@ -198,6 +199,18 @@ func (s *Server) action(name string, do func(ctx context.Context, r *http.Reques
 		s.log.Info("console: action", "user", sess.user, "action", name, "outcome", outcome, "command_id", res.CommandID, "err", err)
 		s.render(w, r, code, "result", sess, res.What, res)
 	})
+}
+
+// errInvalid marks a form refused before anything is sent.
+var errInvalid = errors.New("invalid")
+
+// checkID refuses an id the commands would be rejected for, before
+// sending one.
+func checkID(what, id string, valid func(string) bool) error {
+	if !valid(id) {
+		return fmt.Errorf("%s %q: %w: lowercase letters, digits and '-', starting and ending with a letter or digit", what, id, errInvalid)
+	}
+	return nil
 }
 
 // backTo is the console page the form was on (its Referer's path), or
@@ -536,6 +549,9 @@ func commandID(action string) string { return "console-" + action + "-" + random
 func (s *Server) poolRecycle(ctx context.Context, r *http.Request) (actionResult, error) {
 	name := r.PostFormValue("pool")
 	what := "Recycle pool " + name
+	if err := checkID("pool", name, messages.ValidPoolName); err != nil {
+		return actionResult{What: what}, err
+	}
 	var ids []string
 	if v := strings.TrimSpace(r.PostFormValue("ids")); v != "" {
 		ids = strings.FieldsFunc(v, func(c rune) bool { return c == ',' || c == ' ' })
@@ -550,6 +566,9 @@ func (s *Server) poolRecycle(ctx context.Context, r *http.Request) (actionResult
 func (s *Server) proxyCreate(ctx context.Context, r *http.Request) (actionResult, error) {
 	id := r.PostFormValue("id")
 	what := "Create proxy " + id
+	if err := checkID("proxy", id, messages.ValidID); err != nil {
+		return actionResult{What: what}, err
+	}
 	cmd := messages.CreateCommand{ID: id, Host: strings.TrimSpace(r.PostFormValue("host"))}
 	o, err := s.cl.Create(ctx, cmd, commandID("create"), false)
 	if err != nil {
@@ -561,6 +580,9 @@ func (s *Server) proxyCreate(ctx context.Context, r *http.Request) (actionResult
 func (s *Server) proxyDelete(ctx context.Context, r *http.Request) (actionResult, error) {
 	id := r.PostFormValue("id")
 	what := "Delete proxy " + id
+	if err := checkID("proxy", id, messages.ValidID); err != nil {
+		return actionResult{What: what}, err
+	}
 	o, err := s.cl.Delete(ctx, id, commandID("delete"), false)
 	if err != nil {
 		return actionResult{What: what}, fmt.Errorf("delete %s: %w", id, err)
