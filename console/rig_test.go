@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
-	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -67,7 +66,7 @@ func newRig(t *testing.T) *rig {
 	r.c = c
 	srv, err := console.New(c, console.Config{
 		Users:  []console.User{{Name: "ops", Password: adminPW, Admin: true}, {Name: "viewer", Password: viewerPW}},
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger: quietLog(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +113,7 @@ func (r *rig) startWorker() {
 		ReadyTimeout: 10 * time.Second, PollInterval: 20 * time.Millisecond,
 		PinnedTTL: 2 * time.Second, DrainTimeout: 5 * time.Second,
 		Backoff: worker.ExpBackoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
-		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger:  quietLog(),
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -129,6 +128,9 @@ func (r *rig) startWorker() {
 	}
 	runtest.Start(t, w.Run, w.Started(), 10*time.Second)
 }
+
+// quietLog discards what it is given.
+func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 func ctxFor(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
@@ -239,8 +241,8 @@ func (b *browser) proxyCount(path string) string {
 	return m[1]
 }
 
-// onCI says whether the tests run on CI, where a missing part fails.
-func onCI() bool { return os.Getenv("CI") == "true" }
+
+
 
 var sinceRE = regexp.MustCompile(`data-since="(\d+)"`)
 
