@@ -241,9 +241,6 @@ func (b *browser) proxyCount(path string) string {
 	return m[1]
 }
 
-
-
-
 var sinceRE = regexp.MustCompile(`data-since="(\d+)"`)
 
 // since is the position in the events the proxies page at path was
