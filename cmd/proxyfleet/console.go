@@ -25,12 +25,10 @@ import (
 func consoleEnabled(c *config.Config) bool { return c.Console.Listen != "" }
 
 // consoleComponent serves the console on nc; its metrics go to reg. ready
-// reports whether it listens. The users' password files are read here,
-// so a missing or empty one stops the start.
+// reports whether it listens. The caller has read the users' password
+// files (config.LoadConsoleSecrets) before it connected, so a missing or
+// empty one stops the start before anything else.
 func consoleComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg prometheus.Registerer) (comp component, ready func() error, err error) {
-	if err := c.LoadConsoleSecrets(); err != nil {
-		return component{}, nil, err
-	}
 	cl, err := client.New(nc, c.NATS.Prefix)
 	if err != nil {
 		return component{}, nil, fmt.Errorf("console: %w", err)
@@ -76,6 +74,9 @@ func runConsole(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	if *httpAddr != "" {
 		c.Console.HTTP = *httpAddr
+	}
+	if err := c.LoadConsoleSecrets(); err != nil {
+		return err
 	}
 	if err := nf.resolve(c); err != nil {
 		return err

@@ -162,6 +162,9 @@ func serveWith(ctx context.Context, args []string, stdout, stderr io.Writer, hoo
 		comps = append(comps, g)
 	}
 	if consoleEnabled(c) {
+		if err := c.LoadConsoleSecrets(); err != nil {
+			return err
+		}
 		klog := log.With("role", "console")
 		knc, err := nf.connect("proxyfleet-serve-console", inboxClient, klog)
 		if err != nil {
