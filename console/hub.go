@@ -105,18 +105,27 @@ func (h *hub) position() uint64 {
 	return h.last
 }
 
+// subscription says how a subscribe went.
+type subscription int
+
+const (
+	subscribed subscription = iota // the backlog and the channel follow
+	notYet                         // no watch is open: try again later
+	tooOld                         // events after since are no longer held: read afresh
+)
+
 // subscribe returns the events after since (those the hub still holds)
 // and a channel of those to come, closed when the subscriber falls too
-// far behind or the watch breaks; ok is false when events after since
-// are no longer held (the page must read afresh). unsubscribe ends it.
-func (h *hub) subscribe(since uint64) (backlog []client.Update, ch chan client.Update, ok bool) {
+// far behind or the watch breaks. Without a watch open it is notYet; when
+// events after since are no longer held, tooOld. unsubscribe ends it.
+func (h *hub) subscribe(since uint64) (backlog []client.Update, ch chan client.Update, st subscription) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.watched {
-		return nil, nil, false
+		return nil, nil, notYet
 	}
 	if since < h.last && (len(h.ring) == 0 || h.ring[0].StreamSeq > since+1) {
-		return nil, nil, false
+		return nil, nil, tooOld
 	}
 	for _, u := range h.ring {
 		if u.StreamSeq > since {
@@ -125,7 +134,7 @@ func (h *hub) subscribe(since uint64) (backlog []client.Update, ch chan client.U
 	}
 	ch = make(chan client.Update, subscriberBuffer)
 	h.subs[ch] = struct{}{}
-	return backlog, ch, true
+	return backlog, ch, subscribed
 }
 
 func (h *hub) unsubscribe(ch chan client.Update) {

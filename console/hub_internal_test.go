@@ -12,24 +12,24 @@ import (
 func TestHubSubscribe(t *testing.T) {
 	h := newHub(nil, nil)
 	h.size = 3
-	if _, _, ok := h.subscribe(0); ok {
-		t.Fatal("subscribed before the watch is open")
+	if _, _, st := h.subscribe(0); st != notYet {
+		t.Fatalf("before the watch is open: %v, want notYet", st)
 	}
 	h.watched = true
 	for seq := uint64(1); seq <= 5; seq++ {
 		h.publish(client.Update{StreamSeq: seq})
 	}
 	// Held: 3, 4, 5.
-	if _, _, ok := h.subscribe(1); ok {
-		t.Fatal("position 1: event 2 is no longer held, want a reload")
+	if _, _, st := h.subscribe(1); st != tooOld {
+		t.Fatalf("position 1: %v; event 2 is no longer held, want tooOld", st)
 	}
-	back, ch, ok := h.subscribe(2)
-	if !ok || len(back) != 3 || back[0].StreamSeq != 3 {
-		t.Fatalf("position 2: %v %v", back, ok)
+	back, ch, st := h.subscribe(2)
+	if st != subscribed || len(back) != 3 || back[0].StreamSeq != 3 {
+		t.Fatalf("position 2: %v %v", back, st)
 	}
-	back2, ch2, ok := h.subscribe(5)
-	if !ok || len(back2) != 0 {
-		t.Fatalf("position 5: %v %v", back2, ok)
+	back2, ch2, st := h.subscribe(5)
+	if st != subscribed || len(back2) != 0 {
+		t.Fatalf("position 5: %v %v", back2, st)
 	}
 	h.unsubscribe(ch2)
 	for i := range subscriberBuffer + 1 {

@@ -469,16 +469,28 @@ func (s *Server) proxiesPage(w http.ResponseWriter, r *http.Request, sess *sessi
 // events is the live stream: server-sent events of the proxies' state
 // events after ?since (a stream sequence), as "proxy" events whose data
 // is a proxyRow's JSON; "reload" when the page must read afresh (events
-// it missed are no longer held, it fell behind, or the watch broke). It
-// ends when the client goes, the console stops, or the hub drops it.
+// it missed are no longer held, it fell behind, or the watch broke).
+// While the console does not follow the events yet it ends at once, and
+// the browser's EventSource tries again. It ends when the client goes,
+// the console stops, or the hub drops it.
 func (s *Server) events(w http.ResponseWriter, r *http.Request, _ *session) {
 	since, _ := strconv.ParseUint(r.URL.Query().Get("since"), 10, 64)
+	// A browser reconnecting says the last event it got: resume there.
+	if last, err := strconv.ParseUint(r.Header.Get("Last-Event-ID"), 10, 64); err == nil {
+		since = max(since, last)
+	}
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Accel-Buffering", "no")
-	backlog, ch, ok := s.hub.subscribe(since)
-	if !ok {
+	backlog, ch, st := s.hub.subscribe(since)
+	switch st {
+	case notYet: // the browser comes back after retry, the page kept
+		w.WriteHeader(http.StatusOK)
+		_, _ = fmt.Fprint(w, "retry: 5000\n: not following the events yet\n\n")
+		_ = rc.Flush()
+		return
+	case tooOld:
 		w.WriteHeader(http.StatusOK)
 		_, _ = fmt.Fprint(w, "retry: 2000\nevent: reload\ndata: {}\n\n")
 		_ = rc.Flush()
