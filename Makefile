@@ -43,7 +43,7 @@ image-local: ## the same image with no registry: the binary built here (as the D
 	@if [ -z "$(CONTAINER_ENGINE)" ]; then echo "make image-local: neither docker nor podman is installed; no image built" >&2; exit 1; fi; \
 	IMAGE="$(IMAGE)" ENGINE="$(CONTAINER_ENGINE)" VERSION="$(VERSION)" COMMIT="$(COMMIT)" bash deploy/image/build-local.sh
 
-run: build testhost ## set up the test host, then `proxyfleet serve` against it (embedded NATS, the gateway on 127.0.0.1:8888) in the foreground; GUEST=debian boots the real Debian guest
+run: build testhost ## set up the test host, then `proxyfleet serve` against it (embedded NATS, the gateway on 127.0.0.1:8888, the console on 127.0.0.1:8080) in the foreground; GUEST=debian boots the real Debian guest
 	@bash deploy/run.sh
 
 run-sim: build ## `proxyfleet serve` with two simulated hosts (no VMs) in the foreground

@@ -114,7 +114,7 @@ func printStatusTable(w io.Writer, sts []Status, now time.Time) error {
 				host = ev.Host
 			}
 			seq, age, source, reason = fmt.Sprint(ev.Seq), Age(now, ev.At), ev.Source, oneLine(ev.Reason)
-			egress = egressSummary(ev.Egress)
+			egress = EgressSummary(ev.Egress)
 		} else if r := s.Result; r != nil && IsFailure(r.Outcome) {
 			reason = oneLine(r.Outcome + ": " + r.Reason)
 		}
@@ -261,14 +261,14 @@ func PrintRotation(w io.Writer, rot messages.Rotation) error {
 	fmt.Fprintln(tw, "ID\tADDR\tEGRESS\tADDRESSES\tHOST\tSINCE")
 	now := time.Now()
 	for _, p := range rot.Proxies {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.ID, p.Addr, dash(p.Egress), dash(egressSummary(p.EgressAddrs)), dash(p.Host), Age(now, p.Since))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.ID, p.Addr, dash(p.Egress), dash(EgressSummary(p.EgressAddrs)), dash(p.Host), Age(now, p.Since))
 	}
 	return tw.Flush()
 }
 
-// egressSummary is a proxy's egress list in a table: its first address
+// EgressSummary is a proxy's egress list in a table: its first address
 // and how many more ("198.18.101.5 +16"); "" for none.
-func egressSummary(items []string) string {
+func EgressSummary(items []string) string {
 	as, err := messages.ExpandEgress(items)
 	switch {
 	case err != nil:

@@ -30,6 +30,7 @@ type Config struct {
 	Health       Health  `yaml:"health"`
 	Gateway      Gateway `yaml:"gateway"`
 	Pools        Pools   `yaml:"pools"`
+	Console      Console `yaml:"console"`
 }
 
 // NATS says how to reach the NATS system. An empty URL means the embedded
@@ -401,6 +402,30 @@ type GatewayUser struct {
 	// MaxConns bounds the user's connections at once (default 256).
 	MaxConns int    `yaml:"max_conns"`
 	Password Secret `yaml:"-" json:"-"`
+}
+
+// Console is the web console (`proxyfleet console`, or inside `serve` when
+// Listen is set): the fleet in a browser, for its users only.
+type Console struct {
+	// Listen is the console's address (host:port). Empty: no console in
+	// serve; the console role needs it.
+	Listen string `yaml:"listen"`
+	// Users may log in, each with its password (the console is never
+	// open to anyone who reaches it): at least one when it listens.
+	Users []ConsoleUser `yaml:"users"`
+	// HTTP is where `proxyfleet console` serves /metrics, /healthz and
+	// /readyz (overridden by --http; empty: no listener).
+	HTTP string `yaml:"http"`
+}
+
+// ConsoleUser is one user of the console. The password comes from
+// PasswordFile, read by LoadConsoleSecrets and never printed. Only an
+// Admin may act (create, delete, recycle, ...); the others only look.
+type ConsoleUser struct {
+	Name         string `yaml:"name"`
+	PasswordFile string `yaml:"password_file"`
+	Admin        bool   `yaml:"admin"`
+	Password     Secret `yaml:"-" json:"-"`
 }
 
 // DenyList is proxy.deny: deny.Default when absent, the empty List for

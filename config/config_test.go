@@ -83,6 +83,12 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "gateway: {listen: ':8888', users: [{name: a, password_file: /p}, {name: a, password_file: /q}]}\n", "gateway.users[1].name"},
 		{good + "gateway: {listen: ':8888', users: [{name: a}]}\n", "gateway.users[0].password_file"},
 		{good + "gateway: {listen: ':8888', users: [{name: a, password_file: /p, max_conns: -2}]}\n", "gateway.users[0].max_conns"},
+		{good + "console: {listen: '127.0.0.1:8080'}\n", "console.users"},
+		{good + "console: {listen: '8080', users: [{name: a, password_file: /p}]}\n", "console.listen"},
+		{good + "console: {http: 'x', users: [{name: a, password_file: /p}]}\n", "console.http"},
+		{good + "console: {listen: ':8080', users: [{name: 'a b', password_file: /p}]}\n", "console.users[0].name"},
+		{good + "console: {listen: ':8080', users: [{name: a, password_file: /p}, {name: a, password_file: /q}]}\n", "console.users[1].name"},
+		{good + "console: {listen: ':8080', users: [{name: a}]}\n", "console.users[0].password_file"},
 		{good + "gateway: {strategy: fastest}\n", "gateway.strategy"},
 		{good + "gateway: {retries: 11}\n", "gateway.retries"},
 		{good + "gateway: {auth_failures: -1}\n", "gateway.auth_failures"},
@@ -301,6 +307,30 @@ func TestGatewayDefaultsAndSecrets(t *testing.T) {
 	}
 	if b, _ := yaml.Marshal(c.Gateway); strings.Contains(string(b), "alice-secret") {
 		t.Fatalf("the gateway config shows a password: %s", b)
+	}
+}
+
+func TestConsoleSecrets(t *testing.T) {
+	dir := t.TempDir()
+	pw := dir + "/ops"
+	if err := os.WriteFile(pw, []byte("ops-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Parse([]byte(good + "console: {listen: '127.0.0.1:8080', users: [{name: ops, password_file: " + pw + ", admin: true}, {name: viewer, password_file: " + dir + "/viewer}]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.LoadConsoleSecrets()
+	var fe *FieldError
+	if !errors.As(err, &fe) || fe.Field != "console.users[1].password_file" {
+		t.Fatalf("viewer's missing password: %v, want field console.users[1].password_file", err)
+	}
+	c.Console.Users = c.Console.Users[:1]
+	if err := c.LoadConsoleSecrets(); err != nil || c.Console.Users[0].Password.Reveal() != "ops-secret" || !c.Console.Users[0].Admin {
+		t.Fatalf("ops: %v %+v", err, c.Console.Users[0])
+	}
+	if b, _ := yaml.Marshal(c.Console); strings.Contains(string(b), "ops-secret") {
+		t.Fatalf("the console config shows a password: %s", b)
 	}
 }
 

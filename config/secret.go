@@ -94,6 +94,21 @@ func (c *Config) LoadGatewaySecrets() error {
 	return nil
 }
 
+// LoadConsoleSecrets reads the console users' passwords from their
+// password_file: the console role, and serve when console.listen is set,
+// call it at start, so a missing or empty file stops the start.
+func (c *Config) LoadConsoleSecrets() error {
+	for i := range c.Console.Users {
+		u := &c.Console.Users[i]
+		pw, err := readPasswordFile(fmt.Sprintf("console.users[%d].password_file", i), u.PasswordFile)
+		if err != nil {
+			return err
+		}
+		u.Password = Secret(pw)
+	}
+	return nil
+}
+
 // readPasswordFile reads a password from file, for the config field
 // field: it must exist and hold one (only the trailing newline is
 // dropped), which checkPassword accepts.

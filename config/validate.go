@@ -232,6 +232,9 @@ func (c *Config) Validate() error {
 	if err := c.Pools.validate(); err != nil {
 		return err
 	}
+	if err := c.Console.validate(); err != nil {
+		return err
+	}
 	if l := c.Health.ProbeListen; l != "" {
 		host, _, err := net.SplitHostPort(l)
 		if err != nil {
@@ -548,4 +551,33 @@ func (c *Config) Plans() map[string]*addrplan.Plan {
 		}
 	}
 	return out
+}
+
+func (k Console) validate() error {
+	for _, l := range []struct{ f, v string }{{"console.listen", k.Listen}, {"console.http", k.HTTP}} {
+		if l.v == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(l.v); err != nil {
+			return bad(l.f, "%v", err)
+		}
+	}
+	if k.Listen != "" && len(k.Users) == 0 {
+		return bad("console.users", "at least one user (name, password_file) is needed: the console is never open to anyone")
+	}
+	names := map[string]bool{}
+	for i, u := range k.Users {
+		f := fmt.Sprintf("console.users[%d]", i)
+		if !gatewayUserRE.MatchString(u.Name) {
+			return bad(f+".name", "%q: want 1 to 64 letters, digits, '.' or '_'", u.Name)
+		}
+		if names[u.Name] {
+			return bad(f+".name", "%q is named twice", u.Name)
+		}
+		names[u.Name] = true
+		if u.PasswordFile == "" {
+			return bad(f+".password_file", "required")
+		}
+	}
+	return nil
 }

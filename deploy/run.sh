@@ -31,6 +31,9 @@ esac
 # The gateway's one user, demo, with a password of its own made once.
 gwpass=$dir/gateway-demo-password
 [ -s "$gwpass" ] || { umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$gwpass"; }
+# The console's one user, admin, with a password of its own made once.
+conpass=$dir/console-admin-password
+[ -s "$conpass" ] || { umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$conpass"; }
 # The test host's config plus what a demo wants: fast health probing
 # through every proxy into the health process's own /probe, served on the
 # root namespace's address the guests reach, and the gateway.
@@ -38,18 +41,22 @@ gwpass=$dir/gateway-demo-password
   base
   cat <<YAML
 worker: {poll_interval: 1s, observe_interval: 5s}
-health: {http: "127.0.0.1:8080", probe_listen: "$TESTHOST_ROOT_IP:8081", interval: 2s, rise: 2, fall: 3, grace: 30s}
+health: {http: "127.0.0.1:8090", probe_listen: "$TESTHOST_ROOT_IP:8081", interval: 2s, rise: 2, fall: 3, grace: 30s}
 gateway:
   listen: "127.0.0.1:8888"
   socks_listen: "127.0.0.1:1080"
   users: [{name: demo, password_file: "$gwpass"}]
+console:
+  listen: "127.0.0.1:8080"
+  users: [{name: admin, password_file: "$conpass", admin: true}]
 YAML
 } > "$cfg"
 listen=${PROXYFLEET_LISTEN:-127.0.0.1:4222}
 cat <<TXT
 
-proxyfleet serve: embedded NATS on nats://$listen, health on http://127.0.0.1:8080, guest: $guest
+proxyfleet serve: embedded NATS on nats://$listen, health on http://127.0.0.1:8090, guest: $guest
 gateway: http://127.0.0.1:8888 (HTTP proxy) and socks5://127.0.0.1:1080, user demo, password in $gwpass
+console: http://127.0.0.1:8080 (web console), user admin, password in $conpass
 host th1: libvirtd over ssh at $TESTHOST_SSH_ADDR (netns $TESTHOST_NETNS); its proxies take addresses of its plan: $TESTHOST_EGRESS_IPV4_CONFIG, $TESTHOST_EGRESS_IPV6_CONFIG (16 each)
 config: $cfg
 
@@ -57,7 +64,7 @@ In another terminal (as root, from $PWD):
   bin/proxyfleet create p1 --wait          # boots a tiny VM (about 10 s), waits for its result
   bin/proxyfleet watch                     # a live table of proxies and states (Ctrl-C to leave)
   bin/proxyfleet rotation                  # the proxies clients may use now (after 2 passing probes)
-  curl -s http://127.0.0.1:8080/rotation   # the same, from the health process
+  curl -s http://127.0.0.1:8090/rotation   # the same, from the health process
   curl -x http://$TESTHOST_PROXY_USER:\$(cat $TESTHOST_PROXY_PASSWORD_FILE)@\$(bin/proxyfleet rotation --json | sed -n 's/.*"addr": *"\\([^"]*\\)".*/\\1/p' | head -1) http://$TESTHOST_ROOT_IP:8081/probe?nonce=hello
                                            # a request through a proxy of the rotation, with the fleet's credential (proxy.auth)
   curl -x http://demo:\$(cat $gwpass)@127.0.0.1:8888 -i http://$TESTHOST_ROOT_IP:8081/probe?nonce=hello

@@ -13,7 +13,7 @@ import (
 // commandNames are the words completion offers after proxyfleet, as
 // "dead ls" for a sub-verb.
 func commandNames() []string {
-	names := []string{"serve", "setup", "worker", "health", "gateway", "pools"}
+	names := []string{"serve", "setup", "worker", "health", "gateway", "pools", "console"}
 	for _, v := range verbs {
 		names = append(names, v.name)
 	}

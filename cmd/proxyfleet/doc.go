@@ -5,6 +5,7 @@
 //	proxyfleet worker   [flags]   the worker role only
 //	proxyfleet health   [flags]   the health role only
 //	proxyfleet gateway  [flags]   one address for clients: a forward proxy (HTTP, SOCKS5) over the rotation
+//	proxyfleet console  [flags]   the web console: the fleet in a browser, live, and an admin's actions
 //	proxyfleet create ID [--host H] [--image I] [--cpus N] [--memory-mib M] [--command-id C] [--wait]
 //	proxyfleet delete ID [--command-id C] [--wait]
 //	proxyfleet get ID | list | watch | rotation | hosts | addresses [HOST]

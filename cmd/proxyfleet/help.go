@@ -22,7 +22,7 @@ type helpText struct {
 var helps = map[string]helpText{
 	"serve": {
 		args:    "--config F",
-		summary: "run everything in one process: an embedded nats-server (unless a server is named), set-up and its repairer, a worker, the health process, the pool controller, and the gateway when gateway.listen is set",
+		summary: "run everything in one process: an embedded nats-server (unless a server is named), set-up and its repairer, a worker, the health process, the pool controller, the gateway when gateway.listen is set and the web console when console.listen is set",
 		more: "--config is required: it names the hosts. Without --server, NATS_URL or a nats context\n" +
 			"naming a URL, serve runs an embedded nats-server on --listen with its store in --data-dir.",
 		examples: []string{"proxyfleet serve --config proxyfleet.yaml", "proxyfleet serve --config proxyfleet.yaml --server nats://nats:4222 --repair"},
@@ -49,6 +49,13 @@ var helps = map[string]helpText{
 			"--http serves /metrics, /healthz (liveness) and /readyz (ready: the rotation read and the listeners bound).\n" +
 			"A client: curl -x http://alice:PASSWORD@127.0.0.1:8888 https://example.com/",
 		examples: []string{"proxyfleet gateway --config proxyfleet.yaml --http 127.0.0.1:9091"},
+	},
+	"console": {
+		args:    "--config F",
+		summary: "run the web console: the fleet in a browser (hosts, proxies, pools, live), and an admin's actions as ordinary commands",
+		more: "console.listen and console.users are required; each user logs in with the password in its password_file,\n" +
+			"and only users with admin: true may act. --http serves /metrics, /healthz and /readyz. See docs/CONSOLE.md.",
+		examples: []string{"proxyfleet console --config proxyfleet.yaml --http 127.0.0.1:9092"},
 	},
 	"create": {
 		args: "ID", summary: "ask for a proxy named ID (lowercase letters, digits and '-')",

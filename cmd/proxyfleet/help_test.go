@@ -129,7 +129,7 @@ func TestBashCompletion(t *testing.T) {
 	}
 	o, _, code = runCLI(context.Background(), "completion", "zsh")
 	if code != 0 || !strings.HasPrefix(o, "#compdef proxyfleet\n") || !strings.Contains(o, "    dead_replay) flags=\"--all ") ||
-		!strings.Contains(o, "compadd -- serve setup worker health gateway pools create delete get list watch rotation hosts addresses dead pool ban version completion help\n") {
+		!strings.Contains(o, "compadd -- serve setup worker health gateway pools console create delete get list watch rotation hosts addresses dead pool ban version completion help\n") {
 		t.Errorf("completion zsh: exit %d\n%s", code, o)
 	}
 	if _, e, code := runCLI(context.Background(), "completion", "fish"); code != 2 || !strings.HasPrefix(e, "usage: proxyfleet completion bash | zsh") {

@@ -17,6 +17,7 @@ Usage:
   proxyfleet health   [--config F] [--http ADDR]
   proxyfleet gateway  --config F [--http ADDR] [--pprof]
   proxyfleet pools    --config F [--id ID] [--http ADDR]
+  proxyfleet console  --config F [--http ADDR]
   proxyfleet create   ID [--host H] [--image I] [--cpus N] [--memory-mib M] [--label k=v] [--command-id C] [--wait]
   proxyfleet delete   ID [--command-id C] [--wait]
   proxyfleet get      ID
@@ -92,6 +93,8 @@ func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.
 		return runGateway(ctx, args, stdout, stderr)
 	case "pools":
 		return runPools(ctx, args, stdout, stderr)
+	case "console":
+		return runConsole(ctx, args, stdout, stderr)
 	case "dead", "pool", "ban":
 		if len(args) > 0 {
 			if v, ok := findVerb(cmd + " " + args[0]); ok {

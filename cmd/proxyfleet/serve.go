@@ -161,8 +161,24 @@ func serveWith(ctx context.Context, args []string, stdout, stderr io.Writer, hoo
 		gatewayReady = ready
 		comps = append(comps, g)
 	}
+	if consoleEnabled(c) {
+		if err := c.LoadConsoleSecrets(); err != nil {
+			return err
+		}
+		klog := log.With("role", "console")
+		knc, err := nf.connect("proxyfleet-serve-console", inboxClient, klog)
+		if err != nil {
+			return err
+		}
+		defer knc.Close()
+		k, _, err := consoleComponent(knc, c, klog, reg)
+		if err != nil {
+			return err
+		}
+		comps = append(comps, k)
+	}
 	log.Info("proxyfleet serving", "nats", nf.url, "http", c.Health.HTTP, "hosts", c.HostNames(), "repair", *repair,
-		"gateway", c.Gateway.Listen, "gateway_socks", c.Gateway.SocksListen)
+		"gateway", c.Gateway.Listen, "gateway_socks", c.Gateway.SocksListen, "console", c.Console.Listen)
 	return runAll(ctx, log, comps...)
 }
 

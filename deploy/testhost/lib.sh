@@ -41,7 +41,8 @@ PKGS=(libxml2-utils libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-cli
 	systemd            # systemd-analyze and systemd-sysusers: deploy/systemd_test.go checks the units
 	systemd-container  # systemd-nspawn: deploy/systemd_boot_test.go boots the units under systemd
 	mmdebstrap         # deploy/nspawn/build.sh: the Debian root it boots (and deploy/guest/build.sh)
-	podman runc)       # deploy/image_run_test.go builds the image (make image-local) and runs it
+	podman runc        # deploy/image_run_test.go builds the image (make image-local) and runs it
+	chromium)          # console/browser_test.go drives the web console in headless Chromium
 
 export PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
 [ -x /usr/local/go/bin/go ] && case ":$PATH:" in *:/usr/local/go/bin:*) ;; *) PATH=$PATH:/usr/local/go/bin ;; esac

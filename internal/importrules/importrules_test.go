@@ -80,6 +80,9 @@ var rules = []rule{
 	// send, reading the rotation through its library: nothing of the
 	// worker's or health's insides.
 	{pkg: "pool", allow: []string{"messages", "rotation", "topology", "topology/defaults", "internal/jsapi", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	// The web console reads and acts through the client library, as the
+	// CLI does: nothing of the worker's, health's or the pools' insides.
+	{pkg: "console", allow: []string{"client", "messages", "rotation", "internal/jsapi", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// The guest's program stands alone.
 	{pkg: "testguest"},
 }

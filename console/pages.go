@@ -1,0 +1,603 @@
+package console
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"maps"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"proxyfleet/client"
+	"proxyfleet/messages"
+)
+
+//go:embed assets
+var assets embed.FS
+
+// PageSize is the proxies a page of the proxies page shows.
+const PageSize = 100
+
+// readTimeout bounds the reads of one page.
+const readTimeout = 10 * time.Second
+
+// view is what every page's template is given.
+type view struct {
+	Title, Page string
+	User        string
+	Admin       bool
+	CSRF        string
+	Error       string
+	Data        any
+}
+
+// templates parses each page with the layout.
+func templates() (map[string]*template.Template, error) {
+	out := map[string]*template.Template{}
+	for _, p := range []string{"login", "fleet", "proxies", "pools", "result", "error"} {
+		t, err := template.New(p).ParseFS(assets, "assets/layout.html", "assets/"+p+".html")
+		if err != nil {
+			return nil, fmt.Errorf("console: template %s: %w", p, err)
+		}
+		out[p] = t
+	}
+	return out, nil
+}
+
+// parsed are the templates, parsed once: they are embedded, so a parse
+// error is the build's and every test meets it.
+var parsed = func() map[string]*template.Template {
+	t, err := templates()
+	if err != nil {
+		panic(err)
+	}
+	return t
+}()
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	static, _ := fs.Sub(assets, "assets") // a constant directory: no error
+	files := http.FileServerFS(static)
+	mux.Handle("GET /static/{file}", s.counted("static", http.StripPrefix("/static/", onlyStatic(files))))
+	mux.Handle("GET /login", s.counted("login", http.HandlerFunc(s.loginPage)))
+	mux.Handle("POST /login", s.counted("login", http.HandlerFunc(s.login)))
+	mux.Handle("POST /logout", s.counted("logout", s.authed(s.logout)))
+	mux.Handle("GET /{$}", s.counted("fleet", s.authed(s.fleetPage)))
+	mux.Handle("GET /proxies", s.counted("proxies", s.authed(s.proxiesPage)))
+	mux.Handle("GET /pools", s.counted("pools", s.authed(s.poolsPage)))
+	mux.Handle("GET /events", s.counted("events", s.authed(s.events)))
+	mux.Handle("POST /actions/pool/recycle", s.counted("action", s.action("pool_recycle", s.poolRecycle)))
+	mux.Handle("POST /actions/proxy/create", s.counted("action", s.action("proxy_create", s.proxyCreate)))
+	mux.Handle("POST /actions/proxy/delete", s.counted("action", s.action("proxy_delete", s.proxyDelete)))
+	mux.Handle("/", s.counted("other", s.authed(func(w http.ResponseWriter, r *http.Request, sess *session) {
+		s.render(w, r, http.StatusNotFound, "error", sess, "Not found", r.URL.Path+" is not a page of the console")
+	})))
+	return securityHeaders(mux)
+}
+
+// onlyStatic serves the embedded files but never the templates.
+func onlyStatic(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasSuffix(r.URL.Path, ".css") && !strings.HasSuffix(r.URL.Path, ".js") {
+			http.NotFound(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// securityHeaders: nothing but the console's own assets may run or be
+// loaded, and no other site may frame it.
+func securityHeaders(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'; form-action 'self'")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.Header().Set("Referrer-Policy", "same-origin")
+		h.ServeHTTP(w, r)
+	})
+}
+
+// recorder remembers the status a handler wrote, for the metrics; it
+// unwraps for http.ResponseController (the live stream flushes).
+type recorder struct {
+	http.ResponseWriter
+	code int
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if r.code == 0 {
+		r.code = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.code == 0 {
+		r.code = http.StatusOK
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+func (s *Server) counted(page string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &recorder{ResponseWriter: w}
+		h.ServeHTTP(rec, r)
+		code := rec.code
+		if code == 0 {
+			code = http.StatusOK
+		}
+		s.metrics.requests.WithLabelValues(page, strconv.Itoa(code/100)+"xx").Inc()
+	})
+}
+
+// authed serves h to a logged-in user only: a page asked for without a
+// session goes to the login page, anything else is refused (401).
+func (s *Server) authed(h func(http.ResponseWriter, *http.Request, *session)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sess, ok := s.sessionOf(r)
+		if !ok {
+			if r.Method == http.MethodGet && r.URL.Path != "/events" {
+				http.Redirect(w, r, "/login", http.StatusSeeOther)
+				return
+			}
+			http.Error(w, "log in first", http.StatusUnauthorized)
+			return
+		}
+		if r.Method == http.MethodPost && !validCSRF(sess, r.PostFormValue("csrf")) {
+			s.render(w, r, http.StatusForbidden, "error", sess, "Refused", "the form's CSRF token is missing or wrong: reload the page and try again")
+			return
+		}
+		h(w, r, sess)
+	})
+}
+
+// action serves an admin's action: a session, its CSRF token and the
+// admin role are checked, in that order, before do runs.
+func (s *Server) action(name string, do func(ctx context.Context, r *http.Request) (actionResult, error)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sess, ok := s.sessionOf(r)
+		if !ok {
+			s.metrics.actions.WithLabelValues(name, "forbidden").Inc()
+			http.Error(w, "log in first", http.StatusUnauthorized)
+			return
+		}
+		if !validCSRF(sess, r.PostFormValue("csrf")) {
+			s.metrics.actions.WithLabelValues(name, "bad_csrf").Inc()
+			s.render(w, r, http.StatusForbidden, "error", sess, "Refused", "the form's CSRF token is missing or wrong: reload the page and try again")
+			return
+		}
+		if !sess.admin {
+			s.metrics.actions.WithLabelValues(name, "forbidden").Inc()
+			s.log.Warn("console: action refused to a read-only user", "user", sess.user, "action", name)
+			s.render(w, r, http.StatusForbidden, "error", sess, "Refused", "user "+sess.user+" is read-only: actions need an admin")
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+		defer cancel()
+		res, err := do(ctx, r)
+		res.Back = backTo(r)
+		code := http.StatusOK
+		outcome := "sent"
+		if err != nil {
+			res.Error = err.Error()
+			outcome, code = "failed", http.StatusBadGateway
+			if _, ok := messages.AsFieldError(err); ok || errors.Is(err, errInvalid) {
+				outcome, code = "invalid", http.StatusBadRequest
+			}
+		}
+		s.metrics.actions.WithLabelValues(name, outcome).Inc()
+		s.log.Info("console: action", "user", sess.user, "action", name, "outcome", outcome, "command_id", res.CommandID, "err", err)
+		s.render(w, r, code, "result", sess, res.What, res)
+	})
+}
+
+// errInvalid marks a form refused before anything is sent.
+var errInvalid = errors.New("invalid")
+
+// checkID refuses an id the commands would be rejected for, before
+// sending one.
+func checkID(what, id string, valid func(string) bool) error {
+	if !valid(id) {
+		return fmt.Errorf("%s %q: %w: lowercase letters, digits and '-', starting and ending with a letter or digit", what, id, errInvalid)
+	}
+	return nil
+}
+
+// backTo is the console page the form was on (its Referer's path), or
+// the fleet page.
+func backTo(r *http.Request) string {
+	if u, err := url.Parse(r.Referer()); err == nil && u.Host == r.Host && strings.HasPrefix(u.Path, "/") {
+		if u.RawQuery != "" {
+			return u.Path + "?" + u.RawQuery
+		}
+		return u.Path
+	}
+	return "/"
+}
+
+func (s *Server) render(w http.ResponseWriter, r *http.Request, code int, page string, sess *session, title string, data any) {
+	v := view{Title: title, Page: page, Data: data}
+	if sess != nil {
+		v.User, v.Admin, v.CSRF = sess.user, sess.admin, sess.csrf
+	}
+	if page == "login" {
+		if e, ok := data.(string); ok {
+			v.Error = e
+		}
+	}
+	var b strings.Builder
+	if err := parsed[page].ExecuteTemplate(&b, "layout", v); err != nil {
+		s.log.Error("console: render", "page", page, "err", err)
+		http.Error(w, "render: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_, _ = w.Write([]byte(b.String()))
+}
+
+func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
+	if _, ok := s.sessionOf(r); ok {
+		http.Redirect(w, r, "/", http.StatusSeeOther)
+		return
+	}
+	s.render(w, r, http.StatusOK, "login", nil, "Log in", "")
+}
+
+func (s *Server) login(w http.ResponseWriter, r *http.Request) {
+	name := r.PostFormValue("user")
+	u, ok := s.checkPassword(name, r.PostFormValue("password"))
+	if !ok {
+		s.metrics.logins.WithLabelValues("refused").Inc()
+		s.log.Warn("console: login refused", "user", name, "remote", r.RemoteAddr)
+		s.render(w, r, http.StatusUnauthorized, "login", nil, "Log in", "wrong user or password")
+		return
+	}
+	tok, _ := s.sessions.start(u.Name, u.Admin)
+	s.metrics.logins.WithLabelValues("ok").Inc()
+	s.log.Info("console: login", "user", u.Name, "admin", u.Admin, "remote", r.RemoteAddr)
+	setSessionCookie(w, r, tok, int(s.cfg.SessionTTL/time.Second))
+	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+func (s *Server) logout(w http.ResponseWriter, r *http.Request, _ *session) {
+	if c, err := r.Cookie(cookieName); err == nil {
+		s.sessions.end(c.Value)
+	}
+	setSessionCookie(w, r, "", -1)
+	http.Redirect(w, r, "/login", http.StatusSeeOther)
+}
+
+// hostRow is a host as the fleet page shows it.
+type hostRow struct {
+	client.HostInfo
+	Free  int
+	Since string
+}
+
+type fleetData struct {
+	Hosts         []hostRow
+	RotationSize  int
+	RotationError string
+}
+
+func (s *Server) fleetPage(w http.ResponseWriter, r *http.Request, sess *session) {
+	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	defer cancel()
+	hosts, err := s.cl.Hosts(ctx)
+	if err != nil {
+		s.render(w, r, http.StatusBadGateway, "error", sess, "Fleet", "read the hosts: "+err.Error())
+		return
+	}
+	d := fleetData{}
+	now := time.Now()
+	for _, h := range hosts {
+		d.Hosts = append(d.Hosts, hostRow{HostInfo: h, Free: max(h.MaxProxies-h.Proxies, 0), Since: client.Age(now, h.Since)})
+	}
+	if rot, err := s.cl.Rotation(ctx); err != nil {
+		d.RotationError = "not read: " + err.Error()
+	} else {
+		d.RotationSize = rotationSize(rot)
+	}
+	s.render(w, r, http.StatusOK, "fleet", sess, "Fleet", d)
+}
+
+// rotationSize is the rotation's proxies, whole or truncated.
+func rotationSize(rot messages.Rotation) int {
+	if rot.Truncated {
+		return rot.Size
+	}
+	return len(rot.Proxies)
+}
+
+// poolRow is a pool as the pools page shows it.
+type poolRow struct {
+	Name string
+	messages.PoolSummary
+	Oldest string
+}
+
+func (s *Server) poolsPage(w http.ResponseWriter, r *http.Request, sess *session) {
+	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	defer cancel()
+	pools, err := s.cl.Pools(ctx)
+	if err != nil {
+		s.render(w, r, http.StatusBadGateway, "error", sess, "Pools", "read the pools: "+err.Error())
+		return
+	}
+	now := time.Now()
+	var d struct{ Pools []poolRow }
+	for _, p := range pools {
+		d.Pools = append(d.Pools, poolRow{Name: p.Record.Name, PoolSummary: p.Summary, Oldest: client.Age(now, p.Summary.Oldest)})
+	}
+	s.render(w, r, http.StatusOK, "pools", sess, "Pools", d)
+}
+
+// proxyRow is a proxy as the proxies page shows it, and as the live
+// stream sends it (its JSON).
+type proxyRow struct {
+	Seq    uint64 `json:"seq,omitempty"`
+	ID     string `json:"id"`
+	State  string `json:"state"`
+	Host   string `json:"host"`
+	Addr   string `json:"addr"`
+	Egress string `json:"egress"`
+	Health string `json:"health"`
+	Pool   string `json:"pool"`
+	Labels string `json:"labels"`
+	Age    string `json:"age"`
+}
+
+// labelText is a proxy's labels but its pool's, sorted, k=v comma-joined.
+func labelText(ls map[string]string) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(ls)) {
+		if k != messages.PoolLabel {
+			parts = append(parts, k+"="+ls[k])
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+func rowOf(st client.Status, now time.Time) proxyRow {
+	ls := st.Labels()
+	row := proxyRow{ID: st.ID, State: st.State(), Host: st.Host(), Addr: st.Addr(), Pool: ls[messages.PoolLabel], Labels: labelText(ls)}
+	if ev := st.Event; ev != nil {
+		row.Egress, row.Age = client.EgressSummary(ev.Egress), client.Age(now, ev.At)
+	}
+	if st.Check != nil {
+		row.Health = st.Check.Verdict
+	}
+	return row
+}
+
+// rowOfEvent is the row a state event gives: what it says of the proxy
+// (its health is not in it).
+func rowOfEvent(u client.Update, now time.Time) proxyRow {
+	st := client.Status{ID: u.Event.ID, Event: &u.Event}
+	row := rowOf(st, now)
+	row.State, row.Host = u.Event.State, u.Event.Host
+	row.Seq = u.StreamSeq
+	return row
+}
+
+// proxyStates are the states the proxies page filters by ("" is any).
+var proxyStates = []string{"", messages.StateProvisioning, messages.StateRunning, messages.StateFailed, messages.StateDeleting, messages.StateDeleted, "pending"}
+
+type proxiesData struct {
+	Host, State, Pool string
+	States            []string
+	Rows              []proxyRow
+	Total             int
+	PageNo, Pages     int
+	First             bool
+	Prev, Next        string
+	Since             uint64
+}
+
+func (s *Server) proxiesPage(w http.ResponseWriter, r *http.Request, sess *session) {
+	q := r.URL.Query()
+	d := proxiesData{Host: q.Get("host"), State: q.Get("state"), Pool: q.Get("pool"), States: proxyStates, PageNo: 1}
+	if !slices.Contains(proxyStates, d.State) {
+		s.render(w, r, http.StatusBadRequest, "error", sess, "Proxies", fmt.Sprintf("state %q: want one of %s", d.State, strings.Join(proxyStates[1:], ", ")))
+		return
+	}
+	if p := q.Get("page"); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 {
+			s.render(w, r, http.StatusBadRequest, "error", sess, "Proxies", fmt.Sprintf("page %q: want a number from 1", p))
+			return
+		}
+		d.PageNo = n
+	}
+	// The position first: whatever happens after it reaches the page
+	// through its live stream.
+	d.Since = s.hub.position()
+	opts := []client.ListOption{client.OnHost(d.Host), client.InState(d.State)}
+	if d.State == messages.StateDeleted {
+		opts = append(opts, client.IncludeDeleted())
+	}
+	if d.Pool != "" {
+		opts = append(opts, client.WithLabel(messages.PoolLabel, d.Pool))
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	defer cancel()
+	sts, err := s.cl.List(ctx, opts...)
+	if err != nil {
+		s.render(w, r, http.StatusBadGateway, "error", sess, "Proxies", "read the proxies: "+err.Error())
+		return
+	}
+	d.Total = len(sts)
+	d.Pages = max(1, (d.Total+PageSize-1)/PageSize)
+	d.PageNo = min(d.PageNo, d.Pages)
+	d.First = d.PageNo == 1
+	from := (d.PageNo - 1) * PageSize
+	now := time.Now()
+	for _, st := range sts[from:min(from+PageSize, len(sts))] {
+		d.Rows = append(d.Rows, rowOf(st, now))
+	}
+	link := func(page int) string {
+		v := url.Values{}
+		for k, x := range map[string]string{"host": d.Host, "state": d.State, "pool": d.Pool} {
+			if x != "" {
+				v.Set(k, x)
+			}
+		}
+		v.Set("page", strconv.Itoa(page))
+		return "/proxies?" + v.Encode()
+	}
+	if d.PageNo > 1 {
+		d.Prev = link(d.PageNo - 1)
+	}
+	if d.PageNo < d.Pages {
+		d.Next = link(d.PageNo + 1)
+	}
+	s.render(w, r, http.StatusOK, "proxies", sess, "Proxies", d)
+}
+
+// events is the live stream: server-sent events of the proxies' state
+// events after ?since (a stream sequence), as "proxy" events whose data
+// is a proxyRow's JSON; "reload" when the page must read afresh (events
+// it missed are no longer held, it fell behind, or the watch broke).
+// While the console does not follow the events yet it ends at once, and
+// the browser's EventSource tries again. It ends when the client goes,
+// the console stops, or the hub drops it.
+func (s *Server) events(w http.ResponseWriter, r *http.Request, _ *session) {
+	since, _ := strconv.ParseUint(r.URL.Query().Get("since"), 10, 64)
+	// A browser reconnecting says the last event it got: resume there.
+	if last, err := strconv.ParseUint(r.Header.Get("Last-Event-ID"), 10, 64); err == nil {
+		since = max(since, last)
+	}
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Accel-Buffering", "no")
+	backlog, ch, st := s.hub.subscribe(since)
+	switch st {
+	case notYet: // the browser comes back after retry, the page kept
+		w.WriteHeader(http.StatusOK)
+		_, _ = fmt.Fprint(w, "retry: 5000\n: not following the events yet\n\n")
+		_ = rc.Flush()
+		return
+	case tooOld:
+		w.WriteHeader(http.StatusOK)
+		_, _ = fmt.Fprint(w, "retry: 2000\nevent: reload\ndata: {}\n\n")
+		_ = rc.Flush()
+		return
+	}
+	defer s.hub.unsubscribe(ch)
+	s.metrics.streams.Inc()
+	defer s.metrics.streams.Dec()
+	w.WriteHeader(http.StatusOK)
+	send := func(u client.Update) error {
+		b, err := json.Marshal(rowOfEvent(u, time.Now()))
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(w, "id: %d\nevent: proxy\ndata: %s\n\n", u.StreamSeq, b)
+		return err
+	}
+	_, _ = fmt.Fprint(w, "retry: 2000\n: live\n\n")
+	for _, u := range backlog {
+		if send(u) != nil {
+			return
+		}
+	}
+	if rc.Flush() != nil {
+		return
+	}
+	keepalive := time.NewTicker(20 * time.Second)
+	defer keepalive.Stop()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-keepalive.C:
+			if _, err := fmt.Fprint(w, ": keepalive\n\n"); err != nil || rc.Flush() != nil {
+				return
+			}
+		case u, open := <-ch:
+			if !open {
+				_, _ = fmt.Fprint(w, "event: reload\ndata: {}\n\n")
+				_ = rc.Flush()
+				return
+			}
+			if send(u) != nil || rc.Flush() != nil {
+				return
+			}
+		}
+	}
+}
+
+// actionResult is what an action's page shows.
+type actionResult struct {
+	What      string
+	CommandID string
+	Sequence  uint64
+	Duplicate bool
+	Error     string
+	Back      string
+}
+
+func resultOf(what string, o client.Outcome) actionResult {
+	return actionResult{What: what, CommandID: o.CommandID, Sequence: o.Sequence, Duplicate: o.Duplicate}
+}
+
+// commandID is a fresh command id for an action, so that each click is
+// a command of its own (the CLI's ids are random too).
+func commandID(action string) string { return "console-" + action + "-" + randomToken()[:22] }
+
+func (s *Server) poolRecycle(ctx context.Context, r *http.Request) (actionResult, error) {
+	name := r.PostFormValue("pool")
+	what := "Recycle pool " + name
+	if err := checkID("pool", name, messages.ValidPoolName); err != nil {
+		return actionResult{What: what}, err
+	}
+	var ids []string
+	if v := strings.TrimSpace(r.PostFormValue("ids")); v != "" {
+		ids = strings.FieldsFunc(v, func(c rune) bool { return c == ',' || c == ' ' })
+	}
+	o, err := s.cl.PoolRecycle(ctx, messages.PoolRecycle{Name: name, IDs: ids, All: len(ids) == 0}, commandID("recycle"), false)
+	if err != nil {
+		return actionResult{What: what}, fmt.Errorf("recycle pool %s: %w", name, err)
+	}
+	return resultOf(what, o), nil
+}
+
+func (s *Server) proxyCreate(ctx context.Context, r *http.Request) (actionResult, error) {
+	id := r.PostFormValue("id")
+	what := "Create proxy " + id
+	if err := checkID("proxy", id, messages.ValidID); err != nil {
+		return actionResult{What: what}, err
+	}
+	cmd := messages.CreateCommand{ID: id, Host: strings.TrimSpace(r.PostFormValue("host"))}
+	o, err := s.cl.Create(ctx, cmd, commandID("create"), false)
+	if err != nil {
+		return actionResult{What: what}, fmt.Errorf("create %s: %w", id, err)
+	}
+	return resultOf(what, o), nil
+}
+
+func (s *Server) proxyDelete(ctx context.Context, r *http.Request) (actionResult, error) {
+	id := r.PostFormValue("id")
+	what := "Delete proxy " + id
+	if err := checkID("proxy", id, messages.ValidID); err != nil {
+		return actionResult{What: what}, err
+	}
+	o, err := s.cl.Delete(ctx, id, commandID("delete"), false)
+	if err != nil {
+		return actionResult{What: what}, fmt.Errorf("delete %s: %w", id, err)
+	}
+	return resultOf(what, o), nil
+}
