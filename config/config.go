@@ -13,8 +13,10 @@ import (
 	"proxyfleet/addrplan"
 	"proxyfleet/bans"
 	"proxyfleet/deny"
+	gwdef "proxyfleet/gateway/defaults"
 	healthdef "proxyfleet/health/defaults"
 	"proxyfleet/messages"
+	rotdef "proxyfleet/rotation/defaults"
 	topodef "proxyfleet/topology/defaults"
 	workerdef "proxyfleet/worker/defaults"
 )
@@ -323,12 +325,12 @@ type Gateway struct {
 	// and shows no sign of life this long (what was sent unacknowledged,
 	// nothing from the proxy) takes the proxy for dead; the request goes
 	// to another at once if it can be sent again. 0: the gateway's
-	// default (gateway.DefaultFirstByteTimeout, 3s); at most
+	// default (gateway/defaults.FirstByteTimeout, 3s); at most
 	// response_timeout.
 	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
 	// IdleTimeout: a CONNECT or SOCKS5 tunnel, or a request's body being
 	// received, that carries no byte in either direction for this long
-	// is closed. 0: the gateway's default (gateway.DefaultIdleTimeout,
+	// is closed. 0: the gateway's default (gateway/defaults.IdleTimeout,
 	// 5m).
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
 	// Cooldown: a proxy this gateway reported is passed over for this long
@@ -562,26 +564,26 @@ func (c *Config) SetDefaults() {
 	}
 	g := &c.Gateway
 	if g.Strategy == "" {
-		g.Strategy = "round-robin"
+		g.Strategy = rotdef.Strategy
 	}
 	if g.Retries == 0 {
-		g.Retries = 2
+		g.Retries = gwdef.Retries
 	}
-	setDur(&g.ConnectTimeout, 5*time.Second)
-	setDur(&g.ResponseTimeout, 30*time.Second)
-	setDur(&g.Cooldown, 10*time.Second)
+	setDur(&g.ConnectTimeout, gwdef.ConnectTimeout)
+	setDur(&g.ResponseTimeout, gwdef.ResponseTimeout)
+	setDur(&g.Cooldown, rotdef.Cooldown)
 	if g.AuthFailures == 0 {
-		g.AuthFailures = 5
+		g.AuthFailures = gwdef.AuthFailures
 	}
 	if g.MaxHeaderBytes == 0 {
-		g.MaxHeaderBytes = 64 << 10
+		g.MaxHeaderBytes = gwdef.MaxHeaderBytes
 	}
 	if g.MaxHeaderFields == 0 {
-		g.MaxHeaderFields = 100
+		g.MaxHeaderFields = gwdef.MaxHeaderFields
 	}
-	setDur(&g.HeaderTimeout, 10*time.Second)
+	setDur(&g.HeaderTimeout, gwdef.HeaderTimeout)
 	if g.MaxUnauthenticated == 0 {
-		g.MaxUnauthenticated = 1024
+		g.MaxUnauthenticated = gwdef.MaxUnauthenticated
 	}
 	if g.BodyPeek == 0 {
 		g.BodyPeek = bans.DefaultBodyPeek
@@ -591,7 +593,7 @@ func (c *Config) SetDefaults() {
 	}
 	for i := range g.Users {
 		if g.Users[i].MaxConns == 0 {
-			g.Users[i].MaxConns = 256
+			g.Users[i].MaxConns = gwdef.MaxConns
 		}
 	}
 	c.Pools.setDefaults()

@@ -16,6 +16,9 @@ import (
 	"proxyfleet/addrplan"
 	"proxyfleet/bans"
 	"proxyfleet/deny"
+	gwdef "proxyfleet/gateway/defaults"
+	healthdef "proxyfleet/health/defaults"
+	rotdef "proxyfleet/rotation/defaults"
 )
 
 const good = `
@@ -291,9 +294,10 @@ func TestGatewayDefaultsAndSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := c.Gateway
-	if g.Strategy != "round-robin" || g.Retries != 2 || g.ConnectTimeout != 5*time.Second || g.Cooldown != 10*time.Second || g.AuthFailures != 5 ||
-		g.MaxHeaderBytes != 64<<10 || g.MaxHeaderFields != 100 || g.HeaderTimeout != 10*time.Second || g.MaxUnauthenticated != 1024 ||
-		g.Users[0].MaxConns != 256 || c.Health.ReportInterval != 5*time.Second || c.Health.ReportRate != 20 {
+	if g.Strategy != rotdef.Strategy || g.Retries != gwdef.Retries || g.ConnectTimeout != gwdef.ConnectTimeout || g.ResponseTimeout != gwdef.ResponseTimeout ||
+		g.Cooldown != rotdef.Cooldown || g.AuthFailures != gwdef.AuthFailures || g.MaxHeaderBytes != gwdef.MaxHeaderBytes ||
+		g.MaxHeaderFields != gwdef.MaxHeaderFields || g.HeaderTimeout != gwdef.HeaderTimeout || g.MaxUnauthenticated != gwdef.MaxUnauthenticated ||
+		g.Users[0].MaxConns != gwdef.MaxConns || c.Health.ReportInterval != healthdef.ReportInterval || c.Health.ReportRate != healthdef.ReportRate {
 		t.Fatalf("defaults not filled: %+v %+v", g, c.Health)
 	}
 	err = c.LoadGatewaySecrets()

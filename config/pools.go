@@ -3,11 +3,14 @@ package config
 import (
 	"net"
 	"time"
+
+	pooldef "proxyfleet/pool/defaults"
 )
 
 // Pools tunes the pool controller (`proxyfleet pools`, and in `serve`),
 // which keeps the pools of PROXY_POOLS (`proxyfleet pool set`). The
-// pools themselves are commands, not config.
+// pools themselves are commands, not config. The defaults are package
+// proxyfleet/pool/defaults's constants.
 type Pools struct {
 	// Interval is the time between two passes of the active controller
 	// (a change of the rotation or of a pool starts one sooner).
@@ -27,10 +30,10 @@ type Pools struct {
 }
 
 func (p *Pools) setDefaults() {
-	setDur(&p.Interval, time.Second)
-	setDur(&p.LeaseTTL, 15*time.Second)
-	setDur(&p.BackoffInitial, 5*time.Second)
-	setDur(&p.BackoffMax, 5*time.Minute)
+	setDur(&p.Interval, pooldef.Interval)
+	setDur(&p.LeaseTTL, pooldef.LeaseTTL)
+	setDur(&p.BackoffInitial, pooldef.BackoffInitial)
+	setDur(&p.BackoffMax, pooldef.BackoffMax)
 }
 
 func (p Pools) validate() error {

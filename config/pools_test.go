@@ -3,6 +3,8 @@ package config
 import (
 	"testing"
 	"time"
+
+	pooldef "proxyfleet/pool/defaults"
 )
 
 func TestPoolsDefaultsAndFieldErrors(t *testing.T) {
@@ -10,7 +12,7 @@ func TestPoolsDefaultsAndFieldErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p := c.Pools; p.Interval != time.Second || p.LeaseTTL != 15*time.Second || p.BackoffInitial != 5*time.Second || p.BackoffMax != 5*time.Minute || p.HTTP != "" {
+	if p := c.Pools; p.Interval != pooldef.Interval || p.LeaseTTL != pooldef.LeaseTTL || p.BackoffInitial != pooldef.BackoffInitial || p.BackoffMax != pooldef.BackoffMax || p.HTTP != "" {
 		t.Fatalf("pools defaults %+v", p)
 	}
 	c, err = Parse([]byte(good + "pools: {interval: 200ms, lease_ttl: 3s, backoff_initial: 1s, backoff_max: 10s, http: '127.0.0.1:9093'}\n"))

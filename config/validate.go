@@ -14,6 +14,7 @@ import (
 	"proxyfleet/addrplan"
 	"proxyfleet/bans"
 	"proxyfleet/deny"
+	healthdef "proxyfleet/health/defaults"
 	"proxyfleet/messages"
 )
 
@@ -218,7 +219,7 @@ func (c *Config) Validate() error {
 		return bad("health.snapshot_interval", "%s is longer than an hour: subscribers of the snapshot would wait that long for a change", c.Health.SnapshotInterval)
 	}
 	if r := c.Health.SnapshotRate; r < 4096 {
-		return bad("health.snapshot_rate", "%d bytes a second: want at least 4096 (0: the default, 262144)", r)
+		return bad("health.snapshot_rate", "%d bytes a second: want at least 4096 (0: the default, %d)", r, healthdef.SnapshotRate)
 	}
 	if m := c.Health.SnapshotMaxBytes; m < 0 || (m > 0 && m < 4096) {
 		return bad("health.snapshot_max_bytes", "%d: want 0 (the server's max_payload) or at least 4096", m)

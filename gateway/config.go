@@ -11,6 +11,7 @@ import (
 
 	"proxyfleet/bans"
 	"proxyfleet/deny"
+	"proxyfleet/gateway/defaults"
 )
 
 // Config is the gateway's configuration. Field errors name the field as
@@ -132,27 +133,27 @@ type User struct {
 	MaxConns int
 }
 
-// Defaults of Config.
+// Defaults of Config: package proxyfleet/gateway/defaults's constants.
 const (
-	DefaultRetries          = 2
-	DefaultConnectTimeout   = 5 * time.Second
-	DefaultResponseTimeout  = 30 * time.Second
-	DefaultFirstByteTimeout = 3 * time.Second
+	DefaultRetries          = defaults.Retries
+	DefaultConnectTimeout   = defaults.ConnectTimeout
+	DefaultResponseTimeout  = defaults.ResponseTimeout
+	DefaultFirstByteTimeout = defaults.FirstByteTimeout
 	// MinFirstByteTimeout is FirstByteTimeout's least value: a live
 	// proxy's acknowledgement may take a few round trips and a
 	// retransmission.
 	MinFirstByteTimeout       = 500 * time.Millisecond
-	DefaultRetryAfter         = 5 * time.Second
-	DefaultDrainTimeout       = 5 * time.Second
-	DefaultHandshakeTimeout   = 10 * time.Second
-	DefaultKeepAliveTimeout   = 90 * time.Second
-	DefaultIdleTimeout        = 5 * time.Minute
-	DefaultMaxConns           = 256
-	DefaultAuthFailures       = 5
-	DefaultHeaderTimeout      = 10 * time.Second
-	DefaultMaxHeaderBytes     = 64 << 10
-	DefaultMaxHeaderFields    = 100
-	DefaultMaxUnauthenticated = 1024
+	DefaultRetryAfter         = defaults.RetryAfter
+	DefaultDrainTimeout       = defaults.DrainTimeout
+	DefaultHandshakeTimeout   = defaults.HandshakeTimeout
+	DefaultKeepAliveTimeout   = defaults.KeepAliveTimeout
+	DefaultIdleTimeout        = defaults.IdleTimeout
+	DefaultMaxConns           = defaults.MaxConns
+	DefaultAuthFailures       = defaults.AuthFailures
+	DefaultHeaderTimeout      = defaults.HeaderTimeout
+	DefaultMaxHeaderBytes     = defaults.MaxHeaderBytes
+	DefaultMaxHeaderFields    = defaults.MaxHeaderFields
+	DefaultMaxUnauthenticated = defaults.MaxUnauthenticated
 	// MinMaxHeaderBytes is MaxHeaderBytes's least value: the lean
 	// path's buffer (a head larger goes to net/http, which enforces it).
 	MinMaxHeaderBytes = clientReadSize

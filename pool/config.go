@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"proxyfleet/messages"
+	"proxyfleet/pool/defaults"
 	"proxyfleet/topology"
 )
 
@@ -22,7 +23,8 @@ type Host struct {
 	MaxProxies int
 }
 
-// Config configures a Controller. The defaults live in WithDefaults.
+// Config configures a Controller. WithDefaults fills its zero values,
+// from package proxyfleet/pool/defaults where a default is a constant.
 type Config struct {
 	Subjects messages.Subjects
 	// Topology names and sizes the pools' consumer (its ack wait and
@@ -65,15 +67,6 @@ type Config struct {
 	Hook func(point, pool string, ids []string)
 }
 
-// Defaults.
-const (
-	DefaultInterval       = time.Second
-	DefaultLeaseTTL       = 15 * time.Second
-	DefaultBackoffInitial = 5 * time.Second
-	DefaultBackoffMax     = 5 * time.Minute
-	DefaultCheckInterval  = 5 * time.Second
-)
-
 // WithDefaults returns cfg with every zero value filled with its default.
 func (cfg Config) WithDefaults() Config {
 	if cfg.Subjects.Prefix == "" {
@@ -87,11 +80,11 @@ func (cfg Config) WithDefaults() Config {
 		host, _ := os.Hostname()
 		cfg.ID = fmt.Sprintf("%s-%d", cmp.Or(host, "unknown"), os.Getpid())
 	}
-	cfg.Interval = cmp.Or(cfg.Interval, DefaultInterval)
-	cfg.LeaseTTL = cmp.Or(cfg.LeaseTTL, DefaultLeaseTTL)
-	cfg.BackoffInitial = cmp.Or(cfg.BackoffInitial, DefaultBackoffInitial)
-	cfg.BackoffMax = cmp.Or(cfg.BackoffMax, DefaultBackoffMax)
-	cfg.CheckInterval = cmp.Or(cfg.CheckInterval, DefaultCheckInterval)
+	cfg.Interval = cmp.Or(cfg.Interval, defaults.Interval)
+	cfg.LeaseTTL = cmp.Or(cfg.LeaseTTL, defaults.LeaseTTL)
+	cfg.BackoffInitial = cmp.Or(cfg.BackoffInitial, defaults.BackoffInitial)
+	cfg.BackoffMax = cmp.Or(cfg.BackoffMax, defaults.BackoffMax)
+	cfg.CheckInterval = cmp.Or(cfg.CheckInterval, defaults.CheckInterval)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}

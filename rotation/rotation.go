@@ -17,6 +17,7 @@ import (
 
 	"proxyfleet/bans"
 	"proxyfleet/messages"
+	"proxyfleet/rotation/defaults"
 )
 
 // Proxy is one proxy of the rotation, as a pick returns it.
@@ -55,11 +56,11 @@ const (
 	LeastBusy Strategy = "least-busy"
 )
 
-// Defaults of Config.
+// Defaults of Config: package proxyfleet/rotation/defaults's constants.
 const (
-	DefaultCooldown      = 10 * time.Second
-	DefaultCheckInterval = 5 * time.Second
-	DefaultRetryMax      = 5 * time.Second
+	DefaultCooldown      = defaults.Cooldown
+	DefaultCheckInterval = defaults.CheckInterval
+	DefaultRetryMax      = defaults.RetryMax
 	// missingRepeat is how often a stream or bucket that stays missing is
 	// logged again (health does the same).
 	missingRepeat = 30 * time.Second
@@ -184,7 +185,7 @@ func newRotation(cfg Config) (*Rotation, error) {
 	}
 	switch cfg.Strategy {
 	case "":
-		cfg.Strategy = RoundRobin
+		cfg.Strategy = defaults.Strategy
 	case RoundRobin, Random, LeastBusy:
 	default:
 		return nil, fmt.Errorf("rotation: unknown strategy %q (want %s, %s or %s)", cfg.Strategy, RoundRobin, Random, LeastBusy)

@@ -8,9 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"proxyfleet/client"
-	"proxyfleet/config"
 	"proxyfleet/messages"
-	"proxyfleet/pool"
 )
 
 // withPool makes a pool of one on r's serve and waits until serve's
@@ -38,27 +36,4 @@ func withPool(t *testing.T, r *roles) {
 		return value(mfs, "proxyfleet_pool_members", "pool", "m", "state", "ready") == 1 &&
 			value(mfs, "proxyfleet_pool_creates_total", "pool", "m") == 1 && value(mfs, "proxyfleet_pool_active") == 1
 	})
-}
-
-// The pool controller's defaults are its own (pool.Config.WithDefaults);
-// the config copies them.
-func TestPoolsConfigDefaultsAreTheControllers(t *testing.T) {
-	c, err := config.Parse([]byte("hosts:\n  - {name: h1, driver: sim, sim: {dir: /nonexistent}}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, want := poolsConfig(c, "", nil).WithDefaults(), pool.Config{}.WithDefaults()
-	for _, d := range []struct {
-		field      string
-		file, role any
-	}{
-		{"pools.interval", got.Interval, want.Interval},
-		{"pools.lease_ttl", got.LeaseTTL, want.LeaseTTL},
-		{"pools.backoff_initial", got.BackoffInitial, want.BackoffInitial},
-		{"pools.backoff_max", got.BackoffMax, want.BackoffMax},
-	} {
-		if d.file != d.role {
-			t.Errorf("%s defaults to %v in the file, %v in the controller", d.field, d.file, d.role)
-		}
-	}
 }

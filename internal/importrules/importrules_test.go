@@ -45,10 +45,13 @@ var rules = []rule{
 	{pkg: "bans", allow: []string{"messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	// It takes the roles' defaults from their pure constants, never from
 	// the roles themselves.
-	{pkg: "config", allow: []string{"messages", "addrplan", "fleet", "deny", "bans", "worker/defaults", "topology/defaults", "health/defaults"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	{pkg: "config", allow: []string{"messages", "addrplan", "fleet", "deny", "bans", "worker/defaults", "topology/defaults", "health/defaults", "pool/defaults", "gateway/defaults", "rotation/defaults"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	{pkg: "worker/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	{pkg: "topology/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	{pkg: "health/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	{pkg: "pool/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	{pkg: "gateway/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	{pkg: "rotation/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	// Address plans and their assignments are pure decisions: the worker
 	// and the config both lean on them, and they on nothing that runs.
 	{pkg: "addrplan", allow: []string{"fleet", "messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
@@ -68,21 +71,21 @@ var rules = []rule{
 	{pkg: "health", allow: []string{"messages", "bans", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// A client reads the contract, and the rotation through its library,
 	// never the worker's insides.
-	{pkg: "client", allow: []string{"messages", "rotation", "internal/jsapi", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "client", allow: []string{"messages", "rotation", "rotation/defaults", "internal/jsapi", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// A program that uses the fleet needs the contract and NATS, nothing
 	// of how the fleet is run.
 	{pkg: "rotation", allow: []string{"messages", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// The clients' one address: it reads the rotation through a Picker
 	// it declares (package rotation implements it), never health's or
 	// the worker's insides.
-	{pkg: "gateway", allow: []string{"messages", "rotation", "deny", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "gateway", allow: []string{"messages", "rotation", "rotation/defaults", "deny", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// The pool controller keeps pools by the commands any client may
 	// send, reading the rotation through its library: nothing of the
 	// worker's or health's insides.
-	{pkg: "pool", allow: []string{"messages", "rotation", "topology", "topology/defaults", "internal/jsapi", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "pool", allow: []string{"messages", "rotation", "rotation/defaults", "topology", "topology/defaults", "internal/jsapi", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// The web console reads and acts through the client library, as the
 	// CLI does: nothing of the worker's, health's or the pools' insides.
-	{pkg: "console", allow: []string{"client", "messages", "rotation", "internal/jsapi", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "console", allow: []string{"client", "messages", "rotation", "rotation/defaults", "internal/jsapi", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// The guest's program stands alone.
 	{pkg: "testguest"},
 }
