@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -41,6 +42,9 @@ type bodySender struct {
 	clientErr error // reading the client failed: it left (or sent a bad body)
 	upErr     error // writing to the proxy failed
 }
+
+// copyBufs are the buffers a request's body is sent from.
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // sendBody starts sending the request's body (its head is sent) to uc.
 // Once it is all sent, the response timeout starts.

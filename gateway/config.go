@@ -153,8 +153,9 @@ const (
 	DefaultMaxHeaderBytes     = 64 << 10
 	DefaultMaxHeaderFields    = 100
 	DefaultMaxUnauthenticated = 1024
-	// MinMaxHeaderBytes is MaxHeaderBytes's least value: the lean
-	// path's buffer (a head larger goes to net/http, which enforces it).
+	// MinMaxHeaderBytes is MaxHeaderBytes's least value: the client's
+	// reader (a head that fits it is taken; one larger is read apart,
+	// up to MaxHeaderBytes).
 	MinMaxHeaderBytes = clientReadSize
 )
 

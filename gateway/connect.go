@@ -10,13 +10,12 @@ import (
 	"time"
 )
 
-// connect answers a CONNECT on the lean path: a tunnel through a proxy,
-// as serveConnect does on the slow one. keep: the connection goes on
+// connect answers a CONNECT: a tunnel through a proxy. keep: the connection goes on
 // (an answer but 200); tunneled: it became a tunnel, which runs on in
 // goroutines of its own.
-func (cc *clientConn) connect(raw []byte) (keep, tunneled bool) {
+func (cc *clientConn) connect(headLen int) (keep, tunneled bool) {
 	g := cc.g
-	cc.headLen = len(raw)
+	cc.headLen = headLen
 	u, o, ok, keep := cc.admit(kindConnect)
 	if !ok {
 		return keep, false

@@ -244,7 +244,7 @@ func trimOWS(b []byte) []byte {
 
 // parse parses raw (a whole head, its empty line included). request:
 // the first line is a request line, and the head is taken strictly
-// (CRLF line ends, no obs-fold: what is not goes to the slow path);
+// (CRLF line ends, no obs-fold: what is not is refused);
 // else a status line, taken as http.Transport does (LF line ends too,
 // obs-fold unfolded in place to spaces, RFC 9112 5.2).
 func (h *head) parse(raw []byte, request bool) error {

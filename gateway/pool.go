@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// The lean path's connections to the proxies: kept alive between plain
+// The connections to the proxies: kept alive between plain
 // requests, in a pool per proxy address (most recently used first).
 const (
 	maxIdlePerProxy = 64               // idle connections kept per proxy

@@ -58,10 +58,9 @@ func (cc *clientConn) appendConnection(b []byte, keep bool) []byte {
 }
 
 // authority is the host[:port] of an http:// target; ok false for a
-// target the lean path does not take (a fragment, an authority the
-// target rule refuses: user info, a bad port, a host neither a name nor
-// an address), which the slow path answers (400 for the authority, by
-// the same rule). The host that goes to the proxy has passed the rule.
+// target refused (a fragment, an authority the target rule refuses:
+// user info, a bad port, a host neither a name nor an address). The
+// host that goes to the proxy has passed the rule.
 func authority(target []byte) (host []byte, ok bool) {
 	rest := target[len("http://"):]
 	end := bytes.IndexAny(rest, "/?#")
@@ -74,6 +73,9 @@ func authority(target []byte) (host []byte, ok bool) {
 	}
 	return host, true
 }
+
+// realm is the Basic realm the gateway asks credentials for.
+const realm = `Basic realm="proxyfleet"`
 
 // authenticate checks the request's Proxy-Authorization (the last one
 // that passed on this connection is taken again without a hash). On a
@@ -177,9 +179,9 @@ func (cc *clientConn) fail(kind string, err error) bool {
 
 // plain carries an absolute http:// request. keep: the connection goes
 // on.
-func (cc *clientConn) plain(raw []byte) (keep bool) {
+func (cc *clientConn) plain(headLen int) (keep bool) {
 	g := cc.g
-	cc.headLen = len(raw)
+	cc.headLen = headLen
 	host, ok := authority(cc.h.line[1])
 	if !ok {
 		// Refused before a proxy is picked (and before the credential
