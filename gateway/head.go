@@ -27,10 +27,6 @@ const (
 	fieldTransferEncoding                    // framing: written by the gateway
 	fieldHost                                // replaced by the request target's
 	fieldProxyAuthorization                  // the client's credential (hop)
-	fieldSession                             // X-Proxyfleet-Session (hop)
-	fieldLabels                              // X-Proxyfleet-Labels (hop)
-	fieldBan                                 // X-Proxyfleet-Ban (hop)
-	fieldProxyID                             // X-Proxyfleet-Proxy: the gateway's own
 	fieldExpect                              // handled by the gateway
 )
 
@@ -69,9 +65,6 @@ func kindOf(name []byte) fieldKind {
 		if eq("Proxy-Connection") {
 			return fieldProxyConnection
 		}
-		if eq(HeaderBan) {
-			return fieldBan
-		}
 	case 17:
 		if eq("Transfer-Encoding") {
 			return fieldTransferEncoding
@@ -80,22 +73,9 @@ func kindOf(name []byte) fieldKind {
 		if eq("Proxy-Authenticate") {
 			return fieldHop
 		}
-		if eq(HeaderProxy) {
-			return fieldProxyID
-		}
 	case 19:
 		if eq("Proxy-Authorization") {
 			return fieldProxyAuthorization
-		}
-		if eq(HeaderLabels) {
-			return fieldLabels
-		}
-		if eq(HeaderEgress) {
-			return fieldHop // the gateway's to set, on requests and answers
-		}
-	case 20:
-		if eq(HeaderSession) {
-			return fieldSession
 		}
 	}
 	return fieldOther
@@ -159,8 +139,7 @@ type head struct {
 	hosts       int  // Host fields (a request's)
 	badHost     bool // one of them is no host[:port]
 
-	auth, session, labels, ban    []byte // the first of each, nil without
-	hasSession, hasLabels, hasBan bool
+	auth []byte // the first Proxy-Authorization, nil without
 
 	connTokens [maxConnTokens][]byte // other names Connection lists (hop)
 	nTokens    int
@@ -452,18 +431,6 @@ func (h *head) note(f *field) error {
 	case fieldProxyAuthorization:
 		if h.auth == nil {
 			h.auth = f.value
-		}
-	case fieldSession:
-		if !h.hasSession {
-			h.session, h.hasSession = f.value, true
-		}
-	case fieldLabels:
-		if !h.hasLabels {
-			h.labels, h.hasLabels = f.value, true
-		}
-	case fieldBan:
-		if !h.hasBan {
-			h.ban, h.hasBan = f.value, true
 		}
 	}
 	return nil

@@ -37,7 +37,9 @@ func TestHeadParse(t *testing.T) {
 			}
 		}},
 		{"credentials and options", "GET http://a/ HTTP/1.1\r\nHost: a\r\nProxy-Authorization: Basic x\r\nProxy-Authorization: Basic y\r\nX-Proxyfleet-Session: s\r\nX-Proxyfleet-Labels: a=b\r\n\r\n", true, nil, func(t *testing.T, h *head) {
-			if string(h.auth) != "Basic x" || string(h.session) != "s" || string(h.labels) != "a=b" {
+			var o ownFields
+			markOwn(h, &o)
+			if string(h.auth) != "Basic x" || string(o.session) != "s" || string(o.labels) != "a=b" || h.fields[3].kind != fieldHop {
 				t.Fatalf("%+v", h)
 			}
 		}},

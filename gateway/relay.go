@@ -74,6 +74,45 @@ func authority(target []byte) (host []byte, ok bool) {
 	return host, true
 }
 
+// ownFields are the gateway's own fields of a request: the first of
+// each option a client may send in a header.
+type ownFields struct {
+	session, labels, ban          []byte
+	hasSession, hasLabels, hasBan bool
+}
+
+// markOwn marks the gateway's own fields of h (the options a client
+// sends, and HeaderProxy and HeaderEgress, which the gateway sets) as a
+// connection's own, never forwarded; of a request's (o not nil) it keeps
+// the first of each option in o.
+func markOwn(h *head, o *ownFields) {
+	for i := range h.fields {
+		f := &h.fields[i]
+		if f.kind != fieldOther || len(f.name) < len("X-Proxyfleet-") || f.name[0] != 'x' && f.name[0] != 'X' {
+			continue
+		}
+		switch {
+		case asciiEqualFold(f.name, HeaderProxy), asciiEqualFold(f.name, HeaderEgress):
+			f.kind = fieldHop
+		case asciiEqualFold(f.name, HeaderSession):
+			f.kind = fieldHop
+			if o != nil && !o.hasSession {
+				o.session, o.hasSession = f.value, true
+			}
+		case asciiEqualFold(f.name, HeaderLabels):
+			f.kind = fieldHop
+			if o != nil && !o.hasLabels {
+				o.labels, o.hasLabels = f.value, true
+			}
+		case asciiEqualFold(f.name, HeaderBan):
+			f.kind = fieldHop
+			if o != nil && !o.hasBan {
+				o.ban, o.hasBan = f.value, true
+			}
+		}
+	}
+}
+
 // realm is the Basic realm the gateway asks credentials for.
 const realm = `Basic realm="proxyfleet"`
 
@@ -134,8 +173,8 @@ func (cc *clientConn) admit(kind string) (u *user, o options, ok, keep bool) {
 		cc.g.m.request(kind, outcomeLimit).Inc()
 		return nil, o, false, cc.reply(http.StatusTooManyRequests, fmt.Sprintf("too many connections at once for this user (at most %d)", u.max))
 	}
-	if cc.h.hasSession || cc.h.hasLabels || cc.h.hasBan {
-		if err := o.withHeaders(string(cc.h.session), string(cc.h.labels), string(cc.h.ban)); err != nil {
+	if own := &cc.own; own.hasSession || own.hasLabels || own.hasBan {
+		if err := o.withHeaders(string(own.session), string(own.labels), string(own.ban)); err != nil {
 			u.release()
 			cc.g.m.request(kind, outcomeError).Inc()
 			return nil, o, false, cc.reply(http.StatusBadRequest, err.Error())
@@ -484,6 +523,7 @@ func (cc *clientConn) readAnswerHead(uc *upConn, st *relayState, now time.Time) 
 		if err := cc.rh.parse(raw, false); err != nil {
 			return &upstreamError{causeOther, "malformed answer"}
 		}
+		markOwn(&cc.rh, nil)
 		switch s := cc.rh.status(); {
 		case s == http.StatusSwitchingProtocols:
 			return &upstreamError{causeOther, "answered 101 Switching Protocols"}

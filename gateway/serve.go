@@ -51,12 +51,13 @@ const (
 
 // clientConn is one HTTP client connection.
 type clientConn struct {
-	g  *Gateway
-	c  net.Conn
-	rc syscall.RawConn
-	br *bufio.Reader
-	h  head // the request's
-	rh head // the answer's
+	g   *Gateway
+	c   net.Conn
+	rc  syscall.RawConn
+	br  *bufio.Reader
+	h   head      // the request's
+	own ownFields // the request's options in its fields
+	rh  head      // the answer's
 	// out is the buffer heads and bodies are written from.
 	out  *[]byte
 	acc  []byte // an answer's head too large for a reader's buffer
@@ -227,6 +228,10 @@ func (cc *clientConn) serve() {
 		if err == nil {
 			err = cc.h.parse(raw, true)
 		}
+		cc.own = ownFields{}
+		if err == nil {
+			markOwn(&cc.h, &cc.own)
+		}
 		cc.headLen, cc.sentContinue = 0, false
 		var keep bool
 		var he *headError
@@ -288,7 +293,7 @@ func (cc *clientConn) release() {
 		cc.out = nil
 	}
 	cc.acc, cc.long = nil, nil
-	cc.h, cc.rh = head{}, head{}
+	cc.h, cc.rh, cc.own = head{}, head{}, ownFields{}
 }
 
 // errNotProxy refuses a target the gateway does not carry: an
