@@ -32,11 +32,11 @@ func (cc *clientConn) connect(headLen int) (keep, tunneled bool) {
 			g.m.flight(kindConnect).Dec()
 		}
 	}()
-	target, err := parseHostPort(string(cc.h.line[1]))
+	target, err := parseHostPort(string(cc.h.Line[1]))
 	if err != nil {
 		// Refused before a proxy is picked: no proxy hears of it.
 		g.m.request(kindConnect, outcomeError).Inc()
-		return cc.reply(http.StatusBadRequest, fmt.Sprintf("CONNECT %q: %v", cc.h.line[1], err)), false
+		return cc.reply(http.StatusBadRequest, fmt.Sprintf("CONNECT %q: %v", cc.h.Line[1], err)), false
 	}
 	ctx, stopWatch := cc.watch()
 	var up net.Conn

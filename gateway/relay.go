@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"net/netip"
+	"proxyfleet/gateway/h1"
 	"strconv"
 	"time"
 )
@@ -41,17 +42,17 @@ func (cc *clientConn) consumeHead() {
 // request (its own wish, HTTP/1.0's default, the drain).
 func (cc *clientConn) keepAlive() bool {
 	h := &cc.h
-	return !h.close && (!h.http10 || h.keepAlive) && !cc.g.draining.Load()
+	return !h.Close && (!h.HTTP10 || h.KeepAlive) && !cc.g.draining.Load()
 }
 
 // hasBody says whether the request has a body.
-func (cc *clientConn) hasBody() bool { return cc.h.length > 0 || cc.h.chunked }
+func (cc *clientConn) hasBody() bool { return cc.h.Length > 0 || cc.h.Chunked }
 
 func (cc *clientConn) appendConnection(b []byte, keep bool) []byte {
 	switch {
 	case !keep:
 		return append(b, "Connection: close\r\n"...)
-	case cc.h.http10:
+	case cc.h.HTTP10:
 		return append(b, "Connection: keep-alive\r\n"...)
 	}
 	return b
@@ -85,29 +86,29 @@ type ownFields struct {
 // sends, and HeaderProxy and HeaderEgress, which the gateway sets) as a
 // connection's own, never forwarded; of a request's (o not nil) it keeps
 // the first of each option in o.
-func markOwn(h *head, o *ownFields) {
-	for i := range h.fields {
-		f := &h.fields[i]
-		if f.kind != fieldOther || len(f.name) < len("X-Proxyfleet-") || f.name[0] != 'x' && f.name[0] != 'X' {
+func markOwn(h *h1.Head, o *ownFields) {
+	for i := range h.Fields {
+		f := &h.Fields[i]
+		if f.Kind != h1.KindOther || len(f.Name) < len("X-Proxyfleet-") || f.Name[0] != 'x' && f.Name[0] != 'X' {
 			continue
 		}
 		switch {
-		case asciiEqualFold(f.name, HeaderProxy), asciiEqualFold(f.name, HeaderEgress):
-			f.kind = fieldHop
-		case asciiEqualFold(f.name, HeaderSession):
-			f.kind = fieldHop
+		case h1.EqualFold(f.Name, HeaderProxy), h1.EqualFold(f.Name, HeaderEgress):
+			f.Kind = h1.KindHop
+		case h1.EqualFold(f.Name, HeaderSession):
+			f.Kind = h1.KindHop
 			if o != nil && !o.hasSession {
-				o.session, o.hasSession = f.value, true
+				o.session, o.hasSession = f.Value, true
 			}
-		case asciiEqualFold(f.name, HeaderLabels):
-			f.kind = fieldHop
+		case h1.EqualFold(f.Name, HeaderLabels):
+			f.Kind = h1.KindHop
 			if o != nil && !o.hasLabels {
-				o.labels, o.hasLabels = f.value, true
+				o.labels, o.hasLabels = f.Value, true
 			}
-		case asciiEqualFold(f.name, HeaderBan):
-			f.kind = fieldHop
+		case h1.EqualFold(f.Name, HeaderBan):
+			f.Kind = h1.KindHop
 			if o != nil && !o.hasBan {
-				o.ban, o.hasBan = f.value, true
+				o.ban, o.hasBan = f.Value, true
 			}
 		}
 	}
@@ -124,7 +125,7 @@ const realm = `Basic realm="proxyfleet"`
 // failed too often lately is refused unchecked (429, see throttle).
 func (cc *clientConn) authenticate(kind string) (u *user, o options, ok, keep bool) {
 	g := cc.g
-	a := cc.h.auth
+	a := cc.h.Auth
 	if cc.authUser != nil && bytes.Equal(a, cc.authRaw) {
 		return cc.authUser, cc.authOpts, true, true
 	}
@@ -135,7 +136,7 @@ func (cc *clientConn) authenticate(kind string) (u *user, o options, ok, keep bo
 		if wait, blocked := g.authThrottle.blocked(src, now); blocked {
 			g.m.request(kind, outcomeThrottled).Inc()
 			g.m.authFailures.WithLabelValues(kind, authThrottled).Inc()
-			cc.h.close = true
+			cc.h.Close = true
 			return nil, options{}, false, cc.reply(http.StatusTooManyRequests, "too many failed credentials from this address", "Retry-After: "+strconv.Itoa(retryAfter(wait)))
 		}
 		reason = authWrong
@@ -153,7 +154,7 @@ func (cc *clientConn) authenticate(kind string) (u *user, o options, ok, keep bo
 			}
 		}
 		g.authThrottle.fail(src, now)
-		cc.h.close = true // a wrong credential ends the connection
+		cc.h.Close = true // a wrong credential ends the connection
 	}
 	g.m.request(kind, outcomeAuth).Inc()
 	g.m.authFailures.WithLabelValues(kind, reason).Inc()
@@ -190,7 +191,7 @@ func (cc *clientConn) fail(kind string, err error) bool {
 	var failed *allFailed
 	var denied *deniedError
 	var banned *bannedError
-	var refused *headError
+	var refused *h1.Error
 	switch {
 	case errors.As(err, &denied):
 		g.m.request(kind, outcomeDenied).Inc()
@@ -221,18 +222,18 @@ func (cc *clientConn) fail(kind string, err error) bool {
 func (cc *clientConn) plain(headLen int) (keep bool) {
 	g := cc.g
 	cc.headLen = headLen
-	host, ok := authority(cc.h.line[1])
+	host, ok := authority(cc.h.Line[1])
 	if !ok {
 		// Refused before a proxy is picked (and before the credential
 		// is looked at): no proxy hears of it.
 		why := "a fragment in the URI"
-		if t := cc.h.line[1][len("http://"):]; bytes.IndexByte(t, '#') < 0 {
+		if t := cc.h.Line[1][len("http://"):]; bytes.IndexByte(t, '#') < 0 {
 			if end := bytes.IndexAny(t, "/?"); end >= 0 {
 				t = t[:end]
 			}
 			why = fmt.Sprintf("URI host %q: %v", t, errAuthority)
 		}
-		cc.refuse(&headError{http.StatusBadRequest, why})
+		cc.refuse(&h1.Error{Status: http.StatusBadRequest, Text: why})
 		return false
 	}
 	u, o, ok, keep := cc.admit(kindHTTP)
@@ -250,7 +251,7 @@ func (cc *clientConn) plain(headLen int) (keep bool) {
 		st.p, st.egress, st.at = at.p, at.egress, at
 		retryable, err := cc.try(withEgress(req, st.egress), &st)
 		if err == nil {
-			at.status = cc.rh.status()
+			at.status = cc.rh.Status()
 		}
 		return retryable, err
 	})
@@ -272,9 +273,9 @@ func (cc *clientConn) plain(headLen int) (keep bool) {
 func (cc *clientConn) requestHead(host []byte) []byte {
 	h := &cc.h
 	b := (*cc.out)[:0]
-	b = append(b, h.line[0]...)
+	b = append(b, h.Line[0]...)
 	b = append(b, ' ')
-	if t := h.line[1]; len(t) == len("http://")+len(host) || t[len("http://")+len(host)] == '?' {
+	if t := h.Line[1]; len(t) == len("http://")+len(host) || t[len("http://")+len(host)] == '?' {
 		b = append(b, t[:len("http://")+len(host)]...)
 		b = append(b, '/')
 		b = append(b, t[len("http://")+len(host):]...)
@@ -284,13 +285,13 @@ func (cc *clientConn) requestHead(host []byte) []byte {
 	b = append(b, " HTTP/1.1\r\nHost: "...)
 	b = append(b, host...)
 	b = append(b, "\r\n"...)
-	b = appendFields(b, h.fields)
+	b = appendFields(b, h.Fields)
 	switch {
-	case h.chunked:
+	case h.Chunked:
 		b = append(b, "Transfer-Encoding: chunked\r\n"...)
-	case h.length >= 0:
+	case h.Length >= 0:
 		b = append(b, "Content-Length: "...)
-		b = strconv.AppendInt(b, h.length, 10)
+		b = strconv.AppendInt(b, h.Length, 10)
 		b = append(b, "\r\n"...)
 	}
 	if a := cc.g.upstreamAuth; a != "" {
@@ -318,12 +319,12 @@ func withEgress(req []byte, a netip.Addr) []byte {
 }
 
 // appendFields appends the fields that are forwarded as they are.
-func appendFields(b []byte, fs []field) []byte {
+func appendFields(b []byte, fs []h1.Field) []byte {
 	for i := range fs {
-		if f := &fs[i]; f.kind == fieldOther {
-			b = append(b, f.name...)
+		if f := &fs[i]; f.Kind == h1.KindOther {
+			b = append(b, f.Name...)
 			b = append(b, ": "...)
-			b = append(b, f.value...)
+			b = append(b, f.Value...)
 			b = append(b, "\r\n"...)
 		}
 	}
@@ -333,7 +334,7 @@ func appendFields(b []byte, fs []field) []byte {
 // replayable: a request that may be sent again on a fresh connection to
 // the same proxy when a kept-alive one turns out closed (as
 // http.Transport: no body, an idempotent method).
-func (cc *clientConn) replayable() bool { return !cc.hasBody() && cc.h.idempotent }
+func (cc *clientConn) replayable() bool { return !cc.hasBody() && cc.h.Idempotent }
 
 // try sends the request to st.p and reads its answer's head. retryable:
 // another proxy may be tried (the client's body was not touched, or is
@@ -377,7 +378,7 @@ func (cc *clientConn) try(req []byte, st *relayState) (retryable bool, err error
 			if st.at.sc.needsBody() {
 				body = cc.peekBody(uc, st)
 			}
-			if g.judge(st.at, cc.rh.status(), body, time.Since(now), cc.resendable(st)) {
+			if g.judge(st.at, cc.rh.Status(), body, time.Since(now), cc.resendable(st)) {
 				// The answer is dropped with its connection; a body held
 				// stays for the next attempt.
 				uc.c.Close()
@@ -402,7 +403,7 @@ func (cc *clientConn) try(req []byte, st *relayState) (retryable bool, err error
 			s.abort(cc, uc)
 			st.upBytes += s.n
 			switch {
-			case errors.Is(s.clientErr, errChunked):
+			case errors.Is(s.clientErr, h1.ErrChunked):
 				err = errBodyChunked // the client's doing: it is told
 			case s.clientErr != nil:
 				err = errClientLeft
@@ -433,19 +434,19 @@ func (cc *clientConn) resendable(st *relayState) bool {
 // timeout; nil for an answer without a body.
 func (cc *clientConn) peekBody(uc *upConn, st *relayState) []byte {
 	rh := &cc.rh
-	if s := rh.status(); cc.h.isHead || s == http.StatusNoContent || s == http.StatusNotModified || rh.length == 0 && !rh.chunked {
+	if s := rh.Status(); cc.h.IsHead || s == http.StatusNoContent || s == http.StatusNotModified || rh.Length == 0 && !rh.Chunked {
 		return nil
 	}
 	n := cc.g.cfg.BodyPeek
-	if rh.length > 0 && !rh.chunked {
-		n = int(min(int64(n), rh.length))
+	if rh.Length > 0 && !rh.Chunked {
+		n = int(min(int64(n), rh.Length))
 	}
 	if st.headLen+n > uc.br.Size() {
 		uc.br = bufio.NewReaderSize(uc.br, st.headLen+n)
 	}
 	uc.limit.Store(time.Now().Add(cc.g.cfg.ResponseTimeout).UnixNano())
 	defer uc.limit.Store(0)
-	if rh.length < 0 || rh.chunked {
+	if rh.Length < 0 || rh.Chunked {
 		if _, err := uc.br.Peek(st.headLen + 1); err != nil {
 			return nil
 		}
@@ -469,13 +470,13 @@ func (cc *clientConn) send(uc *upConn, req []byte, st *relayState) error {
 		_, err := uc.c.Write(req)
 		return err
 	}
-	if h.length > 0 && cc.br.Buffered() >= cc.headLen+int(h.length) && len(req)+int(h.length) <= outSize {
+	if h.Length > 0 && cc.br.Buffered() >= cc.headLen+int(h.Length) && len(req)+int(h.Length) <= outSize {
 		// The body goes in the head's write, and stays in cc.br (held)
 		// until the answer comes: another proxy may be sent it.
-		all, _ := cc.br.Peek(cc.headLen + int(h.length))
+		all, _ := cc.br.Peek(cc.headLen + int(h.Length))
 		b := append(req, all[cc.headLen:]...)
 		cc.consumeHead()
-		cc.held = int(h.length)
+		cc.held = int(h.Length)
 		_, err := uc.c.Write(b)
 		return err
 	}
@@ -483,7 +484,7 @@ func (cc *clientConn) send(uc *upConn, req []byte, st *relayState) error {
 		return err
 	}
 	cc.consumeHead()
-	if h.expect100 && !h.http10 && !cc.sentContinue {
+	if h.Expect100 && !h.HTTP10 && !cc.sentContinue {
 		cc.sentContinue = true
 		if err := cc.write([]byte("HTTP/1.1 100 Continue\r\n\r\n")); err != nil {
 			return errClientLeft
@@ -508,23 +509,23 @@ func (cc *clientConn) readAnswerHead(uc *upConn, st *relayState, now time.Time) 
 	}
 	for {
 		st.headLen = 0
-		raw, err := peekHead(uc.br, false, nil)
-		if errors.Is(err, errHeadTooLarge) {
-			raw, err = readLongHead(uc.br, &cc.acc, maxResponseHead)
+		raw, err := h1.PeekHead(uc.br, false, nil)
+		if errors.Is(err, h1.ErrTooLarge) {
+			raw, err = h1.ReadLongHead(uc.br, &cc.acc, maxResponseHead)
 		} else if err == nil {
 			st.headLen = len(raw)
 		}
-		if errors.Is(err, errHeadSyntax) || errors.Is(err, errHeadTooLarge) {
+		if errors.Is(err, h1.ErrSyntax) || errors.Is(err, h1.ErrTooLarge) {
 			return &upstreamError{causeOther, "malformed answer"}
 		}
 		if err != nil {
 			return err
 		}
-		if err := cc.rh.parse(raw, false); err != nil {
+		if err := cc.rh.Parse(raw, false); err != nil {
 			return &upstreamError{causeOther, "malformed answer"}
 		}
 		markOwn(&cc.rh, nil)
-		switch s := cc.rh.status(); {
+		switch s := cc.rh.Status(); {
 		case s == http.StatusSwitchingProtocols:
 			return &upstreamError{causeOther, "answered 101 Switching Protocols"}
 		case s < 200:

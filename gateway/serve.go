@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"proxyfleet/gateway/h1"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -55,9 +56,9 @@ type clientConn struct {
 	c   net.Conn
 	rc  syscall.RawConn
 	br  *bufio.Reader
-	h   head      // the request's
+	h   h1.Head   // the request's
 	own ownFields // the request's options in its fields
-	rh  head      // the answer's
+	rh  h1.Head   // the answer's
 	// out is the buffer heads and bodies are written from.
 	out  *[]byte
 	acc  []byte // an answer's head too large for a reader's buffer
@@ -208,7 +209,7 @@ func (cc *clientConn) serve() {
 		if !cc.state.CompareAndSwap(connIdle, connActive) {
 			return // closed by the drain
 		}
-		raw, err := peekHead(cc.br, true, func() error {
+		raw, err := h1.PeekHead(cc.br, true, func() error {
 			if first {
 				return nil // due since the accept
 			}
@@ -218,7 +219,7 @@ func (cc *clientConn) serve() {
 			return cc.c.SetReadDeadline(cc.headBy)
 		})
 		headLen := len(raw) // what of br the head takes (0: consumed)
-		if errors.Is(err, errHeadTooLarge) {
+		if errors.Is(err, h1.ErrTooLarge) {
 			// Larger than the reader's buffer: read whole (up to
 			// MaxHeaderBytes) into a buffer of its own, and checked and
 			// served as any other.
@@ -226,7 +227,7 @@ func (cc *clientConn) serve() {
 			headLen = 0
 		}
 		if err == nil {
-			err = cc.h.parse(raw, true)
+			err = cc.h.Parse(raw, true)
 		}
 		cc.own = ownFields{}
 		if err == nil {
@@ -234,11 +235,11 @@ func (cc *clientConn) serve() {
 		}
 		cc.headLen, cc.sentContinue = 0, false
 		var keep bool
-		var he *headError
+		var he *h1.Error
 		switch {
-		case err == nil && len(cc.h.fields) > g.cfg.MaxHeaderFields:
+		case err == nil && len(cc.h.Fields) > g.cfg.MaxHeaderFields:
 			// Before the credential is looked at; the connection closes.
-			cc.refuse(&headError{http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("more than %d header fields", g.cfg.MaxHeaderFields)})
+			cc.refuse(&h1.Error{Status: http.StatusRequestHeaderFieldsTooLarge, Text: fmt.Sprintf("more than %d header fields", g.cfg.MaxHeaderFields)})
 			return
 		case errors.As(err, &he):
 			// Refused here: there is no other parser.
@@ -246,12 +247,12 @@ func (cc *clientConn) serve() {
 			return
 		case err != nil:
 			return // the client left, or its head's time ran out
-		case string(cc.h.line[0]) == http.MethodConnect:
+		case string(cc.h.Line[0]) == http.MethodConnect:
 			keep, handed = cc.connect(headLen)
 			if handed {
 				return // the tunnel's now
 			}
-		case hasPrefixHTTP(cc.h.line[1]):
+		case hasPrefixHTTP(cc.h.Line[1]):
 			keep = cc.plain(headLen)
 		default:
 			// origin-form, asterisk-form, https:// or another scheme:
@@ -269,8 +270,8 @@ func (cc *clientConn) serve() {
 }
 
 // headKind is the kind label of a request refused for its head.
-func headKind(h *head) string {
-	if string(h.line[0]) == http.MethodConnect {
+func headKind(h *h1.Head) string {
+	if string(h.Line[0]) == http.MethodConnect {
 		return kindConnect
 	}
 	return kindHTTP
@@ -293,12 +294,12 @@ func (cc *clientConn) release() {
 		cc.out = nil
 	}
 	cc.acc, cc.long = nil, nil
-	cc.h, cc.rh, cc.own = head{}, head{}, ownFields{}
+	cc.h, cc.rh, cc.own = h1.Head{}, h1.Head{}, ownFields{}
 }
 
 // errNotProxy refuses a target the gateway does not carry: an
 // https:// one is tunneled with CONNECT.
-var errNotProxy = &headError{http.StatusBadRequest, "this is a proxy: send CONNECT or an absolute http:// URI"}
+var errNotProxy = &h1.Error{Status: http.StatusBadRequest, Text: "this is a proxy: send CONNECT or an absolute http:// URI"}
 
 // readLongHead reads a request head that does not fit the client's
 // reader (consumed from it) into cc.long, up to MaxHeaderBytes: over it,
@@ -312,19 +313,19 @@ func (cc *clientConn) readLongHead(first bool) ([]byte, error) {
 			return nil, err
 		}
 	}
-	return readLongHead(cc.br, &cc.long, cc.g.cfg.MaxHeaderBytes)
+	return h1.ReadLongHead(cc.br, &cc.long, cc.g.cfg.MaxHeaderBytes)
 }
 
 // refuse answers a request refused for its head with the status of he,
 // before its credential is looked at, and ends the connection (what the
 // client sent after it is read and dropped for a while, so that the
 // close does not reset the answer away).
-func (cc *clientConn) refuse(he *headError) {
+func (cc *clientConn) refuse(he *h1.Error) {
 	g := cc.g
-	cc.h.close = true
+	cc.h.Close = true
 	g.m.request(headKind(&cc.h), outcomeError).Inc()
-	g.log.Debug("gateway: request refused", "status", he.status, "why", he.text, "remote", cc.c.RemoteAddr().String())
-	cc.reply(he.status, he.text) // (h.close: it says the connection ends)
+	g.log.Debug("gateway: request refused", "status", he.Status, "why", he.Text, "remote", cc.c.RemoteAddr().String())
+	cc.reply(he.Status, he.Text) // (h.close: it says the connection ends)
 	lingerClose(cc.c)
 }
 

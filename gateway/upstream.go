@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"proxyfleet/gateway/h1"
 	"slices"
 	"strings"
 	"sync"
@@ -297,7 +298,7 @@ func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, tr
 		if ctx.Err() != nil {
 			return p, ctx.Err()
 		}
-		var refused *headError
+		var refused *h1.Error
 		if errors.Is(err, errClientLeft) || errors.As(err, &refused) {
 			return p, err // nobody's failure, or the client's
 		}
