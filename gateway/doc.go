@@ -84,8 +84,9 @@
 // # One stack
 //
 // The HTTP proxy's connections are served by a loop of the gateway's
-// own (serve.go): a strict HTTP/1.x parser without allocation
-// (head.go), one goroutine per connection, one write for a request's
+// own (serve.go; what happens to a request, from its head to its
+// answer, is in request.go): a strict HTTP/1.x parser without
+// allocation (package gateway/h1), one goroutine per connection, one write for a request's
 // head (and a small body) to the proxy and one for the answer's head
 // (and what came of its body) to the client, no goroutine per request
 // unless a body must go up while the answer is awaited; 1xx interim

@@ -2,12 +2,9 @@ package gateway
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
-	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"proxyfleet/gateway/h1"
 	"strconv"
 	"sync"
@@ -17,16 +14,14 @@ import (
 )
 
 // The HTTP proxy's connections are served by one loop of the gateway's
-// own (this file, relay.go, body.go): one goroutine per client
-// connection reads a request head with the strict parser of head.go
-// (one larger than the client's reader is read whole apart, up to
-// MaxHeaderBytes), refuses one it does not take (with the status of its
-// headError, and a close), answers CONNECT, and relays an absolute
-// http:// request over a keep-alive connection to the picked proxy
-// (pool.go) with a write for the head (and a small body) and one for
-// the answer's head (and what came of its body), allocating nothing in
-// the steady state. Any other target (origin-form, asterisk-form,
-// https:// or another scheme) is refused: 400, and a close.
+// own (this file): one goroutine per client connection reads a request
+// head with the strict parser of package h1 (one larger than the
+// client's reader is read whole apart, up to MaxHeaderBytes) and hands
+// it to route (request.go), which refuses it, answers CONNECT, or
+// relays an absolute http:// request (relay.go, body.go) over a
+// keep-alive connection to the picked proxy (pool.go) with a write for
+// the head (and a small body) and one for the answer's head (and what
+// came of its body), allocating nothing in the steady state.
 
 const (
 	// clientReadSize is a client connection's read buffer: the largest
@@ -229,37 +224,10 @@ func (cc *clientConn) serve() {
 		if err == nil {
 			err = cc.h.Parse(raw, true)
 		}
-		cc.own = ownFields{}
-		if err == nil {
-			markOwn(&cc.h, &cc.own)
-		}
-		cc.headLen, cc.sentContinue = 0, false
-		var keep bool
-		var he *h1.Error
-		switch {
-		case err == nil && len(cc.h.Fields) > g.cfg.MaxHeaderFields:
-			// Before the credential is looked at; the connection closes.
-			cc.refuse(&h1.Error{Status: http.StatusRequestHeaderFieldsTooLarge, Text: fmt.Sprintf("more than %d header fields", g.cfg.MaxHeaderFields)})
-			return
-		case errors.As(err, &he):
-			// Refused here: there is no other parser.
-			cc.refuse(he)
-			return
-		case err != nil:
-			return // the client left, or its head's time ran out
-		case string(cc.h.Line[0]) == http.MethodConnect:
-			keep, handed = cc.connect(headLen)
-			if handed {
-				return // the tunnel's now
-			}
-		case hasPrefixHTTP(cc.h.Line[1]):
-			keep = cc.plain(headLen)
-		default:
-			// origin-form, asterisk-form, https:// or another scheme:
-			// not a forward proxy's request; refused before the
-			// credential is looked at.
-			cc.refuse(errNotProxy)
-			return
+		keep, tunneled := cc.route(headLen, err)
+		if tunneled {
+			handed = true
+			return // the tunnel's now
 		}
 		if !keep {
 			return
@@ -268,16 +236,6 @@ func (cc *clientConn) serve() {
 		first, cc.headBy = false, time.Time{}
 	}
 }
-
-// headKind is the kind label of a request refused for its head.
-func headKind(h *h1.Head) string {
-	if string(h.Line[0]) == http.MethodConnect {
-		return kindConnect
-	}
-	return kindHTTP
-}
-
-func hasPrefixHTTP(target []byte) bool { return bytes.HasPrefix(target, []byte("http://")) }
 
 // release gives the connection's buffers back.
 func (cc *clientConn) release() {
@@ -297,10 +255,6 @@ func (cc *clientConn) release() {
 	cc.h, cc.rh, cc.own = h1.Head{}, h1.Head{}, ownFields{}
 }
 
-// errNotProxy refuses a target the gateway does not carry: an
-// https:// one is tunneled with CONNECT.
-var errNotProxy = &h1.Error{Status: http.StatusBadRequest, Text: "this is a proxy: send CONNECT or an absolute http:// URI"}
-
 // readLongHead reads a request head that does not fit the client's
 // reader (consumed from it) into cc.long, up to MaxHeaderBytes: over it,
 // errHeadTooLarge. A next request's head is due HeaderTimeout from now
@@ -314,19 +268,6 @@ func (cc *clientConn) readLongHead(first bool) ([]byte, error) {
 		}
 	}
 	return h1.ReadLongHead(cc.br, &cc.long, cc.g.cfg.MaxHeaderBytes)
-}
-
-// refuse answers a request refused for its head with the status of he,
-// before its credential is looked at, and ends the connection (what the
-// client sent after it is read and dropped for a while, so that the
-// close does not reset the answer away).
-func (cc *clientConn) refuse(he *h1.Error) {
-	g := cc.g
-	cc.h.Close = true
-	g.m.request(headKind(&cc.h), outcomeError).Inc()
-	g.log.Debug("gateway: request refused", "status", he.Status, "why", he.Text, "remote", cc.c.RemoteAddr().String())
-	cc.reply(he.Status, he.Text) // (h.close: it says the connection ends)
-	lingerClose(cc.c)
 }
 
 // Closing a connection whose peer still sends (a refused request's body)
@@ -369,13 +310,7 @@ func (cc *clientConn) reply(status int, text string, hdr ...string) bool {
 
 // startHead starts an answer of the gateway's own in cc.out.
 func (cc *clientConn) startHead(status int) []byte {
-	b := append((*cc.out)[:0], "HTTP/1.1 "...)
-	b = strconv.AppendInt(b, int64(status), 10)
-	b = append(b, ' ')
-	b = append(b, http.StatusText(status)...)
-	b = append(b, "\r\nDate: "...)
-	b = time.Now().UTC().AppendFormat(b, http.TimeFormat)
-	return append(b, "\r\n"...)
+	return h1.AppendStart((*cc.out)[:0], status, time.Now())
 }
 
 // finishReply ends an answer of the gateway's own with its body, and

@@ -7,7 +7,8 @@
 // framing) is an *Error carrying the status to refuse it with; an
 // answer's head is taken as http.Transport takes it, and one it does
 // not take is an error too (the proxy's failure). ReadChunkSize,
-// ReadCRLF and ReadTrailers read a chunked body's framing.
+// ReadCRLF and ReadTrailers read a chunked body's framing; AppendStart
+// writes the start of an answer.
 //
 // It knows nothing of users, proxies, sessions or bans: a field it
 // does not define is KindOther, for its user to judge.
