@@ -7,11 +7,12 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"proxyfleet/gateway/h1"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"proxyfleet/gateway/h1"
 )
 
 // Bodies of the lean path: the request's goes to the proxy as it came

@@ -6,9 +6,10 @@ import (
 	"errors"
 	"net/http"
 	"net/netip"
-	"proxyfleet/gateway/h1"
 	"strconv"
 	"time"
+
+	"proxyfleet/gateway/h1"
 )
 
 // relayState is one plain request's relay.

@@ -5,12 +5,13 @@ import (
 	"errors"
 	"io"
 	"net"
-	"proxyfleet/gateway/h1"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"proxyfleet/gateway/h1"
 )
 
 // The HTTP proxy's connections are served by one loop of the gateway's
