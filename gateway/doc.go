@@ -1,5 +1,5 @@
 // Package gateway is the fleet's clients' one address: an HTTP forward
-// proxy (CONNECT and absolute-URI requests) and, on a second listener, a
+// proxy (CONNECT and absolute http:// requests) and, on a second listener, a
 // SOCKS5 server (RFC 1928, CONNECT only, username/password per RFC 1929),
 // in front of the proxies of the rotation, each reached with the fleet's
 // credential (proxy.auth).
@@ -73,7 +73,7 @@
 // deny.Default: loopback, 0.0.0.0/8 and ::, link-local with a cloud's
 // metadata service, RFC 1918, 100.64.0.0/10, fc00::/7; IPv4-mapped IPv6
 // addresses unmapped first) is refused before any proxy is picked, on
-// both HTTP paths and for SOCKS5, an address given as a SOCKS5 domain
+// CONNECT, plain requests and SOCKS5, an address given as a SOCKS5 domain
 // included: 403 Forbidden with "destination A is denied", or SOCKS5
 // reply 2 (connection not allowed by ruleset); no proxy hears of it. The
 // addresses the gateway listens on (when not unspecified) are refused
