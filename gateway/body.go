@@ -15,7 +15,7 @@ import (
 	"proxyfleet/gateway/h1"
 )
 
-// Bodies of the lean path: the request's goes to the proxy as it came
+// Bodies of a plain request: the request's goes to the proxy as it came
 // (by its length, or chunked again), the answer's to the client by its
 // length, or chunked (what came chunked or until the proxy closed, to an
 // HTTP/1.1 client; as it comes and then a close, to an HTTP/1.0 one).

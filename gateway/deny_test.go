@@ -46,7 +46,7 @@ func TestDeniedDestinations(t *testing.T) {
 	pk := newPicker(Proxy{ID: "p1", Addr: up.addr()})
 	g := startGateway(t, pk, func(c *Config) { c.Deny = nil }) // the default list
 
-	// The lean path: one connection, kept alive across the refusals.
+	// One connection, kept alive across the refusals.
 	rc := dialGateway(t, g)
 	for _, c := range []struct{ req, method, addr string }{
 		{"CONNECT 127.0.0.1:80 HTTP/1.1\r\nHost: 127.0.0.1:80\r\n" + aliceAuth + "\r\n", http.MethodConnect, "127.0.0.1"},

@@ -17,10 +17,10 @@ import (
 	"proxyfleet/internal/poll"
 )
 
-// The lean path's HTTP/1.1 relay, against a scripted proxy that answers
-// with raw bytes: framing, interim answers, hop-by-hop fields, bodies
-// both ways, pipelining, keep-alive, a proxy that breaks off, a client
-// that leaves, the hand-over to net/http.
+// The HTTP/1.1 relay, against a scripted proxy that answers with raw
+// bytes: framing, interim answers, hop-by-hop fields, bodies both ways,
+// pipelining, keep-alive, a proxy that breaks off, a client that
+// leaves, one parser for every head.
 
 // seenRequest is what a scripted proxy received.
 type seenRequest struct {

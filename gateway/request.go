@@ -374,7 +374,11 @@ func authority(target []byte) (host []byte, ok bool) {
 	return host, true
 }
 
-// fail answers a request no proxy carried, as answerFailure does.
+// fail answers a request no proxy carried: 403 for a denied
+// destination, 503 (with Retry-After) for a banned site or none
+// matching, 502 when those tried failed; a client that left gets
+// nothing; a head refused late (a malformed chunked body) is refused.
+// It counts the outcome, and says whether the connection goes on.
 func (cc *clientConn) fail(kind string, err error) bool {
 	g := cc.g
 	var empty *emptyError

@@ -143,7 +143,7 @@ var badConnectTargets = []string{
 	"t.example:4433333",    // too many digits
 }
 
-// TestConnectRefusesBadTarget: the lean path answers 400 to a CONNECT
+// TestConnectRefusesBadTarget: the gateway answers 400 to a CONNECT
 // whose target is not host:port by the rule, and no proxy hears of it;
 // an IPv6 address in brackets goes through.
 func TestConnectRefusesBadTarget(t *testing.T) {
@@ -405,7 +405,7 @@ func TestValidAuthority(t *testing.T) {
 			t.Errorf("validAuthority([]byte(%q)) = %v, want %v", c.in, got, c.ok)
 		}
 	}
-	// The lean path checks every plain request's authority: nothing
+	// Every plain request's authority is checked: nothing
 	// allocated for a name or an IPv4 address.
 	name, addr := []byte("a-rather-long-host-name.subdomain.example.com:8080"), []byte("192.0.2.1:80")
 	if n := testing.AllocsPerRun(100, func() { validAuthority(name); validAuthority(addr) }); n != 0 {
