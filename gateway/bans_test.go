@@ -167,9 +167,10 @@ func (sp *siteProxy) requests() []seenReq {
 	return slices.Clone(sp.seen)
 }
 
-// do sends method u (with body) through g as user, on the lean path or
-// (slow) the net/http one, and returns the status, egress and body.
-func banDo(t *testing.T, g *testGateway, user, method, u, body string, slow bool, hdr map[string]string) (int, string, string) {
+// banDo sends method u (with body) through g as user, with a head that
+// fits the client's reader or (large) one that does not, and returns
+// the status, egress and body.
+func banDo(t *testing.T, g *testGateway, user, method, u, body string, large bool, hdr map[string]string) (int, string, string) {
 	t.Helper()
 	c, err := net.Dial("tcp", g.Addr())
 	if err != nil {
@@ -180,8 +181,8 @@ func banDo(t *testing.T, g *testGateway, user, method, u, body string, slow bool
 	host := strings.TrimPrefix(u, "http://")
 	host, _, _ = strings.Cut(host, "/")
 	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: %s\r\nConnection: close\r\n", method, u, host, basic(user, alicePass))
-	if slow {
-		b.WriteString(slowPad) // a head over the lean path's buffer: handed over
+	if large {
+		b.WriteString(largePad) // a head over the client's reader
 	}
 	for k, v := range hdr {
 		fmt.Fprintf(&b, "%s: %s\r\n", k, v)
@@ -221,9 +222,9 @@ func mustRules(t *testing.T, specs ...bans.RuleSpec) *bans.Rules {
 // address; another site keeps every address. On both HTTP paths, with a
 // body the gateway holds sent again.
 func TestRuleBansAndRetries(t *testing.T) {
-	for _, path := range []string{"lean", "slow"} {
+	for _, path := range []string{"small head", "large head"} {
 		t.Run(path, func(t *testing.T) {
-			slow := path == "slow"
+			large := path == "large head"
 			addrs := []netip.Addr{netip.MustParseAddr("198.18.9.1"), netip.MustParseAddr("198.18.9.2"), netip.MustParseAddr("198.18.9.3"), netip.MustParseAddr("198.18.9.4")}
 			bad := addrs[1].String()
 			sp := newSiteProxy(t, bad, "shop.example", http.StatusForbidden, "go away")
@@ -240,7 +241,7 @@ func TestRuleBansAndRetries(t *testing.T) {
 				if i == 200 {
 					t.Fatal("200 requests, none left from the bad address")
 				}
-				st, eg, body := banDo(t, g, "alice", http.MethodPost, "http://www.shop.example/p", "hello body", slow, nil)
+				st, eg, body := banDo(t, g, "alice", http.MethodPost, "http://www.shop.example/p", "hello body", large, nil)
 				if st != 200 || eg == bad || !strings.HasPrefix(body, "ok from "+eg) {
 					t.Fatalf("answer %d from %s %.20q, want 200 from another address than %s", st, eg, body, bad)
 				}
@@ -251,7 +252,7 @@ func TestRuleBansAndRetries(t *testing.T) {
 				t.Errorf("the retry: %+v, want the body again from another address", last)
 			}
 			for range 20 {
-				if st, eg, _ := banDo(t, g, "alice", http.MethodGet, "http://shop.example/", "", slow, nil); st != 200 || eg == bad {
+				if st, eg, _ := banDo(t, g, "alice", http.MethodGet, "http://shop.example/", "", large, nil); st != 200 || eg == bad {
 					t.Fatalf("after the ban: %d from %s", st, eg)
 				}
 			}
@@ -266,7 +267,7 @@ func TestRuleBansAndRetries(t *testing.T) {
 				if i == 200 {
 					t.Fatalf("200 requests for other.example used %v", used)
 				}
-				st, eg, _ := banDo(t, g, "alice", http.MethodGet, "http://other.example/", "", slow, nil)
+				st, eg, _ := banDo(t, g, "alice", http.MethodGet, "http://other.example/", "", large, nil)
 				if st != 200 {
 					t.Fatalf("other.example: %d", st)
 				}
@@ -289,9 +290,9 @@ func TestRuleBansAndRetries(t *testing.T) {
 // gets the last answer when every address refused it. A request whose
 // body the gateway does not hold is not sent again.
 func TestRuleRetryBounds(t *testing.T) {
-	for _, path := range []string{"lean", "slow"} {
+	for _, path := range []string{"small head", "large head"} {
 		t.Run(path, func(t *testing.T) {
-			slow := path == "slow"
+			large := path == "large head"
 			var addrs []netip.Addr
 			for i := 1; i <= 6; i++ {
 				addrs = append(addrs, netip.MustParseAddr(fmt.Sprintf("198.18.10.%d", i)))
@@ -312,7 +313,7 @@ func TestRuleRetryBounds(t *testing.T) {
 				c.RetryBodyBytes = 16
 				c.Rules = mustRules(t, bans.RuleSpec{Status: []int{503}, Retry: true})
 			})
-			st, _, body := banDo(t, g, "alice", http.MethodGet, "http://a.example/", "", slow, nil)
+			st, _, body := banDo(t, g, "alice", http.MethodGet, "http://a.example/", "", large, nil)
 			if st != 503 || body != "busy 3" || len(sp.requests()) != 3 {
 				t.Fatalf("%d %q after %d requests, want the third 503", st, body, len(sp.requests()))
 			}
@@ -323,7 +324,7 @@ func TestRuleRetryBounds(t *testing.T) {
 			if len(eg) != 3 {
 				t.Errorf("the retries left from %v, want 3 addresses", eg)
 			}
-			st, _, body = banDo(t, g, "alice", http.MethodPost, "http://a.example/", strings.Repeat("b", 17), slow, nil)
+			st, _, body = banDo(t, g, "alice", http.MethodPost, "http://a.example/", strings.Repeat("b", 17), large, nil)
 			if st != 503 || body != "busy 4" {
 				t.Errorf("a body over retry_body_bytes: %d %q, want the first answer", st, body)
 			}
@@ -335,9 +336,9 @@ func TestRuleRetryBounds(t *testing.T) {
 // bans and retries, and an answer that does not match reaches the client
 // whole (longer than body_peek).
 func TestBodyRule(t *testing.T) {
-	for _, path := range []string{"lean", "slow"} {
+	for _, path := range []string{"small head", "large head"} {
 		t.Run(path, func(t *testing.T) {
-			slow := path == "slow"
+			large := path == "large head"
 			addrs := []netip.Addr{netip.MustParseAddr("198.18.11.1"), netip.MustParseAddr("198.18.11.2")}
 			sp := newSiteProxy(t, addrs[0].String(), "shop.example", http.StatusOK, "<html>please solve this CAPTCHA</html>")
 			pk := newPicker(Proxy{ID: "p1", Addr: sp.srv.Listener.Addr().String(), EgressAddrs: addrs})
@@ -346,7 +347,7 @@ func TestBodyRule(t *testing.T) {
 				c.Rules = mustRules(t, bans.RuleSpec{Sites: []string{"*.shop.example"}, Body: "(?i)captcha", Ban: time.Hour, Retry: true})
 			})
 			for range 10 {
-				st, eg, body := banDo(t, g, "alice", http.MethodGet, "http://www.shop.example/", "", slow, nil)
+				st, eg, body := banDo(t, g, "alice", http.MethodGet, "http://www.shop.example/", "", large, nil)
 				if st != 200 || eg != addrs[1].String() || len(body) != len("ok from "+eg+" ")+40<<10 {
 					t.Fatalf("%d from %s, %d bytes %.30q: want the whole answer from %s", st, eg, len(body), body, addrs[1])
 				}
@@ -365,9 +366,9 @@ func TestBodyRule(t *testing.T) {
 // target; a bad value, a request without a session or with
 // egress-rotate is refused 400 naming it, and bans nothing.
 func TestHeaderBan(t *testing.T) {
-	for _, path := range []string{"lean", "slow"} {
+	for _, path := range []string{"small head", "large head"} {
 		t.Run(path, func(t *testing.T) {
-			slow := path == "slow"
+			large := path == "large head"
 			up := newUpstream(t, "p1", "")
 			var addrs []netip.Addr
 			for i := 1; i <= 4; i++ {
@@ -380,8 +381,8 @@ func TestHeaderBan(t *testing.T) {
 			connect := func(user string, hdr map[string]string) (*http.Response, string) {
 				t.Helper()
 				all := map[string]string{}
-				if slow {
-					all["X-Pad"] = slowPad[len("X-Pad: ") : len(slowPad)-2] // a head over the lean path's buffer: handed over
+				if large {
+					all["X-Pad"] = largePad[len("X-Pad: ") : len(largePad)-2] // a head over the client's reader
 				}
 				for k, v := range hdr {
 					all[k] = v
@@ -412,10 +413,10 @@ func TestHeaderBan(t *testing.T) {
 			if resp, _ = connect(user, nil); resp.Header.Get(HeaderEgress) != b {
 				t.Errorf("the session's next CONNECT left from %s, want %s", resp.Header.Get(HeaderEgress), b)
 			}
-			if st, eg, _ := banDo(t, g, user, http.MethodGet, tg.srv.URL+"/", "", slow, nil); st != 200 || eg != b {
+			if st, eg, _ := banDo(t, g, user, http.MethodGet, tg.srv.URL+"/", "", large, nil); st != 200 || eg != b {
 				t.Errorf("a plain request of the session: %d from %s, want 200 from %s", st, eg, b)
 			}
-			st, c, _ := banDo(t, g, user, http.MethodGet, tg.srv.URL+"/", "", slow, map[string]string{HeaderBan: "1h"})
+			st, c, _ := banDo(t, g, user, http.MethodGet, tg.srv.URL+"/", "", large, map[string]string{HeaderBan: "1h"})
 			if st != 200 || c == a || c == b {
 				t.Errorf("a plain request with %s: %d from %s, want 200 from neither %s nor %s", HeaderBan, st, c, a, b)
 			}
@@ -439,7 +440,7 @@ func TestHeaderBan(t *testing.T) {
 					t.Errorf("%s with %s: %q: %s %q, want 400 naming the header", c.user, HeaderBan, c.value, resp.Status, body)
 				}
 			}
-			if st, _, body := banDo(t, g, user, http.MethodGet, tg.srv.URL+"/", "", slow, map[string]string{HeaderBan: "soon"}); st != http.StatusBadRequest || !strings.Contains(body, HeaderBan) {
+			if st, _, body := banDo(t, g, user, http.MethodGet, tg.srv.URL+"/", "", large, map[string]string{HeaderBan: "soon"}); st != http.StatusBadRequest || !strings.Contains(body, HeaderBan) {
 				t.Errorf("a plain request with %s: soon: %d %q, want 400 naming the header", HeaderBan, st, body)
 			}
 			if got := testutil.ToFloat64(g.m.bans.WithLabelValues("none", bans.SourceHeader)); got != 2 {

@@ -175,7 +175,7 @@ func rssBytes() uint64 {
 
 // state reads the tracker: how many things run (handlers, handshakes,
 // each tunnel's two pumps) and how many client connections are still
-// with a handler (the lean path's, tracked until their handler returns).
+// with a handler (tracked until their handler returns).
 func (t *tracker) state() (running, handled int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

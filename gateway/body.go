@@ -8,11 +8,14 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
+
+	"proxyfleet/gateway/h1"
 )
 
-// Bodies of the lean path: the request's goes to the proxy as it came
+// Bodies of a plain request: the request's goes to the proxy as it came
 // (by its length, or chunked again), the answer's to the client by its
 // length, or chunked (what came chunked or until the proxy closed, to an
 // HTTP/1.1 client; as it comes and then a close, to an HTTP/1.0 one).
@@ -20,13 +23,10 @@ import (
 // slow or endless answer reaches the client as it comes, and a small one
 // goes in the write of its head.
 
-// errChunked: a malformed chunked body.
-var errChunked = errors.New("malformed chunked body")
-
 // errBodyChunked: a request's chunked body was malformed; the proxy's
 // connection is closed (it never sees the rest as a request of its own)
 // and the client is answered 400.
-var errBodyChunked = &headError{http.StatusBadRequest, "malformed chunked request body"}
+var errBodyChunked = &h1.Error{Status: http.StatusBadRequest, Text: "malformed chunked request body"}
 
 // bodySender sends a request's body to the proxy in a goroutine of its
 // own while the answer is awaited: a proxy may answer before it has read
@@ -42,12 +42,15 @@ type bodySender struct {
 	upErr     error // writing to the proxy failed
 }
 
+// copyBufs are the buffers a request's body is sent from.
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
 // sendBody starts sending the request's body (its head is sent) to uc.
 // Once it is all sent, the response timeout starts.
 func (cc *clientConn) sendBody(uc *upConn, timeout time.Duration) *bodySender {
 	idle := cc.g.cfg.IdleTimeout
 	s := &bodySender{client: cc.c, idle: idle, until: time.Now().Add(idle), done: make(chan struct{})}
-	length, chunked, br := cc.h.length, cc.h.chunked, cc.br
+	length, chunked, br := cc.h.Length, cc.h.Chunked, cc.br
 	go func() {
 		defer close(s.done)
 		bp := copyBufs.Get().(*[]byte)
@@ -149,14 +152,14 @@ const chunkRoom = 18
 
 func (s *bodySender) chunked(br *bufio.Reader, up net.Conn, buf []byte) {
 	for {
-		size, err := readChunkSize(br)
+		size, err := h1.ReadChunkSize(br)
 		if err != nil {
 			s.clientErr = err
 			return
 		}
 		s.touch()
 		if size == 0 {
-			if err := readTrailers(br); err != nil {
+			if err := h1.ReadTrailers(br); err != nil {
 				s.clientErr = err
 				return
 			}
@@ -187,100 +190,9 @@ func (s *bodySender) chunked(br *bufio.Reader, up net.Conn, buf []byte) {
 				return
 			}
 		}
-		if err := readCRLF(br); err != nil {
+		if err := h1.ReadCRLF(br); err != nil {
 			s.clientErr = err
 			return
-		}
-	}
-}
-
-// readChunkSize reads a chunk's size line (extensions ignored).
-func readChunkSize(br *bufio.Reader) (int64, error) {
-	line, err := br.ReadSlice('\n')
-	if err != nil {
-		if errors.Is(err, bufio.ErrBufferFull) {
-			return 0, errChunked
-		}
-		if errors.Is(err, io.EOF) {
-			return 0, io.ErrUnexpectedEOF
-		}
-		return 0, err
-	}
-	if len(line) < 2 || line[len(line)-2] != '\r' {
-		return 0, errChunked
-	}
-	line = line[:len(line)-2]
-	for i, c := range line {
-		if c == ';' {
-			line = line[:i]
-			break
-		}
-	}
-	// BWS may come before an extension (RFC 9112 7.1.1), and is taken
-	// at the end as net/http does; never before the size.
-	for len(line) > 0 && (line[len(line)-1] == ' ' || line[len(line)-1] == '\t') {
-		line = line[:len(line)-1]
-	}
-	if len(line) == 0 || len(line) > 15 {
-		return 0, errChunked
-	}
-	var n int64
-	for _, c := range line {
-		switch {
-		case '0' <= c && c <= '9':
-			c -= '0'
-		case 'a' <= c && c <= 'f':
-			c -= 'a' - 10
-		case 'A' <= c && c <= 'F':
-			c -= 'A' - 10
-		default:
-			return 0, errChunked
-		}
-		n = n<<4 | int64(c)
-	}
-	return n, nil
-}
-
-// readCRLF reads the CRLF after a chunk's data.
-func readCRLF(br *bufio.Reader) error {
-	b, err := br.Peek(2)
-	if err != nil {
-		if errors.Is(err, io.EOF) {
-			return io.ErrUnexpectedEOF
-		}
-		return err
-	}
-	if b[0] != '\r' || b[1] != '\n' {
-		return errChunked
-	}
-	_, _ = br.Discard(2)
-	return nil
-}
-
-// maxTrailers bounds a chunked body's trailer section (dropped).
-const maxTrailers = 64 << 10
-
-// readTrailers reads a chunked body's trailer fields and the empty line
-// that ends it; they are dropped (as they always were).
-func readTrailers(br *bufio.Reader) error {
-	total := 0
-	for {
-		line, err := br.ReadSlice('\n')
-		total += len(line)
-		if err != nil || total > maxTrailers {
-			if err == nil || errors.Is(err, bufio.ErrBufferFull) {
-				return errChunked
-			}
-			if errors.Is(err, io.EOF) {
-				return io.ErrUnexpectedEOF
-			}
-			return err
-		}
-		if len(line) < 2 || line[len(line)-2] != '\r' {
-			return errChunked
-		}
-		if len(line) == 2 {
-			return nil
 		}
 	}
 }
@@ -298,31 +210,31 @@ const (
 func (cc *clientConn) answer(st *relayState) (keep bool) {
 	g := cc.g
 	h, rh, uc := &cc.h, &cc.rh, st.uc
-	status := rh.status()
+	status := rh.Status()
 	mode := bodyClose
 	switch {
-	case h.isHead || status == http.StatusNoContent || status == http.StatusNotModified:
+	case h.IsHead || status == http.StatusNoContent || status == http.StatusNotModified:
 		mode = bodyNone
-	case rh.chunked:
+	case rh.Chunked:
 		mode = bodyChunked
-	case rh.length >= 0:
+	case rh.Length >= 0:
 		mode = bodyLength
 	}
-	toChunks := (mode == bodyChunked || mode == bodyClose) && !h.http10
+	toChunks := (mode == bodyChunked || mode == bodyClose) && !h.HTTP10
 	keep = cc.keepAlive() && (mode == bodyNone || mode == bodyLength || toChunks)
 	// The proxy's connection is kept only for an answer framed one way
 	// (not Content-Length with chunked) that the proxy will not close.
-	upKeep := !rh.close && (!rh.http10 || rh.keepAlive) && mode != bodyClose && !rh.both && !st.early
+	upKeep := !rh.Close && (!rh.HTTP10 || rh.KeepAlive) && mode != bodyClose && !rh.Both && !st.early
 
 	b := append((*cc.out)[:0], "HTTP/1.1 "...)
-	b = append(b, rh.line[1]...)
+	b = append(b, rh.Line[1]...)
 	b = append(b, ' ')
-	b = append(b, rh.line[2]...)
+	b = append(b, rh.Line[2]...)
 	b = append(b, "\r\n"...)
-	b = appendFields(b, rh.fields)
-	if mode == bodyLength || mode == bodyNone && rh.length >= 0 && status != http.StatusNoContent {
+	b = appendFields(b, rh.Fields)
+	if mode == bodyLength || mode == bodyNone && rh.Length >= 0 && status != http.StatusNoContent {
 		b = append(b, "Content-Length: "...)
-		b = strconv.AppendInt(b, rh.length, 10)
+		b = strconv.AppendInt(b, rh.Length, 10)
 		b = append(b, "\r\n"...)
 	}
 	if toChunks {
@@ -343,7 +255,7 @@ func (cc *clientConn) answer(st *relayState) (keep bool) {
 	case bodyNone:
 		c.flush()
 	case bodyLength:
-		c.length(rh.length)
+		c.length(rh.Length)
 	case bodyChunked:
 		c.chunked(toChunks)
 	case bodyClose:
@@ -491,7 +403,7 @@ func (c *copier) sizeLine() (int64, error) {
 	if !containsLF(buf) && !c.flush() {
 		return 0, c.clientErr
 	}
-	return readChunkSize(c.up)
+	return h1.ReadChunkSize(c.up)
 }
 
 func containsLF(b []byte) bool {
@@ -518,7 +430,7 @@ func (c *copier) chunked(toChunks bool) {
 			if buf, _ := c.up.Peek(c.up.Buffered()); (len(buf) < 2 || buf[0] != '\r' || buf[1] != '\n') && !c.flush() {
 				return
 			}
-			if err := readTrailers(c.up); err != nil {
+			if err := h1.ReadTrailers(c.up); err != nil {
 				c.upErr = err
 				return
 			}
@@ -539,7 +451,7 @@ func (c *copier) chunked(toChunks bool) {
 		if c.up.Buffered() < 2 && !c.flush() {
 			return
 		}
-		if err := readCRLF(c.up); err != nil {
+		if err := h1.ReadCRLF(c.up); err != nil {
 			c.upErr = err
 			return
 		}

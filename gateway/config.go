@@ -154,8 +154,9 @@ const (
 	DefaultMaxHeaderBytes     = defaults.MaxHeaderBytes
 	DefaultMaxHeaderFields    = defaults.MaxHeaderFields
 	DefaultMaxUnauthenticated = defaults.MaxUnauthenticated
-	// MinMaxHeaderBytes is MaxHeaderBytes's least value: the lean
-	// path's buffer (a head larger goes to net/http, which enforces it).
+	// MinMaxHeaderBytes is MaxHeaderBytes's least value: the client's
+	// reader (a head that fits it is taken; one larger is read apart,
+	// up to MaxHeaderBytes).
 	MinMaxHeaderBytes = clientReadSize
 )
 

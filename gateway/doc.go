@@ -1,5 +1,5 @@
 // Package gateway is the fleet's clients' one address: an HTTP forward
-// proxy (CONNECT and absolute-URI requests) and, on a second listener, a
+// proxy (CONNECT and absolute http:// requests) and, on a second listener, a
 // SOCKS5 server (RFC 1928, CONNECT only, username/password per RFC 1929),
 // in front of the proxies of the rotation, each reached with the fleet's
 // credential (proxy.auth).
@@ -73,7 +73,7 @@
 // deny.Default: loopback, 0.0.0.0/8 and ::, link-local with a cloud's
 // metadata service, RFC 1918, 100.64.0.0/10, fc00::/7; IPv4-mapped IPv6
 // addresses unmapped first) is refused before any proxy is picked, on
-// both HTTP paths and for SOCKS5, an address given as a SOCKS5 domain
+// CONNECT, plain requests and SOCKS5, an address given as a SOCKS5 domain
 // included: 403 Forbidden with "destination A is denied", or SOCKS5
 // reply 2 (connection not allowed by ruleset); no proxy hears of it. The
 // addresses the gateway listens on (when not unspecified) are refused
@@ -81,24 +81,26 @@
 // gateway: the proxy resolves it, and its squid refuses a name that
 // resolves into its own list (proxy.deny).
 //
-// # Two paths
+// # One stack
 //
-// The HTTP proxy's connections are served by a lean loop of the
-// gateway's own (serve.go): a strict HTTP/1.x parser without
-// allocation (head.go), one goroutine per connection, one write for a request's
+// The HTTP proxy's connections are served by a loop of the gateway's
+// own (serve.go; what happens to a request, from its head to its
+// answer, is in request.go): a strict HTTP/1.x parser without
+// allocation (package gateway/h1), one goroutine per connection, one write for a request's
 // head (and a small body) to the proxy and one for the answer's head
 // (and what came of its body) to the client, no goroutine per request
 // unless a body must go up while the answer is awaited; 1xx interim
 // answers are dropped, Expect: 100-continue is answered by the gateway,
 // a client that leaves while its answer is awaited is noticed within
-// 250ms. Every request head is read by that parser, and one it does not
-// take is refused there (below), never handed on. What it takes but
-// does not carry itself (an https:// or origin-form target, a head
-// larger than 8 KiB, read whole and checked) goes, with the connection
-// and what was read of it, to a net/http.Server whose handler is
-// ServeHTTP (the slow path, an http.Transport to the proxies), which
-// answers that request and closes the connection (its keep-alives are
-// off: a next head would be read by net/http's parser alone).
+// 250ms. Every request head is read by that parser (one larger than
+// the client's 8 KiB reader is read whole into a buffer of its own, up
+// to MaxHeaderBytes, and then served alike), and one it does not take
+// is refused there (below): there is no other parser. The gateway
+// carries CONNECT and absolute http:// targets; any other (origin-form,
+// OPTIONS *, https:// in absolute form, another scheme) is refused with
+// 400 "this is a proxy: send CONNECT or an absolute http:// URI", before
+// the credential is looked at, and the connection closed: an https://
+// target is tunneled with CONNECT.
 //
 // # Refused heads
 //
@@ -125,12 +127,9 @@
 // request's head is due HeaderTimeout (default 10s) after the
 // connection's accept, or for a next request on a kept-alive connection
 // after its first byte; not complete by then, the connection is closed
-// (the lean path's read deadline; net/http's ReadHeaderTimeout, brought
-// forward to the same time for a head handed over). A head over
-// MaxHeaderBytes (default 64 KiB; the lean path reads up to that much,
-// and net/http's MaxHeaderBytes is set so too) or with more than
-// MaxHeaderFields fields (default 100; counted by the lean parser, and
-// by the handler on the slow path) is answered 431 Request Header
+// (its read deadline). A head over MaxHeaderBytes (default 64 KiB; read
+// up to that much) or with more than MaxHeaderFields fields (default
+// 100; counted by the parser) is answered 431 Request Header
 // Fields Too Large before its credential is looked at, and the
 // connection closed. At most MaxUnauthenticated connections (default
 // 1024, HTTP and SOCKS5 together) are open at once that have not yet
@@ -141,8 +140,7 @@
 //
 // A request with both Content-Length and Transfer-Encoding: chunked is
 // carried as chunked (its length is not forwarded), answered, and its
-// connection closed (RFC 9112 6.1). The slow path closes after every
-// request.
+// connection closed (RFC 9112 6.1).
 //
 // # Idle
 //
@@ -187,9 +185,9 @@
 // keepalive (from 10s of quiet on) to have probed it is not used if the
 // proxy answered none of the probes: the proxy is failed as silent. A
 // plain request with a body goes to another proxy only if the gateway
-// holds the body whole: the lean path's that came with its head, the
-// slow path's of a known length up to 64 KiB. Both paths and CONNECT
-// share the decision. An open tunnel whose proxy left the rotation is
+// holds the body whole: one of a known length that came with its head
+// and fits, with the head, the 32 KiB write to the proxy. Plain requests
+// and CONNECT share the decision. An open tunnel whose proxy left the rotation is
 // watched from then on, and closed (both its connections) once its
 // proxy connection shows no sign of life for FirstByteTimeout; one whose
 // proxy lives goes on. What

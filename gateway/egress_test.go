@@ -127,9 +127,9 @@ func TestGatewayDropsAClientsEgress(t *testing.T) {
 	}
 }
 
-// The slow path (net/http, for what the lean path does not carry: here a
-// head larger than its buffer) tells the proxy and the client the same.
-func TestGatewaySlowPathTellsTheProxyItsEgress(t *testing.T) {
+// A request whose head is larger than the client's reader tells the
+// proxy and the client the same.
+func TestGatewayLargeHeadTellsTheProxyItsEgress(t *testing.T) {
 	up := newUpstream(t, "p1", "")
 	p := Proxy{ID: "p1", Addr: up.addr(), EgressAddrs: []netip.Addr{netip.MustParseAddr("198.18.101.7"), netip.MustParseAddr("2001:db8:101::10")}}
 	g := startGateway(t, newPicker(p), nil)
@@ -140,7 +140,7 @@ func TestGatewaySlowPathTellsTheProxyItsEgress(t *testing.T) {
 	}
 	defer c.Close()
 	fmt.Fprintf(c, "GET %s/ HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: %s\r\n%sConnection: close\r\n\r\n",
-		tg.srv.URL, tg.srv.Listener.Addr(), basic("alice", alicePass), slowPad)
+		tg.srv.URL, tg.srv.Listener.Addr(), basic("alice", alicePass), largePad)
 	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
@@ -148,6 +148,6 @@ func TestGatewaySlowPathTellsTheProxyItsEgress(t *testing.T) {
 	}
 	resp.Body.Close()
 	if resp.StatusCode != 200 || resp.Header.Get(HeaderEgress) != "198.18.101.7" || up.egress()[0] != "198.18.101.7" {
-		t.Fatalf("slow path: %s, egress %q, the proxy was told %v", resp.Status, resp.Header.Get(HeaderEgress), up.egress())
+		t.Fatalf("large head: %s, egress %q, the proxy was told %v", resp.Status, resp.Header.Get(HeaderEgress), up.egress())
 	}
 }

@@ -30,8 +30,7 @@ import (
 // and one whose probes went unanswered is dead; younger ones have
 // nothing to judge by and are judged, once used, as above.
 //
-// Both paths (the lean one and net/http's) and the tunnels' CONNECT go
-// through flights and these two tests: the decision is made here only.
+// Plain requests and the tunnels' CONNECT go through flights and these two tests: the decision is made here only.
 
 // The keepalive of the connections to proxies, and the idle time from
 // which a kept-alive connection is judged by it.

@@ -35,11 +35,11 @@ func stubProxy(t *testing.T, id string, frozen *atomic.Bool) *scriptProxy {
 
 // TestFailoverWhenProxyLeaves: a request in flight on a kept-alive
 // connection to a proxy that stopped answering goes to another proxy as
-// soon as its proxy leaves the rotation, on both HTTP paths, with a
+// soon as its proxy leaves the rotation, with a small head and a large one, with a
 // body the gateway holds; the session moves with it. ResponseTimeout is
 // long: only the leave can end the wait within the test's bound.
 func TestFailoverWhenProxyLeaves(t *testing.T) {
-	for _, path := range []string{"lean", "slow"} {
+	for _, path := range []string{"small head", "large head"} {
 		for _, method := range []string{http.MethodGet, http.MethodPost} {
 			t.Run(path+"/"+method, func(t *testing.T) {
 				var frozen, never atomic.Bool
@@ -57,8 +57,8 @@ func TestFailoverWhenProxyLeaves(t *testing.T) {
 					if err != nil {
 						return nil, err
 					}
-					if path == "slow" {
-						// A head over the lean path's 8 KiB goes to net/http.
+					if path == "large head" {
+						// A head over the client's reader of 8 KiB.
 						req.Header.Set("X-Pad", strings.Repeat("p", 9<<10))
 					}
 					resp, err := c.Do(req)

@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/netip"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,16 +28,14 @@ type Gateway struct {
 	retries      int
 	upstreamAuth string // the Proxy-Authorization value of the fleet's credential
 	dialer       net.Dialer
-	transport    *http.Transport // the slow path's
 	track        *tracker
-	pool         *pool         // the lean path's connections to proxies
-	flights      *flights      // attempts in flight, watched (failover.go)
-	tunnels      *tunnelSet    // open tunnels by proxy (failover.go)
-	slow         *chanListener // where the lean path hands connections to the slow one
-	draining     atomic.Bool   // Run is stopping: no connection is kept alive
-	turns        turns         // egress-rotate's counters
-	authThrottle *throttle     // failed credentials by source address
-	unauth       *unauthGate   // connections not yet authenticated
+	pool         *pool       // kept-alive connections to proxies
+	flights      *flights    // attempts in flight, watched (failover.go)
+	tunnels      *tunnelSet  // open tunnels by proxy (failover.go)
+	draining     atomic.Bool // Run is stopping: no connection is kept alive
+	turns        turns       // egress-rotate's counters
+	authThrottle *throttle   // failed credentials by source address
+	unauth       *unauthGate // connections not yet authenticated
 	// deny is Config.Deny, with the addresses Run listens on once it
 	// does (set before anything is served: read without a lock).
 	deny deny.List
@@ -108,27 +104,6 @@ func New(picker Picker, cfg Config) (*Gateway, error) {
 		g.upstreamAuth = basicAuth(cfg.UpstreamUser, cfg.UpstreamPassword)
 	}
 	g.hard, g.hardCancel = context.WithCancel(context.Background())
-	g.transport = &http.Transport{
-		Proxy: func(r *http.Request) (*url.URL, error) {
-			u, _ := r.Context().Value(proxyURLKey{}).(*url.URL)
-			if u == nil {
-				return nil, errors.New("no proxy picked")
-			}
-			return u, nil
-		},
-		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
-			return g.dial(ctx, addr)
-		},
-		// The client's Accept-Encoding goes as it is, and the answer
-		// comes back as the target sent it.
-		DisableCompression:    true,
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   64,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   cfg.ConnectTimeout,
-		ResponseHeaderTimeout: cfg.ResponseTimeout,
-		ExpectContinueTimeout: time.Second,
-	}
 	return g, nil
 }
 
@@ -154,9 +129,6 @@ func denyWithOwn(d deny.List, lns ...net.Listener) deny.List {
 	}
 	return d.With(own...)
 }
-
-// proxyURLKey carries a plain request's proxy URL to the transport.
-type proxyURLKey struct{}
 
 // Started is closed once Run listens.
 func (g *Gateway) Started() <-chan struct{} { return g.started }
@@ -216,43 +188,10 @@ func (g *Gateway) Run(ctx context.Context) error {
 	g.mu.Unlock()
 	g.deny = denyWithOwn(*g.cfg.Deny, httpLn, socksLn)
 
-	// The lean path serves httpLn and hands what it does not take to
-	// srv (the slow path) through g.slow.
-	srv := &http.Server{
-		Handler:           g,
-		ReadHeaderTimeout: g.cfg.HeaderTimeout,
-		// net/http takes a head of up to MaxHeaderBytes plus 4 KiB (its
-		// read-ahead): so a head of at most cfg.MaxHeaderBytes passes;
-		// larger, it answers 431 and closes.
-		MaxHeaderBytes: g.cfg.MaxHeaderBytes - 4096,
-		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			return context.WithValue(ctx, connKey{}, c)
-		},
-		ConnState: func(c net.Conn, s http.ConnState) {
-			if pc, ok := c.(*prefixConn); ok && (s == http.StateClosed || s == http.StateHijacked) {
-				pc.unauth.release()
-			}
-		},
-		IdleTimeout: g.cfg.KeepAliveTimeout,
-		ErrorLog:    slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
-		BaseContext: func(net.Listener) context.Context { return g.hard },
-		// OPTIONS * is a server's; to the handler (which refuses it).
-		DisableGeneralOptionsHandler: true,
-	}
-	// One request a connection: its head passed the lean parser; a next
-	// one would be read by net/http's alone, which takes what the lean
-	// one refuses (obs-fold, bare LF line ends).
-	srv.SetKeepAlivesEnabled(false)
 	errc := make(chan error, 3)
 	var serving sync.WaitGroup
 	stop := make(chan struct{})
 	if httpLn != nil {
-		g.slow = newChanListener(httpLn.Addr())
-		serving.Go(func() {
-			if err := srv.Serve(g.slow); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				errc <- fmt.Errorf("gateway: serve HTTP (slow path): %w", err)
-			}
-		})
 		serving.Go(func() {
 			if err := g.serveHTTP(httpLn, stop); err != nil {
 				errc <- fmt.Errorf("gateway: serve HTTP: %w", err)
@@ -300,15 +239,6 @@ func (g *Gateway) Run(ctx context.Context) error {
 	g.pool.close()
 	drain, cancel := context.WithTimeout(context.Background(), g.cfg.DrainTimeout)
 	defer cancel()
-	shut := make(chan struct{})
-	go func() {
-		defer close(shut)
-		_ = srv.Shutdown(drain)
-	}()
-	select {
-	case <-shut:
-	case <-drain.Done():
-	}
 	select {
 	case <-g.track.wait():
 	case <-drain.Done():
@@ -318,12 +248,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 	}
 	g.hardCancel()
 	g.track.closeAll()
-	_ = srv.Close()
-	<-shut
 	serving.Wait()
 	g.background.Wait()
 	<-g.track.wait()
-	g.transport.CloseIdleConnections()
 	g.log.Info("gateway stopped")
 	return runErr
 }

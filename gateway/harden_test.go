@@ -34,9 +34,9 @@ func chunkedWithLength(target string, more ...string) string {
 
 // TestLengthWithChunkedCloses: a request with both Content-Length and
 // Transfer-Encoding is carried as chunked, answered, and its connection
-// closed (RFC 9112 6.1), on the lean path and on the slow one.
+// closed (RFC 9112 6.1), with a small head and with a large one.
 func TestLengthWithChunkedCloses(t *testing.T) {
-	t.Run("lean", func(t *testing.T) {
+	t.Run("small head", func(t *testing.T) {
 		up := newScriptProxy(t, func(c net.Conn, r *seenRequest) bool {
 			_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: " + string(rune('0'+len(r.body))) + "\r\n\r\n" + string(r.body)))
 			return true
@@ -59,12 +59,12 @@ func TestLengthWithChunkedCloses(t *testing.T) {
 			t.Fatalf("the proxy saw %d requests, Content-Length %q", len(reqs), reqs[0].header.Get("Content-Length"))
 		}
 	})
-	t.Run("slow", func(t *testing.T) {
+	t.Run("large head", func(t *testing.T) {
 		_, pk := fleet(t, 1)
 		g := startGateway(t, pk, nil)
 		tg := newTarget(t, false)
 		rc := dialGateway(t, g)
-		// A head larger than the lean path's buffer goes to net/http.
+		// A head larger than the client's reader, read whole apart.
 		rc.send(chunkedWithLength(tg.srv.URL+"/", "Cookie: "+strings.Repeat("k", 12<<10)+"\r\n"))
 		resp, body := rc.read("POST")
 		if resp.StatusCode != 200 || body != "hello from target" || resp.Header.Get("X-Body") != "abc" {
@@ -141,33 +141,25 @@ func TestPoisonedUpstreamNotReused(t *testing.T) {
 
 // TestWrongCredentialCloses: a 407 for a wrong credential closes the
 // connection; one for a missing credential keeps it (a browser sends
-// its credential on the same connection once asked), on both paths.
+// its credential on the same connection once asked), for a head that
+// fits the client's reader and for one read into a buffer of its own.
 func TestWrongCredentialCloses(t *testing.T) {
 	_, pk := fleet(t, 1)
 	g := startGateway(t, pk, nil)
 	tg := newTarget(t, false)
 	for _, path := range []struct{ name, more string }{
-		{"lean", ""},
-		{"slow", "Cookie: " + strings.Repeat("k", 12<<10) + "\r\n"},
+		{"small head", ""},
+		{"large head", "Cookie: " + strings.Repeat("k", 12<<10) + "\r\n"},
 	} {
 		t.Run(path.name, func(t *testing.T) {
-			// The slow path closes after every answer (its keep-alives are
-			// off): there, each request goes on a connection of its own.
-			slow := path.name == "slow"
 			rc := dialGateway(t, g)
 			rc.send("GET " + tg.srv.URL + "/ HTTP/1.1\r\nHost: x\r\n" + path.more + "\r\n")
-			if resp, _ := rc.read("GET"); resp.StatusCode != http.StatusProxyAuthRequired || resp.Close != slow {
-				t.Fatalf("missing: %s close %v, want 407 keeping the connection (on the lean path)", resp.Status, resp.Close)
-			}
-			if slow {
-				rc = dialGateway(t, g)
+			if resp, _ := rc.read("GET"); resp.StatusCode != http.StatusProxyAuthRequired || resp.Close {
+				t.Fatalf("missing: %s close %v, want 407 keeping the connection", resp.Status, resp.Close)
 			}
 			rc.send(get1(tg.srv.URL+"/", path.more))
 			if resp, body := rc.read("GET"); resp.StatusCode != 200 || body != "hello from target" {
 				t.Fatalf("then right: %s %q", resp.Status, body)
-			}
-			if slow {
-				rc = dialGateway(t, g)
 			}
 			rc.send("GET " + tg.srv.URL + "/ HTTP/1.1\r\nHost: x\r\n" + path.more + "Proxy-Authorization: " + basic("alice", "nope") + "\r\n\r\n")
 			if resp, _ := rc.read("GET"); resp.StatusCode != http.StatusProxyAuthRequired || !resp.Close {
@@ -324,21 +316,21 @@ func manyFields(n int) string {
 
 // TestHeadLimits: a head over MaxHeaderBytes or with more than
 // MaxHeaderFields fields is answered 431 before its credential is
-// looked at (none is sent), and the connection closes, on the lean path
-// and the slow one; a head within both is carried.
+// looked at (none is sent), and the connection closes, whether the head
+// fits the client's reader or not; a head within both is carried.
 func TestHeadLimits(t *testing.T) {
 	_, pk := fleet(t, 1)
 	g := startGateway(t, pk, func(c *Config) { c.MaxHeaderFields = 20 })
 	tg := newTarget(t, false)
 	u := tg.srv.URL + "/"
-	big := "Cookie: " + strings.Repeat("k", 12<<10) + "\r\n" // to the slow path
+	big := "Cookie: " + strings.Repeat("k", 12<<10) + "\r\n" // over the client's reader
 	for _, c := range []struct {
 		name, head string
 		want       int
 	}{
-		{"lean fields", "GET " + u + " HTTP/1.1\r\nHost: x\r\n" + manyFields(20) + "\r\n", 431},
-		{"slow fields", "GET " + u + " HTTP/1.1\r\nHost: x\r\n" + big + manyFields(20) + "\r\n", 431},
-		{"slow bytes", "GET " + u + " HTTP/1.1\r\nHost: x\r\nCookie: " + strings.Repeat("k", 65<<10) + "\r\n\r\n", 431},
+		{"fields", "GET " + u + " HTTP/1.1\r\nHost: x\r\n" + manyFields(20) + "\r\n", 431},
+		{"large head fields", "GET " + u + " HTTP/1.1\r\nHost: x\r\n" + big + manyFields(20) + "\r\n", 431},
+		{"bytes", "GET " + u + " HTTP/1.1\r\nHost: x\r\nCookie: " + strings.Repeat("k", 65<<10) + "\r\n\r\n", 431},
 		{"CONNECT fields", "CONNECT t.example:443 HTTP/1.1\r\nHost: t.example:443\r\n" + manyFields(20) + "\r\n", 431},
 		{"within", get1(u, big, manyFields(15)), 200},
 		{"within bytes", get1(u, "Cookie: "+strings.Repeat("k", 62<<10)+"\r\n"), 200},
@@ -365,8 +357,8 @@ func TestHeadLimits(t *testing.T) {
 }
 
 // TestHeaderTimeout: a connection that sends no head, or only part of
-// one, within HeaderTimeout of its accept is closed, on the lean path
-// and after a hand-over to the slow one; on a kept-alive connection a
+// one, within HeaderTimeout of its accept is closed, whether it fits
+// the client's reader or not; on a kept-alive connection a
 // next head is due HeaderTimeout after its first byte.
 func TestHeaderTimeout(t *testing.T) {
 	up := newScriptProxy(t, func(c net.Conn, r *seenRequest) bool {
@@ -379,7 +371,7 @@ func TestHeaderTimeout(t *testing.T) {
 	for _, c := range []struct{ name, sent string }{
 		{"nothing", ""},
 		{"part of a head", "GET http://t.example/ HTTP/1.1\r\nHost: x\r\n"},
-		{"part of a head handed over", "GET http://t.example/ HTTP/1.1\r\nCookie: " + strings.Repeat("k", 12<<10)},
+		{"part of a large head", "GET http://t.example/ HTTP/1.1\r\nCookie: " + strings.Repeat("k", 12<<10)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rc := dialGateway(t, g)
@@ -445,14 +437,14 @@ func TestMaxUnauthenticated(t *testing.T) {
 	if resp, _ := c.read("GET"); resp.StatusCode != 200 {
 		t.Fatalf("c: %s", resp.Status)
 	}
-	// b ends: its place too; and a handed-over one gives it back on
+	// b ends: its place too; and one with a large head gives it back on
 	// authenticating (its body, still awaited, holds the connection
 	// open).
 	b.c.Close()
 	poll.Until(t, "b's place given back", 10*time.Second, func() bool { return unauth() == 0 })
 	d := dialGateway(t, g)
 	poll.Until(t, "d holds a place", 10*time.Second, func() bool { return unauth() == 1 })
-	d.send("POST " + tg.srv.URL + "/ HTTP/1.1\r\nHost: x\r\n" + aliceAuth + slowPad + "Content-Length: 6\r\n\r\nabc") // a large head: the slow path
+	d.send("POST " + tg.srv.URL + "/ HTTP/1.1\r\nHost: x\r\n" + aliceAuth + largePad + "Content-Length: 6\r\n\r\nabc") // a large head
 	poll.Until(t, "d's place given back", 10*time.Second, func() bool { return unauth() == 0 })
 	d.send("def")
 	if resp, _ := d.read("POST"); resp.StatusCode != 200 {

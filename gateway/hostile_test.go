@@ -168,15 +168,17 @@ func hostileCases() []hostileCase {
 		{"bare CR", "RFC 9112 2.2 (a bare CR is refused or replaced)",
 			"GET " + hTarget + " HTTP/1.1\r\n" + hHost + hAuth + "X-A: a\rb\r\n\r\n", 400, 0, true},
 		{"origin-form", "RFC 9112 3.2.1 (a forward proxy is sent absolute-form)",
-			"GET / HTTP/1.1\r\n" + hHost + hAuth + "\r\n", 400, 0, false},
+			"GET / HTTP/1.1\r\n" + hHost + hAuth + "\r\n", 400, 0, true},
 		{"asterisk-form", "RFC 9112 3.2.4 (OPTIONS * is for a server, not a proxy)",
-			"OPTIONS * HTTP/1.1\r\n" + hHost + hAuth + "\r\n", 400, 0, false},
+			"OPTIONS * HTTP/1.1\r\n" + hHost + hAuth + "\r\n", 400, 0, true},
+		{"scheme https", "RFC 9110 9.3.6 (an https:// target is tunneled with CONNECT)",
+			"GET https://t.example/ HTTP/1.1\r\n" + hHost + hAuth + "\r\n", 400, 0, true},
 		{"fragment", "RFC 9112 3.2 (no fragment in a target)",
 			"GET http://t.example/#frag HTTP/1.1\r\n" + hHost + hAuth + "\r\n", 400, 0, false},
 		{"user info", "RFC 9110 4.2.4 (userinfo is deprecated, refused)",
 			"GET http://u:p@t.example/ HTTP/1.1\r\n" + hHost + hAuth + "\r\n", 400, 0, false},
 		{"scheme ftp", "RFC 9112 3.2.2 (absolute-form of a scheme the gateway does not carry)",
-			"GET ftp://t.example/ HTTP/1.1\r\n" + hHost + hAuth + "\r\n", 400, 0, false},
+			"GET ftp://t.example/ HTTP/1.1\r\n" + hHost + hAuth + "\r\n", 400, 0, true},
 		{"CONNECT without port", "RFC 9112 3.2.3 (authority-form is host:port)",
 			"CONNECT t.example HTTP/1.1\r\nHost: t.example\r\n" + hAuth + "\r\n", 400, 0, false},
 		{"CONNECT absolute-form", "RFC 9112 3.2.3",
@@ -230,15 +232,14 @@ func hostileCases() []hostileCase {
 			"GET http://t.example/" + strings.Repeat("a", hMaxBytes) + " HTTP/1.1\r\n" + hHost + hAuth + "\r\n", 431, 0, true},
 		{"head within the limit", "the gateway's max_header_bytes: a large head is carried",
 			getWith("Cookie: " + strings.Repeat("k", hMaxBytes-1024) + "\r\n"), 200, 1, false},
-		{"obs-fold in a large head", "RFC 9112 5.2; a head over the lean buffer is checked as strictly",
+		{"obs-fold in a large head", "RFC 9112 5.2; a head over the client's reader is checked as strictly",
 			getWith("Cookie: " + strings.Repeat("k", hMaxBytes-2048) + "\r\nX-A: a\r\n b\r\n"), 400, 0, true},
-		{"bare LF in a large head", "RFC 9112 2.2; a head over the lean buffer is checked as strictly",
+		{"bare LF in a large head", "RFC 9112 2.2; a head over the client's reader is checked as strictly",
 			getWith("Cookie: " + strings.Repeat("k", hMaxBytes-2048) + "\nX-A: a\r\n"), 400, 0, true},
 
-		// A connection handed to net/http (an origin-form request here)
-		// carries no second request: net/http's parser would take
-		// obs-fold and bare LF, which the gateway's refuses.
-		{"after a hand-over", "RFC 9112 5.2, 9.3.2; Http11Probe Compliance (obs-fold)",
+		// A refused request's connection carries no second request,
+		// whatever it is.
+		{"after an origin-form request", "RFC 9112 5.2, 9.3.2; Http11Probe Compliance (obs-fold)",
 			"GET / HTTP/1.1\r\n" + hHost + hAuth + "\r\n" + getWith("X-A: a\r\n b\r\n"), 400, 0, true},
 	}
 }

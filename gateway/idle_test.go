@@ -84,7 +84,7 @@ func TestIdleRequestBodyClosed(t *testing.T) {
 	_, pk := fleet(t, 1)
 	g := startGateway(t, pk, func(c *Config) { c.IdleTimeout = 500 * time.Millisecond })
 	tg := newTarget(t, false)
-	for _, path := range []string{"lean", "slow"} {
+	for _, path := range []string{"small head", "large head"} {
 		t.Run(path, func(t *testing.T) {
 			c, err := net.Dial("tcp", g.Addr())
 			if err != nil {
@@ -92,7 +92,7 @@ func TestIdleRequestBodyClosed(t *testing.T) {
 			}
 			defer c.Close()
 			var pad string
-			if path == "slow" {
+			if path == "large head" {
 				pad = "X-Pad: " + strings.Repeat("p", 9<<10) + "\r\n"
 			}
 			// 100 bytes announced, 10 sent.

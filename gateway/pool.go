@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// The lean path's connections to the proxies: kept alive between plain
+// The connections to the proxies: kept alive between plain
 // requests, in a pool per proxy address (most recently used first).
 const (
 	maxIdlePerProxy = 64               // idle connections kept per proxy
@@ -68,7 +68,7 @@ func newUpConn(c net.Conn, addr string) *upConn {
 var errResponseTimeout = errors.New("no answer within the response timeout")
 
 // errClientLeft: the client left while its request was carried (a
-// context.Canceled to attempts and answerFailure: nobody's failure).
+// context.Canceled to attempts and fail: nobody's failure).
 var errClientLeft = fmt.Errorf("client left: %w", context.Canceled)
 
 // Read reads c; a read that outlives the deadline (pollEvery) looks at

@@ -2,15 +2,14 @@ package gateway
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
-	"math"
 	"net/http"
 	"net/netip"
 	"strconv"
 	"time"
+
+	"proxyfleet/gateway/h1"
 )
 
 // relayState is one plain request's relay.
@@ -41,187 +40,20 @@ func (cc *clientConn) consumeHead() {
 // request (its own wish, HTTP/1.0's default, the drain).
 func (cc *clientConn) keepAlive() bool {
 	h := &cc.h
-	return !h.close && (!h.http10 || h.keepAlive) && !cc.g.draining.Load()
+	return !h.Close && (!h.HTTP10 || h.KeepAlive) && !cc.g.draining.Load()
 }
 
 // hasBody says whether the request has a body.
-func (cc *clientConn) hasBody() bool { return cc.h.length > 0 || cc.h.chunked }
+func (cc *clientConn) hasBody() bool { return cc.h.Length > 0 || cc.h.Chunked }
 
 func (cc *clientConn) appendConnection(b []byte, keep bool) []byte {
 	switch {
 	case !keep:
 		return append(b, "Connection: close\r\n"...)
-	case cc.h.http10:
+	case cc.h.HTTP10:
 		return append(b, "Connection: keep-alive\r\n"...)
 	}
 	return b
-}
-
-// authority is the host[:port] of an http:// target; ok false for a
-// target the lean path does not take (a fragment, an authority the
-// target rule refuses: user info, a bad port, a host neither a name nor
-// an address), which the slow path answers (400 for the authority, by
-// the same rule). The host that goes to the proxy has passed the rule.
-func authority(target []byte) (host []byte, ok bool) {
-	rest := target[len("http://"):]
-	end := bytes.IndexAny(rest, "/?#")
-	if end < 0 {
-		end = len(rest)
-	}
-	host = rest[:end]
-	if bytes.IndexByte(rest, '#') >= 0 || !validAuthority(host) {
-		return nil, false
-	}
-	return host, true
-}
-
-// authenticate checks the request's Proxy-Authorization (the last one
-// that passed on this connection is taken again without a hash). On a
-// refusal it has answered; keep says whether the connection goes on:
-// only after a missing credential (a browser sends it on the same
-// connection once asked). A credential from a source address that
-// failed too often lately is refused unchecked (429, see throttle).
-func (cc *clientConn) authenticate(kind string) (u *user, o options, ok, keep bool) {
-	g := cc.g
-	a := cc.h.auth
-	if cc.authUser != nil && bytes.Equal(a, cc.authRaw) {
-		return cc.authUser, cc.authOpts, true, true
-	}
-	reason := authMissing
-	if len(a) > 0 {
-		src := sourceOf(cc.c.RemoteAddr())
-		now := g.cfg.Now()
-		if wait, blocked := g.authThrottle.blocked(src, now); blocked {
-			g.m.request(kind, outcomeThrottled).Inc()
-			g.m.authFailures.WithLabelValues(kind, authThrottled).Inc()
-			cc.h.close = true
-			return nil, options{}, false, cc.reply(http.StatusTooManyRequests, "too many failed credentials from this address", "Retry-After: "+strconv.Itoa(retryAfter(wait)))
-		}
-		reason = authWrong
-		if name, pw, found := basicCredentials(string(a)); found {
-			u, o, err := g.users.check(name, pw)
-			if err == nil {
-				cc.authRaw = append(cc.authRaw[:0], a...)
-				cc.authUser, cc.authOpts = u, o
-				cc.unauth.release()
-				return u, o, true, true
-			}
-			if !errors.Is(err, errAuth) {
-				g.m.request(kind, outcomeError).Inc()
-				return nil, o, false, cc.reply(http.StatusBadRequest, err.Error())
-			}
-		}
-		g.authThrottle.fail(src, now)
-		cc.h.close = true // a wrong credential ends the connection
-	}
-	g.m.request(kind, outcomeAuth).Inc()
-	g.m.authFailures.WithLabelValues(kind, reason).Inc()
-	g.log.Debug("gateway: authentication failed", "kind", kind, "reason", reason, "remote", cc.c.RemoteAddr().String())
-	return nil, options{}, false, cc.reply(http.StatusProxyAuthRequired, "proxy authentication required", "Proxy-Authenticate: "+realm)
-}
-
-// admit runs what every request goes through before a proxy is picked:
-// credentials, the user's limit, the header options. ok false: it has
-// answered (keep: the connection goes on); else the caller releases u.
-func (cc *clientConn) admit(kind string) (u *user, o options, ok, keep bool) {
-	u, o, ok, keep = cc.authenticate(kind)
-	if !ok {
-		return nil, o, false, keep
-	}
-	if !u.acquire() {
-		cc.g.m.request(kind, outcomeLimit).Inc()
-		return nil, o, false, cc.reply(http.StatusTooManyRequests, fmt.Sprintf("too many connections at once for this user (at most %d)", u.max))
-	}
-	if cc.h.hasSession || cc.h.hasLabels || cc.h.hasBan {
-		if err := o.withHeaders(string(cc.h.session), string(cc.h.labels), string(cc.h.ban)); err != nil {
-			u.release()
-			cc.g.m.request(kind, outcomeError).Inc()
-			return nil, o, false, cc.reply(http.StatusBadRequest, err.Error())
-		}
-	}
-	return u, o, true, true
-}
-
-// fail answers a request no proxy carried, as answerFailure does.
-func (cc *clientConn) fail(kind string, err error) bool {
-	g := cc.g
-	var empty *emptyError
-	var failed *allFailed
-	var denied *deniedError
-	var banned *bannedError
-	var refused *headError
-	switch {
-	case errors.As(err, &denied):
-		g.m.request(kind, outcomeDenied).Inc()
-		return cc.reply(http.StatusForbidden, denied.Error())
-	case errors.As(err, &banned):
-		g.m.request(kind, outcomeBanned).Inc()
-		return cc.reply(http.StatusServiceUnavailable, banned.Error(), "Retry-After: "+strconv.Itoa(retryAfter(g.cfg.RetryAfter)))
-	case errors.As(err, &empty):
-		g.m.request(kind, outcomeEmpty).Inc()
-		return cc.reply(http.StatusServiceUnavailable, empty.Error(), "Retry-After: "+strconv.Itoa(int(math.Max(1, math.Ceil(g.cfg.RetryAfter.Seconds())))))
-	case errors.As(err, &failed):
-		g.m.request(kind, outcomeUpstreamFailed).Inc()
-		return cc.reply(http.StatusBadGateway, failed.Error())
-	case isCanceled(err):
-		g.m.request(kind, outcomeClientGone).Inc()
-		return false
-	case errors.As(err, &refused):
-		cc.refuse(refused)
-		return false
-	}
-	g.m.request(kind, outcomeError).Inc()
-	g.log.Error("gateway: request failed", "kind", kind, "err", err)
-	return cc.reply(http.StatusBadGateway, err.Error())
-}
-
-// plain carries an absolute http:// request. keep: the connection goes
-// on.
-func (cc *clientConn) plain(raw []byte) (keep bool) {
-	g := cc.g
-	cc.headLen = len(raw)
-	host, ok := authority(cc.h.line[1])
-	if !ok {
-		// Refused before a proxy is picked (and before the credential
-		// is looked at): no proxy hears of it.
-		why := "a fragment in the URI"
-		if t := cc.h.line[1][len("http://"):]; bytes.IndexByte(t, '#') < 0 {
-			if end := bytes.IndexAny(t, "/?"); end >= 0 {
-				t = t[:end]
-			}
-			why = fmt.Sprintf("URI host %q: %v", t, errAuthority)
-		}
-		cc.refuse(&headError{http.StatusBadRequest, why})
-		return false
-	}
-	u, o, ok, keep := cc.admit(kindHTTP)
-	if !ok {
-		return keep
-	}
-	defer u.release()
-	g.m.flight(kindHTTP).Inc()
-	defer g.m.flight(kindHTTP).Dec()
-
-	req := cc.requestHead(host)
-	hostname, _, _ := cutPort(string(host))
-	var st relayState
-	p, err := g.attempts(g.hard, kindHTTP, hostname, o, func(at *attempt) (bool, error) {
-		st.p, st.egress, st.at = at.p, at.egress, at
-		retryable, err := cc.try(withEgress(req, st.egress), &st)
-		if err == nil {
-			at.status = cc.rh.status()
-		}
-		return retryable, err
-	})
-	g.m.bytesUp.Add(float64(st.upBytes))
-	if err != nil {
-		keep := cc.fail(kindHTTP, err)
-		return keep && !cc.hasBody()
-	}
-	release := g.picker.Acquire(p)
-	keep = cc.answer(&st)
-	release()
-	return keep
 }
 
 // requestHead builds the head the proxy gets into cc.out: the request
@@ -231,9 +63,9 @@ func (cc *clientConn) plain(raw []byte) (keep bool) {
 func (cc *clientConn) requestHead(host []byte) []byte {
 	h := &cc.h
 	b := (*cc.out)[:0]
-	b = append(b, h.line[0]...)
+	b = append(b, h.Line[0]...)
 	b = append(b, ' ')
-	if t := h.line[1]; len(t) == len("http://")+len(host) || t[len("http://")+len(host)] == '?' {
+	if t := h.Line[1]; len(t) == len("http://")+len(host) || t[len("http://")+len(host)] == '?' {
 		b = append(b, t[:len("http://")+len(host)]...)
 		b = append(b, '/')
 		b = append(b, t[len("http://")+len(host):]...)
@@ -243,13 +75,13 @@ func (cc *clientConn) requestHead(host []byte) []byte {
 	b = append(b, " HTTP/1.1\r\nHost: "...)
 	b = append(b, host...)
 	b = append(b, "\r\n"...)
-	b = appendFields(b, h.fields)
+	b = appendFields(b, h.Fields)
 	switch {
-	case h.chunked:
+	case h.Chunked:
 		b = append(b, "Transfer-Encoding: chunked\r\n"...)
-	case h.length >= 0:
+	case h.Length >= 0:
 		b = append(b, "Content-Length: "...)
-		b = strconv.AppendInt(b, h.length, 10)
+		b = strconv.AppendInt(b, h.Length, 10)
 		b = append(b, "\r\n"...)
 	}
 	if a := cc.g.upstreamAuth; a != "" {
@@ -277,12 +109,12 @@ func withEgress(req []byte, a netip.Addr) []byte {
 }
 
 // appendFields appends the fields that are forwarded as they are.
-func appendFields(b []byte, fs []field) []byte {
+func appendFields(b []byte, fs []h1.Field) []byte {
 	for i := range fs {
-		if f := &fs[i]; f.kind == fieldOther {
-			b = append(b, f.name...)
+		if f := &fs[i]; f.Kind == h1.KindOther {
+			b = append(b, f.Name...)
 			b = append(b, ": "...)
-			b = append(b, f.value...)
+			b = append(b, f.Value...)
 			b = append(b, "\r\n"...)
 		}
 	}
@@ -292,7 +124,7 @@ func appendFields(b []byte, fs []field) []byte {
 // replayable: a request that may be sent again on a fresh connection to
 // the same proxy when a kept-alive one turns out closed (as
 // http.Transport: no body, an idempotent method).
-func (cc *clientConn) replayable() bool { return !cc.hasBody() && cc.h.idempotent }
+func (cc *clientConn) replayable() bool { return !cc.hasBody() && cc.h.Idempotent }
 
 // try sends the request to st.p and reads its answer's head. retryable:
 // another proxy may be tried (the client's body was not touched, or is
@@ -336,7 +168,7 @@ func (cc *clientConn) try(req []byte, st *relayState) (retryable bool, err error
 			if st.at.sc.needsBody() {
 				body = cc.peekBody(uc, st)
 			}
-			if g.judge(st.at, cc.rh.status(), body, time.Since(now), cc.resendable(st)) {
+			if g.judge(st.at, cc.rh.Status(), body, time.Since(now), cc.resendable(st)) {
 				// The answer is dropped with its connection; a body held
 				// stays for the next attempt.
 				uc.c.Close()
@@ -361,7 +193,7 @@ func (cc *clientConn) try(req []byte, st *relayState) (retryable bool, err error
 			s.abort(cc, uc)
 			st.upBytes += s.n
 			switch {
-			case errors.Is(s.clientErr, errChunked):
+			case errors.Is(s.clientErr, h1.ErrChunked):
 				err = errBodyChunked // the client's doing: it is told
 			case s.clientErr != nil:
 				err = errClientLeft
@@ -392,19 +224,19 @@ func (cc *clientConn) resendable(st *relayState) bool {
 // timeout; nil for an answer without a body.
 func (cc *clientConn) peekBody(uc *upConn, st *relayState) []byte {
 	rh := &cc.rh
-	if s := rh.status(); cc.h.isHead || s == http.StatusNoContent || s == http.StatusNotModified || rh.length == 0 && !rh.chunked {
+	if s := rh.Status(); cc.h.IsHead || s == http.StatusNoContent || s == http.StatusNotModified || rh.Length == 0 && !rh.Chunked {
 		return nil
 	}
 	n := cc.g.cfg.BodyPeek
-	if rh.length > 0 && !rh.chunked {
-		n = int(min(int64(n), rh.length))
+	if rh.Length > 0 && !rh.Chunked {
+		n = int(min(int64(n), rh.Length))
 	}
 	if st.headLen+n > uc.br.Size() {
 		uc.br = bufio.NewReaderSize(uc.br, st.headLen+n)
 	}
 	uc.limit.Store(time.Now().Add(cc.g.cfg.ResponseTimeout).UnixNano())
 	defer uc.limit.Store(0)
-	if rh.length < 0 || rh.chunked {
+	if rh.Length < 0 || rh.Chunked {
 		if _, err := uc.br.Peek(st.headLen + 1); err != nil {
 			return nil
 		}
@@ -428,13 +260,13 @@ func (cc *clientConn) send(uc *upConn, req []byte, st *relayState) error {
 		_, err := uc.c.Write(req)
 		return err
 	}
-	if h.length > 0 && cc.br.Buffered() >= cc.headLen+int(h.length) && len(req)+int(h.length) <= outSize {
+	if h.Length > 0 && cc.br.Buffered() >= cc.headLen+int(h.Length) && len(req)+int(h.Length) <= outSize {
 		// The body goes in the head's write, and stays in cc.br (held)
 		// until the answer comes: another proxy may be sent it.
-		all, _ := cc.br.Peek(cc.headLen + int(h.length))
+		all, _ := cc.br.Peek(cc.headLen + int(h.Length))
 		b := append(req, all[cc.headLen:]...)
 		cc.consumeHead()
-		cc.held = int(h.length)
+		cc.held = int(h.Length)
 		_, err := uc.c.Write(b)
 		return err
 	}
@@ -442,7 +274,7 @@ func (cc *clientConn) send(uc *upConn, req []byte, st *relayState) error {
 		return err
 	}
 	cc.consumeHead()
-	if h.expect100 && !h.http10 && !cc.sentContinue {
+	if h.Expect100 && !h.HTTP10 && !cc.sentContinue {
 		cc.sentContinue = true
 		if err := cc.write([]byte("HTTP/1.1 100 Continue\r\n\r\n")); err != nil {
 			return errClientLeft
@@ -467,22 +299,23 @@ func (cc *clientConn) readAnswerHead(uc *upConn, st *relayState, now time.Time) 
 	}
 	for {
 		st.headLen = 0
-		raw, err := peekHead(uc.br, false, nil)
-		if errors.Is(err, errHeadTooLarge) {
-			raw, err = readLongHead(uc.br, &cc.acc, maxResponseHead)
+		raw, err := h1.PeekHead(uc.br, false, nil)
+		if errors.Is(err, h1.ErrTooLarge) {
+			raw, err = h1.ReadLongHead(uc.br, &cc.acc, maxResponseHead)
 		} else if err == nil {
 			st.headLen = len(raw)
 		}
-		if errors.Is(err, errHeadSyntax) || errors.Is(err, errHeadTooLarge) {
+		if errors.Is(err, h1.ErrSyntax) || errors.Is(err, h1.ErrTooLarge) {
 			return &upstreamError{causeOther, "malformed answer"}
 		}
 		if err != nil {
 			return err
 		}
-		if err := cc.rh.parse(raw, false); err != nil {
+		if err := cc.rh.Parse(raw, false); err != nil {
 			return &upstreamError{causeOther, "malformed answer"}
 		}
-		switch s := cc.rh.status(); {
+		markOwn(&cc.rh, nil)
+		switch s := cc.rh.Status(); {
 		case s == http.StatusSwitchingProtocols:
 			return &upstreamError{causeOther, "answered 101 Switching Protocols"}
 		case s < 200:

@@ -17,10 +17,10 @@ import (
 	"proxyfleet/internal/poll"
 )
 
-// The lean path's HTTP/1.1 relay, against a scripted proxy that answers
-// with raw bytes: framing, interim answers, hop-by-hop fields, bodies
-// both ways, pipelining, keep-alive, a proxy that breaks off, a client
-// that leaves, the hand-over to net/http.
+// The HTTP/1.1 relay, against a scripted proxy that answers with raw
+// bytes: framing, interim answers, hop-by-hop fields, bodies both ways,
+// pipelining, keep-alive, a proxy that breaks off, a client that
+// leaves, one parser for every head.
 
 // seenRequest is what a scripted proxy received.
 type seenRequest struct {
@@ -147,22 +147,21 @@ func (rc *rawClient) read(method string) (*http.Response, string) {
 	return resp, string(b)
 }
 
-// slowPad is a field that makes a head larger than the lean path's
-// buffer: such a head is checked by the lean parser, then handed to the
-// slow path.
-var slowPad = "X-Pad: " + strings.Repeat("p", clientReadSize) + "\r\n"
+// largePad is a field that makes a head larger than the client's
+// reader: such a head is read whole into a buffer of its own.
+var largePad = "X-Pad: " + strings.Repeat("p", clientReadSize) + "\r\n"
 
-// onSlowPath sends req (a request head without its credential and blank
-// line) as alice, padded so that the lean path hands it to the slow
-// one, and returns its answer.
-func onSlowPath(t testing.TB, g *testGateway, req string) (*http.Response, string) {
+// withLargeHead sends req (a request head without its credential and
+// blank line) as alice, padded over the client's reader, and returns
+// its answer.
+func withLargeHead(t testing.TB, g *testGateway, req string) (*http.Response, string) {
 	t.Helper()
 	rc := dialGateway(t, g)
 	method := http.MethodGet
 	if strings.HasPrefix(req, "CONNECT ") {
 		method = http.MethodConnect
 	}
-	rc.send(req + aliceAuth + slowPad + "\r\n")
+	rc.send(req + aliceAuth + largePad + "\r\n")
 	return rc.read(method)
 }
 
@@ -568,29 +567,29 @@ func TestLeanHTTP10(t *testing.T) {
 	}
 }
 
-// TestLeanHandOver: what the lean path does not take goes to net/http
-// with what was read of it, and is answered as before: an origin-form
-// request (400), a field folded over lines (net/http's 400), a head
-// larger than the lean buffer; the connection then stays there, plain
-// requests and CONNECT included (its tunnel spliced).
-func TestLeanHandOver(t *testing.T) {
+// TestOneParser: every request is read by the one parser: an
+// origin-form request is refused (400, closed, what came after it never
+// served), a field folded over lines too (400), and a head larger than
+// the client's reader is carried, a plain request and CONNECT (its
+// tunnel spliced).
+func TestOneParser(t *testing.T) {
 	_, pk := fleet(t, 1)
 	g := startGateway(t, pk, nil)
 	tg := newTarget(t, false)
 	u := tg.srv.URL + "/"
 
-	// Origin-form: the slow path answers it, and closes the connection
-	// (what came after it is net/http's to read, never served).
+	// Origin-form: refused before the credential is looked at, and the
+	// connection closed (what came after it is never served).
 	rc := dialGateway(t, g)
 	rc.send("GET / HTTP/1.1\r\nHost: x\r\n" + aliceAuth + "\r\n" + get1(u))
 	if resp, body := rc.read("GET"); resp.StatusCode != 400 || !strings.Contains(body, "this is a proxy") {
 		t.Fatalf("origin-form: %s %q", resp.Status, body)
 	}
 	if !rc.closed() {
-		t.Fatal("the connection stays open after the slow path's answer")
+		t.Fatal("the connection stays open after an origin-form request")
 	}
 
-	// A folded field is refused by the lean parser, never handed over.
+	// A folded field is refused by the parser.
 	rc = dialGateway(t, g)
 	rc.send("GET " + u + " HTTP/1.1\r\nHost: x\r\n" + aliceAuth + "X-Folded: a\r\n b\r\n\r\n")
 	if resp, _ := rc.read("GET"); resp.StatusCode != 400 {
@@ -600,8 +599,8 @@ func TestLeanHandOver(t *testing.T) {
 		t.Fatal("the connection stays open after a refused head")
 	}
 
-	// A head larger than the lean path's buffer is read, checked and
-	// handed over; the slow path carries it.
+	// A head larger than the client's reader is read whole apart,
+	// checked and carried.
 	rc = dialGateway(t, g)
 	rc.send(get1(u, "Cookie: "+strings.Repeat("k", 12<<10)+"\r\n"))
 	if resp, body := rc.read("GET"); resp.StatusCode != 200 || body != "hello from target" || resp.Header.Get(HeaderProxy) != "p1" {
@@ -610,12 +609,12 @@ func TestLeanHandOver(t *testing.T) {
 	if seen := tg.seen(); len(seen[len(seen)-1].Get("Cookie")) != 12<<10 {
 		t.Fatal("the large field did not arrive whole")
 	}
-	// CONNECT with a large head: a tunnel from the slow path.
+	// CONNECT with a large head: a tunnel.
 	target := tg.srv.Listener.Addr().String()
 	rc = dialGateway(t, g)
-	rc.send("CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n" + aliceAuth + slowPad + "\r\n")
+	rc.send("CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n" + aliceAuth + largePad + "\r\n")
 	if resp, err := http.ReadResponse(rc.br, &http.Request{Method: http.MethodConnect}); err != nil || resp.StatusCode != 200 || resp.Header.Get(HeaderProxy) != "p1" {
-		t.Fatalf("CONNECT on the slow path: %v %v", resp, err)
+		t.Fatalf("CONNECT with a large head: %v %v", resp, err)
 	}
 	rc.send("GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
 	if resp, body := rc.read("GET"); body != "hello from target" {

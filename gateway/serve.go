@@ -2,38 +2,31 @@ package gateway
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
-	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"proxyfleet/gateway/h1"
 )
 
-// The HTTP proxy's connections are served by a lean loop of the
-// gateway's own (this file, relay.go, body.go): one goroutine per client
-// connection reads a request head with the strict parser of head.go,
-// refuses one it does not take (with the status of its headError, and
-// a close), answers CONNECT, and relays an absolute http:// request
-// over a keep-alive connection to the picked proxy (pool.go) with a
-// write for the head (and a small body) and one for the answer's head
-// (and what came of its body), allocating nothing in the steady state.
-// A request it took but does not carry itself (an https:// or
-// origin-form target, a head larger than its buffer, read and checked
-// whole) hands the connection, with what was read of it, to a
-// net/http.Server whose handler is ServeHTTP: the slow path, which
-// answers that one request and closes the connection (its keep-alives
-// are off), so no request head reaches net/http that the strict parser
-// did not take.
+// The HTTP proxy's connections are served by one loop of the gateway's
+// own (this file): one goroutine per client connection reads a request
+// head with the strict parser of package h1 (one larger than the
+// client's reader is read whole apart, up to MaxHeaderBytes) and hands
+// it to route (request.go), which refuses it, answers CONNECT, or
+// relays an absolute http:// request (relay.go, body.go) over a
+// keep-alive connection to the picked proxy (pool.go) with a write for
+// the head (and a small body) and one for the answer's head (and what
+// came of its body), allocating nothing in the steady state.
 
 const (
 	// clientReadSize is a client connection's read buffer: the largest
-	// request head the lean path takes.
+	// request head read in place.
 	clientReadSize = 8 << 10
 	// outSize is the buffer answers are written from.
 	outSize = 32 << 10
@@ -53,17 +46,19 @@ const (
 	connClosed
 )
 
-// clientConn is one client connection of the lean path.
+// clientConn is one HTTP client connection.
 type clientConn struct {
-	g  *Gateway
-	c  net.Conn
-	rc syscall.RawConn
-	br *bufio.Reader
-	h  head // the request's
-	rh head // the answer's
+	g   *Gateway
+	c   net.Conn
+	rc  syscall.RawConn
+	br  *bufio.Reader
+	h   h1.Head   // the request's
+	own ownFields // the request's options in its fields
+	rh  h1.Head   // the answer's
 	// out is the buffer heads and bodies are written from.
-	out *[]byte
-	acc []byte // a head too large for a reader's buffer
+	out  *[]byte
+	acc  []byte // an answer's head too large for a reader's buffer
+	long []byte // a request's head too large for br
 
 	idleUntil time.Time // the read deadline set for the next request
 	// held is the length of the request's body that went to a proxy
@@ -158,7 +153,7 @@ func (cc *clientConn) gone() bool {
 	return r == peekEOF || r == peekError
 }
 
-// serve runs requests until the connection ends or is handed over.
+// serve runs requests until the connection ends or becomes a tunnel.
 func (cc *clientConn) serve() {
 	g := cc.g
 	cc.br = clientReaders.Get().(*bufio.Reader)
@@ -210,7 +205,7 @@ func (cc *clientConn) serve() {
 		if !cc.state.CompareAndSwap(connIdle, connActive) {
 			return // closed by the drain
 		}
-		raw, err := peekHead(cc.br, true, func() error {
+		raw, err := h1.PeekHead(cc.br, true, func() error {
 			if first {
 				return nil // due since the accept
 			}
@@ -219,44 +214,21 @@ func (cc *clientConn) serve() {
 			cc.headBy = time.Now().Add(g.cfg.HeaderTimeout)
 			return cc.c.SetReadDeadline(cc.headBy)
 		})
-		long := false
-		if errors.Is(err, errHeadTooLarge) {
-			// Larger than the lean path's buffer: read whole (up to
-			// MaxHeaderBytes) and checked here all the same, then handed
-			// over.
-			long = true
+		headLen := len(raw) // what of br the head takes (0: consumed)
+		if errors.Is(err, h1.ErrTooLarge) {
+			// Larger than the reader's buffer: read whole (up to
+			// MaxHeaderBytes) into a buffer of its own, and checked and
+			// served as any other.
 			raw, err = cc.readLongHead(first)
+			headLen = 0
 		}
 		if err == nil {
-			err = cc.h.parse(raw, true)
+			err = cc.h.Parse(raw, true)
 		}
-		cc.headLen, cc.sentContinue = 0, false
-		var keep bool
-		var he *headError
-		switch {
-		case err == nil && len(cc.h.fields) > g.cfg.MaxHeaderFields:
-			// Before the credential is looked at; the connection closes.
-			cc.refuse(&headError{http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("more than %d header fields", g.cfg.MaxHeaderFields)})
-			return
-		case errors.As(err, &he):
-			// Refused here, never handed to another parser.
-			cc.refuse(he)
-			return
-		case err != nil:
-			return // the client left, or its head's time ran out
-		case long:
-			handed = cc.handOver(raw)
-			return
-		case string(cc.h.line[0]) == http.MethodConnect:
-			keep, handed = cc.connect(raw)
-			if handed {
-				return // the tunnel's now
-			}
-		case hasPrefixHTTP(cc.h.line[1]):
-			keep = cc.plain(raw)
-		default:
-			handed = cc.handOver(nil)
-			return
+		keep, tunneled := cc.route(headLen, err)
+		if tunneled {
+			handed = true
+			return // the tunnel's now
 		}
 		if !keep {
 			return
@@ -265,16 +237,6 @@ func (cc *clientConn) serve() {
 		first, cc.headBy = false, time.Time{}
 	}
 }
-
-// headKind is the kind label of a request refused for its head.
-func headKind(h *head) string {
-	if string(h.line[0]) == http.MethodConnect {
-		return kindConnect
-	}
-	return kindHTTP
-}
-
-func hasPrefixHTTP(target []byte) bool { return bytes.HasPrefix(target, []byte("http://")) }
 
 // release gives the connection's buffers back.
 func (cc *clientConn) release() {
@@ -290,12 +252,12 @@ func (cc *clientConn) release() {
 		}
 		cc.out = nil
 	}
-	cc.acc = nil
-	cc.h, cc.rh = head{}, head{}
+	cc.acc, cc.long = nil, nil
+	cc.h, cc.rh, cc.own = h1.Head{}, h1.Head{}, ownFields{}
 }
 
 // readLongHead reads a request head that does not fit the client's
-// reader (consumed from it) into cc.acc, up to MaxHeaderBytes: over it,
+// reader (consumed from it) into cc.long, up to MaxHeaderBytes: over it,
 // errHeadTooLarge. A next request's head is due HeaderTimeout from now
 // if its deadline was not set yet.
 func (cc *clientConn) readLongHead(first bool) ([]byte, error) {
@@ -306,20 +268,7 @@ func (cc *clientConn) readLongHead(first bool) ([]byte, error) {
 			return nil, err
 		}
 	}
-	return readLongHead(cc.br, &cc.acc, cc.g.cfg.MaxHeaderBytes)
-}
-
-// refuse answers a request refused for its head with the status of he,
-// before its credential is looked at, and ends the connection (what the
-// client sent after it is read and dropped for a while, so that the
-// close does not reset the answer away).
-func (cc *clientConn) refuse(he *headError) {
-	g := cc.g
-	cc.h.close = true
-	g.m.request(headKind(&cc.h), outcomeError).Inc()
-	g.log.Debug("gateway: request refused", "status", he.status, "why", he.text, "remote", cc.c.RemoteAddr().String())
-	cc.reply(he.status, he.text) // (h.close: it says the connection ends)
-	lingerClose(cc.c)
+	return h1.ReadLongHead(cc.br, &cc.long, cc.g.cfg.MaxHeaderBytes)
 }
 
 // Closing a connection whose peer still sends (a refused request's body)
@@ -339,94 +288,6 @@ func lingerClose(c net.Conn) {
 	}
 	_, _ = io.CopyN(io.Discard, c, lingerBytes)
 }
-
-// handOver gives the connection, with head (a head already consumed
-// from the reader, if any) and what else was read of it, to the slow
-// path (net/http). It says whether the server took it.
-func (cc *clientConn) handOver(head []byte) bool {
-	buffered, _ := cc.br.Peek(cc.br.Buffered())
-	prefix := append(bytes.Clone(head), buffered...)
-	pc := &prefixConn{Conn: cc.c, prefix: prefix, headBy: cc.headBy, unauth: &cc.unauth}
-	if cc.c.SetReadDeadline(time.Time{}) != nil {
-		return false
-	}
-	return cc.g.slow.give(pc)
-}
-
-// prefixConn is a connection handed to net/http: what the lean path had
-// read of it comes first.
-type prefixConn struct {
-	net.Conn
-	prefix []byte
-	// headBy (if not zero) is when the head being read is due: net/http
-	// sets the read deadline of its ReadHeaderTimeout (from when it began
-	// to read) first, then clears it once it has the head; the first is
-	// brought forward to headBy, so a head handed over is due when it was
-	// on the lean path.
-	headBy time.Time
-	// unauth is the connection's place under MaxUnauthenticated, given
-	// back once a request on it passes authentication or it ends.
-	unauth *unauthSlot
-}
-
-func (c *prefixConn) SetReadDeadline(t time.Time) error {
-	if !c.headBy.IsZero() {
-		if t.IsZero() {
-			c.headBy = time.Time{} // the head is read
-		} else if t.After(c.headBy) {
-			t = c.headBy
-		}
-	}
-	return c.Conn.SetReadDeadline(t)
-}
-
-func (c *prefixConn) Read(p []byte) (int, error) {
-	if len(c.prefix) > 0 {
-		n := copy(p, c.prefix)
-		c.prefix = c.prefix[n:]
-		return n, nil
-	}
-	return c.Conn.Read(p)
-}
-
-// chanListener is the slow path's listener: the connections the lean
-// path hands over.
-type chanListener struct {
-	addr   net.Addr
-	ch     chan net.Conn
-	done   chan struct{}
-	closed sync.Once
-}
-
-func newChanListener(addr net.Addr) *chanListener {
-	return &chanListener{addr: addr, ch: make(chan net.Conn), done: make(chan struct{})}
-}
-
-// give hands c to the server; false once it is closed.
-func (l *chanListener) give(c net.Conn) bool {
-	select {
-	case l.ch <- c:
-		return true
-	case <-l.done:
-		return false
-	}
-}
-
-func (l *chanListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.ch:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *chanListener) Close() error {
-	l.closed.Do(func() { close(l.done) })
-	return nil
-}
-
-func (l *chanListener) Addr() net.Addr { return l.addr }
 
 // write writes b to the client.
 func (cc *clientConn) write(b []byte) error {
@@ -450,13 +311,7 @@ func (cc *clientConn) reply(status int, text string, hdr ...string) bool {
 
 // startHead starts an answer of the gateway's own in cc.out.
 func (cc *clientConn) startHead(status int) []byte {
-	b := append((*cc.out)[:0], "HTTP/1.1 "...)
-	b = strconv.AppendInt(b, int64(status), 10)
-	b = append(b, ' ')
-	b = append(b, http.StatusText(status)...)
-	b = append(b, "\r\nDate: "...)
-	b = time.Now().UTC().AppendFormat(b, http.TimeFormat)
-	return append(b, "\r\n"...)
+	return h1.AppendStart((*cc.out)[:0], status, time.Now())
 }
 
 // finishReply ends an answer of the gateway's own with its body, and

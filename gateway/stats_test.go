@@ -118,13 +118,13 @@ func TestAnswerClass(t *testing.T) {
 	}
 }
 
-// /stats, on both HTTP paths and for a tunnel: a rule's 403 answer from
+// /stats, with a small and a large head and for a tunnel: a rule's 403 answer from
 // one address is a ban and a retry of the site, the request a 2xx; a
 // 404 passed on is a 4xx; the sites apart, the busiest first.
 func TestStatsHandler(t *testing.T) {
-	for _, path := range []string{"lean", "slow"} {
+	for _, path := range []string{"small head", "large head"} {
 		t.Run(path, func(t *testing.T) {
-			slow := path == "slow"
+			large := path == "large head"
 			addrs := []netip.Addr{netip.MustParseAddr("198.18.13.1"), netip.MustParseAddr("198.18.13.2")}
 			bad := addrs[0].String()
 			sp := newSiteProxy(t, bad, "shop.example", http.StatusForbidden, "go away")
@@ -145,26 +145,26 @@ func TestStatsHandler(t *testing.T) {
 				if n == 200 {
 					t.Fatal("200 requests, none left from the bad address")
 				}
-				if st, _, _ := banDo(t, g, "alice", http.MethodGet, "http://www.shop.example/", "", slow, nil); st != 200 {
+				if st, _, _ := banDo(t, g, "alice", http.MethodGet, "http://www.shop.example/", "", large, nil); st != 200 {
 					t.Fatalf("answer %d, want 200", st)
 				}
 				n++
 			}
 			for range 5 { // after the ban: no retry
-				if st, _, _ := banDo(t, g, "alice", http.MethodGet, "http://shop.example/", "", slow, nil); st != 200 {
+				if st, _, _ := banDo(t, g, "alice", http.MethodGet, "http://shop.example/", "", large, nil); st != 200 {
 					t.Fatalf("answer %d, want 200", st)
 				}
 				n++
 			}
-			if st, _, _ := banDo(t, g, "alice", http.MethodGet, "http://other.example/x", "", slow, nil); st != 200 {
+			if st, _, _ := banDo(t, g, "alice", http.MethodGet, "http://other.example/x", "", large, nil); st != 200 {
 				t.Fatalf("other.example: %d", st)
 			}
 			for range 2 {
-				if st, _, _ := banDo(t, g, "alice", http.MethodGet, "http://gone.example/", "", slow, nil); st != 404 {
+				if st, _, _ := banDo(t, g, "alice", http.MethodGet, "http://gone.example/", "", large, nil); st != 404 {
 					t.Fatalf("gone.example: %d, want the proxy's 404", st)
 				}
 			}
-			if st, _, _ := banDo(t, g, "alice", http.MethodGet, "http://other.example/y", "", slow, map[string]string{HeaderBan: "bad"}); st != 400 {
+			if st, _, _ := banDo(t, g, "alice", http.MethodGet, "http://other.example/y", "", large, map[string]string{HeaderBan: "bad"}); st != 400 {
 				t.Fatalf("a bad %s: %d, want 400", HeaderBan, st)
 			}
 

@@ -104,8 +104,8 @@ func newHostPort(host string, port uint16) (hostPort, error) {
 
 // validAuthority says whether an absolute URI's authority, host or
 // host:port, passes the rule (its port may be left out: the scheme's).
-// It allocates nothing for a name or an IPv4 address (the lean path
-// checks every plain request's).
+// It allocates nothing for a name or an IPv4 address (every plain
+// request's is checked).
 func validAuthority[T string | []byte](a T) bool {
 	host, port, hasPort := cutPort(a)
 	if hasPort {

@@ -143,7 +143,7 @@ var badConnectTargets = []string{
 	"t.example:4433333",    // too many digits
 }
 
-// TestConnectRefusesBadTarget: the lean path answers 400 to a CONNECT
+// TestConnectRefusesBadTarget: the gateway answers 400 to a CONNECT
 // whose target is not host:port by the rule, and no proxy hears of it;
 // an IPv6 address in brackets goes through.
 func TestConnectRefusesBadTarget(t *testing.T) {
@@ -174,12 +174,12 @@ func TestConnectRefusesBadTarget(t *testing.T) {
 	}
 }
 
-// TestSlowPathRefusesBadTarget: on a connection net/http serves (it
-// was handed over by an origin-form request), a CONNECT target or an
-// absolute URI's authority that net/http takes but the rule does not
-// (a port out of range, a name not LDH, a zone with a space) is
-// answered 400, and no proxy hears of it.
-func TestSlowPathRefusesBadTarget(t *testing.T) {
+// TestLargeHeadRefusesBadTarget: with a head larger than the client's
+// reader, a CONNECT target or an absolute URI's authority that the rule
+// refuses (a port out of range, a name not LDH, a zone with a space),
+// or an https:// target (tunneled with CONNECT), is answered 400, and
+// no proxy hears of it.
+func TestLargeHeadRefusesBadTarget(t *testing.T) {
 	up := newScriptProxy(t, squidLike)
 	pk := newPicker(Proxy{ID: "p1", Addr: up.addr()})
 	g := startGateway(t, pk, nil)
@@ -194,7 +194,7 @@ func TestSlowPathRefusesBadTarget(t *testing.T) {
 		"GET http://[fe80::1%25a%20b]/ HTTP/1.1\r\nHost: x\r\n",
 		"GET https://t.example:0/ HTTP/1.1\r\nHost: x\r\n",
 	} {
-		if resp, body := onSlowPath(t, g, req); resp.StatusCode != http.StatusBadRequest {
+		if resp, body := withLargeHead(t, g, req); resp.StatusCode != http.StatusBadRequest {
 			t.Errorf("%q: %s %q, want 400", req, resp.Status, body)
 		}
 	}
@@ -207,8 +207,7 @@ func TestSlowPathRefusesBadTarget(t *testing.T) {
 }
 
 // TestLeanPlainRefusesBadAuthority: an absolute URI whose authority the
-// rule refuses is answered 400 (by the slow path, which the lean one
-// hands such a request to), and no proxy hears of it.
+// rule refuses is answered 400, and no proxy hears of it.
 func TestLeanPlainRefusesBadAuthority(t *testing.T) {
 	up := newScriptProxy(t, squidLike)
 	pk := newPicker(Proxy{ID: "p1", Addr: up.addr()})
@@ -406,7 +405,7 @@ func TestValidAuthority(t *testing.T) {
 			t.Errorf("validAuthority([]byte(%q)) = %v, want %v", c.in, got, c.ok)
 		}
 	}
-	// The lean path checks every plain request's authority: nothing
+	// Every plain request's authority is checked: nothing
 	// allocated for a name or an IPv4 address.
 	name, addr := []byte("a-rather-long-host-name.subdomain.example.com:8080"), []byte("192.0.2.1:80")
 	if n := testing.AllocsPerRun(100, func() { validAuthority(name); validAuthority(addr) }); n != 0 {

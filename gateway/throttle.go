@@ -104,8 +104,7 @@ func sourceOf(a net.Addr) netip.Addr {
 	return sourceOfString(a.String())
 }
 
-// sourceOfString is sourceOf for a host:port string (net/http's
-// RemoteAddr).
+// sourceOfString is sourceOf for a host:port string.
 func sourceOfString(s string) netip.Addr {
 	ap, err := netip.ParseAddrPort(s)
 	if err != nil {

@@ -85,7 +85,7 @@ func (t *tracker) wait() <-chan struct{} {
 	return t.idle
 }
 
-// closeIdle closes the lean path's client connections that wait for a
+// closeIdle closes the HTTP client connections that wait for a
 // request (the drain's start).
 func (t *tracker) closeIdle() {
 	t.mu.Lock()

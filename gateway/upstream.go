@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"proxyfleet/gateway/h1"
 )
 
 // upstreamError is a proxy's failure of one attempt: it is reported,
@@ -154,20 +156,20 @@ func (g *Gateway) dialConnect(ctx context.Context, p Proxy, target hostPort, egr
 		br.Reset(nil)
 		readers.Put(br)
 	}()
-	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
-	if err != nil {
+	var h h1.Head
+	if err := readConnectAnswer(br, &h); err != nil {
 		if fe := f.err(); fe != nil && ctx.Err() == nil {
 			return nil, nil, fe
 		}
 		return nil, nil, g.ctxErr(ctx, err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		text := strings.TrimPrefix(resp.Status, fmt.Sprint(resp.StatusCode)+" ")
-		if se := resp.Header.Get("X-Squid-Error"); se != "" && resp.StatusCode != http.StatusProxyAuthRequired {
-			body, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<10))
-			return nil, nil, &targetAnswer{status: resp.StatusCode, statusText: text, squidError: se, body: body}
+	if status := h.Status(); status != http.StatusOK {
+		text := string(h.Line[2])
+		if se := squidError(&h); se != "" && status != http.StatusProxyAuthRequired {
+			body := readAnswerBody(br, &h, targetBodyBytes)
+			return nil, nil, &targetAnswer{status: status, statusText: text, squidError: se, body: body}
 		}
-		return nil, nil, &upstreamError{causeStatus, fmt.Sprintf("CONNECT answered %d %s", resp.StatusCode, text)}
+		return nil, nil, &upstreamError{causeStatus, fmt.Sprintf("CONNECT answered %d %s", status, text)}
 	}
 	if !stop() {
 		return nil, nil, ctx.Err()
@@ -181,6 +183,78 @@ func (g *Gateway) dialConnect(ctx context.Context, p Proxy, target hostPort, egr
 	}
 	ok = true
 	return c, leftover, nil
+}
+
+// targetBodyBytes bounds the body of a target's failure passed on.
+const targetBodyBytes = 8 << 10
+
+// errConnectAnswer: the proxy's answer to CONNECT is not HTTP/1.x.
+var errConnectAnswer = &upstreamError{causeOther, "malformed answer to CONNECT"}
+
+// readConnectAnswer reads the head of the proxy's answer to CONNECT
+// from br into h (consumed from br), with the gateway's parser.
+func readConnectAnswer(br *bufio.Reader, h *h1.Head) error {
+	raw, err := h1.PeekHead(br, false, nil)
+	consumed := false
+	if errors.Is(err, h1.ErrTooLarge) {
+		var acc []byte
+		raw, err = h1.ReadLongHead(br, &acc, maxResponseHead)
+		consumed = true
+	}
+	var he *h1.Error
+	switch {
+	case errors.As(err, &he):
+		return errConnectAnswer // (never taken for the client's head's refusal)
+	case err != nil:
+		return err
+	}
+	if h.Parse(raw, false) != nil {
+		return errConnectAnswer
+	}
+	if !consumed {
+		// The head's bytes stay valid: the fields are read before br is.
+		_, _ = br.Discard(len(raw))
+	}
+	return nil
+}
+
+// squidError is h's X-Squid-Error ("" without).
+func squidError(h *h1.Head) string {
+	for _, f := range h.Fields {
+		if h1.EqualFold(f.Name, "X-Squid-Error") {
+			return string(f.Value)
+		}
+	}
+	return ""
+}
+
+// readAnswerBody reads up to limit bytes of the body of an answer
+// whose head h was read from br: by its length, chunked, or until the
+// close; what fails to come ends it.
+func readAnswerBody(br *bufio.Reader, h *h1.Head, limit int) []byte {
+	var b []byte
+	switch {
+	case h.Chunked:
+		for len(b) < limit {
+			n, err := h1.ReadChunkSize(br)
+			if err != nil || n == 0 {
+				break
+			}
+			chunk := make([]byte, min(n, int64(limit-len(b))))
+			k, err := io.ReadFull(br, chunk)
+			b = append(b, chunk[:k]...)
+			if err != nil || int64(k) < n || h1.ReadCRLF(br) != nil {
+				break
+			}
+		}
+	case h.Length >= 0:
+		b = make([]byte, min(h.Length, int64(limit)))
+		k, _ := io.ReadFull(br, b)
+		b = b[:k]
+	default:
+		b, _ = io.ReadAll(io.LimitReader(br, int64(limit)))
+	}
+	return b
 }
 
 // ctxErr is the context's error if it ended (the client left), else err.
@@ -297,7 +371,7 @@ func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, tr
 		if ctx.Err() != nil {
 			return p, ctx.Err()
 		}
-		var refused *headError
+		var refused *h1.Error
 		if errors.Is(err, errClientLeft) || errors.As(err, &refused) {
 			return p, err // nobody's failure, or the client's
 		}

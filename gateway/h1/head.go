@@ -1,4 +1,18 @@
-package gateway
+// Package h1 is HTTP/1.1 framing (RFC 9112) for the gateway, its one
+// parser: a request head is read with PeekHead (or ReadLongHead, for
+// one larger than the reader's buffer) and parsed by Head.Parse without
+// allocation, the fields as slices of the head's bytes, and strictly. A
+// request it does not take (anything but CRLF lines of token names and
+// visible values, HTTP/1.0 or 1.1, one Host in 1.1, at most one
+// framing) is an *Error carrying the status to refuse it with; an
+// answer's head is taken as http.Transport takes it, and one it does
+// not take is an error too (the proxy's failure). ReadChunkSize,
+// ReadCRLF and ReadTrailers read a chunked body's framing; AppendStart
+// writes the start of an answer.
+//
+// It knows nothing of users, proxies, sessions or bans: a field it
+// does not define is KindOther, for its user to judge.
+package h1
 
 import (
 	"bufio"
@@ -7,102 +21,74 @@ import (
 	"net/http"
 )
 
-// The gateway reads every request head with this parser, and the lean
-// HTTP/1.1 path (serve.go, relay.go) every answer's: no allocation, the
-// fields as slices of the head's bytes, and strict. A request it does
-// not take (anything but CRLF lines of token names and visible values,
-// HTTP/1.0 or 1.1, one Host in 1.1, at most one framing) is refused
-// with the status its headError carries, and its connection closed; a
-// response it does not take is the proxy's failure.
-
-// fieldKind is what the gateway does with a header field.
-type fieldKind uint8
+// Kind is what HTTP makes of a header field.
+type Kind uint8
 
 const (
-	fieldOther              fieldKind = iota // forwarded as it is
-	fieldHop                                 // a connection's own: never forwarded
-	fieldConnection                          // Connection (hop)
-	fieldProxyConnection                     // Proxy-Connection (hop)
-	fieldContentLength                       // framing: written by the gateway
-	fieldTransferEncoding                    // framing: written by the gateway
-	fieldHost                                // replaced by the request target's
-	fieldProxyAuthorization                  // the client's credential (hop)
-	fieldSession                             // X-Proxyfleet-Session (hop)
-	fieldLabels                              // X-Proxyfleet-Labels (hop)
-	fieldBan                                 // X-Proxyfleet-Ban (hop)
-	fieldProxyID                             // X-Proxyfleet-Proxy: the gateway's own
-	fieldExpect                              // handled by the gateway
+	KindOther              Kind = iota // forwarded as it is
+	KindHop                            // a connection's own: never forwarded
+	KindConnection                     // Connection (hop)
+	KindProxyConnection                // Proxy-Connection (hop)
+	KindContentLength                  // framing (Length, Chunked)
+	KindTransferEncoding               // framing (Length, Chunked)
+	KindHost                           // replaced by the request target's
+	KindProxyAuthorization             // the client's credential (hop)
+	KindExpect                         // Expect (Expect100)
 )
 
 // kindOf classifies a field name (any case).
-func kindOf(name []byte) fieldKind {
-	eq := func(s string) bool { return len(name) == len(s) && asciiEqualFold(name, s) }
+func kindOf(name []byte) Kind {
+	eq := func(s string) bool { return len(name) == len(s) && EqualFold(name, s) }
 	switch len(name) {
 	case 2:
 		if eq("Te") {
-			return fieldHop
+			return KindHop
 		}
 	case 4:
 		if eq("Host") {
-			return fieldHost
+			return KindHost
 		}
 	case 6:
 		if eq("Expect") {
-			return fieldExpect
+			return KindExpect
 		}
 	case 7:
 		if eq("Upgrade") || eq("Trailer") {
-			return fieldHop
+			return KindHop
 		}
 	case 10:
 		if eq("Connection") {
-			return fieldConnection
+			return KindConnection
 		}
 		if eq("Keep-Alive") {
-			return fieldHop
+			return KindHop
 		}
 	case 14:
 		if eq("Content-Length") {
-			return fieldContentLength
+			return KindContentLength
 		}
 	case 16:
 		if eq("Proxy-Connection") {
-			return fieldProxyConnection
-		}
-		if eq(HeaderBan) {
-			return fieldBan
+			return KindProxyConnection
 		}
 	case 17:
 		if eq("Transfer-Encoding") {
-			return fieldTransferEncoding
+			return KindTransferEncoding
 		}
 	case 18:
 		if eq("Proxy-Authenticate") {
-			return fieldHop
-		}
-		if eq(HeaderProxy) {
-			return fieldProxyID
+			return KindHop
 		}
 	case 19:
 		if eq("Proxy-Authorization") {
-			return fieldProxyAuthorization
-		}
-		if eq(HeaderLabels) {
-			return fieldLabels
-		}
-		if eq(HeaderEgress) {
-			return fieldHop // the gateway's to set, on requests and answers
-		}
-	case 20:
-		if eq(HeaderSession) {
-			return fieldSession
+			return KindProxyAuthorization
 		}
 	}
-	return fieldOther
+	return KindOther
 }
 
-// asciiEqualFold compares b with s (ASCII letters in any case).
-func asciiEqualFold(b []byte, s string) bool {
+// EqualFold compares b with s (ASCII letters in any case).
+func EqualFold(b []byte, s string) bool {
 	if len(b) != len(s) {
 		return false
 	}
@@ -124,34 +110,34 @@ func asciiEqualFold(b []byte, s string) bool {
 	return true
 }
 
-// field is one header line: name and value (trimmed) point into the head.
-type field struct {
-	name, value []byte
-	kind        fieldKind
+// Field is one header line: name and value (trimmed) point into the head.
+type Field struct {
+	Name, Value []byte
+	Kind        Kind
 }
 
 // maxConnTokens bounds the field names a Connection header may name.
 const maxConnTokens = 8
 
-// head is a parsed message head. Its slices point into the bytes it was
+// Head is a parsed message Head. Its slices point into the bytes it was
 // parsed from, valid until the reader they came from reads again.
-type head struct {
-	line   [3][]byte // request: method, target, version; response: version, code, reason
-	fields []field   // in order, reused from head to head
-	http10 bool      // HTTP/1.0 (keep-alive only when asked)
+type Head struct {
+	Line   [3][]byte // request: method, target, version; response: version, code, reason
+	Fields []Field   // in order, reused from head to head
+	HTTP10 bool      // HTTP/1.0 (keep-alive only when asked)
 	// A request's method, known once (the head's bytes do not outlive
 	// its consumption): HEAD, and one a proxy may be sent again
-	// (idempotent, as http.Transport's isReplayable).
-	isHead, idempotent bool
+	// (Idempotent, as http.Transport's isReplayable).
+	IsHead, Idempotent bool
 
-	close, keepAlive bool  // Connection (or Proxy-Connection): close, keep-alive
-	length           int64 // Content-Length, -1 without
-	chunked          bool  // Transfer-Encoding: chunked
-	// both: Content-Length came with Transfer-Encoding: chunked (framed
+	Close, KeepAlive bool  // Connection (or Proxy-Connection): close, keep-alive
+	Length           int64 // Content-Length, -1 without
+	Chunked          bool  // Transfer-Encoding: chunked
+	// Both: Content-Length came with Transfer-Encoding: chunked (framed
 	// as chunked, its length dropped). RFC 9112 6.1: the connection
 	// closes after the answer (a request's) or is not kept (a proxy's).
-	both      bool
-	expect100 bool // Expect: 100-continue
+	Both      bool
+	Expect100 bool // Expect: 100-continue
 	// Transfer-Encoding, over all its fields: present, how many chunked
 	// codings, and any other coding.
 	te, teOther bool
@@ -159,39 +145,38 @@ type head struct {
 	hosts       int  // Host fields (a request's)
 	badHost     bool // one of them is no host[:port]
 
-	auth, session, labels, ban    []byte // the first of each, nil without
-	hasSession, hasLabels, hasBan bool
+	Auth []byte // the first Proxy-Authorization, nil without
 
 	connTokens [maxConnTokens][]byte // other names Connection lists (hop)
 	nTokens    int
 }
 
-// headError is why a head is refused, with the status a request is
+// Error is why a head is refused, with the status a request is
 // refused with (RFC 9112; a response's is the proxy's failure).
-type headError struct {
-	status int
-	text   string
+type Error struct {
+	Status int
+	Text   string
 }
 
-func (e *headError) Error() string { return e.text }
+func (e *Error) Error() string { return e.Text }
 
 // Why a head is refused.
 var (
-	errHeadSyntax   = &headError{http.StatusBadRequest, "malformed request head"}
-	errHeadTooLarge = &headError{http.StatusRequestHeaderFieldsTooLarge, "request head too large"}
-	// errHeadFraming: a body's length that cannot be known (RFC 9112
+	ErrSyntax   = &Error{http.StatusBadRequest, "malformed request head"}
+	ErrTooLarge = &Error{http.StatusRequestHeaderFieldsTooLarge, "request head too large"}
+	// ErrFraming: a body's length that cannot be known (RFC 9112
 	// 6.3): Content-Length values that disagree or are not digits,
 	// Transfer-Encoding whose final coding is not chunked, or in an
-	// HTTP/1.0 message; or more Connection options than the gateway
+	// HTTP/1.0 message; or more Connection options than the parser
 	// keeps.
-	errHeadFraming = &headError{http.StatusBadRequest, "bad message framing"}
-	// errHeadCoding: a transfer coding besides chunked (RFC 9112 6.1).
-	errHeadCoding  = &headError{http.StatusNotImplemented, "transfer coding not implemented"}
-	errHeadExpect  = &headError{http.StatusExpectationFailed, "expectation not supported"}
-	errHeadVersion = &headError{http.StatusHTTPVersionNotSupported, "HTTP version not supported"}
-	// errHeadHost: an HTTP/1.1 request without exactly one Host, or
+	ErrFraming = &Error{http.StatusBadRequest, "bad message framing"}
+	// ErrCoding: a transfer coding besides chunked (RFC 9112 6.1).
+	ErrCoding  = &Error{http.StatusNotImplemented, "transfer coding not implemented"}
+	ErrExpect  = &Error{http.StatusExpectationFailed, "expectation not supported"}
+	ErrVersion = &Error{http.StatusHTTPVersionNotSupported, "HTTP version not supported"}
+	// ErrHost: an HTTP/1.1 request without exactly one Host, or
 	// with a Host that is no host[:port] (RFC 9112 3.2).
-	errHeadHost = &headError{http.StatusBadRequest, "a request needs exactly one valid Host"}
+	ErrHost = &Error{http.StatusBadRequest, "a request needs exactly one valid Host"}
 )
 
 // tchar is RFC 9110's token character set.
@@ -242,19 +227,19 @@ func trimOWS(b []byte) []byte {
 	return b
 }
 
-// parse parses raw (a whole head, its empty line included). request:
+// Parse parses raw (a whole head, its empty line included). request:
 // the first line is a request line, and the head is taken strictly
-// (CRLF line ends, no obs-fold: what is not goes to the slow path);
+// (CRLF line ends, no obs-fold: what is not is refused);
 // else a status line, taken as http.Transport does (LF line ends too,
 // obs-fold unfolded in place to spaces, RFC 9112 5.2).
-func (h *head) parse(raw []byte, request bool) error {
-	*h = head{fields: h.fields[:0], length: -1}
+func (h *Head) Parse(raw []byte, request bool) error {
+	*h = Head{Fields: h.Fields[:0], Length: -1}
 	if !request {
 		unfold(raw)
 	}
 	line, rest, ok := nextLine(raw, request)
 	if !ok {
-		return errHeadSyntax
+		return ErrSyntax
 	}
 	if err := h.parseFirst(line, request); err != nil {
 		return err
@@ -262,42 +247,42 @@ func (h *head) parse(raw []byte, request bool) error {
 	for {
 		line, rest, ok = nextLine(rest, request)
 		if !ok {
-			return errHeadSyntax
+			return ErrSyntax
 		}
 		if len(line) == 0 {
 			break
 		}
 		colon := bytes.IndexByte(line, ':')
 		if colon <= 0 {
-			return errHeadSyntax // no name, or obs-fold (a line starting with SP)
+			return ErrSyntax // no name, or obs-fold (a line starting with SP)
 		}
-		f := field{name: line[:colon], value: trimOWS(line[colon+1:])}
-		if !isToken(f.name) || !validValue(f.value) {
-			return errHeadSyntax
+		f := Field{Name: line[:colon], Value: trimOWS(line[colon+1:])}
+		if !isToken(f.Name) || !validValue(f.Value) {
+			return ErrSyntax
 		}
-		f.kind = kindOf(f.name)
+		f.Kind = kindOf(f.Name)
 		if err := h.note(&f); err != nil {
 			return err
 		}
-		h.fields = append(h.fields, f)
+		h.Fields = append(h.Fields, f)
 	}
 	if err := h.framing(request); err != nil {
 		return err
 	}
-	if h.chunked && h.length >= 0 {
+	if h.Chunked && h.Length >= 0 {
 		// Chunked wins (RFC 9112 6.3, as net/http); the length is not
 		// forwarded, and the connection is not used again.
-		h.length, h.both = -1, true
+		h.Length, h.Both = -1, true
 		if request {
-			h.close = true
+			h.Close = true
 		}
 	}
 	if h.nTokens > 0 {
-		for i := range h.fields {
-			f := &h.fields[i]
+		for i := range h.Fields {
+			f := &h.Fields[i]
 			for _, t := range h.connTokens[:h.nTokens] {
-				if asciiEqualFold(f.name, string(t)) {
-					f.kind = fieldHop
+				if EqualFold(f.Name, string(t)) {
+					f.Kind = KindHop
 				}
 			}
 		}
@@ -338,132 +323,120 @@ func unfold(raw []byte) {
 	}
 }
 
-func (h *head) parseFirst(line []byte, request bool) error {
+func (h *Head) parseFirst(line []byte, request bool) error {
 	sp1 := bytes.IndexByte(line, ' ')
 	if sp1 <= 0 {
-		return errHeadSyntax
+		return ErrSyntax
 	}
-	h.line[0] = line[:sp1]
+	h.Line[0] = line[:sp1]
 	rest := line[sp1+1:]
 	if request {
 		sp2 := bytes.IndexByte(rest, ' ')
 		if sp2 <= 0 {
-			return errHeadSyntax
+			return ErrSyntax
 		}
-		h.line[1], h.line[2] = rest[:sp2], rest[sp2+1:]
-		if !isToken(h.line[0]) || !validValue(h.line[1]) || bytes.IndexByte(h.line[1], ' ') >= 0 || bytes.IndexByte(h.line[1], '\t') >= 0 {
-			return errHeadSyntax
+		h.Line[1], h.Line[2] = rest[:sp2], rest[sp2+1:]
+		if !isToken(h.Line[0]) || !validValue(h.Line[1]) || bytes.IndexByte(h.Line[1], ' ') >= 0 || bytes.IndexByte(h.Line[1], '\t') >= 0 {
+			return ErrSyntax
 		}
-		switch string(h.line[0]) {
+		switch string(h.Line[0]) {
 		case "HEAD":
-			h.isHead, h.idempotent = true, true
+			h.IsHead, h.Idempotent = true, true
 		case "GET", "OPTIONS", "TRACE":
-			h.idempotent = true
+			h.Idempotent = true
 		}
-		return h.version(h.line[2])
+		return h.version(h.Line[2])
 	}
-	if err := h.version(h.line[0]); err != nil {
+	if err := h.version(h.Line[0]); err != nil {
 		return err
 	}
 	code, reason, _ := bytes.Cut(rest, []byte{' '})
 	if len(code) != 3 || code[0] < '1' || code[0] > '9' || code[1] < '0' || code[1] > '9' || code[2] < '0' || code[2] > '9' || !validValue(reason) {
-		return errHeadSyntax
+		return ErrSyntax
 	}
-	h.line[1], h.line[2] = code, reason
+	h.Line[1], h.Line[2] = code, reason
 	return nil
 }
 
-func (h *head) version(v []byte) error {
+func (h *Head) version(v []byte) error {
 	switch string(v) {
 	case "HTTP/1.1":
 	case "HTTP/1.0":
-		h.http10 = true
+		h.HTTP10 = true
 	default:
 		if len(v) == len("HTTP/1.1") && bytes.HasPrefix(v, []byte("HTTP/")) && isDigit(v[5]) && v[6] == '.' && isDigit(v[7]) {
-			return errHeadVersion // well formed, not 1.x (RFC 9110 15.6.6)
+			return ErrVersion // well formed, not 1.x (RFC 9110 15.6.6)
 		}
-		return errHeadSyntax
+		return ErrSyntax
 	}
 	return nil
 }
 
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 
-// status is a response head's code.
-func (h *head) status() int {
-	c := h.line[1]
+// Status is a response head's code.
+func (h *Head) Status() int {
+	c := h.Line[1]
 	return int(c[0]-'0')*100 + int(c[1]-'0')*10 + int(c[2]-'0')
 }
 
-// note takes what the gateway needs from a field.
-func (h *head) note(f *field) error {
-	switch f.kind {
-	case fieldConnection, fieldProxyConnection:
-		for v := f.value; len(v) > 0; {
+// note takes what the head says of framing and the connection from f.
+func (h *Head) note(f *Field) error {
+	switch f.Kind {
+	case KindConnection, KindProxyConnection:
+		for v := f.Value; len(v) > 0; {
 			var t []byte
 			t, v = nextListItem(v)
 			switch {
 			case len(t) == 0:
-			case asciiEqualFold(t, "close"):
-				h.close = true
-			case asciiEqualFold(t, "keep-alive"):
-				h.keepAlive = true
-			case f.kind == fieldProxyConnection:
+			case EqualFold(t, "close"):
+				h.Close = true
+			case EqualFold(t, "keep-alive"):
+				h.KeepAlive = true
+			case f.Kind == KindProxyConnection:
 			case !isToken(t):
-				return errHeadSyntax
+				return ErrSyntax
 			case h.nTokens == maxConnTokens:
-				return errHeadFraming
+				return ErrFraming
 			default:
 				h.connTokens[h.nTokens] = t
 				h.nTokens++
 			}
 		}
-	case fieldContentLength:
-		n, ok := parseLength(f.value)
-		if !ok || h.length >= 0 && h.length != n {
-			return errHeadFraming
+	case KindContentLength:
+		n, ok := parseLength(f.Value)
+		if !ok || h.Length >= 0 && h.Length != n {
+			return ErrFraming
 		}
-		h.length = n
-	case fieldTransferEncoding:
+		h.Length = n
+	case KindTransferEncoding:
 		// The codings of every Transfer-Encoding field, in order; the
 		// message is chunked if the last is (checked by framing).
 		h.te = true
-		for v := f.value; len(v) > 0; {
+		for v := f.Value; len(v) > 0; {
 			var t []byte
 			t, v = nextListItem(v)
 			switch {
 			case len(t) == 0:
-			case asciiEqualFold(t, "chunked"):
+			case EqualFold(t, "chunked"):
 				h.teChunked++
-				h.chunked = true
+				h.Chunked = true
 			default:
 				h.teOther = true
-				h.chunked = false
+				h.Chunked = false
 			}
 		}
-	case fieldHost:
+	case KindHost:
 		h.hosts++
-		h.badHost = h.badHost || !validHostField(f.value)
-	case fieldExpect:
-		if !asciiEqualFold(f.value, "100-continue") {
-			return errHeadExpect
+		h.badHost = h.badHost || !validHostField(f.Value)
+	case KindExpect:
+		if !EqualFold(f.Value, "100-continue") {
+			return ErrExpect
 		}
-		h.expect100 = true
-	case fieldProxyAuthorization:
-		if h.auth == nil {
-			h.auth = f.value
-		}
-	case fieldSession:
-		if !h.hasSession {
-			h.session, h.hasSession = f.value, true
-		}
-	case fieldLabels:
-		if !h.hasLabels {
-			h.labels, h.hasLabels = f.value, true
-		}
-	case fieldBan:
-		if !h.hasBan {
-			h.ban, h.hasBan = f.value, true
+		h.Expect100 = true
+	case KindProxyAuthorization:
+		if h.Auth == nil {
+			h.Auth = f.Value
 		}
 	}
 	return nil
@@ -474,19 +447,19 @@ func (h *head) note(f *field) error {
 // not final, or twice, 400; another coding, 501) and not in HTTP/1.0
 // (faulty framing); a request's Host (RFC 9112 3.2: an HTTP/1.1 one has
 // exactly one).
-func (h *head) framing(request bool) error {
+func (h *Head) framing(request bool) error {
 	if h.te {
 		switch {
-		case request && h.http10:
-			return errHeadFraming
-		case !h.chunked || h.teChunked > 1:
-			return errHeadFraming
+		case request && h.HTTP10:
+			return ErrFraming
+		case !h.Chunked || h.teChunked > 1:
+			return ErrFraming
 		case h.teOther:
-			return errHeadCoding
+			return ErrCoding
 		}
 	}
-	if request && (h.hosts > 1 || h.hosts == 0 && !h.http10 || h.badHost) {
-		return errHeadHost
+	if request && (h.hosts > 1 || h.hosts == 0 && !h.HTTP10 || h.badHost) {
+		return ErrHost
 	}
 	return nil
 }
@@ -529,26 +502,26 @@ func parseLength(v []byte) (int64, bool) {
 	return n, true
 }
 
-// peekHead waits for a whole head in br's buffer and returns it (not
+// PeekHead waits for a whole head in br's buffer and returns it (not
 // consumed: br.Discard(len) once done with it). errHeadTooLarge when it
 // does not fit the buffer. strict: a bare LF line end is errHeadSyntax
 // (a request's; an answer's may end its lines so). beforeWait (if not
 // nil) runs once, before the first wait for more of a head begun.
-func peekHead(br *bufio.Reader, strict bool, beforeWait func() error) ([]byte, error) {
+func PeekHead(br *bufio.Reader, strict bool, beforeWait func() error) ([]byte, error) {
 	for {
 		buf, _ := br.Peek(br.Buffered())
 		i := bytes.Index(buf, []byte("\n\r\n"))
 		j := bytes.Index(buf, []byte("\n\n"))
 		switch {
 		case strict && (j >= 0 && (i < 0 || j < i) || i == 0 || i > 0 && buf[i-1] != '\r'):
-			return nil, errHeadSyntax
+			return nil, ErrSyntax
 		case j >= 0 && (i < 0 || j < i):
 			return buf[:j+2], nil
 		case i >= 0:
 			return buf[:i+3], nil
 		}
 		if len(buf) == br.Size() {
-			return nil, errHeadTooLarge
+			return nil, ErrTooLarge
 		}
 		if beforeWait != nil && len(buf) > 0 {
 			if err := beforeWait(); err != nil {
@@ -558,22 +531,22 @@ func peekHead(br *bufio.Reader, strict bool, beforeWait func() error) ([]byte, e
 		}
 		if _, err := br.Peek(len(buf) + 1); err != nil {
 			if len(buf) > 0 && errors.Is(err, bufio.ErrBufferFull) {
-				return nil, errHeadTooLarge
+				return nil, ErrTooLarge
 			}
 			return nil, err
 		}
 	}
 }
 
-// readLongHead reads an answer's head that does not fit br's buffer,
+// ReadLongHead reads an answer's head that does not fit br's buffer,
 // line by line, into *acc (up to limit bytes), and consumes it.
-func readLongHead(br *bufio.Reader, acc *[]byte, limit int) ([]byte, error) {
+func ReadLongHead(br *bufio.Reader, acc *[]byte, limit int) ([]byte, error) {
 	b := (*acc)[:0]
 	lineStart := 0
 	for {
 		line, err := br.ReadSlice('\n')
 		if len(b)+len(line) > limit {
-			return nil, errHeadTooLarge
+			return nil, ErrTooLarge
 		}
 		b = append(b, line...)
 		*acc = b
