@@ -12,7 +12,6 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -176,18 +175,7 @@ func TestGatewayBansOverRealGuests(t *testing.T) {
 	tlsSrv.StartTLS()
 	t.Cleanup(tlsSrv.Close)
 	tlsURL := "https://" + banSiteD + ":" + fmt.Sprint(tlsLn.Addr().(*net.TCPAddr).Port) + "/"
-	network := e.cfg.Hosts[0].Network
-	dnsHost := "<host ip='" + root6 + "'>"
-	for _, s := range []string{banSiteA, banSiteB, banSiteC, banSiteD, banSiteE, banSiteF} {
-		dnsHost += "<hostname>" + s + "</hostname>"
-	}
-	dnsHost += "</host>"
-	dropHost := func() {
-		_ = exec.Command("virsh", "-c", "qemu:///system", "net-update", network, "delete", "dns-host", dnsHost, "--live").Run()
-	}
-	dropHost() // left by a run that was killed
-	virsh(t, "net-update", network, "add", "dns-host", dnsHost, "--live")
-	t.Cleanup(dropHost)
+	addDNSHost(t, e.cfg.Hosts[0].Network, root6, banSiteA, banSiteB, banSiteC, banSiteD, banSiteE, banSiteF)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
@@ -557,6 +545,7 @@ func TestGatewayBansOverRealGuests(t *testing.T) {
 		banAdd(members[burned][9].String(), banSiteF, 10*time.Minute)
 		began := time.Now()
 		var fresh string
+		var made, entered time.Duration // since the bans, when seen
 		waitUntil(t, burned+" replaced and deleted", 10*time.Minute, func() bool {
 			st, err := cl.Pool(ctx, "bans")
 			if err != nil {
@@ -574,9 +563,16 @@ func TestGatewayBansOverRealGuests(t *testing.T) {
 					fresh = id
 				}
 			}
+			if fresh != "" && made == 0 {
+				made = time.Since(began)
+			}
+			if fresh != "" && entered == 0 && rot.has(fresh) {
+				entered = time.Since(began)
+			}
 			return fresh != "" && !slices.Contains(live, burned) && rot.has(fresh, kept) && rot.lacks(burned) && len(doms) == 0
 		})
-		t.Logf("%s, banned on 2 sites, replaced by %s in %s", burned, fresh, time.Since(began).Round(time.Second))
+		t.Logf("%s, banned on 2 sites: replacement %s a member after %s, in the rotation after %s, %s deleted after %s",
+			burned, fresh, made.Round(time.Second), entered.Round(time.Second), burned, time.Since(began).Round(time.Second))
 		if st, err := cl.Pool(ctx, "bans"); err != nil || !slices.ContainsFunc(st.Record.Members, func(m messages.PoolMember) bool { return m.ID == kept && m.Retired == nil }) {
 			t.Errorf("%s, banned nowhere, is no longer a member: %+v %v", kept, st.Record.Members, err)
 		}
