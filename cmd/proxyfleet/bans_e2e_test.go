@@ -210,7 +210,11 @@ func TestGatewayBansOverRealGuests(t *testing.T) {
 	// A pool of two, not recycling for bans yet.
 	e.start("pools", nil, "pools", "--config", e.path, "--http", freePort(t))
 	began := time.Now()
-	mustCLI("pool", "set", "bans", "--size", "2", "--image", "proxy-debian", "--memory-mib", "512", "--ready-timeout", "10m", "--wait")
+	if o, errOut, code := cli("pool", "set", "bans", "--size", "2", "--image", "proxy-debian", "--memory-mib", "512", "--ready-timeout", "10m", "--wait"); code != 0 {
+		// Why the pool did not fill, as the pool says.
+		get, _, _ := cli("pool", "get", "bans")
+		t.Fatalf("pool set bans --size 2 --wait: exit %d\n%s\n%s\npool get bans:\n%s", code, o, errOut, get)
+	}
 	cl, err := client.New(e.nc, "")
 	if err != nil {
 		t.Fatal(err)
