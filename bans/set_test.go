@@ -66,18 +66,18 @@ func TestSetBounded(t *testing.T) {
 	s := NewSet(3)
 	site := "shop.example"
 	for i := range 3 {
-		s.Add(netip.AddrFrom4([4]byte{10, 0, 0, byte(i)}), site, t0.Add(time.Duration(10-i)*time.Minute), t0)
+		s.Add(netip.AddrFrom4([4]byte{198, 18, 0, byte(i)}), site, t0.Add(time.Duration(10-i)*time.Minute), t0)
 	}
-	// Full: the ban ending first (10.0.0.2, at 8m) makes room.
-	if n := s.Add(netip.AddrFrom4([4]byte{10, 0, 0, 9}), site, t0.Add(time.Hour), t0); n != 1 {
+	// Full: the ban ending first (198.18.0.2, at 8m) makes room.
+	if n := s.Add(netip.AddrFrom4([4]byte{198, 18, 0, 9}), site, t0.Add(time.Hour), t0); n != 1 {
 		t.Errorf("evicted %d, want 1", n)
 	}
-	if s.Len() != 3 || s.Banned(netip.AddrFrom4([4]byte{10, 0, 0, 2}), site, t0) || !s.Banned(netip.AddrFrom4([4]byte{10, 0, 0, 0}), site, t0) {
+	if s.Len() != 3 || s.Banned(netip.AddrFrom4([4]byte{198, 18, 0, 2}), site, t0) || !s.Banned(netip.AddrFrom4([4]byte{198, 18, 0, 0}), site, t0) {
 		t.Errorf("wrong ban evicted (held %d)", s.Len())
 	}
 	// Churn keeps the queue bounded by the bans held.
 	for i := range 10_000 {
-		s.Add(netip.AddrFrom4([4]byte{10, 0, 0, 0}), site, t0.Add(time.Duration(i+1)*time.Second), t0)
+		s.Add(netip.AddrFrom4([4]byte{198, 18, 0, 0}), site, t0.Add(time.Duration(i+1)*time.Second), t0)
 	}
 	if len(s.q) > 2*s.Len()+64 {
 		t.Errorf("queue of %d for %d bans", len(s.q), s.Len())

@@ -103,7 +103,7 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "gateway: {first_byte_timeout: -1s}\n", "gateway.first_byte_timeout"},
 		{good + "gateway: {first_byte_timeout: 40s}\n", "gateway.first_byte_timeout"},
 		{good + "gateway: {idle_timeout: -1s}\n", "gateway.idle_timeout"},
-		{good + "gateway: {deny: [10.0.0.0/8, 'fd00::/8', x]}\n", "gateway.deny[2]"},
+		{good + "gateway: {deny: [198.18.0.0/15, '2001:db8::/32', x]}\n", "gateway.deny[2]"},
 		{good + "gateway: {deny: ['fe80::1%eth0']}\n", "gateway.deny[0]"},
 		{good + "gateway: {rules: [{status: [403], retry: true}, {status: [200, 700], ban: 1m}]}\n", "gateway.rules[1].status[1]"},
 		{good + "gateway: {rules: [{status: [403]}]}\n", "gateway.rules[0].ban"},
@@ -411,7 +411,7 @@ func TestDenyLists(t *testing.T) {
 		}
 	}
 	// A list that does not parse is named by the error, entry and all.
-	_, err := Parse([]byte(good + "gateway: {deny: [10.0.0.0/8, 'fd00::/8', x]}\n"))
+	_, err := Parse([]byte(good + "gateway: {deny: [198.18.0.0/15, '2001:db8::/32', x]}\n"))
 	if want := `invalid config: gateway.deny[2]: "x" is not a CIDR or address`; err == nil || err.Error() != want {
 		t.Errorf("error %v, want %s", err, want)
 	}
