@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"proxyfleet/internal/lease"
 	"proxyfleet/messages"
 )
 
@@ -155,7 +156,7 @@ func (h *Health) bind(ctx context.Context) error {
 		return fmt.Errorf("%w: lease ttl %v is longer than bucket %s's TTL %v", errMismatch, h.cfg.LeaseTTL, messages.BucketLeases, st.TTL())
 	}
 	h.kv = kv
-	h.lease = &lease{kv: leases, id: h.cfg.Instance, ttl: h.cfg.LeaseTTL, now: h.now, op: min(h.cfg.OpTimeout, h.cfg.LeaseTTL/3)}
+	h.lease = lease.New(leases, LeaseKey, h.cfg.Instance, h.cfg.LeaseTTL, min(h.cfg.OpTimeout, h.cfg.LeaseTTL/3), h.now)
 
 	// Start from what is published: the proxies in PROXY_ROTATION are in
 	// the rotation as risen until their events or probes say otherwise,

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"proxyfleet/health/defaults"
+	"proxyfleet/internal/lease"
 	"proxyfleet/messages"
 )
 
@@ -309,7 +310,7 @@ type Health struct {
 	pendingV6  *HTTPProber  // TargetIPv6's prober, until ProbeListen's is made
 	probeLn6   net.Listener // ProbeListenIPv6's
 	probeSrv6  *http.Server
-	lease      *lease             // owned by the loop
+	lease      *lease.Lease       // owned by the loop
 	pageSub    *nats.Subscription // owned by the loop: answering page requests while serving
 	holder     bool               // mirror of lease.holding, under mu
 	takeovers  uint64

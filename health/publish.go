@@ -8,6 +8,9 @@ import (
 	"proxyfleet/messages"
 )
 
+// LeaseKey is the key of the publisher's lease in PROXY_LEASES.
+const LeaseKey = "health"
+
 // loop owns the lease, publishing (PROXY_ROTATION, the feed, the
 // snapshot), the pages' subscription and the grace timer.
 func (h *Health) loop(ctx context.Context) {
@@ -94,15 +97,15 @@ func (h *Health) loop(ctx context.Context) {
 // takeover removes no proxy that is passing, and the next publish
 // reconciles the bucket with this process's fold.
 func (h *Health) tickLease(ctx context.Context) {
-	was := h.lease.holding
-	took, err := h.lease.tick(ctx)
+	was := h.lease.Holding()
+	took, err := h.lease.Tick(ctx)
 	if err != nil && ctx.Err() != nil {
 		return
 	}
 	if err != nil {
-		h.log.Warn("lease", "err", err, "holding", h.lease.holding)
+		h.log.Warn("lease", "err", err, "holding", h.lease.Holding())
 	}
-	if was && !h.lease.holding {
+	if was && !h.lease.Holding() {
 		h.log.Warn("lost the lease: standing by", "err", err)
 		h.bucket = nil
 		h.mu.Lock()
@@ -112,7 +115,7 @@ func (h *Health) tickLease(ctx context.Context) {
 	h.mu.Lock()
 	h.leaseErr = err
 	h.mirrorLeaseLocked(took)
-	h.version = max(h.version, h.lease.version)
+	h.version = max(h.version, h.lease.Version)
 	h.mu.Unlock()
 	if !took {
 		return
@@ -136,16 +139,16 @@ func (h *Health) tickLease(ctx context.Context) {
 			}
 		}
 	}
-	h.log.Info("took the lease: publishing", "revision", h.lease.rev, "last_version", h.lease.version, "adopted", adopted, "bucket_err", err)
+	h.log.Info("took the lease: publishing", "revision", h.lease.Rev(), "last_version", h.lease.Version, "adopted", adopted, "bucket_err", err)
 }
 
 func (h *Health) releaseLease() {
-	if h.lease == nil || !h.lease.holding {
+	if h.lease == nil || !h.lease.Holding() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.OpTimeout)
 	defer cancel()
-	if err := h.lease.release(ctx); err != nil {
+	if err := h.lease.Release(ctx); err != nil {
 		h.log.Warn("releasing the lease (a standby takes over when it expires)", "err", err)
 	} else {
 		h.log.Info("lease released")
@@ -160,14 +163,14 @@ func (h *Health) releaseLease() {
 // that moves on every takeover and loss (a new holder reconciles
 // PROXY_CHECKS from a fresh read).
 func (h *Health) mirrorLeaseLocked(took bool) {
-	holding := h.lease != nil && h.lease.holding
+	holding := h.lease != nil && h.lease.Holding()
 	if took || holding != h.holder {
 		h.leaseEpoch++
 	}
 	h.holder = holding
 	h.leaseUntil = time.Time{}
 	if holding {
-		h.leaseUntil, _ = h.lease.valid()
+		h.leaseUntil = h.lease.Until()
 	}
 	h.signalChecks()
 }
@@ -197,7 +200,7 @@ func (h *Health) publish(ctx context.Context) error {
 // O(changes), but for that reset.
 func (h *Health) publishOnce(ctx context.Context) (more bool, err error) {
 	h.mu.Lock()
-	if !h.caughtUp || !h.lease.holding {
+	if !h.caughtUp || !h.lease.Holding() {
 		h.mu.Unlock()
 		return false, nil
 	}
@@ -213,12 +216,12 @@ func (h *Health) publishOnce(ctx context.Context) (more bool, err error) {
 	if !reset && len(chunk) == 0 {
 		return false, nil
 	}
-	rev, err := h.lease.write(ctx)
+	rev, err := h.lease.Renew(ctx)
 	h.mu.Lock()
 	h.mirrorLeaseLocked(false)
 	h.mu.Unlock()
 	if err != nil {
-		if !h.lease.holding {
+		if !h.lease.Holding() {
 			h.bucket = nil
 			h.mu.Lock()
 			h.feedReset = true
@@ -228,8 +231,8 @@ func (h *Health) publishOnce(ctx context.Context) (more bool, err error) {
 		}
 		return false, err
 	}
-	version := max(rev, h.lease.version+1)
-	until, _ := h.lease.valid()
+	version := max(rev, h.lease.Version+1)
+	until := h.lease.Until()
 	opCtx := func() (context.Context, context.CancelFunc) {
 		d := h.now().Add(h.cfg.OpTimeout)
 		if until.Before(d) {
@@ -269,7 +272,7 @@ func (h *Health) publishOnce(ctx context.Context) (more bool, err error) {
 	if err := h.writeBucket(puts, dels, opCtx); err != nil {
 		return false, err
 	}
-	if _, ok := h.lease.valid(); !ok {
+	if !h.lease.Valid() {
 		return false, fmt.Errorf("the lease ran out while publishing version %d", version)
 	}
 
@@ -294,7 +297,7 @@ func (h *Health) publishOnce(ctx context.Context) (more bool, err error) {
 	h.ring.add(version, prev, chunk)
 	h.feedReset = false
 	h.feedSent = true
-	h.lease.version = version
+	h.lease.Version = version
 	h.published = version
 	h.publishCount++
 	h.version = max(h.version, version)

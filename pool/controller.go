@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"proxyfleet/internal/lease"
 	"proxyfleet/messages"
 	"proxyfleet/rotation"
 	"proxyfleet/topology"
@@ -331,13 +332,13 @@ func (c *Controller) snapshot() []entry {
 // holds it, runs a pass every Interval and soon after a change of the
 // rotation or of a pool. It releases the lease when ctx ends.
 func (c *Controller) loop(ctx context.Context) error {
-	l := &lease{kv: c.leases, id: c.cfg.ID, ttl: c.cfg.LeaseTTL, now: c.cfg.Now, op: opTimeout}
+	l := lease.New(c.leases, topology.PoolsLeaseKey, c.cfg.ID, c.cfg.LeaseTTL, opTimeout, c.cfg.Now)
 	defer func() {
 		c.active.Store(false)
 		rctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 		defer cancel()
-		held := l.holding
-		if err := l.release(rctx); err != nil {
+		held := l.Holding()
+		if err := l.Release(rctx); err != nil {
 			c.log.Warn("release the lease", "err", err)
 		} else if held {
 			c.log.Info("released the pools' lease")
@@ -353,22 +354,22 @@ func (c *Controller) loop(ctx context.Context) error {
 		now := c.cfg.Now()
 		if now.Sub(lastLease) >= c.cfg.LeaseTTL/3 {
 			lastLease = now
-			was := l.holding
-			took, err := l.tick(ctx)
+			was := l.Holding()
+			took, err := l.Tick(ctx)
 			switch {
 			case err != nil && ctx.Err() == nil:
 				c.log.Warn("pool lease", "err", err)
 			case took:
 				c.log.Info("took the pools' lease: this controller is active", "id", c.cfg.ID)
 			}
-			if was && !l.holding {
+			if was && !l.Holding() {
 				c.log.Warn("lost the pools' lease: standing by")
 			}
 		}
 		// Active while the lease is valid: a holder whose renewals fail
 		// stops acting (and saying it does) once its last one is too old.
-		c.active.Store(l.valid())
-		if l.valid() && c.caughtUp() && now.Sub(lastPass) >= c.cfg.Interval/10 {
+		c.active.Store(l.Valid())
+		if l.Valid() && c.caughtUp() && now.Sub(lastPass) >= c.cfg.Interval/10 {
 			lastPass = now
 			c.pass(ctx, l)
 		}

@@ -76,6 +76,6 @@
 //
 // controller.go is the Controller, its loop and its view of the pools;
 // commands.go the commands; plan.go the decisions; place.go the choice of
-// hosts; pass.go what a pass reads, writes and publishes; lease.go the
-// lease; metrics.go the metrics.
+// hosts; pass.go what a pass reads, writes and publishes; metrics.go the
+// metrics. The lease is package internal/lease's, on key "pools".
 package pool

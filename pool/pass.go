@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"proxyfleet/internal/lease"
 	"proxyfleet/messages"
 	"proxyfleet/rotation"
 )
@@ -37,7 +38,7 @@ import (
 var errConflict = errors.New("the pool's record changed meanwhile")
 
 // pass runs one pass over every pool, while the lease is valid.
-func (c *Controller) pass(ctx context.Context, l *lease) {
+func (c *Controller) pass(ctx context.Context, l *lease.Lease) {
 	var hosts []hostRoom
 	read := false
 	hostsOnce := func() []hostRoom {
@@ -57,7 +58,7 @@ func (c *Controller) pass(ctx context.Context, l *lease) {
 	pools := c.snapshot()
 	slices.SortFunc(pools, func(a, b entry) int { return cmp.Compare(a.rec.Name, b.rec.Name) })
 	for _, e := range pools {
-		if !l.valid() || ctx.Err() != nil {
+		if !l.Valid() || ctx.Err() != nil {
 			return
 		}
 		created, err := c.passPool(ctx, l, e, hostsOnce, bansOnce)
@@ -82,7 +83,7 @@ func (c *Controller) pass(ctx context.Context, l *lease) {
 // passPool runs the pass of one pool and returns the hosts of the members
 // it made; banned gives the bans (bannedSites), read once per pass and
 // only for a pool with recycle_after_bans.
-func (c *Controller) passPool(ctx context.Context, l *lease, e entry, hosts func() []hostRoom, banned func() map[netip.Addr][]string) ([]string, error) {
+func (c *Controller) passPool(ctx context.Context, l *lease.Lease, e entry, hosts func() []hostRoom, banned func() map[netip.Addr][]string) ([]string, error) {
 	before := e.rec
 	now := c.cfg.Now()
 	var counts map[string]int
@@ -95,7 +96,7 @@ func (c *Controller) passPool(ctx context.Context, l *lease, e entry, hosts func
 	})
 	rec, rev := &p.rec, e.rev
 	if !sameRecord(&before, rec) {
-		if !l.valid() {
+		if !l.Valid() {
 			return nil, nil
 		}
 		var err error
@@ -115,7 +116,7 @@ func (c *Controller) passPool(ctx context.Context, l *lease, e entry, hosts func
 	// Publish what the record holds and JetStream may not yet.
 	flags := false
 	for i := range rec.Members {
-		if !l.valid() || c.nc.IsClosed() || ctx.Err() != nil {
+		if !l.Valid() || c.nc.IsClosed() || ctx.Err() != nil {
 			break
 		}
 		m := &rec.Members[i]
@@ -146,7 +147,7 @@ func (c *Controller) passPool(ctx context.Context, l *lease, e entry, hosts func
 		rec.Pending = slices.DeleteFunc(rec.Pending, func(pd messages.PoolPending) bool { return pd.CommandID == a.p.CommandID })
 		flags = true
 	}
-	if flags && l.valid() {
+	if flags && l.Valid() {
 		if _, err := c.write(ctx, rec, rev, now); err != nil {
 			return createdOn, err
 		}

@@ -61,6 +61,9 @@ var rules = []rule{
 	{pkg: "sim", allow: []string{"fleet", "messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	// JetStream's wire API has one home, which leans on nats.go alone.
 	{pkg: "internal/jsapi", forbid: [][]string{libvirtPkgs, sshPkgs}},
+	// The lease one replica of a role holds to act leans on the contract
+	// and nats.go alone, so every role that elects one shares it.
+	{pkg: "internal/lease", allow: []string{"messages"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// Set-up and repair serve every role, so they lean on none of them.
 	{pkg: "topology", allow: []string{"messages", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// Hosts reach the worker as Providers, never as a driver it imports.
@@ -68,7 +71,7 @@ var rules = []rule{
 	// Sharing the hosts lies below the worker: it reaches the worker's
 	// consumers only through the Host it declares, never the worker.
 	{pkg: "worker/hostshare", allow: []string{"messages", "topology", "topology/defaults", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
-	{pkg: "health", allow: []string{"messages", "bans", "internal/jsapi"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "health", allow: []string{"messages", "bans", "internal/jsapi", "internal/lease"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// A client reads the contract, and the rotation through its library,
 	// never the worker's insides.
 	{pkg: "client", allow: []string{"messages", "rotation", "rotation/defaults", "internal/jsapi", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
@@ -85,7 +88,7 @@ var rules = []rule{
 	// The pool controller keeps pools by the commands any client may
 	// send, reading the rotation through its library: nothing of the
 	// worker's or health's insides.
-	{pkg: "pool", allow: []string{"messages", "rotation", "rotation/defaults", "topology", "topology/defaults", "internal/jsapi", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "pool", allow: []string{"messages", "rotation", "rotation/defaults", "topology", "topology/defaults", "internal/jsapi", "internal/lease", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// The web console reads and acts through the client library, as the
 	// CLI does: nothing of the worker's, health's or the pools' insides.
 	{pkg: "console", allow: []string{"client", "messages", "rotation", "rotation/defaults", "internal/jsapi", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
