@@ -129,85 +129,133 @@ func (cc *clientConn) replayable() bool { return !cc.hasBody() && cc.h.Idempoten
 // try sends the request to st.p and reads its answer's head. retryable:
 // another proxy may be tried (the client's body was not touched, or is
 // held whole). The attempt is a flight (failover.go): the proxy's
-// leaving the rotation or its silence ends it early.
+// leaving the rotation or its silence ends it early. A replayable request
+// whose kept-alive connection the proxy had closed is sent once more on a
+// new one.
 func (cc *clientConn) try(req []byte, st *relayState) (retryable bool, err error) {
-	g := cc.g
-	f := g.begin(st.p, nil)
-	defer g.land(f)
+	f := cc.g.begin(st.p, nil)
+	defer cc.g.land(f)
 	for attempt := 0; ; attempt++ {
 		if err := f.err(); err != nil {
 			return st.upBytes == 0, err
 		}
-		var uc *upConn
-		now := time.Now()
-		if attempt == 0 {
-			var dead bool
-			if uc, dead = g.pool.get(st.p.Addr, now); dead {
-				return st.upBytes == 0, errSilent
+		uc, now, err := cc.upstream(st, attempt == 0)
+		if err != nil {
+			return st.upBytes == 0, err
+		}
+		if err := cc.exchange(uc, req, st, f, now); err != nil {
+			err = cc.failed(uc, st, f, err)
+			if uc.reused && attempt == 0 && cc.replayable() && staleConn(err) {
+				continue
 			}
+			return st.upBytes == 0, err
 		}
-		if uc == nil {
-			c, err := g.dial(g.hard, st.p.Addr)
-			if err != nil {
-				return st.upBytes == 0, err
-			}
-			uc = newUpConn(c, st.p.Addr)
-			now = time.Now() // (the clock is read once a request, but after a dial)
+		if cc.ruleRetry(uc, st, now) {
+			return true, errRuleRetry
 		}
-		cc.use(uc)
-		uc.client.Store(cc)
-		uc.flight = f
-		f.carry(uc.c, now)
-		err = cc.send(uc, req, st)
-		if err == nil {
-			err = cc.readAnswerHead(uc, st, now)
-		}
-		uc.flight = nil
-		if err == nil && g.rules.Len() > 0 {
-			var body []byte
-			if st.at.sc.needsBody() {
-				body = cc.peekBody(uc, st)
-			}
-			if g.judge(st.at, cc.rh.Status(), body, time.Since(now), cc.resendable(st)) {
-				// The answer is dropped with its connection; a body held
-				// stays for the next attempt.
-				uc.c.Close()
-				cc.use(nil)
-				return true, errRuleRetry
-			}
-		}
-		if err == nil {
-			if cc.held > 0 {
-				// The answer came: the body held for another attempt goes.
-				_, _ = cc.br.Discard(cc.held)
-				st.upBytes, st.bodySent = int64(cc.held), true
-				cc.held = 0
-			}
-			st.uc = uc
-			return true, nil
-		}
-		uc.c.Close()
-		cc.use(nil)
-		if s := st.sender; s != nil {
-			st.sender = nil
-			s.abort(cc, uc)
-			st.upBytes += s.n
-			switch {
-			case errors.Is(s.clientErr, h1.ErrChunked):
-				err = errBodyChunked // the client's doing: it is told
-			case s.clientErr != nil:
-				err = errClientLeft
-			}
-		}
-		if fe := f.err(); fe != nil && !isCanceled(err) {
-			err = fe // the watcher ended it: its cause, not the read's
-		}
-		var ue *upstreamError
-		if uc.reused && attempt == 0 && cc.replayable() && !isCanceled(err) && !errors.As(err, &ue) && !errors.Is(err, errResponseTimeout) {
-			continue // a kept-alive connection the proxy had closed: once more on a new one
-		}
-		return st.upBytes == 0, err
+		cc.answered(uc, st)
+		return true, nil
 	}
+}
+
+// upstream is a connection to st.p for an attempt, and when it was ready:
+// on the first, a pooled one if the pool has one (errSilent when the pool
+// found it dead), else a new one.
+func (cc *clientConn) upstream(st *relayState, first bool) (*upConn, time.Time, error) {
+	g := cc.g
+	now := time.Now()
+	if first {
+		uc, dead := g.pool.get(st.p.Addr, now)
+		if dead {
+			return nil, now, errSilent
+		}
+		if uc != nil {
+			return uc, now, nil
+		}
+	}
+	c, err := g.dial(g.hard, st.p.Addr)
+	if err != nil {
+		return nil, now, err
+	}
+	return newUpConn(c, st.p.Addr), time.Now(), nil
+}
+
+// exchange sends req on uc as an attempt of flight f and reads the
+// answer's head; the flight watches uc while it does.
+func (cc *clientConn) exchange(uc *upConn, req []byte, st *relayState, f *flight, now time.Time) error {
+	cc.use(uc)
+	uc.client.Store(cc)
+	uc.flight = f
+	f.carry(uc.c, now)
+	err := cc.send(uc, req, st)
+	if err == nil {
+		err = cc.readAnswerHead(uc, st, now)
+	}
+	uc.flight = nil
+	return err
+}
+
+// ruleRetry reports whether a rule asks for the answered request on
+// another address; the answer is then dropped with its connection, and a
+// body held stays for the next attempt. The answer's body is peeked only
+// for a site a body rule names.
+func (cc *clientConn) ruleRetry(uc *upConn, st *relayState, now time.Time) bool {
+	g := cc.g
+	if g.rules.Len() == 0 {
+		return false
+	}
+	var body []byte
+	if st.at.sc.needsBody() {
+		body = cc.peekBody(uc, st)
+	}
+	if !g.judge(st.at, cc.rh.Status(), body, time.Since(now), cc.resendable(st)) {
+		return false
+	}
+	uc.c.Close()
+	cc.use(nil)
+	return true
+}
+
+// answered makes uc the attempt's answer: a body held for another
+// attempt is dropped from the client's reader, as sent.
+func (cc *clientConn) answered(uc *upConn, st *relayState) {
+	if cc.held > 0 {
+		_, _ = cc.br.Discard(cc.held)
+		st.upBytes, st.bodySent = int64(cc.held), true
+		cc.held = 0
+	}
+	st.uc = uc
+}
+
+// failed closes uc after a failed attempt, stops the body's sender, and
+// is the failure's cause: the client's when it was the client's doing
+// (a bad chunked body is told to it), the flight's when its watcher ended
+// the attempt, else err.
+func (cc *clientConn) failed(uc *upConn, st *relayState, f *flight, err error) error {
+	uc.c.Close()
+	cc.use(nil)
+	if s := st.sender; s != nil {
+		st.sender = nil
+		s.abort(cc, uc)
+		st.upBytes += s.n
+		switch {
+		case errors.Is(s.clientErr, h1.ErrChunked):
+			err = errBodyChunked
+		case s.clientErr != nil:
+			err = errClientLeft
+		}
+	}
+	if fe := f.err(); fe != nil && !isCanceled(err) {
+		err = fe
+	}
+	return err
+}
+
+// staleConn: a failure that a kept-alive connection the proxy had closed
+// gives, not the client's leaving, an answer of the proxy or its silence.
+func staleConn(err error) bool {
+	var ue *upstreamError
+	return !isCanceled(err) && !errors.As(err, &ue) && !errors.Is(err, errResponseTimeout)
 }
 
 // resendable: the request may go to another address after its answer
