@@ -12,6 +12,7 @@ import (
 	"proxyfleet/bans"
 	"proxyfleet/deny"
 	"proxyfleet/gateway/defaults"
+	"proxyfleet/rotation"
 )
 
 // Config is the gateway's configuration. Field errors name the field as
@@ -113,6 +114,12 @@ type Config struct {
 	// not leave from an address banned for its site, and the gateway's
 	// bans are stored there. nil: bans held by this gateway alone.
 	Bans Bans
+	// LookupNetIP resolves a target's name to its addresses, to tell a
+	// proxy with addresses one of the family it will reach the target
+	// over (rotation.FamilyCache: answers kept for a short time, one
+	// lookup at a time per name, bounded by a timeout). nil:
+	// rotation.DefaultLookup (the system's resolver).
+	LookupNetIP rotation.LookupFunc
 
 	Logger *slog.Logger
 	// Registry is where the gateway registers its metrics
