@@ -40,7 +40,7 @@ type FamilyCache struct {
 	lookup LookupFunc
 	now    func() time.Time
 	group  singleflight.Group
-	mu     sync.Mutex
+	mu     sync.RWMutex
 	names  map[string]familyEntry
 }
 
@@ -96,8 +96,8 @@ func (c *FamilyCache) Families(ctx context.Context, host string) (Families, erro
 }
 
 func (c *FamilyCache) cached(host string) (familyEntry, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.mu.RLock()
+	defer c.mu.RUnlock()
 	e, ok := c.names[host]
 	if !ok || !c.now().Before(e.expires) {
 		return familyEntry{}, false

@@ -3,6 +3,7 @@ package rotation
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -205,6 +206,19 @@ func TestProxyFuncEgressFamilyOfAName(t *testing.T) {
 		}
 		if a, err := netip.ParseAddr(h.Get(HeaderEgress)); err != nil || !InFamily(a, want) {
 			t.Errorf("%s: CONNECT header %v, want an IPv%d address", host, h, want)
+		}
+	}
+}
+
+// The cache holds at most MaxFamilyNames names.
+func TestFamilyCacheIsBounded(t *testing.T) {
+	c := NewFamilyCache(func(context.Context, string) ([]netip.Addr, error) { return []netip.Addr{a4}, nil }, nil)
+	for i := range MaxFamilyNames + 10 {
+		if _, err := c.Families(t.Context(), fmt.Sprintf("n%d.example", i)); err != nil {
+			t.Fatal(err)
+		}
+		if n := len(c.names); n > MaxFamilyNames {
+			t.Fatalf("%d names held", n)
 		}
 	}
 }
