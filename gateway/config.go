@@ -90,7 +90,7 @@ type Config struct {
 	// address in it (a CONNECT's, a plain request's URI host, a SOCKS5
 	// request's address, its domain form included) is answered 403
 	// Forbidden (SOCKS5: reply 2, not allowed by ruleset) before any
-	// proxy is picked. A host name is not resolved here: the proxies
+	// proxy is picked. A host name is not checked here: the proxies
 	// refuse names that resolve into their own list. Unless the list is
 	// empty, the addresses the gateway listens on are refused too (those
 	// that are not unspecified). nil: deny.Default(); an empty List:
