@@ -68,10 +68,9 @@ func (l *localBans) AddBan(_ context.Context, req bans.Request) (bans.Ban, error
 // scope is what a request's choices of address depend on: its target's
 // site, and the addresses a rule refused it from already.
 type scope struct {
-	g      *Gateway
-	host   string // the target host, as it passed the target rule
-	site   string // bans.Site(host); "" when host has none (nothing is banned for it)
-	family int    // the address family the target needs
+	g    *Gateway
+	host string // the target host, as it passed the target rule
+	site string // bans.Site(host); "" when host has none (nothing is banned for it)
 	// refused are the addresses whose answer a rule refused (retry):
 	// the request does not go back to them.
 	refused []netip.Addr
@@ -85,7 +84,7 @@ type scope struct {
 }
 
 func (g *Gateway) scopeOf(host string) *scope {
-	s := &scope{g: g, host: host, family: familyOf(host)}
+	s := &scope{g: g, host: host}
 	if site, err := bans.Site(host); err == nil {
 		s.site = site
 	}
@@ -227,8 +226,8 @@ func (o *options) withBan(v string) error {
 // fleet (source header). The request's own pick, which follows, passes
 // it over. Nothing when no proxy or address is known for the session
 // (the pick then says why) or the host has no site.
-func (g *Gateway) banAsked(o options, sc *scope) {
-	at, err := g.pick(o, sc)
+func (g *Gateway) banAsked(ctx context.Context, o options, sc *scope) {
+	at, err := g.pick(ctx, o, sc)
 	if err != nil {
 		return
 	}

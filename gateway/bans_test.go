@@ -99,17 +99,17 @@ func TestPickSkipsBannedProxies(t *testing.T) {
 	a1 := netip.MustParseAddr("198.18.8.1")
 	p1 := Proxy{ID: "p1", Addr: "127.0.0.1:1", EgressAddrs: []netip.Addr{a1}}
 	p2 := Proxy{ID: "p2", Addr: "127.0.0.1:2", Egress: "198.18.8.2"}
-	g := &Gateway{picker: newPicker(p1, p2), bans: newLocalBans(time.Now)}
+	g := &Gateway{picker: newPicker(p1, p2), bans: newLocalBans(time.Now), families: rotation.NewFamilyCache(fakeLookup(nil), nil)}
 	g.bans.HoldBan(a1, "shop.example", time.Hour)
 	for range 4 {
-		at, err := g.pick(options{}, g.scopeOf("www.shop.example"))
+		at, err := g.pick(t.Context(), options{}, g.scopeOf("www.shop.example"))
 		if err != nil || at.p.ID != "p2" || at.addr != netip.MustParseAddr("198.18.8.2") {
 			t.Fatalf("shop.example: %+v %v, want p2 from its own egress", at, err)
 		}
 	}
 	ids := map[string]bool{}
 	for range 4 {
-		at, err := g.pick(options{}, g.scopeOf("other.example"))
+		at, err := g.pick(t.Context(), options{}, g.scopeOf("other.example"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -120,7 +120,7 @@ func TestPickSkipsBannedProxies(t *testing.T) {
 	}
 	g.bans.HoldBan(netip.MustParseAddr("198.18.8.2"), "shop.example", time.Hour)
 	sc := g.scopeOf("shop.example")
-	if at, err := g.pick(options{session: "s1"}, sc); err == nil || !sc.skippedBan {
+	if at, err := g.pick(t.Context(), options{session: "s1"}, sc); err == nil || !sc.skippedBan {
 		t.Errorf("every address banned: %+v %v, skipped by ban %v", at, err, sc.skippedBan)
 	}
 }

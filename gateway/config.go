@@ -12,6 +12,7 @@ import (
 	"proxyfleet/bans"
 	"proxyfleet/deny"
 	"proxyfleet/gateway/defaults"
+	"proxyfleet/rotation"
 )
 
 // Config is the gateway's configuration. Field errors name the field as
@@ -89,7 +90,7 @@ type Config struct {
 	// address in it (a CONNECT's, a plain request's URI host, a SOCKS5
 	// request's address, its domain form included) is answered 403
 	// Forbidden (SOCKS5: reply 2, not allowed by ruleset) before any
-	// proxy is picked. A host name is not resolved here: the proxies
+	// proxy is picked. A host name is not checked here: the proxies
 	// refuse names that resolve into their own list. Unless the list is
 	// empty, the addresses the gateway listens on are refused too (those
 	// that are not unspecified). nil: deny.Default(); an empty List:
@@ -113,6 +114,12 @@ type Config struct {
 	// not leave from an address banned for its site, and the gateway's
 	// bans are stored there. nil: bans held by this gateway alone.
 	Bans Bans
+	// LookupNetIP resolves a target's name to its addresses, to tell a
+	// proxy with addresses one of the family it will reach the target
+	// over (rotation.FamilyCache: answers kept for a short time, one
+	// lookup at a time per name, bounded by a timeout). nil:
+	// rotation.DefaultLookup (the system's resolver).
+	LookupNetIP rotation.LookupFunc
 
 	Logger *slog.Logger
 	// Registry is where the gateway registers its metrics

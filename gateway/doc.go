@@ -77,8 +77,9 @@
 // included: 403 Forbidden with "destination A is denied", or SOCKS5
 // reply 2 (connection not allowed by ruleset); no proxy hears of it. The
 // addresses the gateway listens on (when not unspecified) are refused
-// too, unless the list is empty. A host name is not resolved by the
-// gateway: the proxy resolves it, and its squid refuses a name that
+// too, unless the list is empty. A host name is not checked by the
+// gateway (it resolves one only to choose the family of an egress
+// address): the proxy resolves it, and its squid refuses a name that
 // resolves into its own list (proxy.deny).
 //
 // # One stack

@@ -16,16 +16,16 @@ import (
 const HeaderEgress = messages.HeaderEgress
 
 // egressFor is the address of p that a request of o leaves from, among
-// those of family (rotation.IPv4, IPv6, or AnyFamily for a name) that
-// skip (nil: none) does not refuse: with egress-rotate, the next of p's
-// addresses for the request's session (or for p); with a session, the
-// session's own (rendezvous hashing: the same for as long as p has it
-// and skip takes it; else the next by the same hash, so a session moves
-// only for the site its address is banned for); else one at random.
-// Invalid for a proxy without addresses, or none of family: the proxy
-// then leaves from the address it chooses itself (its own egress, which
-// skip is asked about). ok false: skip refuses every address p may
-// leave from.
+// those of family (rotation.IPv4, IPv6, NoFamily for none, AnyFamily for
+// all: the family is decided before, TargetFamily) that skip (nil: none)
+// does not refuse: with egress-rotate, the next of p's addresses for the
+// request's session (or for p); with a session, the session's own
+// (rendezvous hashing: the same for as long as p has it and skip takes
+// it; else the next by the same hash, so a session moves only for the
+// site its address is banned for); else one at random. Invalid for a
+// proxy without addresses, or none of family: the proxy then leaves from
+// the address it chooses itself (its own egress, which skip is asked
+// about). ok false: skip refuses every address p may leave from.
 func (g *Gateway) egressFor(p Proxy, o options, family int, skip func(netip.Addr) bool) (a netip.Addr, ok bool) {
 	if skip != nil {
 		q, filtered, refused := allowed(p, family, skip)
@@ -37,7 +37,7 @@ func (g *Gateway) egressFor(p Proxy, o options, family int, skip func(netip.Addr
 		}
 	}
 	switch {
-	case len(p.EgressAddrs) == 0:
+	case len(p.EgressAddrs) == 0 || family == rotation.NoFamily:
 		return netip.Addr{}, true
 	case o.rotate:
 		return rotation.EgressAt(p, g.turns.next(p.ID, o.session), family), true
@@ -54,7 +54,7 @@ func (g *Gateway) egressFor(p Proxy, o options, family int, skip func(netip.Addr
 func allowed(p Proxy, family int, skip func(netip.Addr) bool) (q Proxy, filtered, refused bool) {
 	of, skipped := 0, 0
 	for _, a := range p.EgressAddrs {
-		if family == rotation.AnyFamily || (family == rotation.IPv4) == a.Is4() {
+		if rotation.InFamily(a, family) {
 			of++
 			if skip(a) {
 				skipped++
@@ -73,7 +73,7 @@ func allowed(p Proxy, family int, skip func(netip.Addr) bool) (q Proxy, filtered
 	}
 	out := make([]netip.Addr, 0, of-skipped)
 	for _, a := range p.EgressAddrs {
-		if (family == rotation.AnyFamily || (family == rotation.IPv4) == a.Is4()) && !skip(a) {
+		if rotation.InFamily(a, family) && !skip(a) {
 			out = append(out, a)
 		}
 	}
@@ -89,9 +89,6 @@ func egressLine(a netip.Addr) string {
 	}
 	return HeaderEgress + ": " + a.String() + "\r\n"
 }
-
-// familyOf is the address family a target host needs (rotation.FamilyOf).
-func familyOf(host string) int { return rotation.FamilyOf(host) }
 
 // maxTurns bounds the rotation counters kept: past it they start over
 // (a rotating client then may get an address twice in a row, once).

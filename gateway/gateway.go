@@ -15,6 +15,7 @@ import (
 
 	"proxyfleet/bans"
 	"proxyfleet/deny"
+	"proxyfleet/rotation"
 )
 
 // Gateway is the fleet's clients' one address: an HTTP forward proxy and
@@ -29,13 +30,14 @@ type Gateway struct {
 	upstreamAuth string // the Proxy-Authorization value of the fleet's credential
 	dialer       net.Dialer
 	track        *tracker
-	pool         *pool       // kept-alive connections to proxies
-	flights      *flights    // attempts in flight, watched (failover.go)
-	tunnels      *tunnelSet  // open tunnels by proxy (failover.go)
-	draining     atomic.Bool // Run is stopping: no connection is kept alive
-	turns        turns       // egress-rotate's counters
-	authThrottle *throttle   // failed credentials by source address
-	unauth       *unauthGate // connections not yet authenticated
+	pool         *pool                 // kept-alive connections to proxies
+	flights      *flights              // attempts in flight, watched (failover.go)
+	tunnels      *tunnelSet            // open tunnels by proxy (failover.go)
+	draining     atomic.Bool           // Run is stopping: no connection is kept alive
+	turns        turns                 // egress-rotate's counters
+	families     *rotation.FamilyCache // target names' address families
+	authThrottle *throttle             // failed credentials by source address
+	unauth       *unauthGate           // connections not yet authenticated
 	// deny is Config.Deny, with the addresses Run listens on once it
 	// does (set before anything is served: read without a lock).
 	deny deny.List
@@ -95,6 +97,7 @@ func New(picker Picker, cfg Config) (*Gateway, error) {
 		bans:         cfg.Bans,
 		rules:        cfg.Rules,
 		stats:        newSiteStats(cfg.Now),
+		families:     rotation.NewFamilyCache(cfg.LookupNetIP, cfg.Now),
 	}
 	if g.bans == nil {
 		g.bans = newLocalBans(cfg.Now)

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strings"
@@ -24,6 +25,7 @@ import (
 
 	"proxyfleet/deny"
 	"proxyfleet/internal/runtest"
+	"proxyfleet/rotation"
 )
 
 // The fleet's credential, and the gateway's users.
@@ -443,6 +445,9 @@ func startGateway(t testing.TB, picker Picker, mod func(*Config)) *testGateway {
 		// on loopback, which the default list refuses. The refusal has
 		// tests of its own (deny_test.go), which set a list.
 		Deny: &deny.List{},
+		// No lookup leaves the test: every name has an address of each
+		// family (tests that need others set their own).
+		LookupNetIP: fakeLookup(nil),
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -453,6 +458,21 @@ func startGateway(t testing.TB, picker Picker, mod func(*Config)) *testGateway {
 	}
 	r := runtest.Start(t, g.Run, g.Started(), 10*time.Second)
 	return &testGateway{Gateway: g, reg: reg, logs: logs, run: r}
+}
+
+// fakeLookup resolves the names in m to their addresses, any other name
+// to one address of each family, and fails for a name mapped to none.
+func fakeLookup(m map[string][]netip.Addr) rotation.LookupFunc {
+	return func(_ context.Context, host string) ([]netip.Addr, error) {
+		as, ok := m[host]
+		switch {
+		case !ok:
+			return []netip.Addr{netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("2001:db8::1")}, nil
+		case len(as) == 0:
+			return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+		}
+		return as, nil
+	}
 }
 
 // client is an HTTP client through the gateway as user:password.

@@ -319,7 +319,7 @@ func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, tr
 	retries := 0
 	defer func() { g.stats.request(sc.site, answerClass(last, err), retries) }()
 	if o.ban > 0 {
-		g.banAsked(o, sc)
+		g.banAsked(ctx, o, sc)
 	}
 	var failures []string
 	var next *attempt // picked ahead by attempt.more
@@ -329,7 +329,7 @@ func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, tr
 			return false
 		}
 		if next == nil {
-			at, err := g.pick(o, sc)
+			at, err := g.pick(ctx, o, sc)
 			if err != nil {
 				return false
 			}
@@ -342,7 +342,7 @@ func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, tr
 		next = nil
 		if at == nil {
 			var err error
-			if at, err = g.pick(o, sc); err != nil {
+			if at, err = g.pick(ctx, o, sc); err != nil {
 				if !errors.Is(err, ErrEmpty) {
 					return Proxy{}, fmt.Errorf("pick a proxy: %w", err)
 				}
@@ -410,8 +410,11 @@ func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, tr
 // pick chooses the proxy and address of a request's next attempt: the
 // picker's choice among those matching o and not in sc.tried, passing over
 // a proxy whose every address the request may not leave from (sc.skip).
-// errors.Is(err, ErrEmpty) when none is left.
-func (g *Gateway) pick(o options, sc *scope) (*attempt, error) {
+// The address is of the family the proxy reaches the target with
+// (rotation.FamilyCache.TargetFamily: a name is resolved, once its
+// proxy has addresses to choose from; one that does not resolve leaves
+// the choice to the proxy). errors.Is(err, ErrEmpty) when none is left.
+func (g *Gateway) pick(ctx context.Context, o options, sc *scope) (*attempt, error) {
 	sel := o.selector()
 	exclude := sc.tried
 	for range g.picker.Len() + 1 {
@@ -426,7 +429,7 @@ func (g *Gateway) pick(o options, sc *scope) (*attempt, error) {
 		if err != nil {
 			return nil, err
 		}
-		egress, ok := g.egressFor(p, o, sc.family, sc.skip)
+		egress, ok := g.egressFor(p, o, g.families.TargetFamily(ctx, sc.host, p), sc.skip)
 		if ok {
 			addr := egress
 			if !addr.IsValid() {

@@ -230,7 +230,11 @@ func squidConf(id, hostname string, gp GuestProxy, egress, dns []netip.Addr) str
 // the destination's, and takes the first whose acls match; a req_header
 // acl names its header case-insensitively and matches a POSIX extended
 // regex against the value, so an IPv4 address's dots are escaped (an
-// IPv6 address has no metacharacter).
+// IPv6 address has no metacharacter). The family is squid's to choose:
+// for a name with A and AAAA records, that of the DNS answer it gets
+// first (Happy Eyeballs), and no 5.7 directive ties it to the named
+// address, so the gateway names one of the family it expects
+// (docs/DECISIONS.md, "A named target's egress family").
 //
 // Persistent server connections stay on: with these rules every
 // connection squid forwards on has a local address chosen before it

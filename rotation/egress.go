@@ -5,23 +5,46 @@ import (
 	"net/netip"
 )
 
-// Egress families a target may need: an address literal's, or any for a
-// name (the proxy resolves it).
+// Egress families: the addresses of a proxy a request may be told to
+// leave from.
+//
+// AnyFamily is every address of the proxy, IPv4 and IPv6 alike: right
+// only where the proxy leaves from whichever address it is told. A proxy
+// of the fleet (squid) leaves by the address it is told only over the
+// family it reaches the target with, so a target given by name must not
+// be given AnyFamily: its family is decided first (TargetFamily,
+// Families.EgressFamily), and with none decided the proxy is told
+// nothing (NoFamily).
+//
+// NoFamily is none of a proxy's addresses: the proxy leaves from the
+// address it chooses itself, as one without addresses does.
 const (
 	AnyFamily = 0
 	IPv4      = 4
 	IPv6      = 6
+	NoFamily  = -1
 )
 
-// egressOf are p's egress addresses of family (all for AnyFamily), in
-// their order; it allocates only when it filters.
-func egressOf(p Proxy, family int) []netip.Addr {
-	if family == AnyFamily {
-		return p.EgressAddrs
+// InFamily says whether a is of family: IPv4 an IPv4 address, IPv6 any
+// other, AnyFamily every one, NoFamily none.
+func InFamily(a netip.Addr, family int) bool {
+	switch family {
+	case AnyFamily:
+		return true
+	case IPv4:
+		return a.Is4()
+	case IPv6:
+		return !a.Is4()
 	}
+	return false
+}
+
+// egressOf are p's egress addresses of family (all for AnyFamily, none
+// for NoFamily), in their order; it allocates only when it filters.
+func egressOf(p Proxy, family int) []netip.Addr {
 	n := 0
 	for _, a := range p.EgressAddrs {
-		if (family == IPv4) == a.Is4() {
+		if InFamily(a, family) {
 			n++
 		}
 	}
@@ -30,16 +53,59 @@ func egressOf(p Proxy, family int) []netip.Addr {
 	}
 	out := make([]netip.Addr, 0, n)
 	for _, a := range p.EgressAddrs {
-		if (family == IPv4) == a.Is4() {
+		if InFamily(a, family) {
 			out = append(out, a)
 		}
 	}
 	return out
 }
 
+// Families are the address families a target name resolves to.
+type Families struct{ V4, V6 bool }
+
+// FamiliesOf are the families of addrs (a name's addresses).
+func FamiliesOf(addrs []netip.Addr) Families {
+	var f Families
+	for _, a := range addrs {
+		if a.Unmap().Is4() {
+			f.V4 = true
+		} else {
+			f.V6 = true
+		}
+	}
+	return f
+}
+
+// EgressFamily is the family of p's addresses a request to a target of
+// families f is told to leave from: IPv6 when the target has an IPv6
+// address and p an IPv6 address, else IPv4 when the target has an IPv4
+// address and p an IPv4 one, else NoFamily (p leaves from its own
+// choice: nothing it is told would be used). IPv6 comes first when the
+// target has both: a proxy's IPv6 addresses are the many ones (squid
+// still may reach such a target over IPv4, and then leaves from its
+// IPv4 default: docs/DECISIONS.md).
+func (f Families) EgressFamily(p Proxy) int {
+	var has4, has6 bool
+	for _, a := range p.EgressAddrs {
+		if a.Is4() {
+			has4 = true
+		} else {
+			has6 = true
+		}
+	}
+	switch {
+	case f.V6 && has6:
+		return IPv6
+	case f.V4 && has4:
+		return IPv4
+	}
+	return NoFamily
+}
+
 // FamilyOf is the address family a target host needs: an address
 // literal's (IPv4, IPv6; an IPv6 one in brackets or not), or AnyFamily for
-// a name (the proxy resolves it).
+// a name: undecided, not a family to choose from (TargetFamily decides a
+// name's).
 func FamilyOf(host string) int {
 	if len(host) >= 2 && host[0] == '[' && host[len(host)-1] == ']' {
 		host = host[1 : len(host)-1]

@@ -53,7 +53,10 @@ func (r *Rotation) ProxyURL(p Proxy) *url.URL {
 // context, or else the header X-Proxyfleet-Session (then PickSession;
 // without one, Pick); the labels from WithLabels, or else the header
 // X-Proxyfleet-Labels ("k=v,k2=v2"). When none matches the error wraps
-// ErrEmpty, and the transport fails the request with it.
+// ErrEmpty, and the transport fails the request with it. A proxy with
+// addresses gets one of the family it reaches the target over
+// (TargetFamily: a name is resolved here, within FamilyLookupTimeout;
+// one that does not resolve gets none, and the proxy chooses).
 func (r *Rotation) Proxy(req *http.Request) (*url.URL, error) {
 	ctx := req.Context()
 	key, _ := ctx.Value(sessionKey{}).(string)
@@ -81,11 +84,12 @@ func (r *Rotation) Proxy(req *http.Request) (*url.URL, error) {
 		return nil, err
 	}
 	u := r.ProxyURL(p)
+	family := r.families.TargetFamily(ctx, req.URL.Hostname(), p)
 	var a netip.Addr
 	if key != "" {
-		a = SessionEgress(p, key, FamilyOf(req.URL.Hostname()))
+		a = SessionEgress(p, key, family)
 	} else {
-		a = RandomEgress(p, FamilyOf(req.URL.Hostname()))
+		a = RandomEgress(p, family)
 	}
 	if a.IsValid() {
 		// For ProxyConnectHeader; the transport dials Host alone, and
@@ -104,7 +108,8 @@ const egressFragment = "egress="
 // it addresses carries HeaderEgress, the address Proxy chose for it (the
 // session's own, or one at random), so https requests leave from it.
 // Plain-http requests carry their own headers: a client sets HeaderEgress
-// on them itself (SessionEgress says which) to choose.
+// on them itself (SessionEgress says which, with the family TargetFamily
+// gives) to choose.
 func (r *Rotation) ProxyConnectHeader(_ context.Context, proxyURL *url.URL, _ string) (http.Header, error) {
 	s, ok := strings.CutPrefix(proxyURL.Fragment, egressFragment)
 	if !ok {

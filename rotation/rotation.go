@@ -102,6 +102,10 @@ type Config struct {
 	// MaxBans bounds the bans held in memory (default
 	// bans.DefaultMaxEntries); past it the bans ending first are dropped.
 	MaxBans int
+	// LookupNetIP resolves a target's name for Proxy, which tells a
+	// proxy with addresses one of the family it will reach the target
+	// over (TargetFamily; nil: DefaultLookup).
+	LookupNetIP LookupFunc
 }
 
 // Stats are counters of a Rotation's life.
@@ -132,6 +136,8 @@ type Rotation struct {
 	cfg  Config
 	subj messages.Subjects
 	log  *slog.Logger
+	// families are the families of Proxy's target names.
+	families *FamilyCache
 
 	mu  sync.RWMutex
 	idx *index
@@ -212,6 +218,7 @@ func newRotation(cfg Config) (*Rotation, error) {
 	return &Rotation{
 		cfg: cfg, subj: cfg.Subjects,
 		log:       cfg.Logger.With("component", "rotation"),
+		families:  NewFamilyCache(cfg.LookupNetIP, cfg.Now),
 		idx:       newIndex(),
 		cool:      map[string]time.Time{},
 		changed:   make(chan struct{}),
