@@ -96,7 +96,7 @@ func TestGatewaySocksRepliesFromRealSquid(t *testing.T) {
 	e, rot, _, _ := gatewayRig(t, "th-socksreply", func(c *config.Config) {
 		none := []string{}
 		c.Gateway.SocksListen, c.Gateway.Deny = socksAddr, &none
-		pd := []string{"10.0.0.0/8", denied + "/32"}
+		pd := []string{"198.19.0.0/24", denied + "/32"}
 		c.Proxy.Deny = &pd
 	}, id)
 
