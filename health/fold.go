@@ -118,10 +118,11 @@ import (
 //
 // This comment is the one statement of these rules; the package doc and
 // docs/ARCHITECTURE.md point here. Where each is applied: events in
-// fold.go, probe results in fold_probe.go, verdicts and check records in
-// fold_verdict.go, what to probe and which address to name in
-// fold_targets.go, seeding and adoption in fold_seed.go, and what the
-// publisher must look at again in fold_changes.go.
+// fold.go, grace in fold_grace.go, probe results in fold_probe.go,
+// verdicts and check records in fold_verdict.go, what to probe and which
+// address to name in fold_targets.go, seeding and adoption in
+// fold_seed.go, and what the publisher must look at again in
+// fold_changes.go.
 type Fold struct {
 	// Grace is how long a proxy in the rotation keeps its place after it
 	// reports provisioning without an address (a guest agent restart) from
@@ -466,48 +467,11 @@ func (f *Fold) leave(p *proxyState) bool {
 	return true
 }
 
-// Tick demotes the proxies whose grace has passed by now and reports
-// whether the rotation changed.
-func (f *Fold) Tick(now time.Time) (changed bool) {
-	for p := range f.onGrace {
-		if p.inRotation && !p.graceUntil.IsZero() && !now.Before(p.graceUntil) {
-			f.leave(p)
-			f.forget(p)
-			changed = true
-		}
-	}
-	if changed {
-		f.stats.Changes++
-	}
-	return changed
-}
-
-// NextDeadline returns the earliest end of a running grace, if any: the
-// time Tick should next be called.
-func (f *Fold) NextDeadline() (time.Time, bool) {
-	var next time.Time
-	for p := range f.onGrace {
-		if p.inRotation && !p.graceUntil.IsZero() && (next.IsZero() || p.graceUntil.Before(next)) {
-			next = p.graceUntil
-		}
-	}
-	return next, !next.IsZero()
-}
-
-// InGrace reports whether id is in the rotation on grace.
-func (f *Fold) InGrace(id string) bool {
-	p := f.proxies[id]
-	return p != nil && p.inRotation && !p.graceUntil.IsZero()
-}
-
 // InRotation reports whether id is in the rotation.
 func (f *Fold) InRotation(id string) bool {
 	p := f.proxies[id]
 	return p != nil && p.inRotation
 }
-
-// GraceLen is how many proxies in the rotation are on grace.
-func (f *Fold) GraceLen() int { return len(f.onGrace) }
 
 // Len is the size of the rotation.
 func (f *Fold) Len() int { return f.inRot }
