@@ -40,7 +40,7 @@ func TestParseDefaults(t *testing.T) {
 	// The kvm keys (domain_type, budgets, ...) are left to kvm's defaults:
 	// cmd/proxyfleet's TestKVMOptions_defaultsAreKVMs checks them.
 	if c.DefaultImage != "debian-12" || c.Hosts[1].MaxProxies != 20 || c.Hosts[0].MaxProxies != 100 ||
-		c.Proxy.Port != 3128 || c.NATS.Prefix != "proxy" || c.Health.Timeout != 1600*time.Millisecond {
+		c.Proxy.Port != 3128 || c.NATS.Prefix != "proxy" || c.Health.Timeout != healthdef.Timeout(healthdef.Interval) {
 		t.Fatalf("defaults not filled: %+v", c)
 	}
 }

@@ -17,38 +17,34 @@
 // # The fold
 //
 // Fold is the rotation as a pure function of the events and probe results
-// seen so far. Its rules (who enters and leaves, grace, epochs, verdicts,
-// seeding at start and adoption on a takeover) are the doc of Fold, in
-// fold.go; everything else in the package is the I/O around it.
+// seen so far. The doc of Fold, in fold.go, is the one statement of its
+// rules (who enters and leaves, grace, epochs, verdicts, the egress
+// addresses probes name, seeding at start and adoption on a takeover);
+// everything else in the package is the I/O around it.
 //
 // # Probing
 //
-// A Prober checks one proxy; tests give the fold a fake. HTTPProber sends a
-// request through the proxy to a target that must answer a fresh nonce
-// (by default this process's own GET /probe, served on ProbeListen, an
-// address the guests reach; see ProbeHandler), with the fleet's
-// credentials, and can check for an open proxy and read the egress and
-// the headers the target saw. A probe of a proxy whose plan gave it
-// addresses names one of them (messages.HeaderEgress; the next one each
-// probe, see Fold): IPv4 ones through Target (or ProbeListen's /probe),
-// IPv6 ones through TargetIPv6 (or the /probe served on ProbeListenIPv6),
-// since a proxy uses a named address only over its family. With no IPv6
-// target (the default) IPv6 addresses are not named, and
-// proxyfleet_health_egress_target{family="ipv6"} is 0. With none of
-// Prober, Target and ProbeListen, health probes a TCP connect to each
-// proxy's address (TCPProber), logs so
-// once at warn level and shows proxyfleet_health_probing 0: a VM with
-// nothing listening never enters, but nothing more is checked.
+// A Prober checks one proxy; tests give the fold a fake. Which prober a
+// process uses is Config's "Probing". An HTTPProber sends a request
+// through the proxy, with the fleet's credentials, to a target that must
+// answer a fresh nonce (Target, or this process's own GET /probe served on
+// ProbeListen; see ProbeHandler), and can check for an open proxy and read
+// the egress and the headers the target saw. IPv6 egress addresses are
+// probed through TargetIPv6 or ProbeListenIPv6's /probe; with neither (the
+// default) they are not named, and the gauge
+// proxyfleet_health_egress_target{family="ipv6"} is 0. With no target at
+// all, a TCP connect is all that is probed (TCPProber, logged at warn
+// level, proxyfleet_health_probing 0).
 //
 // Probing goes in rounds, one per Interval: every candidate once, at most
 // Concurrency probes at a time, each bounded by Timeout, a panic counted
 // as a failure. Rounds never overlap; a long round delays the next. A
 // rising candidate (Fold.Rising) is probed as soon as its event is folded
 // and again after each pass, ahead of the round, so a new proxy enters
-// after Rise passes, not Rise intervals; one that fails or is refused waits
-// for the rounds. A proxy never has two probes in flight. A report
-// (report.go, <prefix>.report.<id>) asks for a probe at once, bounded by
-// ReportInterval per proxy and ReportRate over all; only the probe counts.
+// after Rise passes, not Rise intervals. A proxy never has two probes in
+// flight. A report (report.go, <prefix>.report.<id>) asks for a probe at
+// once, bounded by ReportInterval per proxy and ReportRate over all; only
+// the probe counts.
 //
 // # Checks
 //
@@ -113,13 +109,9 @@
 //
 // # HTTP
 //
-// Handler serves GET /rotation (503 until caught up; the holder's published
-// view, a standby's own fold; the version as ETag, If-None-Match, ?since=V;
-// header X-Proxyfleet-Lease), /checks, /healthz (200 while it serves),
-// /readyz (503 until caught up, while a stream or bucket it needs is gone,
-// or while publishing, writing checks or reading the lease fails), /metrics
+// Handler serves the rotation, the checks, liveness, readiness, metrics
 // (Config.Registry; nothing registered globally, no metric labelled by
-// proxy) and /probe.
+// proxy) and the probe target; its doc lists them.
 //
 // # Repairs
 //
@@ -137,13 +129,10 @@
 //
 // # Lifecycle
 //
-// Run is a process's whole life: it listens, binds, consumes, probes and
-// publishes until its context ends, then deletes its consumer, releases the
-// lease, shuts HTTP down and returns nil. It returns early the error that
-// kept it from starting, and after stopping what ended it: a server of its
-// that stopped serving, or its NATS connection closed for good. The
-// defaults are the constants of package health/defaults, applied by
-// Config.WithDefaults (config fills a file's gaps with them too).
+// Run is a process's whole life, from listening to releasing the lease
+// (its doc says what it returns when). The defaults are the constants of
+// package health/defaults, applied by Config.WithDefaults; package config
+// fills a file's gaps with the same constants.
 //
 // # Limits
 //

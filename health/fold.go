@@ -89,8 +89,9 @@ import (
 // until one leaves from it: that clears the verdict, and the cycle goes
 // on. So is the address of a failing probe, until a probe through it
 // passes: an address that never answers fails Fall probes in a row and
-// takes the proxy out, rather than one probe in n between passes. Addresses of a family without a target are never named: only the
-// address the proxy leaves from by default is checked against its plan.
+// takes the proxy out, rather than one probe in n between passes.
+// Addresses of a family without a target are never named: only the address
+// the proxy leaves from by default is checked against its plan.
 //
 // A refused proxy never enters, and one in the rotation leaves at once. It
 // keeps being probed at the rounds' cadence (never at once, as a rising one
@@ -114,6 +115,14 @@ import (
 // rotation a proxy of PROXY_ROTATION that the fold has as running at the
 // same address but not yet risen, so a takeover removes no passing proxy;
 // Fall failures take out any that do not pass.
+//
+// This comment is the one statement of these rules; the package doc and
+// docs/ARCHITECTURE.md point here. Where each is applied: events in
+// fold.go, grace in fold_grace.go, probe results in fold_probe.go,
+// verdicts and check records in fold_verdict.go, what to probe and which
+// address to name in fold_targets.go, seeding and adoption in
+// fold_seed.go, and what the publisher must look at again in
+// fold_changes.go.
 type Fold struct {
 	// Grace is how long a proxy in the rotation keeps its place after it
 	// reports provisioning without an address (a guest agent restart) from
@@ -458,206 +467,11 @@ func (f *Fold) leave(p *proxyState) bool {
 	return true
 }
 
-// ProbeResult is the outcome of one probe of a Target.
-type ProbeResult struct {
-	ID    string
-	Epoch uint64
-	OK    bool
-	At    time.Time // when the probe started
-	// Named is the egress address the probe's request named
-	// (Target.Egress), "" if none: the target must see it as Egress.
-	Named string
-
-	// What a passing probe found besides (see Findings); ignored for a
-	// failing one.
-	Egress   string // the address the target saw the request come from, "" if not reported
-	Reported bool   // the target reported the request it received: Leak is the verdict on it
-	Leak     string // why the proxy is leaky, "" if the report shows nothing
-	Open     string // the open check: OpenRefused, OpenAnswered, OpenInconclusive, or "" if none
-}
-
-// Reasons of refused proxies (CheckRecord.Reason): ReasonOpen is an open
-// proxy's; ReasonMismatch starts that of a proxy whose requests left from
-// an address its plan did not give it.
-const (
-	ReasonOpen     = "open proxy: answered a request without credentials"
-	ReasonMismatch = "egress mismatch"
-)
-
-// ApplyProbe folds one probe result in and reports whether the rotation
-// changed (a proxy entered or left, or the egress of one in it changed). A
-// result for another epoch than the proxy's current one (its address
-// changed, it was deleted or stopped being a candidate), or older than the
-// last result applied, is ignored.
-func (f *Fold) ApplyProbe(r ProbeResult) (changed bool) {
-	f.stats.Probes++
-	p := f.proxies[r.ID]
-	if p == nil || p.addr == "" || p.epoch != r.Epoch || r.At.Before(p.lastProbe) {
-		f.stats.ProbesIgnored++
-		return false
-	}
-	p.lastProbe = r.At
-	at := r.At.UTC()
-	if now := f.now(); at.After(now) {
-		at = now.UTC()
-	}
-	verdict, reason, egress := f.verdict(p), f.reason(p), p.egress
-	if r.OK {
-		p.passes++
-		p.fails = 0
-		f.findings(p, r)
-	} else {
-		p.fails++
-		p.passes = 0
-	}
-	if r.Named != "" && r.OK && p.mismatch == "" {
-		// The next probe names the next address; a failed or
-		// mismatched one is named again until a probe passes through it
-		// and leaves from it.
-		p.egressTurn++
-	}
-	if v := f.verdict(p); v != verdict || f.reason(p) != reason || p.egress != egress {
-		f.checksGen++
-		f.markCheck(p)
-		p.checkAt = at
-		if v != verdict {
-			switch v {
-			case messages.VerdictOpen:
-				f.stats.RefusedOpen++
-			case messages.VerdictLeaky:
-				f.stats.RefusedLeaky++
-			case messages.VerdictMismatch:
-				f.stats.RefusedMismatch++
-			}
-		}
-	}
-	changed = p.inRotation && p.egress != egress
-	if changed {
-		f.touch(p)
-	}
-	switch {
-	case p.inRotation && (f.refused(p) || (f.Fall > 0 && p.fails >= f.Fall)):
-		// Refused (found open or leaky): out at once, and probed on at
-		// the rounds' cadence, so a fix brings it back. Or fallen.
-		f.leave(p)
-		changed = true
-		if p.state != messages.StateRunning {
-			// Out while on grace: nothing to probe until it
-			// reports running again.
-			f.forget(p)
-		}
-	case !p.inRotation && f.Rise > 0 && p.passes >= f.Rise && p.state == messages.StateRunning &&
-		p.graceUntil.IsZero() && f.admissible(p):
-		f.enter(p, at)
-		f.admitted(p)
-		changed = true
-	}
-	if changed {
-		f.stats.Changes++
-	}
-	return changed
-}
-
-// Seed puts id in the rotation at addr as a proxy that has already risen,
-// unless the fold knows id already. It is how a process that starts loads
-// the membership published before it (PROXY_ROTATION), so a restart never
-// empties the rotation: the proxy then follows its events as usual (a
-// running event at the same address confirms it, another address or a
-// failed, deleting or deleted takes it out, provisioning starts its grace)
-// and Fall failing probes take it out. It reports whether it was seeded.
-func (f *Fold) Seed(id, addr string, now time.Time) bool {
-	if id == "" || addr == "" || f.proxies[id] != nil {
-		return false
-	}
-	p := f.get(id)
-	p.seeded = true
-	f.candidate(p, addr)
-	p.passes = f.Rise
-	f.enter(p, now.UTC())
-	f.stats.Changes++
-	return true
-}
-
-// DropUnseen takes out the seeded proxies no event has confirmed: once the
-// events are caught up, a proxy they do not know is gone (its deleted
-// event aged out), whatever the bucket said. It reports whether the
-// rotation changed.
-func (f *Fold) DropUnseen() (changed bool) {
-	for id, p := range f.proxies {
-		if p.seeded {
-			f.leave(p)
-			f.resetChecks(p) // probed meanwhile: its record goes too
-			delete(f.proxies, id)
-			changed = true
-		}
-	}
-	if changed {
-		f.stats.Changes++
-	}
-	return changed
-}
-
-// Adopt puts id back in the rotation as risen if the fold has it as a
-// running candidate at addr but not in the rotation: what a standby does
-// when it takes over, for the proxies the previous publisher had admitted
-// (it read them from PROXY_ROTATION) and its own probes have not yet
-// caught up with. Fall failing probes take it out again; one this
-// process found open or leaky is not adopted. It reports whether the
-// rotation changed.
-func (f *Fold) Adopt(id, addr string, now time.Time) bool {
-	p := f.proxies[id]
-	if p == nil || p.inRotation || p.addr != addr || p.state != messages.StateRunning || !p.graceUntil.IsZero() || f.refused(p) {
-		return false
-	}
-	p.passes, p.fails = max(p.passes, f.Rise), 0
-	p.runningAt = time.Time{} // not an admission of its running event (latency.go)
-	f.enter(p, now.UTC())
-	f.stats.Changes++
-	return true
-}
-
-// Tick demotes the proxies whose grace has passed by now and reports
-// whether the rotation changed.
-func (f *Fold) Tick(now time.Time) (changed bool) {
-	for p := range f.onGrace {
-		if p.inRotation && !p.graceUntil.IsZero() && !now.Before(p.graceUntil) {
-			f.leave(p)
-			f.forget(p)
-			changed = true
-		}
-	}
-	if changed {
-		f.stats.Changes++
-	}
-	return changed
-}
-
-// NextDeadline returns the earliest end of a running grace, if any: the
-// time Tick should next be called.
-func (f *Fold) NextDeadline() (time.Time, bool) {
-	var next time.Time
-	for p := range f.onGrace {
-		if p.inRotation && !p.graceUntil.IsZero() && (next.IsZero() || p.graceUntil.Before(next)) {
-			next = p.graceUntil
-		}
-	}
-	return next, !next.IsZero()
-}
-
-// InGrace reports whether id is in the rotation on grace.
-func (f *Fold) InGrace(id string) bool {
-	p := f.proxies[id]
-	return p != nil && p.inRotation && !p.graceUntil.IsZero()
-}
-
 // InRotation reports whether id is in the rotation.
 func (f *Fold) InRotation(id string) bool {
 	p := f.proxies[id]
 	return p != nil && p.inRotation
 }
-
-// GraceLen is how many proxies in the rotation are on grace.
-func (f *Fold) GraceLen() int { return len(f.onGrace) }
 
 // Len is the size of the rotation.
 func (f *Fold) Len() int { return f.inRot }

@@ -3,7 +3,6 @@ package health
 import (
 	"slices"
 	"strings"
-	"time"
 
 	"proxyfleet/messages"
 )
@@ -11,19 +10,6 @@ import (
 // What of the fold changed since the publisher last looked (the dirty
 // ids), and the entries it looks at: the publisher's per-change work is
 // O(the ids marked), never O(fleet).
-
-// setGrace sets p's grace to end at until (zero: none), keeping onGrace.
-func (f *Fold) setGrace(p *proxyState, until time.Time) {
-	p.graceUntil = until
-	if until.IsZero() {
-		delete(f.onGrace, p)
-		return
-	}
-	if f.onGrace == nil {
-		f.onGrace = make(map[*proxyState]struct{})
-	}
-	f.onGrace[p] = struct{}{}
-}
 
 // touch marks p's entry as possibly changed.
 func (f *Fold) touch(p *proxyState) {

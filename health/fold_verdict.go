@@ -9,8 +9,10 @@ import (
 	"proxyfleet/messages"
 )
 
-// What the probes of a candidate found, and its check record (see the
-// package doc, "What a probe verifies", and "Checks").
+// What the probes of a candidate found, and its check record: the
+// verdicts of Fold's doc, and the records the package doc's "Checks"
+// writes.
+
 // findings keeps what a passing probe found.
 func (f *Fold) findings(p *proxyState, r ProbeResult) {
 	if r.Egress != "" {

@@ -1,15 +1,12 @@
 package health
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"net/netip"
-	"net/url"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -19,208 +16,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"proxyfleet/health/defaults"
 	"proxyfleet/internal/lease"
 	"proxyfleet/messages"
 )
 
-// NoHTTP as Config.HTTPAddr serves no HTTP of its own: the caller mounts
-// Handler where it likes.
-const NoHTTP = "-"
-
-// Config of a health process. New fills the zero values with defaults (see
-// WithDefaults).
-type Config struct {
-	Subjects messages.Subjects
-	// HTTPAddr is the listen address of /rotation, /healthz, /readyz and
-	// /metrics;
-	// a port of 0 picks a free one (see Health.Addr). Empty:
-	// defaults.HTTPAddr; NoHTTP: none.
-	HTTPAddr string
-	Logger   *slog.Logger
-	// Now is the clock of the fold (grace, probe times), of the
-	// snapshots' time and of the lease's validity and expiry.
-	Now func() time.Time
-	// Grace is how long a proxy keeps its place after reporting
-	// provisioning without an address from the same command and host
-	// (another command or host takes it out at once). Zero demotes it at
-	// once.
-	Grace time.Duration
-
-	// OpTimeout bounds each request to NATS made while publishing
-	// (default 5s).
-	OpTimeout time.Duration
-	// RetryInterval is the wait before publishing again after a failure
-	// (default 1s).
-	RetryInterval time.Duration
-	// CatchUpPoll is how often the consumer's info is read while catching
-	// up, in case no message says it was the last (default 500ms).
-	CatchUpPoll time.Duration
-	// CheckInterval is how often the stream, the buckets and the
-	// consumer are looked at, to repair what someone deleted (default
-	// 2s). It is also the consumer's heartbeat (at least 500ms): a
-	// consumer that was deleted without a word is noticed after two.
-	CheckInterval time.Duration
-
-	// Probing. A proxy is probed with a request through it to a target
-	// that answers a value the prober checks (see HTTPProber). The prober
-	// is Prober if set, else an HTTPProber of Target if set, else of this
-	// process's own /probe served on ProbeListen. With none of the three,
-	// a TCP connect to each proxy's address is all that is probed
-	// (TCPProber; logged at warn level at start). Proxies of the sim
-	// driver (a running event with source sim) are never probed: they
-	// enter on their event.
-
-	// Prober probes one proxy; tests inject one.
-	Prober Prober
-	// Target is the URL probed through each proxy (http or https). A
-	// nonce query parameter is added; the answer must contain Expect or,
-	// if Expect is empty, the nonce. Only a target that answers as
-	// ProbeHandler does (a health process's /probe) reports the proxy's
-	// egress and the headers that reached it; another yields no egress
-	// and no leak verdict (the open check works with any target).
-	Target string
-	Expect string
-	// ProbeListen is an address the guests can reach (an IP, not a
-	// wildcard, when Target is empty) where this process serves
-	// GET /probe?nonce=N, answering N. With an empty Target, the target is
-	// http://<its bound address>/probe.
-	ProbeListen string
-	// TargetIPv6 is the URL probed through each proxy for its IPv6
-	// egress addresses, as Target is for its IPv4 ones: each probe names
-	// one of the proxy's addresses (messages.HeaderEgress), and squid uses
-	// a named address only over its family. Its host is an IPv6 address
-	// or a name the guests reach over IPv6. Empty: the /probe served on
-	// ProbeListenIPv6, if set; with neither, no IPv6 egress address is
-	// probed one by one (proxyfleet_health_egress_target{family="ipv6"}
-	// is 0). Needs Target or ProbeListen, whose target is then the IPv4
-	// one; set when that one is itself an IPv6 address, it is an error.
-	TargetIPv6 string
-	// ProbeListenIPv6 is a second address (an IPv6 one the guests can
-	// reach, when TargetIPv6 is empty) where this process serves
-	// GET /probe: with an empty TargetIPv6, the IPv6 target is
-	// http://[its bound address]/probe.
-	ProbeListenIPv6 string
-	// Interval between probe rounds (default 2s); Timeout of each probe
-	// (default 80% of Interval).
-	Interval time.Duration
-	Timeout  time.Duration
-	// Rise passing probes in a row put a proxy in the rotation (default
-	// 2); Fall failing ones take it out (default 3).
-	Rise, Fall int
-	// Concurrency bounds the probes in flight (default 64).
-	Concurrency int
-
-	// ProxyUser and ProxyPassword are the credentials the fleet's proxies
-	// require (proxy.auth): every probe health makes through a proxy
-	// carries them (Proxy-Authorization: Basic), and with a target to
-	// probe, a proxy is also checked to refuse the same request without
-	// them (see OpenCheckInterval). An empty user: no credentials, no
-	// open check. The password is never logged, nor put in an error,
-	// a metric or anything published.
-	ProxyUser, ProxyPassword string
-	// OpenCheckInterval is how often a proxy in the rotation is checked
-	// again to refuse a request without credentials (default 1m). A
-	// candidate is checked before it enters, and one found open is
-	// checked at every round until it refuses.
-	OpenCheckInterval time.Duration
-	// ReportInterval is how soon after a report made health probe a proxy
-	// another report of it asks for nothing (default 5s); ReportRate how
-	// many probes a second reports may ask for over all proxies (default
-	// 20). See report.go.
-	ReportInterval time.Duration
-	ReportRate     float64
-
-	// SnapshotInterval is the least time between two snapshots published
-	// on <prefix>.rotation (default 1s): a snapshot costs O(fleet) bytes,
-	// so under churn it is sent at this pace, the latest version each
-	// time, while the feed carries every change as it happens. The first
-	// change after a quiet interval goes out at once.
-	SnapshotInterval time.Duration
-	// SnapshotRate bounds the bytes a second the snapshots on
-	// <prefix>.rotation carry under churn (default 256 KiB): after a
-	// snapshot of B bytes the next waits B/SnapshotRate if that is longer
-	// than SnapshotInterval, so a 1 MiB snapshot goes out at most every
-	// 4 s at the default (docs/DECISIONS.md, "Snapshots paced by their
-	// bytes"). The feed is not paced.
-	SnapshotRate int
-	// SnapshotMaxBytes is the largest snapshot published whole on
-	// <prefix>.rotation (0: the server's max_payload, 1 MiB by default);
-	// a larger rotation is announced there with a notice (truncated,
-	// its size, the feed's subject) instead of its proxies.
-	SnapshotMaxBytes int
-
-	// LeaseTTL is how long the publisher's lease in PROXY_LEASES lasts
-	// without a renewal (default 15s); the holder renews every third of
-	// it, a standby takes over once the lease's revision has not changed
-	// for that long. At most the bucket's own TTL.
-	LeaseTTL time.Duration
-	// Instance names this process in the lease (default host-pid-random).
-	Instance string
-
-	// Registry is where the process registers its metrics and what
-	// /metrics serves (the process's registry: cmd/proxyfleet adds the Go,
-	// process and build collectors and the worker's metrics); nil: a
-	// registry of this process's own. Nothing is registered globally.
-	Registry *prometheus.Registry
-	// ReadyCheck, if set, must also return nil for /readyz to answer 200
-	// (serve adds its worker's readiness).
-	ReadyCheck func() error
-
-	// leaseLooked, if set, is called by the loop after each look at the
-	// lease (a renewal, or a standby's read): a test that must show a
-	// lease was not taken, or that a standby published nothing, waits
-	// for the loop's looks instead of sleeping. Set by export_test.go.
-	leaseLooked func()
-}
-
 // feedRingBytes bounds the feed messages kept for GET /rotation?since=V.
 const feedRingBytes = 1 << 20
-
-// WithDefaults returns cfg with every zero value (and negative duration)
-// filled with its default, the constants of package health/defaults,
-// which package config fills a file's gaps with too. Timeout's follows
-// Interval (defaults.Timeout); Grace has none (zero demotes at once);
-// Instance is New's to make.
-func (cfg Config) WithDefaults() Config {
-	if cfg.Subjects.Prefix == "" {
-		cfg.Subjects = messages.NewSubjects("")
-	}
-	if cfg.HTTPAddr == "" {
-		cfg.HTTPAddr = defaults.HTTPAddr
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
-		}
-	}
-	def(&cfg.OpTimeout, defaults.OpTimeout)
-	def(&cfg.RetryInterval, defaults.RetryInterval)
-	def(&cfg.CatchUpPoll, defaults.CatchUpPoll)
-	def(&cfg.CheckInterval, defaults.CheckInterval)
-	def(&cfg.Interval, defaults.Interval)
-	def(&cfg.Timeout, defaults.Timeout(cfg.Interval))
-	def(&cfg.LeaseTTL, defaults.LeaseTTL)
-	def(&cfg.SnapshotInterval, defaults.SnapshotInterval)
-	if cfg.SnapshotRate == 0 {
-		cfg.SnapshotRate = defaults.SnapshotRate
-	}
-	def(&cfg.OpenCheckInterval, defaults.OpenCheckInterval)
-	def(&cfg.ReportInterval, defaults.ReportInterval)
-	if cfg.ReportRate <= 0 {
-		cfg.ReportRate = defaults.ReportRate
-	}
-	cfg.Rise = cmp.Or(cfg.Rise, defaults.Rise)
-	cfg.Fall = cmp.Or(cfg.Fall, defaults.Fall)
-	cfg.Concurrency = cmp.Or(cfg.Concurrency, defaults.Concurrency)
-	return cfg
-}
 
 // Health consumes state events and publishes the rotation.
 type Health struct {
@@ -342,31 +143,9 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 	if js == nil {
 		return nil, errors.New("health: no JetStream context")
 	}
-	if cfg.Grace < 0 {
-		return nil, fmt.Errorf("health: negative grace %v", cfg.Grace)
-	}
 	cfg = cfg.WithDefaults()
-	if !messages.ValidPrefix(cfg.Subjects.Prefix) {
-		return nil, fmt.Errorf("health: invalid subject prefix %q", cfg.Subjects.Prefix)
-	}
-	switch {
-	case cfg.Rise < 0:
-		return nil, fmt.Errorf("health: rise %d is negative", cfg.Rise)
-	case cfg.Fall < 0:
-		return nil, fmt.Errorf("health: fall %d is negative", cfg.Fall)
-	case cfg.Concurrency < 0:
-		return nil, fmt.Errorf("health: concurrency %d is negative", cfg.Concurrency)
-	case cfg.Timeout > cfg.Interval:
-		return nil, fmt.Errorf("health: probe timeout %v is longer than the interval %v", cfg.Timeout, cfg.Interval)
-	}
-	if cfg.SnapshotRate < 0 {
-		return nil, fmt.Errorf("health: snapshot rate %d is negative", cfg.SnapshotRate)
-	}
-	if cfg.SnapshotMaxBytes < 0 {
-		return nil, fmt.Errorf("health: snapshot max bytes %d is negative", cfg.SnapshotMaxBytes)
-	}
-	if cfg.ProxyUser == "" && cfg.ProxyPassword != "" {
-		return nil, errors.New("health: a proxy password without a user")
+	if err := cfg.check(); err != nil {
+		return nil, err
 	}
 	if cfg.Instance == "" {
 		host, _ := os.Hostname()
@@ -397,31 +176,8 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 		probeLatency: newProbeLatency(),
 		registry:     cfg.Registry,
 	}
-	h.prober = cfg.Prober
-	if h.prober == nil && cfg.Target != "" {
-		p, err := NewHTTPProber(cfg.Target, cfg.Expect, h.proberOptions()...)
-		if err != nil {
-			return nil, fmt.Errorf("health: %w", err)
-		}
-		h.prober = p
-	}
-	if h.prober == nil && cfg.ProbeListen != "" {
-		host, _, err := net.SplitHostPort(cfg.ProbeListen)
-		if ip := net.ParseIP(host); err != nil || ip == nil || ip.IsUnspecified() {
-			return nil, fmt.Errorf("health: probe listen address %q: with no target, it must be an IP the guests can reach (or set a target)", cfg.ProbeListen)
-		}
-		// The prober is made once the listener is bound (its port may be 0).
-		if _, err := NewHTTPProber("http://"+cfg.ProbeListen+ProbePath, cfg.Expect, h.proberOptions()...); err != nil {
-			return nil, fmt.Errorf("health: %w", err) // the credentials, checked now
-		}
-	}
-	if err := h.checkIPv6Target(); err != nil {
+	if err := h.initProber(); err != nil {
 		return nil, err
-	}
-	if h.prober == nil && cfg.ProbeListen == "" {
-		// Nothing to probe through the proxies: at least something must
-		// listen on a proxy's port before it enters.
-		h.prober, h.tcpOnly = TCPProber{}, true
 	}
 	h.fold.Rise, h.fold.Fall = cfg.Rise, cfg.Fall
 	h.fold.OpenInterval = cfg.OpenCheckInterval
@@ -436,81 +192,6 @@ func New(js jetstream.JetStream, cfg Config) (*Health, error) {
 		return nil, fmt.Errorf("health: register metrics: %w", err)
 	}
 	return h, nil
-}
-
-// proberOptions are the options of the HTTPProbers health makes.
-func (h *Health) proberOptions() []ProberOption {
-	return []ProberOption{WithCredentials(h.cfg.ProxyUser, h.cfg.ProxyPassword)}
-}
-
-// setCheckOpen tells the fold whether candidates must pass an open check
-// (the prober can make one: it has credentials to leave out), and the
-// families of the egress addresses probes name (those the prober has a
-// target for).
-func (h *Health) setCheckOpen() {
-	c, ok := h.prober.(Checker)
-	h.fold.CheckOpen = ok && c.ChecksOpen()
-	h.fold.EgressFamilies = 0
-	if e, ok := h.prober.(EgressChecker); ok {
-		h.fold.EgressFamilies = e.Families()
-	}
-}
-
-// checkIPv6Target checks TargetIPv6 and ProbeListenIPv6, and with an HTTP
-// prober of Target, pairs it with one of TargetIPv6 (ProbeListenIPv6's is
-// made once its listener is bound).
-func (h *Health) checkIPv6Target() error {
-	cfg := h.cfg
-	if cfg.TargetIPv6 == "" && cfg.ProbeListenIPv6 == "" {
-		return nil
-	}
-	field := "target_ipv6"
-	if cfg.TargetIPv6 == "" {
-		field = "probe_listen_ipv6"
-	}
-	if cfg.Target == "" && cfg.ProbeListen == "" {
-		return fmt.Errorf("health: %s without a target or probe listen address for IPv4", field)
-	}
-	main := cfg.Target
-	if main == "" {
-		main = "http://" + cfg.ProbeListen
-	}
-	if u, err := url.Parse(main); err == nil {
-		if a, err := netip.ParseAddr(u.Hostname()); err == nil && a.Unmap().Is6() {
-			return fmt.Errorf("health: %s with an IPv6 target (%s): that one is the IPv6 target already", field, u.Host)
-		}
-	}
-	if cfg.ProbeListenIPv6 != "" && cfg.TargetIPv6 == "" {
-		host, _, err := net.SplitHostPort(cfg.ProbeListenIPv6)
-		if a, perr := netip.ParseAddr(host); err != nil || perr != nil || !a.Is6() || a.Is4In6() || a.IsUnspecified() {
-			return fmt.Errorf("health: probe listen address for IPv6 %q: with no IPv6 target, it must be an IPv6 address the guests can reach", cfg.ProbeListenIPv6)
-		}
-		if _, err := NewHTTPProber("http://"+cfg.ProbeListenIPv6+ProbePath, cfg.Expect, h.proberOptions()...); err != nil {
-			return fmt.Errorf("health: %w", err)
-		}
-	}
-	if cfg.TargetIPv6 == "" {
-		return nil
-	}
-	p6, err := NewHTTPProber(cfg.TargetIPv6, cfg.Expect, h.proberOptions()...)
-	if err != nil {
-		return fmt.Errorf("health: ipv6 %w", err)
-	}
-	if a, err := netip.ParseAddr(p6.Target.Hostname()); err == nil && a.Unmap().Is4() {
-		return fmt.Errorf("health: ipv6 probe target %q: its host is an IPv4 address", cfg.TargetIPv6)
-	}
-	h.pairIPv6(p6)
-	return nil
-}
-
-// pairIPv6 makes the prober one that sends probes naming an IPv6 address
-// to p6, if it is an HTTP prober of its own target (not a Config.Prober).
-func (h *Health) pairIPv6(p6 *HTTPProber) {
-	if v4, ok := h.prober.(*HTTPProber); ok && h.cfg.Prober == nil {
-		h.prober = familyProber{v4: v4, v6: p6}
-	} else if h.prober == nil {
-		h.pendingV6 = p6 // paired once ProbeListen's prober is made
-	}
 }
 
 // Addr is the address HTTP is served on, once started ("" before, or with
@@ -538,18 +219,6 @@ func (h *Health) ProbeAddrIPv6() string {
 		return ""
 	}
 	return h.probeLn6.Addr().String()
-}
-
-func (h *Health) probeTarget() string {
-	switch p := h.prober.(type) {
-	case *HTTPProber:
-		return p.Target.Redacted()
-	case familyProber:
-		return p.v4.Target.Redacted() + " (IPv4), " + p.v6.Target.Redacted() + " (IPv6)"
-	case TCPProber:
-		return "a TCP connect to each proxy"
-	}
-	return fmt.Sprintf("%T", h.prober)
 }
 
 // Holder reports whether this process holds the publisher's lease.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"time"
 
 	"proxyfleet/messages"
@@ -285,50 +284,4 @@ func (h *Health) probeIfRisingLocked(id string) {
 	if t, ok := h.fold.Rising(id); ok {
 		h.sched.probeSoon(t)
 	}
-}
-
-// familyProber probes through a proxy to the target of the family of the
-// address a request names: v4 for IPv4 addresses, v6 for IPv6 ones (either
-// may be nil, not both). A request naming none goes to v4 if there is one.
-type familyProber struct {
-	v4, v6 *HTTPProber
-}
-
-// first is the prober of a request that names no address.
-func (p familyProber) first() *HTTPProber {
-	if p.v4 != nil {
-		return p.v4
-	}
-	return p.v6
-}
-
-func (p familyProber) Probe(ctx context.Context, addr string) error {
-	return p.first().Probe(ctx, addr)
-}
-
-func (p familyProber) Check(ctx context.Context, addr string, checkOpen bool) Findings {
-	return p.first().Check(ctx, addr, checkOpen)
-}
-
-// CheckEgress sends the probe to the target of egress's family; one of a
-// family without a target names nothing (the fold names none such).
-func (p familyProber) CheckEgress(ctx context.Context, addr, egress string, checkOpen bool) Findings {
-	for _, q := range []*HTTPProber{p.v4, p.v6} {
-		if a, err := netip.ParseAddr(egress); err == nil && q != nil && q.Families().has(a) {
-			return q.CheckEgress(ctx, addr, egress, checkOpen)
-		}
-	}
-	return p.Check(ctx, addr, checkOpen)
-}
-
-func (p familyProber) ChecksOpen() bool { return p.first().ChecksOpen() }
-
-func (p familyProber) Families() Families {
-	var fs Families
-	for _, q := range []*HTTPProber{p.v4, p.v6} {
-		if q != nil {
-			fs |= q.Families()
-		}
-	}
-	return fs
 }

@@ -96,37 +96,16 @@ func (h *Health) start(ctx context.Context) error {
 			closeListeners()
 			return err
 		}
-		if h.prober == nil {
-			p, err := h.probeListenProber(h.probeLn)
-			if err != nil {
-				closeListeners()
-				return err
-			}
-			h.mu.Lock()
-			h.prober = p
-			if h.pendingV6 != nil {
-				h.prober = familyProber{v4: p, v6: h.pendingV6}
-			}
-			h.setCheckOpen()
-			h.mu.Unlock()
-		}
 	}
 	if h.cfg.ProbeListenIPv6 != "" {
 		if h.probeLn6, h.probeSrv6, err = listenProbes(h.cfg.ProbeListenIPv6); err != nil {
 			closeListeners()
 			return err
 		}
-		if v4, ok := h.prober.(*HTTPProber); ok && h.cfg.TargetIPv6 == "" && h.cfg.Prober == nil {
-			p6, err := h.probeListenProber(h.probeLn6)
-			if err != nil {
-				closeListeners()
-				return err
-			}
-			h.mu.Lock()
-			h.prober = familyProber{v4: v4, v6: p6}
-			h.setCheckOpen()
-			h.mu.Unlock()
-		}
+	}
+	if err := h.bindProbers(); err != nil {
+		closeListeners()
+		return err
 	}
 
 	h.sched = newProbeSched(h.prober, h.cfg.Concurrency, h.cfg.Timeout, h.now, h.reportProbe)
@@ -258,15 +237,6 @@ func listenProbes(addr string) (net.Listener, *http.Server, error) {
 	mux := http.NewServeMux()
 	mux.Handle("GET "+ProbePath, ProbeHandler())
 	return ln, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}, nil
-}
-
-// probeListenProber is the prober of the probe target served on ln.
-func (h *Health) probeListenProber(ln net.Listener) (*HTTPProber, error) {
-	p, err := NewHTTPProber("http://"+ln.Addr().String()+ProbePath, h.cfg.Expect, h.proberOptions()...)
-	if err != nil {
-		return nil, fmt.Errorf("health: %w", err)
-	}
-	return p, nil
 }
 
 // familiesText names the families of fs for a log line.
