@@ -359,28 +359,11 @@ func (s *Server) proxiesPage(w http.ResponseWriter, r *http.Request, sess *sessi
 	// The position first: whatever happens after it reaches the page
 	// through its live stream.
 	d.Since = s.hub.position()
-	opts := []client.ListOption{client.OnHost(d.Host), client.InState(d.State)}
-	if d.State == messages.StateDeleted {
-		opts = append(opts, client.IncludeDeleted())
-	}
-	if d.Pool != "" {
-		opts = append(opts, client.WithLabel(messages.PoolLabel, d.Pool))
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
-	defer cancel()
-	sts, err := s.cl.List(ctx, opts...)
-	if err != nil {
-		s.render(w, r, http.StatusBadGateway, "error", sess, "Proxies", "read the proxies: "+err.Error())
-		return
-	}
-	d.Total = len(sts)
-	d.Pages = max(1, (d.Total+PageSize-1)/PageSize)
-	d.PageNo = min(d.PageNo, d.Pages)
-	d.First = d.PageNo == 1
-	from := (d.PageNo - 1) * PageSize
-	now := time.Now()
-	for _, st := range sts[from:min(from+PageSize, len(sts))] {
-		d.Rows = append(d.Rows, rowOf(st, now))
+	if !s.proxiesFromView(&d) {
+		if err := s.proxiesFromList(r.Context(), &d); err != nil {
+			s.render(w, r, http.StatusBadGateway, "error", sess, "Proxies", "read the proxies: "+err.Error())
+			return
+		}
 	}
 	link := func(page int) string {
 		v := url.Values{}
@@ -399,6 +382,55 @@ func (s *Server) proxiesPage(w http.ResponseWriter, r *http.Request, sess *sessi
 		d.Next = link(d.PageNo + 1)
 	}
 	s.render(w, r, http.StatusOK, "proxies", sess, "Proxies", d)
+}
+
+// proxiesFromView fills d's rows and counts from the view, if it is
+// ready.
+func (s *Server) proxiesFromView(d *proxiesData) bool {
+	sts, total, ok := s.view.query(d.Host, d.State, d.Pool, d.PageNo-1, PageSize)
+	if !ok {
+		return false
+	}
+	d.Total = total
+	d.Pages = max(1, (d.Total+PageSize-1)/PageSize)
+	if d.PageNo > d.Pages { // past the end: the last page
+		d.PageNo = d.Pages
+		sts, d.Total, _ = s.view.query(d.Host, d.State, d.Pool, d.PageNo-1, PageSize)
+	}
+	d.First = d.PageNo == 1
+	now := time.Now()
+	for _, st := range sts {
+		d.Rows = append(d.Rows, rowOf(st, now))
+	}
+	return true
+}
+
+// proxiesFromList fills d's rows and counts from a List of the fleet:
+// what the page shows before the view's first read completed.
+func (s *Server) proxiesFromList(ctx context.Context, d *proxiesData) error {
+	opts := []client.ListOption{client.OnHost(d.Host), client.InState(d.State)}
+	if d.State == messages.StateDeleted {
+		opts = append(opts, client.IncludeDeleted())
+	}
+	if d.Pool != "" {
+		opts = append(opts, client.WithLabel(messages.PoolLabel, d.Pool))
+	}
+	ctx, cancel := context.WithTimeout(ctx, readTimeout)
+	defer cancel()
+	sts, err := s.cl.List(ctx, opts...)
+	if err != nil {
+		return err
+	}
+	d.Total = len(sts)
+	d.Pages = max(1, (d.Total+PageSize-1)/PageSize)
+	d.PageNo = min(d.PageNo, d.Pages)
+	d.First = d.PageNo == 1
+	from := (d.PageNo - 1) * PageSize
+	now := time.Now()
+	for _, st := range sts[from:min(from+PageSize, len(sts))] {
+		d.Rows = append(d.Rows, rowOf(st, now))
+	}
+	return nil
 }
 
 // events is the live stream: server-sent events of the proxies' state

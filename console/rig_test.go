@@ -168,17 +168,23 @@ func (r *rig) listCount(opts ...client.ListOption) int {
 // browser is an HTTP client with its own cookies that does not follow
 // redirects (the tests look at them).
 type browser struct {
-	t    *testing.T
+	t    testing.TB
 	base string
 	hc   *http.Client
 }
 
 func (r *rig) browser() *browser {
+	return &browser{t: r.t, base: r.base, hc: newJarClient()}
+}
+
+// newJarClient is an HTTP client with its own cookies that does not
+// follow redirects.
+func newJarClient() *http.Client {
 	jar, _ := cookiejar.New(nil) // no options: no error
-	return &browser{t: r.t, base: r.base, hc: &http.Client{
+	return &http.Client{
 		Jar: jar, Timeout: 30 * time.Second,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}}
+	}
 }
 
 // do sends a request and returns its status and body.
