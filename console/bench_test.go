@@ -119,8 +119,8 @@ func BenchmarkConsole50k(b *testing.B) {
 	runtest.Start(b, func(ctx context.Context) error { return con.Serve(ctx, ln) }, con.Started(), 10*time.Second)
 	br := &browser{t: b, base: "http://" + ln.Addr().String(), hc: newJarClient()}
 	br.login("viewer", viewerPW)
-	// Ready when the page counts the whole fleet (the view's first read
-	// may be under way, the page then read through List).
+	// Ready when the page counts the whole fleet (it waits for the
+	// view's first read).
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		_, body := br.do("GET", "/proxies", nil)

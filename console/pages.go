@@ -359,12 +359,13 @@ func (s *Server) proxiesPage(w http.ResponseWriter, r *http.Request, sess *sessi
 	// The position first: whatever happens after it reaches the page
 	// through its live stream.
 	d.Since = s.hub.position()
-	if !s.proxiesFromView(&d) {
-		if err := s.proxiesFromList(r.Context(), &d); err != nil {
-			s.render(w, r, http.StatusBadGateway, "error", sess, "Proxies", "read the proxies: "+err.Error())
-			return
-		}
+	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	defer cancel()
+	if err := s.view.wait(ctx); err != nil {
+		s.render(w, r, http.StatusServiceUnavailable, "error", sess, "Proxies", "read the proxies: "+err.Error())
+		return
 	}
+	s.proxiesFromView(&d)
 	link := func(page int) string {
 		v := url.Values{}
 		for k, x := range map[string]string{"host": d.Host, "state": d.State, "pool": d.Pool} {
@@ -384,13 +385,10 @@ func (s *Server) proxiesPage(w http.ResponseWriter, r *http.Request, sess *sessi
 	s.render(w, r, http.StatusOK, "proxies", sess, "Proxies", d)
 }
 
-// proxiesFromView fills d's rows and counts from the view, if it is
+// proxiesFromView fills d's rows and counts from the view, once it is
 // ready.
-func (s *Server) proxiesFromView(d *proxiesData) bool {
-	sts, total, ok := s.view.query(d.Host, d.State, d.Pool, d.PageNo-1, PageSize)
-	if !ok {
-		return false
-	}
+func (s *Server) proxiesFromView(d *proxiesData) {
+	sts, total, _ := s.view.query(d.Host, d.State, d.Pool, d.PageNo-1, PageSize)
 	d.Total = total
 	d.Pages = max(1, (d.Total+PageSize-1)/PageSize)
 	if d.PageNo > d.Pages { // past the end: the last page
@@ -402,35 +400,6 @@ func (s *Server) proxiesFromView(d *proxiesData) bool {
 	for _, st := range sts {
 		d.Rows = append(d.Rows, rowOf(st, now))
 	}
-	return true
-}
-
-// proxiesFromList fills d's rows and counts from a List of the fleet:
-// what the page shows before the view's first read completed.
-func (s *Server) proxiesFromList(ctx context.Context, d *proxiesData) error {
-	opts := []client.ListOption{client.OnHost(d.Host), client.InState(d.State)}
-	if d.State == messages.StateDeleted {
-		opts = append(opts, client.IncludeDeleted())
-	}
-	if d.Pool != "" {
-		opts = append(opts, client.WithLabel(messages.PoolLabel, d.Pool))
-	}
-	ctx, cancel := context.WithTimeout(ctx, readTimeout)
-	defer cancel()
-	sts, err := s.cl.List(ctx, opts...)
-	if err != nil {
-		return err
-	}
-	d.Total = len(sts)
-	d.Pages = max(1, (d.Total+PageSize-1)/PageSize)
-	d.PageNo = min(d.PageNo, d.Pages)
-	d.First = d.PageNo == 1
-	from := (d.PageNo - 1) * PageSize
-	now := time.Now()
-	for _, st := range sts[from:min(from+PageSize, len(sts))] {
-		d.Rows = append(d.Rows, rowOf(st, now))
-	}
-	return nil
 }
 
 // events is the live stream: server-sent events of the proxies' state

@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -37,6 +38,7 @@ type proxyView struct {
 	log     *slog.Logger
 	refresh time.Duration
 	again   chan struct{} // a re-read is asked for (the watch was reopened)
+	readyCh chan struct{} // closed when the first read completed
 
 	mu       sync.RWMutex
 	ready    bool // a read has completed: the view may answer
@@ -46,6 +48,7 @@ type proxyView struct {
 	reading  bool                  // a read is under way: events are kept in pending
 	pending  []client.Update
 	readTook time.Duration
+	lastErr  error // of the last read, nil if it succeeded
 }
 
 // viewEntry is one proxy and the keys it is indexed by.
@@ -65,7 +68,7 @@ type indexKey struct {
 }
 
 func newProxyView(cl *client.Client, log *slog.Logger, refresh time.Duration) *proxyView {
-	return &proxyView{cl: cl, log: log, refresh: refresh, again: make(chan struct{}, 1),
+	return &proxyView{cl: cl, log: log, refresh: refresh, again: make(chan struct{}, 1), readyCh: make(chan struct{}),
 		byID: map[string]*viewEntry{}, index: map[indexKey][]string{}}
 }
 
@@ -85,20 +88,29 @@ func (e *viewEntry) keys() []indexKey {
 	return append(ks, indexKey{'v', ""}, indexKey{'h', e.host}, indexKey{'s', e.state}, indexKey{'p', e.pool})
 }
 
+// viewRetry is the pause after a failed read while the view has none.
+const viewRetry = time.Second
+
 // run reads the fleet, then again every refresh (or when asked), until
-// ctx ends. A read that fails is logged and tried again at the next turn;
-// the view keeps answering from the last read meanwhile.
+// ctx ends. A read that fails is logged and tried again at the next turn
+// (after viewRetry while no read has completed yet); the view keeps
+// answering from the last read meanwhile.
 func (v *proxyView) run(ctx context.Context) error {
 	for {
 		start := time.Now()
-		if err := v.read(ctx); err != nil {
+		err := v.read(ctx)
+		took := time.Since(start)
+		pause := max(v.refresh, viewReadShare*took)
+		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			v.log.Warn("console: read the proxies for the view", "err", err)
+			if !v.isReady() {
+				pause = viewRetry
+			}
 		}
-		took := time.Since(start)
-		t := time.NewTimer(max(v.refresh, viewReadShare*took))
+		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -130,7 +142,7 @@ func (v *proxyView) read(ctx context.Context) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	pending := v.pending
-	v.reading, v.pending = false, nil
+	v.reading, v.pending, v.lastErr = false, nil, err
 	if err != nil {
 		return err
 	}
@@ -148,7 +160,34 @@ func (v *proxyView) read(ctx context.Context) error {
 	for _, u := range pending {
 		v.applyLocked(u)
 	}
+	select {
+	case <-v.readyCh:
+	default:
+		close(v.readyCh)
+	}
 	return nil
+}
+
+func (v *proxyView) isReady() bool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.ready
+}
+
+// wait waits until the view's first read completed, or ctx ends; then it
+// returns the last read's error (the view cannot answer yet).
+func (v *proxyView) wait(ctx context.Context) error {
+	select {
+	case <-v.readyCh:
+		return nil
+	case <-ctx.Done():
+	}
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	if v.lastErr != nil {
+		return fmt.Errorf("not read yet: %w", v.lastErr)
+	}
+	return fmt.Errorf("not read yet: %w", ctx.Err())
 }
 
 // apply takes a state event the hub received into the view.
