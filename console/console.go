@@ -60,6 +60,7 @@ type Server struct {
 	log      *slog.Logger
 	users    map[string]User
 	sessions *sessions
+	throttle *throttle
 	hub      *hub
 	view     *proxyView
 	metrics  *metrics
@@ -99,6 +100,7 @@ func New(cl *client.Client, cfg Config) (*Server, error) {
 		s.users[u.Name] = u
 	}
 	s.sessions = newSessions(cfg.SessionTTL, cfg.MaxSessions, time.Now)
+	s.throttle = newThrottle(time.Now)
 	s.view = newProxyView(cl, s.log, cfg.ViewRefresh)
 	s.hub = newHub(cl, s.log)
 	s.hub.view = s.view

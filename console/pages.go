@@ -192,8 +192,22 @@ func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	name := r.PostFormValue("user")
+	src, counted := sourceOf(r)
+	if counted {
+		if wait, no := s.throttle.blocked(src); no {
+			s.metrics.logins.WithLabelValues("throttled").Inc()
+			s.log.Warn("console: login throttled", "user", name, "remote", r.RemoteAddr)
+			// Whole seconds, rounded up: a retry then is never early.
+			w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
+			s.render(w, r, http.StatusTooManyRequests, "login", nil, "Log in", "too many failed logins from your address: try again in a minute")
+			return
+		}
+	}
 	u, ok := s.checkPassword(name, r.PostFormValue("password"))
 	if !ok {
+		if counted {
+			s.throttle.failed(src)
+		}
 		s.metrics.logins.WithLabelValues("refused").Inc()
 		s.log.Warn("console: login refused", "user", name, "remote", r.RemoteAddr)
 		s.render(w, r, http.StatusUnauthorized, "login", nil, "Log in", "wrong user or password")
