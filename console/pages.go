@@ -41,7 +41,7 @@ type view struct {
 // templates parses each page with the layout.
 func templates() (map[string]*template.Template, error) {
 	out := map[string]*template.Template{}
-	for _, p := range []string{"login", "fleet", "proxies", "pools", "result", "error"} {
+	for _, p := range []string{"login", "fleet", "proxies", "pools", "refused", "bans", "dead", "result", "error"} {
 		t, err := template.New(p).ParseFS(assets, "assets/layout.html", "assets/"+p+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", p, err)
@@ -72,10 +72,16 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("GET /{$}", s.counted("fleet", s.authed(s.fleetPage)))
 	mux.Handle("GET /proxies", s.counted("proxies", s.authed(s.proxiesPage)))
 	mux.Handle("GET /pools", s.counted("pools", s.authed(s.poolsPage)))
+	mux.Handle("GET /refused", s.counted("refused", s.authed(s.refusedPage)))
+	mux.Handle("GET /bans", s.counted("bans", s.authed(s.bansPage)))
+	mux.Handle("GET /dead", s.counted("dead", s.authed(s.deadPage)))
 	mux.Handle("GET /events", s.counted("events", s.authed(s.events)))
 	mux.Handle("POST /actions/pool/recycle", s.counted("action", s.action("pool_recycle", s.poolRecycle)))
 	mux.Handle("POST /actions/proxy/create", s.counted("action", s.action("proxy_create", s.proxyCreate)))
 	mux.Handle("POST /actions/proxy/delete", s.counted("action", s.action("proxy_delete", s.proxyDelete)))
+	mux.Handle("POST /actions/pool/size", s.counted("action", s.action("pool_size", s.poolSize)))
+	mux.Handle("POST /actions/ban/add", s.counted("action", s.action("ban_add", s.banAdd)))
+	mux.Handle("POST /actions/ban/remove", s.counted("action", s.action("ban_remove", s.banRemove)))
 	mux.Handle("/", s.counted("other", s.authed(func(w http.ResponseWriter, r *http.Request, sess *session) {
 		s.render(w, r, http.StatusNotFound, "error", sess, "Not found", r.URL.Path+" is not a page of the console")
 	})))
