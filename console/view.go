@@ -212,6 +212,13 @@ func (v *proxyView) applyLocked(u client.Update) {
 	if old != nil {
 		st = old.st
 	}
+	if cmd := lastCommand(st); ev.CommandID != "" && cmd != "" && ev.CommandID != cmd {
+		// The event is of a later command than the desired record and
+		// result the view read: those are stale until the next read, and
+		// the event alone says more truly what the proxy is (a delete's
+		// "deleted" takes it out of the list at once).
+		st.Desired, st.Result = nil, nil
+	}
 	st.Event = &ev
 	e := entryOf(st)
 	if old != nil {
@@ -227,6 +234,18 @@ func (v *proxyView) applyLocked(u client.Update) {
 			v.index[k] = slices.Insert(v.index[k], i, ev.ID)
 		}
 	}
+}
+
+// lastCommand is the command id of the desired record the view read of
+// a proxy, else of its latest result ("" when neither is known).
+func lastCommand(st client.Status) string {
+	if st.Desired != nil {
+		return st.Desired.CommandID
+	}
+	if st.Result != nil {
+		return st.Result.CommandID
+	}
+	return ""
 }
 
 // query returns the page (from 0, of size n) of the proxies List returns
