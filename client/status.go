@@ -102,6 +102,10 @@ func (s Status) Addr() string {
 	return fmt.Sprintf("%s:%d", s.Event.IP, s.Event.Port)
 }
 
+// Gone reports whether List leaves the proxy out unless IncludeDeleted
+// (see gone).
+func (s Status) Gone() bool { return s.gone() }
+
 // gone is a proxy deleted on purpose and finished with, or one no command
 // took effect on (every one was rejected or superseded).
 func (s Status) gone() bool {

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"time"
 
+	"proxyfleet/bans"
 	"proxyfleet/client"
 	"proxyfleet/messages"
 )
@@ -77,7 +80,10 @@ func backTo(r *http.Request) string {
 }
 
 type actionResult struct {
-	What      string
+	What string
+	// Done, if set, is what a request answered at once (a ban) says it
+	// did; else the result is a command sent, its outcome to follow.
+	Done      string
 	CommandID string
 	Sequence  uint64
 	Duplicate bool
@@ -135,4 +141,68 @@ func (s *Server) proxyDelete(ctx context.Context, r *http.Request) (actionResult
 		return actionResult{What: what}, fmt.Errorf("delete %s: %w", id, err)
 	}
 	return resultOf(what, o), nil
+}
+
+// poolSize sets a pool's size, its other settings as its record has
+// them: a pool set replaces the whole spec, so it is read first and sent
+// back whole. A min_ready that was the old size's default follows the
+// new size; one set apart from it is kept, or dropped to the default
+// when it exceeds the new size.
+func (s *Server) poolSize(ctx context.Context, r *http.Request) (actionResult, error) {
+	name := r.PostFormValue("pool")
+	what := "Set the size of pool " + name
+	if err := checkID("pool", name, messages.ValidPoolName); err != nil {
+		return actionResult{What: what}, err
+	}
+	size, err := strconv.Atoi(strings.TrimSpace(r.PostFormValue("size")))
+	if err != nil || size < 0 || size > messages.MaxPoolSize {
+		return actionResult{What: what}, fmt.Errorf("size %q: %w: a number from 0 to %d", r.PostFormValue("size"), errInvalid, messages.MaxPoolSize)
+	}
+	what = fmt.Sprintf("Set the size of pool %s to %d", name, size)
+	ps, err := s.cl.Pool(ctx, name)
+	if err != nil {
+		return actionResult{What: what}, fmt.Errorf("read pool %s: %w", name, err)
+	}
+	rec := ps.Record
+	cmd := messages.PoolSet{Name: name, Size: size, Surge: &rec.Surge, MaxAge: rec.MaxAge, ReadyTimeout: rec.ReadyTimeout,
+		RecycleAfterBans: rec.RecycleAfterBans, Spec: rec.Spec}
+	if rec.MinReady != rec.Size && rec.MinReady <= size {
+		minReady := rec.MinReady
+		cmd.MinReady = &minReady
+	}
+	o, err := s.cl.PoolSet(ctx, cmd, commandID("size"), false)
+	if err != nil {
+		return actionResult{What: what}, fmt.Errorf("set pool %s: %w", name, err)
+	}
+	return resultOf(what, o), nil
+}
+
+// banAdd asks health to ban an address for a site, as `proxyfleet ban
+// add` does (source cli, by the console's user).
+func (s *Server) banAdd(ctx context.Context, r *http.Request) (actionResult, error) {
+	addr, site := strings.TrimSpace(r.PostFormValue("address")), strings.TrimSpace(r.PostFormValue("site"))
+	what := "Ban " + addr + " for " + site
+	d, err := time.ParseDuration(strings.TrimSpace(r.PostFormValue("for")))
+	if err != nil {
+		return actionResult{What: what}, fmt.Errorf("for %q: %w: a duration such as 30m or 2h", r.PostFormValue("for"), errInvalid)
+	}
+	by := "console"
+	if sess, ok := s.sessionOf(r); ok {
+		by = "console:" + sess.user
+	}
+	b, err := s.cl.AddBan(ctx, bans.Request{Address: addr, Site: site, For: messages.Duration(d), Reason: r.PostFormValue("reason"), By: by})
+	if err != nil {
+		return actionResult{What: what}, fmt.Errorf("ban %s for %s: %w", addr, site, err)
+	}
+	return actionResult{What: what, Done: fmt.Sprintf("banned %s for %s until %s", b.Address, b.Site, b.Until.UTC().Format(time.RFC3339))}, nil
+}
+
+// banRemove asks health to lift a ban, as `proxyfleet ban rm` does.
+func (s *Server) banRemove(ctx context.Context, r *http.Request) (actionResult, error) {
+	addr, site := strings.TrimSpace(r.PostFormValue("address")), strings.TrimSpace(r.PostFormValue("site"))
+	what := "Lift the ban of " + addr + " for " + site
+	if err := s.cl.RemoveBan(ctx, addr, site); err != nil {
+		return actionResult{What: what}, fmt.Errorf("lift the ban of %s for %s: %w", addr, site, err)
+	}
+	return actionResult{What: what, Done: "lifted the ban of " + addr + " for " + site}, nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"proxyfleet/internal/poll"
 	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
 	"proxyfleet/pool"
@@ -155,6 +156,34 @@ func TestBrowser(t *testing.T) {
 	}
 	shot("proxies")
 
+	// Refused proxies, bans by site and dead letters count what list,
+	// ban ls and dead ls print.
+	r.seedRecords("p-0002", "p-0005", "p-0007")
+	refused := strconv.Itoa(r.refusedCount())
+	// Verdicts reach the console's view at its next read: wait for it
+	// over HTTP, then look in the browser.
+	hb := r.browser()
+	hb.login("viewer", viewerPW)
+	poll.Until(t, "the refused page counting what list does", time.Minute, func() bool {
+		_, body := hb.do("GET", "/refused", nil)
+		return countOf(body, "refused-count") == refused
+	})
+	run("the refused page", chromedp.Navigate(r.base+"/refused"), chromedp.WaitVisible(chromedp.CSS(`#refused`)))
+	if got := text(`#refused-count`); got != refused || refused != "3" {
+		t.Errorf("the refused page counts %s, list %s", got, refused)
+	}
+	shot("refused")
+	run("the bans page", chromedp.Navigate(r.base+"/bans"), chromedp.WaitVisible(chromedp.CSS(`#bans`)))
+	if got, want := text(`#ban-count`), strconv.Itoa(r.banCount()); got != want {
+		t.Errorf("the bans page counts %s, ban ls %s", got, want)
+	}
+	shot("bans")
+	run("the dead letters page", chromedp.Navigate(r.base+"/dead"), chromedp.WaitVisible(chromedp.CSS(`#dead`)))
+	if got, want := text(`#dead-count`), strconv.Itoa(r.deadCount()); got != want {
+		t.Errorf("the dead letters page counts %s, dead ls %s", got, want)
+	}
+	shot("dead")
+
 	// A pool recycled from the page: its command is answered.
 	run("the pools page", chromedp.Navigate(r.base+"/pools"),
 		chromedp.WaitVisible(chromedp.CSS(`tr[data-pool="web"] button.recycle`)))
@@ -176,9 +205,9 @@ func TestBrowser(t *testing.T) {
 	eval("clear the tokens", `(function(){document.querySelectorAll('input[name="csrf"]').forEach(function(e){e.value=""}); return true;})()`)
 	run("a form without its token", chromedp.Click(chromedp.CSS(`tr[data-pool="web"] button.recycle`)),
 		chromedp.WaitVisible(chromedp.CSS(`#error`)))
-	refused := text(`#error`)
-	if !strings.Contains(refused, "CSRF") {
-		t.Fatalf("without the token: %q", refused)
+	refusedText := text(`#error`)
+	if !strings.Contains(refusedText, "CSRF") {
+		t.Fatalf("without the token: %q", refusedText)
 	}
 	shot("refused-csrf")
 
@@ -195,9 +224,9 @@ func TestBrowser(t *testing.T) {
 			var i=document.createElement("input"); i.type="hidden"; i.name=kv[0]; i.value=kv[1]; f.appendChild(i);});
 		document.body.appendChild(f); f.submit(); return true;})()`)
 	run("the viewer's refusal", chromedp.WaitVisible(chromedp.CSS(`#error`)))
-	refused = text(`#error`)
-	if !strings.Contains(refused, "read-only") {
-		t.Fatalf("a viewer's recycle: %q", refused)
+	refusedText = text(`#error`)
+	if !strings.Contains(refusedText, "read-only") {
+		t.Fatalf("a viewer's recycle: %q", refusedText)
 	}
 	shot("refused-viewer")
 }

@@ -37,6 +37,10 @@ type Config struct {
 	// MaxSessions bounds the sessions held at once (default
 	// DefaultMaxSessions); a login beyond it ends the oldest.
 	MaxSessions int
+	// ViewRefresh is how often, at least, the proxies page's view is
+	// read afresh for what the state events do not carry (health's
+	// verdicts, labels, results; default DefaultViewRefresh).
+	ViewRefresh time.Duration
 	Logger      *slog.Logger
 	// Registry, if set, gets the console's metrics.
 	Registry prometheus.Registerer
@@ -56,7 +60,9 @@ type Server struct {
 	log      *slog.Logger
 	users    map[string]User
 	sessions *sessions
+	throttle *throttle
 	hub      *hub
+	view     *proxyView
 	metrics  *metrics
 	mux      http.Handler
 	started  chan struct{}
@@ -77,6 +83,9 @@ func New(cl *client.Client, cfg Config) (*Server, error) {
 	if cfg.MaxSessions <= 0 {
 		cfg.MaxSessions = DefaultMaxSessions
 	}
+	if cfg.ViewRefresh <= 0 {
+		cfg.ViewRefresh = DefaultViewRefresh
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -91,7 +100,10 @@ func New(cl *client.Client, cfg Config) (*Server, error) {
 		s.users[u.Name] = u
 	}
 	s.sessions = newSessions(cfg.SessionTTL, cfg.MaxSessions, time.Now)
+	s.throttle = newThrottle(time.Now)
+	s.view = newProxyView(cl, s.log, cfg.ViewRefresh)
 	s.hub = newHub(cl, s.log)
+	s.hub.view = s.view
 	m, err := newMetrics(cfg.Registry, s.sessions.count)
 	if err != nil {
 		return nil, err
@@ -108,9 +120,18 @@ func (s *Server) Handler() http.Handler { return s.mux }
 // Started is closed once Run listens.
 func (s *Server) Started() <-chan struct{} { return s.started }
 
-// RunFeed follows the proxies' state events for the live stream until ctx
-// ends; a watch that breaks is opened again after a pause.
-func (s *Server) RunFeed(ctx context.Context) error { return s.hub.run(ctx) }
+// RunFeed follows the proxies' state events for the live stream and
+// keeps the proxies page's view current until ctx ends; a watch that
+// breaks is opened again after a pause.
+func (s *Server) RunFeed(ctx context.Context) error {
+	done := make(chan error, 1)
+	go func() { done <- s.view.run(ctx) }()
+	err := s.hub.run(ctx)
+	if verr := <-done; err == nil {
+		err = verr
+	}
+	return err
+}
 
 // Run listens on Config.Listen and serves the console, with its live
 // feed, until ctx ends; then it closes the live streams and waits for
@@ -134,7 +155,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	feedDone := make(chan error, 1)
-	go func() { feedDone <- s.hub.run(ctx) }()
+	go func() { feedDone <- s.RunFeed(ctx) }()
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- srv.Serve(ln) }()
 	s.once.Do(func() { close(s.started) })

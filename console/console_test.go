@@ -124,6 +124,37 @@ func TestProxiesPage(t *testing.T) {
 	if resp, _ := b.do("GET", "/proxies?state=bogus", nil); resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("a bad state: %s, want 400", resp.Status)
 	}
+
+	// Deleted proxies leave the list and show under state=deleted, each
+	// combination of filters counting what list counts.
+	ctx := ctxFor(t, time.Minute)
+	for _, id := range []string{"p-0003", "p-0004", "p-0010"} {
+		if _, err := r.c.Delete(ctx, id, "d-"+id, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poll.Until(t, "three proxies deleted", time.Minute, func() bool {
+		return r.listCount(client.InState(messages.StateDeleted), client.IncludeDeleted()) == 3
+	})
+	cases := []struct {
+		path string
+		opts []client.ListOption
+	}{
+		{"/proxies", nil},
+		{"/proxies?state=deleted", []client.ListOption{client.InState(messages.StateDeleted), client.IncludeDeleted()}},
+		{"/proxies?state=deleted&host=h1", []client.ListOption{client.InState(messages.StateDeleted), client.IncludeDeleted(), client.OnHost("h1")}},
+		{"/proxies?state=running&host=h1", []client.ListOption{client.InState(messages.StateRunning), client.OnHost("h1")}},
+		{"/proxies?host=h2&pool=none", []client.ListOption{client.OnHost("h2"), client.WithLabel(messages.PoolLabel, "none")}},
+	}
+	// The state events reach the view at once: the list follows without
+	// waiting for its next read.
+	for _, c := range cases {
+		want := strconv.Itoa(r.listCount(c.opts...))
+		poll.Until(t, c.path+" counting "+want, 30*time.Second, func() bool { return b.proxyCount(c.path) == want })
+	}
+	if _, body := b.do("GET", "/proxies?state=deleted", nil); !strings.Contains(body, `data-id="p-0010"`) {
+		t.Errorf("a deleted proxy is not under state=deleted:\n%s", body)
+	}
 }
 
 // Actions: refused without the CSRF token and to a read-only user;

@@ -22,8 +22,9 @@ const subscriberBuffer = 1024
 // does) and fans them out to the live streams. Its one goroutine is
 // run's caller's.
 type hub struct {
-	cl  *client.Client
-	log *slog.Logger
+	cl   *client.Client
+	log  *slog.Logger
+	view *proxyView // given every event before the streams; nil: none
 
 	size int // of the ring: ringSize
 
@@ -73,6 +74,11 @@ func (h *hub) follow(ctx context.Context) error {
 	h.last = max(h.last, start)
 	h.watched = true
 	h.mu.Unlock()
+	if h.view != nil {
+		// Events may have been missed while no watch was open: the view
+		// reads the fleet afresh rather than take them one by one.
+		h.view.reread()
+	}
 	for u := range w.Updates() {
 		h.publish(u)
 	}
@@ -83,6 +89,11 @@ func (h *hub) publish(u client.Update) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.last = max(h.last, u.StreamSeq)
+	if h.view != nil {
+		// Under h.mu: a page that reads position and then the view
+		// finds every event up to that position in it.
+		h.view.apply(u)
+	}
 	if len(h.ring) == h.size {
 		copy(h.ring, h.ring[1:])
 		h.ring = h.ring[:h.size-1]

@@ -18,7 +18,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer, sessions func() int) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxyfleet_console_requests_total", Help: "Requests the console answered, by page and status class (2xx, 3xx, 4xx, 5xx)."}, []string{"page", "code"}),
-		logins:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxyfleet_console_logins_total", Help: "Logins to the console by outcome (ok, refused)."}, []string{"outcome"}),
+		logins:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxyfleet_console_logins_total", Help: "Logins to the console by outcome (ok, refused, throttled: refused unchecked after too many failures from its source)."}, []string{"outcome"}),
 		actions:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxyfleet_console_actions_total", Help: "Actions asked of the console by kind and outcome (sent, failed, forbidden, bad_csrf, invalid)."}, []string{"action", "outcome"}),
 		streams:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "proxyfleet_console_live_streams", Help: "Live streams (server-sent events) the console serves now."}),
 	}

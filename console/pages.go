@@ -41,7 +41,7 @@ type view struct {
 // templates parses each page with the layout.
 func templates() (map[string]*template.Template, error) {
 	out := map[string]*template.Template{}
-	for _, p := range []string{"login", "fleet", "proxies", "pools", "result", "error"} {
+	for _, p := range []string{"login", "fleet", "proxies", "pools", "refused", "bans", "dead", "result", "error"} {
 		t, err := template.New(p).ParseFS(assets, "assets/layout.html", "assets/"+p+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", p, err)
@@ -72,10 +72,16 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("GET /{$}", s.counted("fleet", s.authed(s.fleetPage)))
 	mux.Handle("GET /proxies", s.counted("proxies", s.authed(s.proxiesPage)))
 	mux.Handle("GET /pools", s.counted("pools", s.authed(s.poolsPage)))
+	mux.Handle("GET /refused", s.counted("refused", s.authed(s.refusedPage)))
+	mux.Handle("GET /bans", s.counted("bans", s.authed(s.bansPage)))
+	mux.Handle("GET /dead", s.counted("dead", s.authed(s.deadPage)))
 	mux.Handle("GET /events", s.counted("events", s.authed(s.events)))
 	mux.Handle("POST /actions/pool/recycle", s.counted("action", s.action("pool_recycle", s.poolRecycle)))
 	mux.Handle("POST /actions/proxy/create", s.counted("action", s.action("proxy_create", s.proxyCreate)))
 	mux.Handle("POST /actions/proxy/delete", s.counted("action", s.action("proxy_delete", s.proxyDelete)))
+	mux.Handle("POST /actions/pool/size", s.counted("action", s.action("pool_size", s.poolSize)))
+	mux.Handle("POST /actions/ban/add", s.counted("action", s.action("ban_add", s.banAdd)))
+	mux.Handle("POST /actions/ban/remove", s.counted("action", s.action("ban_remove", s.banRemove)))
 	mux.Handle("/", s.counted("other", s.authed(func(w http.ResponseWriter, r *http.Request, sess *session) {
 		s.render(w, r, http.StatusNotFound, "error", sess, "Not found", r.URL.Path+" is not a page of the console")
 	})))
@@ -192,8 +198,22 @@ func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	name := r.PostFormValue("user")
+	src, counted := sourceOf(r)
+	if counted {
+		if wait, no := s.throttle.blocked(src); no {
+			s.metrics.logins.WithLabelValues("throttled").Inc()
+			s.log.Warn("console: login throttled", "user", name, "remote", r.RemoteAddr)
+			// Whole seconds, rounded up: a retry then is never early.
+			w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
+			s.render(w, r, http.StatusTooManyRequests, "login", nil, "Log in", "too many failed logins from your address: try again in a minute")
+			return
+		}
+	}
 	u, ok := s.checkPassword(name, r.PostFormValue("password"))
 	if !ok {
+		if counted {
+			s.throttle.failed(src)
+		}
 		s.metrics.logins.WithLabelValues("refused").Inc()
 		s.log.Warn("console: login refused", "user", name, "remote", r.RemoteAddr)
 		s.render(w, r, http.StatusUnauthorized, "login", nil, "Log in", "wrong user or password")
@@ -359,29 +379,13 @@ func (s *Server) proxiesPage(w http.ResponseWriter, r *http.Request, sess *sessi
 	// The position first: whatever happens after it reaches the page
 	// through its live stream.
 	d.Since = s.hub.position()
-	opts := []client.ListOption{client.OnHost(d.Host), client.InState(d.State)}
-	if d.State == messages.StateDeleted {
-		opts = append(opts, client.IncludeDeleted())
-	}
-	if d.Pool != "" {
-		opts = append(opts, client.WithLabel(messages.PoolLabel, d.Pool))
-	}
 	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
 	defer cancel()
-	sts, err := s.cl.List(ctx, opts...)
-	if err != nil {
-		s.render(w, r, http.StatusBadGateway, "error", sess, "Proxies", "read the proxies: "+err.Error())
+	if err := s.view.wait(ctx); err != nil {
+		s.render(w, r, http.StatusServiceUnavailable, "error", sess, "Proxies", "read the proxies: "+err.Error())
 		return
 	}
-	d.Total = len(sts)
-	d.Pages = max(1, (d.Total+PageSize-1)/PageSize)
-	d.PageNo = min(d.PageNo, d.Pages)
-	d.First = d.PageNo == 1
-	from := (d.PageNo - 1) * PageSize
-	now := time.Now()
-	for _, st := range sts[from:min(from+PageSize, len(sts))] {
-		d.Rows = append(d.Rows, rowOf(st, now))
-	}
+	s.proxiesFromView(&d)
 	link := func(page int) string {
 		v := url.Values{}
 		for k, x := range map[string]string{"host": d.Host, "state": d.State, "pool": d.Pool} {
@@ -399,6 +403,23 @@ func (s *Server) proxiesPage(w http.ResponseWriter, r *http.Request, sess *sessi
 		d.Next = link(d.PageNo + 1)
 	}
 	s.render(w, r, http.StatusOK, "proxies", sess, "Proxies", d)
+}
+
+// proxiesFromView fills d's rows and counts from the view, once it is
+// ready.
+func (s *Server) proxiesFromView(d *proxiesData) {
+	sts, total, _ := s.view.query(d.Host, d.State, d.Pool, d.PageNo-1, PageSize)
+	d.Total = total
+	d.Pages = max(1, (d.Total+PageSize-1)/PageSize)
+	if d.PageNo > d.Pages { // past the end: the last page
+		d.PageNo = d.Pages
+		sts, d.Total, _ = s.view.query(d.Host, d.State, d.Pool, d.PageNo-1, PageSize)
+	}
+	d.First = d.PageNo == 1
+	now := time.Now()
+	for _, st := range sts {
+		d.Rows = append(d.Rows, rowOf(st, now))
+	}
 }
 
 // events is the live stream: server-sent events of the proxies' state

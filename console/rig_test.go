@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,8 +19,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"proxyfleet/bans"
 	"proxyfleet/client"
 	"proxyfleet/console"
+	"proxyfleet/health"
 	"proxyfleet/internal/natstest"
 	"proxyfleet/internal/poll"
 	"proxyfleet/internal/runtest"
@@ -65,8 +68,9 @@ func newRig(t *testing.T) *rig {
 	}
 	r.c = c
 	srv, err := console.New(c, console.Config{
-		Users:  []console.User{{Name: "ops", Password: adminPW, Admin: true}, {Name: "viewer", Password: viewerPW}},
-		Logger: quietLog(),
+		Users:       []console.User{{Name: "ops", Password: adminPW, Admin: true}, {Name: "viewer", Password: viewerPW}},
+		ViewRefresh: 250 * time.Millisecond, // health's verdicts show soon
+		Logger:      quietLog(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -168,17 +172,23 @@ func (r *rig) listCount(opts ...client.ListOption) int {
 // browser is an HTTP client with its own cookies that does not follow
 // redirects (the tests look at them).
 type browser struct {
-	t    *testing.T
+	t    testing.TB
 	base string
 	hc   *http.Client
 }
 
 func (r *rig) browser() *browser {
+	return &browser{t: r.t, base: r.base, hc: newJarClient()}
+}
+
+// newJarClient is an HTTP client with its own cookies that does not
+// follow redirects.
+func newJarClient() *http.Client {
 	jar, _ := cookiejar.New(nil) // no options: no error
-	return &browser{t: r.t, base: r.base, hc: &http.Client{
+	return &http.Client{
 		Jar: jar, Timeout: 30 * time.Second,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}}
+	}
 }
 
 // do sends a request and returns its status and body.
@@ -251,6 +261,112 @@ func (b *browser) since(path string) string {
 	m := sinceRE.FindStringSubmatch(body)
 	if m == nil {
 		b.t.Fatalf("no data-since on %s:\n%s", path, body)
+	}
+	return m[1]
+}
+
+// startHealth runs a health process, which answers the ban requests.
+func (r *rig) startHealth() {
+	r.t.Helper()
+	js, err := jetstream.New(r.connect())
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	h, err := health.New(js, health.Config{Subjects: messages.NewSubjects(""), HTTPAddr: health.NoHTTP, Logger: quietLog()})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	runtest.Start(r.t, h.Run, h.Started(), time.Minute)
+}
+
+// seedRecords writes, as health and the worker would: a refusal
+// (verdict open) of each proxy of refuse at its current address, bans
+// over two sites, and two dead letters.
+func (r *rig) seedRecords(refuse ...string) {
+	r.t.Helper()
+	ctx := ctxFor(r.t, 30*time.Second)
+	now := time.Now().UTC()
+	checks, err := r.js.KeyValue(ctx, messages.BucketChecks)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for _, id := range refuse {
+		st, err := r.c.Get(ctx, id)
+		if err != nil || st.Addr() == "" {
+			r.t.Fatalf("get %s: %v (address %q)", id, err, st.Addr())
+		}
+		data, _ := json.Marshal(messages.CheckRecord{V: messages.Version, ID: id, Addr: st.Addr(), Verdict: messages.VerdictOpen,
+			Reason: "answered a request without credentials", At: now})
+		if _, err := checks.Put(ctx, id, data); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	kv, err := r.js.KeyValue(ctx, messages.BucketBans)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for _, b := range []bans.Ban{
+		{Address: "198.18.5.5", Site: "shop.example", Reason: "captcha wall"},
+		{Address: "2001:db8::5", Site: "shop.example"},
+		{Address: "198.18.5.6", Site: "news.example", Reason: "403"},
+	} {
+		b.V, b.At, b.Until, b.Source = messages.Version, now, now.Add(time.Hour), bans.SourceCLI
+		data, _ := json.Marshal(b)
+		if _, err := kv.Put(ctx, b.Key(), data); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	subj := messages.NewSubjects("")
+	for i, id := range []string{"dead-1", "dead-2"} {
+		data, _ := json.Marshal(messages.DeadLetter{V: messages.Version, ID: id, CommandID: "c-" + id, Op: messages.OpCreate, Seq: uint64(i + 1),
+			Attempts: 5, LastError: "define domain: host unreachable", Class: "transient", At: now})
+		if _, err := r.js.Publish(ctx, subj.Dead(id), data); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+}
+
+// refusedCount is how many proxies `list` shows refused: a verdict but
+// ok in its CHECK column (a check of the proxy's current address).
+func (r *rig) refusedCount() int {
+	r.t.Helper()
+	sts, err := r.c.List(ctxFor(r.t, 30*time.Second))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	n := 0
+	for _, st := range sts {
+		if c := st.Check; c != nil && c.Addr == st.Addr() && c.Verdict != messages.VerdictOK {
+			n++
+		}
+	}
+	return n
+}
+
+// banCount and deadCount are the rows `ban ls` and `dead ls` print.
+func (r *rig) banCount() int {
+	r.t.Helper()
+	bs, err := r.c.Bans(ctxFor(r.t, 30*time.Second), client.BanFilter{})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return len(bs)
+}
+
+func (r *rig) deadCount() int {
+	r.t.Helper()
+	es, err := r.c.DeadLetters(ctxFor(r.t, 30*time.Second))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return len(es)
+}
+
+// countOf is the number in the element of id on a page's body, or "".
+func countOf(body, id string) string {
+	m := regexp.MustCompile(`<strong id="` + regexp.QuoteMeta(id) + `">(\d+)</strong>`).FindStringSubmatch(body)
+	if m == nil {
+		return ""
 	}
 	return m[1]
 }

@@ -48,6 +48,7 @@ var sections = []section{
 	{name: "health", run: runHealth},
 	{name: "gateway", run: runGateway},
 	{name: "gateway-rules", run: runGatewayRules},
+	{name: "console", run: runConsole},
 	{name: "upload", host: true, run: runUpload},
 	{name: "lifecycle", host: true, run: runLifecycle},
 }
