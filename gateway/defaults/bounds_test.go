@@ -1,9 +1,36 @@
 package defaults
 
 import (
+	"os"
+	"strings"
 	"testing"
 	"time"
 )
+
+// docs/GATEWAY.md's table of limits is Bounds: a row per bound, its
+// default and range as Format writes them, in order, and no other row.
+func TestBoundsAreDocumented(t *testing.T) {
+	b, err := os.ReadFile("../../docs/GATEWAY.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const head = "| setting | default | least | greatest | notes |\n| --- | --- | --- | --- | --- |\n"
+	_, table, ok := strings.Cut(string(b), head)
+	if !ok {
+		t.Fatalf("docs/GATEWAY.md has no table of limits (%q)", head)
+	}
+	table, _, _ = strings.Cut(table, "\n\n")
+	rows := strings.Split(table, "\n")
+	for i, bd := range Bounds {
+		want := "| `" + strings.TrimPrefix(bd.Path, "gateway.") + "` | " + bd.Format(bd.Default) + " | " + bd.Format(bd.Min) + " | " + bd.Format(bd.Max) + " |"
+		if i >= len(rows) || !strings.HasPrefix(rows[i], want) {
+			t.Errorf("row %d: want it to start %q", i, want)
+		}
+	}
+	if len(rows) != len(Bounds) {
+		t.Errorf("%d rows for %d bounds", len(rows), len(Bounds))
+	}
+}
 
 func TestBound(t *testing.T) {
 	d := Bound{Path: "gateway.x_timeout", Kind: Duration, Default: int64(time.Second), Min: int64(time.Millisecond), Max: int64(time.Hour)}
