@@ -11,17 +11,9 @@ import (
 	"golang.org/x/net/idna"
 )
 
-// Defaults and bounds of the gateway's settings around rules (package
-// config takes its defaults from here).
+// Bounds of gateway.rules (those of body_peek and retry_body_bytes are
+// the gateway's, in proxyfleet/gateway/defaults).
 const (
-	// DefaultBodyPeek is gateway.body_peek: the bytes of an answer's body
-	// a body rule reads.
-	DefaultBodyPeek = 16 << 10
-	MaxBodyPeek     = 1 << 20
-	// DefaultRetryBodyBytes is gateway.retry_body_bytes: the largest
-	// request body kept to send again on a retry.
-	DefaultRetryBodyBytes = 64 << 10
-	MaxRetryBodyBytes     = 16 << 20
 	// MaxRules bounds gateway.rules, MaxStatuses and MaxSites a rule's
 	// lists, MaxBodyPattern a rule's expression (bytes).
 	MaxRules       = 100

@@ -11,11 +11,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"proxyfleet/addrplan"
-	"proxyfleet/bans"
-	gwdef "proxyfleet/gateway/defaults"
 	healthdef "proxyfleet/health/defaults"
 	"proxyfleet/messages"
-	rotdef "proxyfleet/rotation/defaults"
 	topodef "proxyfleet/topology/defaults"
 	workerdef "proxyfleet/worker/defaults"
 )
@@ -411,40 +408,7 @@ func (c *Config) SetDefaults() {
 	if hl.SnapshotRate == 0 {
 		hl.SnapshotRate = healthdef.SnapshotRate
 	}
-	g := &c.Gateway
-	if g.Strategy == "" {
-		g.Strategy = rotdef.Strategy
-	}
-	if g.Retries == 0 {
-		g.Retries = gwdef.Retries
-	}
-	setDur(&g.ConnectTimeout, gwdef.ConnectTimeout)
-	setDur(&g.ResponseTimeout, gwdef.ResponseTimeout)
-	setDur(&g.Cooldown, rotdef.Cooldown)
-	if g.AuthFailures == 0 {
-		g.AuthFailures = gwdef.AuthFailures
-	}
-	if g.MaxHeaderBytes == 0 {
-		g.MaxHeaderBytes = gwdef.MaxHeaderBytes
-	}
-	if g.MaxHeaderFields == 0 {
-		g.MaxHeaderFields = gwdef.MaxHeaderFields
-	}
-	setDur(&g.HeaderTimeout, gwdef.HeaderTimeout)
-	if g.MaxUnauthenticated == 0 {
-		g.MaxUnauthenticated = gwdef.MaxUnauthenticated
-	}
-	if g.BodyPeek == 0 {
-		g.BodyPeek = bans.DefaultBodyPeek
-	}
-	if g.RetryBodyBytes == 0 {
-		g.RetryBodyBytes = bans.DefaultRetryBodyBytes
-	}
-	for i := range g.Users {
-		if g.Users[i].MaxConns == 0 {
-			g.Users[i].MaxConns = gwdef.MaxConns
-		}
-	}
+	c.Gateway.setDefaults()
 	c.Pools.setDefaults()
 }
 

@@ -85,7 +85,6 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "gateway: {listen: ':8888', users: [{name: al-ice, password_file: /p}]}\n", "gateway.users[0].name"},
 		{good + "gateway: {listen: ':8888', users: [{name: a, password_file: /p}, {name: a, password_file: /q}]}\n", "gateway.users[1].name"},
 		{good + "gateway: {listen: ':8888', users: [{name: a}]}\n", "gateway.users[0].password_file"},
-		{good + "gateway: {listen: ':8888', users: [{name: a, password_file: /p, max_conns: -2}]}\n", "gateway.users[0].max_conns"},
 		{good + "console: {listen: '127.0.0.1:8080'}\n", "console.users"},
 		{good + "console: {listen: '8080', users: [{name: a, password_file: /p}]}\n", "console.listen"},
 		{good + "console: {http: 'x', users: [{name: a, password_file: /p}]}\n", "console.http"},
@@ -93,16 +92,7 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "console: {listen: ':8080', users: [{name: a, password_file: /p}, {name: a, password_file: /q}]}\n", "console.users[1].name"},
 		{good + "console: {listen: ':8080', users: [{name: a}]}\n", "console.users[0].password_file"},
 		{good + "gateway: {strategy: fastest}\n", "gateway.strategy"},
-		{good + "gateway: {retries: 11}\n", "gateway.retries"},
-		{good + "gateway: {auth_failures: -1}\n", "gateway.auth_failures"},
-		{good + "gateway: {max_header_bytes: 4096}\n", "gateway.max_header_bytes"},
-		{good + "gateway: {max_header_fields: -1}\n", "gateway.max_header_fields"},
-		{good + "gateway: {header_timeout: -1s}\n", "gateway.header_timeout"},
-		{good + "gateway: {max_unauthenticated: -1}\n", "gateway.max_unauthenticated"},
-		{good + "gateway: {connect_timeout: -1s}\n", "gateway.connect_timeout"},
-		{good + "gateway: {first_byte_timeout: -1s}\n", "gateway.first_byte_timeout"},
 		{good + "gateway: {first_byte_timeout: 40s}\n", "gateway.first_byte_timeout"},
-		{good + "gateway: {idle_timeout: -1s}\n", "gateway.idle_timeout"},
 		{good + "gateway: {deny: [198.18.0.0/15, '2001:db8::/32', x]}\n", "gateway.deny[2]"},
 		{good + "gateway: {deny: ['fe80::1%eth0']}\n", "gateway.deny[0]"},
 		{good + "gateway: {rules: [{status: [403], retry: true}, {status: [200, 700], ban: 1m}]}\n", "gateway.rules[1].status[1]"},
@@ -111,9 +101,6 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "gateway: {rules: [{sites: ['*.shop.example'], body: '(?i', ban: 2h}]}\n", "gateway.rules[0].body"},
 		{good + "gateway: {rules: [{sites: ['shop.example', 'a b'], status: [403], ban: 2h}]}\n", "gateway.rules[0].sites[1]"},
 		{good + "gateway: {rules: [{status: [403], ban: 1ms}]}\n", "gateway.rules[0].ban"},
-		{good + "gateway: {body_peek: -1}\n", "gateway.body_peek"},
-		{good + "gateway: {body_peek: 9999999}\n", "gateway.body_peek"},
-		{good + "gateway: {retry_body_bytes: -1}\n", "gateway.retry_body_bytes"},
 		{strings.Replace(good, "proxy:\n", "proxy:\n  deny: [169.254.0.0/16, example.com]\n", 1), "proxy.deny[1]"},
 		{strings.Replace(good, "proxy:\n", "proxy:\n  deny: ['10.0.0.0/33']\n", 1), "proxy.deny[0]"},
 		{good + "health: {probe_listen: '127.0.0.1:8081'}\n", "health.probe_listen"},
@@ -294,10 +281,11 @@ func TestGatewayDefaultsAndSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := c.Gateway
-	if g.Strategy != rotdef.Strategy || g.Retries != gwdef.Retries || g.ConnectTimeout != gwdef.ConnectTimeout || g.ResponseTimeout != gwdef.ResponseTimeout ||
+	if g.Strategy != rotdef.Strategy || *g.Retries != gwdef.Retries || *g.RetryBodyBytes != gwdef.RetryBodyBytes || g.ConnectTimeout != gwdef.ConnectTimeout || g.ResponseTimeout != gwdef.ResponseTimeout ||
 		g.Cooldown != rotdef.Cooldown || g.AuthFailures != gwdef.AuthFailures || g.MaxHeaderBytes != gwdef.MaxHeaderBytes ||
 		g.MaxHeaderFields != gwdef.MaxHeaderFields || g.HeaderTimeout != gwdef.HeaderTimeout || g.MaxUnauthenticated != gwdef.MaxUnauthenticated ||
-		g.Users[0].MaxConns != gwdef.MaxConns || c.Health.ReportInterval != healthdef.ReportInterval || c.Health.ReportRate != healthdef.ReportRate {
+		g.Users[0].MaxConns != gwdef.MaxConns || g.FirstByteTimeout != gwdef.FirstByteTimeout || g.IdleTimeout != gwdef.IdleTimeout ||
+		g.KeepAliveTimeout != gwdef.KeepAliveTimeout || g.BodyPeek != gwdef.BodyPeek || c.Health.ReportInterval != healthdef.ReportInterval || c.Health.ReportRate != healthdef.ReportRate {
 		t.Fatalf("defaults not filled: %+v %+v", g, c.Health)
 	}
 	err = c.LoadGatewaySecrets()
@@ -349,8 +337,8 @@ func TestGatewayRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Gateway.BodyPeek != 16<<10 || c.Gateway.RetryBodyBytes != 64<<10 {
-		t.Errorf("body_peek %d, retry_body_bytes %d: defaults not filled", c.Gateway.BodyPeek, c.Gateway.RetryBodyBytes)
+	if c.Gateway.BodyPeek != 16<<10 || *c.Gateway.RetryBodyBytes != 64<<10 {
+		t.Errorf("body_peek %d, retry_body_bytes %d: defaults not filled", c.Gateway.BodyPeek, *c.Gateway.RetryBodyBytes)
 	}
 	rs, err := c.Gateway.CompiledRules()
 	if err != nil {

@@ -6,6 +6,8 @@ import (
 
 	"proxyfleet/bans"
 	"proxyfleet/deny"
+	gwdef "proxyfleet/gateway/defaults"
+	rotdef "proxyfleet/rotation/defaults"
 )
 
 // Gateway is the one address the fleet's clients send traffic to (`proxyfleet
@@ -24,8 +26,9 @@ type Gateway struct {
 	// round-robin (default), random or least-busy.
 	Strategy string `yaml:"strategy"`
 	// Retries: how many other proxies a request whose proxy failed before
-	// any byte reached the client is tried on (default 2).
-	Retries int `yaml:"retries"`
+	// any byte reached the client is tried on (absent: 2; 0: none, the
+	// request's first failure is answered).
+	Retries *int `yaml:"retries"`
 	// ConnectTimeout bounds the connection to a proxy and its answer to
 	// CONNECT (default 5s).
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
@@ -37,15 +40,26 @@ type Gateway struct {
 	// FirstByteTimeout: a connection to a proxy that carries a request
 	// and shows no sign of life this long (what was sent unacknowledged,
 	// nothing from the proxy) takes the proxy for dead; the request goes
-	// to another at once if it can be sent again. 0: the gateway's
-	// default (gateway/defaults.FirstByteTimeout, 3s); at most
-	// response_timeout.
+	// to another at once if it can be sent again. Default 3s, at least
+	// 500ms, at most response_timeout (a shorter response_timeout is its
+	// default and least value).
 	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
 	// IdleTimeout: a CONNECT or SOCKS5 tunnel, or a request's body being
 	// received, that carries no byte in either direction for this long
-	// is closed. 0: the gateway's default (gateway/defaults.IdleTimeout,
-	// 5m).
+	// is closed (default 5m).
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// RetryAfter is the Retry-After of the 503 answered when no proxy
+	// matches (default 5s, sent in whole seconds).
+	RetryAfter time.Duration `yaml:"retry_after"`
+	// DrainTimeout bounds the wait for requests and tunnels in flight
+	// once the gateway stops (default 5s); then they are closed.
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// HandshakeTimeout bounds a SOCKS5 client's greeting,
+	// authentication and request (default 10s).
+	HandshakeTimeout time.Duration `yaml:"handshake_timeout"`
+	// KeepAliveTimeout closes an HTTP client connection idle between
+	// requests for this long (default 90s).
+	KeepAliveTimeout time.Duration `yaml:"keepalive_timeout"`
 	// Cooldown: a proxy this gateway reported is passed over for this long
 	// (unless no other matches), default 10s.
 	Cooldown time.Duration `yaml:"cooldown"`
@@ -82,13 +96,81 @@ type Gateway struct {
 	// and retry the request (at most Retries times). See package bans.
 	Rules []bans.RuleSpec `yaml:"rules"`
 	// BodyPeek: the bytes of an answer's body a body rule reads (default
-	// bans.DefaultBodyPeek, 16 KiB), only for the sites a body rule names.
+	// 16 KiB), only for the sites a body rule names.
 	BodyPeek int `yaml:"body_peek"`
 	// RetryBodyBytes: the largest request body kept to send again on a
-	// retry (0: the default, bans.DefaultRetryBodyBytes, 64 KiB); a
-	// request with a larger body is not retried once its body has been
-	// sent.
-	RetryBodyBytes int `yaml:"retry_body_bytes"`
+	// retry (absent: 64 KiB; 0: none): a request with a larger body is
+	// not retried once its body has been sent.
+	RetryBodyBytes *int `yaml:"retry_body_bytes"`
+}
+
+// bounded pairs each numeric setting of g with its bound
+// (gateway/defaults.Bounds), but first_byte_timeout, whose range
+// depends on response_timeout (gwdef.CheckFirstByte); retries and
+// retry_body_bytes once set (SetDefaults sets them).
+func (g *Gateway) bounded() []gwdef.Setting {
+	s := []gwdef.Setting{
+		gwdef.Bind(gwdef.ConnectTimeoutBound, &g.ConnectTimeout),
+		gwdef.Bind(gwdef.ResponseTimeoutBound, &g.ResponseTimeout),
+		gwdef.Bind(gwdef.RetryAfterBound, &g.RetryAfter),
+		gwdef.Bind(gwdef.DrainTimeoutBound, &g.DrainTimeout),
+		gwdef.Bind(gwdef.HandshakeTimeoutBound, &g.HandshakeTimeout),
+		gwdef.Bind(gwdef.HeaderTimeoutBound, &g.HeaderTimeout),
+		gwdef.Bind(gwdef.KeepAliveTimeoutBound, &g.KeepAliveTimeout),
+		gwdef.Bind(gwdef.IdleTimeoutBound, &g.IdleTimeout),
+		gwdef.Bind(gwdef.AuthFailuresBound, &g.AuthFailures),
+		gwdef.Bind(gwdef.MaxHeaderBytesBound, &g.MaxHeaderBytes),
+		gwdef.Bind(gwdef.MaxHeaderFieldsBound, &g.MaxHeaderFields),
+		gwdef.Bind(gwdef.MaxUnauthenticatedBound, &g.MaxUnauthenticated),
+		gwdef.Bind(gwdef.BodyPeekBound, &g.BodyPeek),
+	}
+	if g.Retries != nil {
+		s = append(s, gwdef.Bind(gwdef.RetriesBound, g.Retries))
+	}
+	if g.RetryBodyBytes != nil {
+		s = append(s, gwdef.Bind(gwdef.RetryBodyBytesBound, g.RetryBodyBytes))
+	}
+	for i := range g.Users {
+		s = append(s, gwdef.Bind(gwdef.MaxConnsBound, &g.Users[i].MaxConns).At(i))
+	}
+	return s
+}
+
+// setDefaults fills g's gaps: an absent key of a setting whose 0 is a
+// value of its own (retries, retry_body_bytes), a zero of any other.
+func (g *Gateway) setDefaults() {
+	if g.Strategy == "" {
+		g.Strategy = rotdef.Strategy
+	}
+	setDur(&g.Cooldown, rotdef.Cooldown)
+	for _, o := range []struct {
+		b gwdef.Bound
+		p **int
+	}{{gwdef.RetriesBound, &g.Retries}, {gwdef.RetryBodyBytesBound, &g.RetryBodyBytes}} {
+		if *o.p == nil {
+			v := int(o.b.Default)
+			*o.p = &v
+		}
+	}
+	for _, s := range g.bounded() {
+		if !s.Off {
+			s.Fill()
+		}
+	}
+	setDur(&g.FirstByteTimeout, gwdef.FirstByteDefault(g.ResponseTimeout))
+}
+
+// validateBounds checks g's numeric settings against their bounds.
+func (g *Gateway) validateBounds() error {
+	for _, s := range g.bounded() {
+		if err := s.Check(); err != nil {
+			return bad(s.Field, "%v", err)
+		}
+	}
+	if err := gwdef.CheckFirstByte(g.FirstByteTimeout, g.ResponseTimeout); err != nil {
+		return bad(gwdef.FirstByteTimeoutBound.Path, "%v", err)
+	}
+	return nil
 }
 
 // CompiledRules compiles gateway.rules (Validate has refused them already

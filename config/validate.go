@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"proxyfleet/addrplan"
-	"proxyfleet/bans"
 	"proxyfleet/deny"
 	healthdef "proxyfleet/health/defaults"
 	"proxyfleet/messages"
@@ -72,19 +71,11 @@ func (c *Config) Validate() error {
 		{"health.open_check_interval", c.Health.OpenCheckInterval},
 		{"health.report_interval", c.Health.ReportInterval},
 		{"health.snapshot_interval", c.Health.SnapshotInterval},
-		{"gateway.connect_timeout", c.Gateway.ConnectTimeout},
-		{"gateway.response_timeout", c.Gateway.ResponseTimeout},
-		{"gateway.first_byte_timeout", c.Gateway.FirstByteTimeout},
-		{"gateway.idle_timeout", c.Gateway.IdleTimeout},
 		{"gateway.cooldown", c.Gateway.Cooldown},
-		{"gateway.header_timeout", c.Gateway.HeaderTimeout},
 	} {
 		if d.v < 0 {
 			return bad(d.f, "negative duration %s", d.v)
 		}
-	}
-	if c.Gateway.FirstByteTimeout > c.Gateway.ResponseTimeout {
-		return bad("gateway.first_byte_timeout", "%s is longer than gateway.response_timeout %s", c.Gateway.FirstByteTimeout, c.Gateway.ResponseTimeout)
 	}
 	if c.NATS.CommandIDMaxAge < c.NATS.DuplicateWindow {
 		return bad("nats.command_id_max_age", "%s is shorter than nats.duplicate_window %s", c.NATS.CommandIDMaxAge, c.NATS.DuplicateWindow)
@@ -425,33 +416,12 @@ func (g Gateway) validate() error {
 		if u.PasswordFile == "" {
 			return bad(f+".password_file", "required")
 		}
-		if u.MaxConns < 1 || u.MaxConns > 1<<20 {
-			return bad(f+".max_conns", "%d is out of range [1, 1048576]", u.MaxConns)
-		}
 	}
 	if !slices.Contains(gatewayStrategies, g.Strategy) {
 		return bad("gateway.strategy", "%q is not one of %s", g.Strategy, strings.Join(gatewayStrategies, ", "))
 	}
-	if g.Retries < 0 || g.Retries > 10 {
-		return bad("gateway.retries", "%d is out of range [0, 10]", g.Retries)
-	}
-	if g.AuthFailures < 1 || g.AuthFailures > 10_000 {
-		return bad("gateway.auth_failures", "%d is out of range [1, 10000]", g.AuthFailures)
-	}
-	if g.MaxHeaderBytes < 8<<10 || g.MaxHeaderBytes > 16<<20 {
-		return bad("gateway.max_header_bytes", "%d is out of range [8192, 16777216]", g.MaxHeaderBytes)
-	}
-	if g.MaxHeaderFields < 1 || g.MaxHeaderFields > 10_000 {
-		return bad("gateway.max_header_fields", "%d is out of range [1, 10000]", g.MaxHeaderFields)
-	}
-	if g.MaxUnauthenticated < 1 || g.MaxUnauthenticated > 1<<20 {
-		return bad("gateway.max_unauthenticated", "%d is out of range [1, 1048576]", g.MaxUnauthenticated)
-	}
-	if g.BodyPeek < 1 || g.BodyPeek > bans.MaxBodyPeek {
-		return bad("gateway.body_peek", "%d is out of range [1, %d]", g.BodyPeek, bans.MaxBodyPeek)
-	}
-	if g.RetryBodyBytes < 0 || g.RetryBodyBytes > bans.MaxRetryBodyBytes {
-		return bad("gateway.retry_body_bytes", "%d is out of range [0, %d]", g.RetryBodyBytes, bans.MaxRetryBodyBytes)
+	if err := g.validateBounds(); err != nil {
+		return err
 	}
 	if _, err := g.CompiledRules(); err != nil {
 		return err

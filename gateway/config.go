@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,7 +32,8 @@ type Config struct {
 	UpstreamUser, UpstreamPassword string
 	// Retries is how many other proxies a request whose proxy failed it
 	// (before any byte of the answer reached the client) is tried on:
-	// default 2; a negative value means none.
+	// default 2, at most 10; a negative value means none. Every numeric
+	// setting's default and range is in gateway/defaults.Bounds.
 	Retries int
 	// ConnectTimeout bounds the connection to a proxy and, for CONNECT,
 	// the proxy's answer to it (default 5s).
@@ -44,10 +46,10 @@ type Config struct {
 	// the target's time to answer, so it is long.
 	ResponseTimeout time.Duration
 	// FirstByteTimeout (default 3s or ResponseTimeout if shorter; at
-	// least 500ms or ResponseTimeout, at most ResponseTimeout) is how long a connection to a proxy may carry a
-	// request without a sign of life before the proxy is taken for dead:
-	// bytes sent on it unacknowledged and nothing from the proxy for that
-	// long. The request is then tried on another proxy at once if it can
+	// least 500ms or ResponseTimeout, at most ResponseTimeout) is how
+	// long a connection to a proxy may carry a request without a sign of
+	// life before the proxy is taken for dead: bytes sent on it
+	// unacknowledged and nothing from the proxy for that long. The request is then tried on another proxy at once if it can
 	// be sent again (no byte of an answer reached the client, and no body
 	// or one the gateway holds whole), and the proxy is reported. A proxy
 	// that acknowledges is waited for up to ResponseTimeout, however slow
@@ -104,10 +106,10 @@ type Config struct {
 
 	// Rules judge the proxies' answers to plain requests (package bans;
 	// nil: none): a ban of the answering address for the request's site,
-	// a retry from another address. BodyPeek (default
-	// bans.DefaultBodyPeek) is the bytes of an answer's body a body rule
-	// reads; RetryBodyBytes (default bans.DefaultRetryBodyBytes) the
-	// largest request body held so that a retry may send it again.
+	// a retry from another address. BodyPeek (default 16 KiB) is the
+	// bytes of an answer's body a body rule reads; RetryBodyBytes
+	// (default 64 KiB; negative: none) the largest request body held so
+	// that a retry may send it again.
 	Rules                    *bans.Rules
 	BodyPeek, RetryBodyBytes int
 	// Bans are the fleet's bans (a *rotation.Rotation): a request does
@@ -146,10 +148,9 @@ const (
 	DefaultConnectTimeout   = defaults.ConnectTimeout
 	DefaultResponseTimeout  = defaults.ResponseTimeout
 	DefaultFirstByteTimeout = defaults.FirstByteTimeout
-	// MinFirstByteTimeout is FirstByteTimeout's least value: a live
-	// proxy's acknowledgement may take a few round trips and a
-	// retransmission.
-	MinFirstByteTimeout       = 500 * time.Millisecond
+	// MinFirstByteTimeout is FirstByteTimeout's least value (unless
+	// ResponseTimeout is shorter).
+	MinFirstByteTimeout       = defaults.MinFirstByteTimeout
 	DefaultRetryAfter         = defaults.RetryAfter
 	DefaultDrainTimeout       = defaults.DrainTimeout
 	DefaultHandshakeTimeout   = defaults.HandshakeTimeout
@@ -164,50 +165,44 @@ const (
 	// MinMaxHeaderBytes is MaxHeaderBytes's least value: the client's
 	// reader (a head that fits it is taken; one larger is read apart,
 	// up to MaxHeaderBytes).
-	MinMaxHeaderBytes = clientReadSize
+	MinMaxHeaderBytes = defaults.MinMaxHeaderBytes
 )
 
+// bounded pairs each numeric setting of c with its bound
+// (defaults.Bounds), but FirstByteTimeout, whose range depends on
+// ResponseTimeout (defaults.CheckFirstByte).
+func (c *Config) bounded() []defaults.Setting {
+	s := []defaults.Setting{
+		defaults.Bind(defaults.RetriesBound, &c.Retries),
+		defaults.Bind(defaults.ConnectTimeoutBound, &c.ConnectTimeout),
+		defaults.Bind(defaults.ResponseTimeoutBound, &c.ResponseTimeout),
+		defaults.Bind(defaults.RetryAfterBound, &c.RetryAfter),
+		defaults.Bind(defaults.DrainTimeoutBound, &c.DrainTimeout),
+		defaults.Bind(defaults.HandshakeTimeoutBound, &c.HandshakeTimeout),
+		defaults.Bind(defaults.HeaderTimeoutBound, &c.HeaderTimeout),
+		defaults.Bind(defaults.KeepAliveTimeoutBound, &c.KeepAliveTimeout),
+		defaults.Bind(defaults.IdleTimeoutBound, &c.IdleTimeout),
+		defaults.Bind(defaults.AuthFailuresBound, &c.AuthFailures),
+		defaults.Bind(defaults.MaxHeaderBytesBound, &c.MaxHeaderBytes),
+		defaults.Bind(defaults.MaxHeaderFieldsBound, &c.MaxHeaderFields),
+		defaults.Bind(defaults.MaxUnauthenticatedBound, &c.MaxUnauthenticated),
+		defaults.Bind(defaults.BodyPeekBound, &c.BodyPeek),
+		defaults.Bind(defaults.RetryBodyBytesBound, &c.RetryBodyBytes),
+	}
+	for i := range c.Users {
+		s = append(s, defaults.Bind(defaults.MaxConnsBound, &c.Users[i].MaxConns).At(i))
+	}
+	return s
+}
+
 // WithDefaults returns c with every zero value that has a default
-// filled in.
+// filled in, and a negative Retries or RetryBodyBytes made 0.
 func (c Config) WithDefaults() Config {
-	if c.Retries == 0 {
-		c.Retries = DefaultRetries
+	c.Users = slices.Clone(c.Users)
+	for _, s := range c.bounded() {
+		s.Fill()
 	}
-	setDur(&c.ConnectTimeout, DefaultConnectTimeout)
-	setDur(&c.ResponseTimeout, DefaultResponseTimeout)
-	setDur(&c.FirstByteTimeout, min(DefaultFirstByteTimeout, c.ResponseTimeout))
-	setDur(&c.RetryAfter, DefaultRetryAfter)
-	setDur(&c.DrainTimeout, DefaultDrainTimeout)
-	setDur(&c.HandshakeTimeout, DefaultHandshakeTimeout)
-	setDur(&c.KeepAliveTimeout, DefaultKeepAliveTimeout)
-	setDur(&c.IdleTimeout, DefaultIdleTimeout)
-	if c.AuthFailures == 0 {
-		c.AuthFailures = DefaultAuthFailures
-	}
-	setDur(&c.HeaderTimeout, DefaultHeaderTimeout)
-	if c.MaxHeaderBytes == 0 {
-		c.MaxHeaderBytes = DefaultMaxHeaderBytes
-	}
-	if c.MaxHeaderFields == 0 {
-		c.MaxHeaderFields = DefaultMaxHeaderFields
-	}
-	if c.MaxUnauthenticated == 0 {
-		c.MaxUnauthenticated = DefaultMaxUnauthenticated
-	}
-	if c.BodyPeek == 0 {
-		c.BodyPeek = bans.DefaultBodyPeek
-	}
-	if c.RetryBodyBytes == 0 {
-		c.RetryBodyBytes = bans.DefaultRetryBodyBytes
-	}
-	users := make([]User, len(c.Users))
-	copy(users, c.Users)
-	for i := range users {
-		if users[i].MaxConns == 0 {
-			users[i].MaxConns = DefaultMaxConns
-		}
-	}
-	c.Users = users
+	setDur(&c.FirstByteTimeout, defaults.FirstByteDefault(c.ResponseTimeout))
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -274,50 +269,14 @@ func (c Config) Validate() error {
 		if u.Password == "" {
 			return bad(f+".password", "required")
 		}
-		if u.MaxConns < 1 || u.MaxConns > 1<<20 {
-			return bad(f+".max_conns", "%d is out of range [1, 1048576]", u.MaxConns)
+	}
+	for _, s := range c.bounded() {
+		if err := s.Check(); err != nil {
+			return bad(s.Field, "%v", err)
 		}
 	}
-	if c.AuthFailures < 1 || c.AuthFailures > 10_000 {
-		return bad("gateway.auth_failures", "%d is out of range [1, 10000]", c.AuthFailures)
-	}
-	if c.MaxHeaderBytes < MinMaxHeaderBytes || c.MaxHeaderBytes > 16<<20 {
-		return bad("gateway.max_header_bytes", "%d is out of range [%d, %d]", c.MaxHeaderBytes, MinMaxHeaderBytes, 16<<20)
-	}
-	if c.MaxHeaderFields < 1 || c.MaxHeaderFields > 10_000 {
-		return bad("gateway.max_header_fields", "%d is out of range [1, 10000]", c.MaxHeaderFields)
-	}
-	if c.MaxUnauthenticated < 1 || c.MaxUnauthenticated > 1<<20 {
-		return bad("gateway.max_unauthenticated", "%d is out of range [1, 1048576]", c.MaxUnauthenticated)
-	}
-	if c.BodyPeek < 1 || c.BodyPeek > bans.MaxBodyPeek {
-		return bad("gateway.body_peek", "%d is out of range [1, %d]", c.BodyPeek, bans.MaxBodyPeek)
-	}
-	if c.RetryBodyBytes < 0 || c.RetryBodyBytes > bans.MaxRetryBodyBytes {
-		return bad("gateway.retry_body_bytes", "%d is out of range [0, %d]", c.RetryBodyBytes, bans.MaxRetryBodyBytes)
-	}
-	if c.Retries > 10 {
-		return bad("gateway.retries", "%d is out of range [0, 10]", c.Retries)
-	}
-	for _, d := range []struct {
-		f string
-		v time.Duration
-	}{
-		{"gateway.connect_timeout", c.ConnectTimeout},
-		{"gateway.response_timeout", c.ResponseTimeout},
-		{"gateway.retry_after", c.RetryAfter},
-		{"gateway.drain_timeout", c.DrainTimeout},
-		{"gateway.handshake_timeout", c.HandshakeTimeout},
-		{"gateway.header_timeout", c.HeaderTimeout},
-		{"gateway.keepalive_timeout", c.KeepAliveTimeout},
-		{"gateway.idle_timeout", c.IdleTimeout},
-	} {
-		if d.v < 0 {
-			return bad(d.f, "%s is negative", d.v)
-		}
-	}
-	if c.FirstByteTimeout < min(MinFirstByteTimeout, c.ResponseTimeout) || c.FirstByteTimeout > c.ResponseTimeout {
-		return bad("gateway.first_byte_timeout", "%s is out of range [%s, gateway.response_timeout %s]", c.FirstByteTimeout, MinFirstByteTimeout, c.ResponseTimeout)
+	if err := defaults.CheckFirstByte(c.FirstByteTimeout, c.ResponseTimeout); err != nil {
+		return bad(defaults.FirstByteTimeoutBound.Path, "%v", err)
 	}
 	if c.UpstreamUser == "" && c.UpstreamPassword != "" {
 		return bad("proxy.auth.user", "required with a password")

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/net/proxy"
 
+	"proxyfleet/gateway/defaults"
 	"proxyfleet/internal/poll"
 )
 
@@ -678,6 +679,49 @@ func TestValidate(t *testing.T) {
 	short.ResponseTimeout = 300 * time.Millisecond
 	if d := short.WithDefaults(); d.FirstByteTimeout != short.ResponseTimeout || d.Validate() != nil {
 		t.Fatalf("first_byte_timeout %s under response_timeout %s: %v", d.FirstByteTimeout, short.ResponseTimeout, d.Validate())
+	}
+}
+
+// Validate checks every bound of defaults.Bounds, naming the field: a
+// value just below the least and one just above the greatest are
+// refused; and a negative value of a setting whose 0 turns it off is 0.
+func TestValidate_everyBound(t *testing.T) {
+	ok := Config{Listen: ":0", Users: []User{{Name: "a", Password: "p"}}}
+	d := ok.WithDefaults()
+	bound := map[string]bool{defaults.FirstByteTimeoutBound.Path: true}
+	for i := range d.bounded() {
+		cfg := ok.WithDefaults()
+		s := cfg.bounded()[i]
+		bound[s.Bound.Path] = true
+		below := s.Min - 1
+		if below == 0 && !s.Off {
+			below = -1
+		}
+		for _, v := range []int64{below, s.Max + 1} {
+			cfg := ok.WithDefaults()
+			cfg.Users = slices.Clone(cfg.Users)
+			s := cfg.bounded()[i]
+			s.Set(v)
+			err := cfg.WithDefaults().Validate()
+			var fe *FieldError
+			if s.Off && v < 0 {
+				if err != nil {
+					t.Errorf("%s: %d: %v, want it taken as 0", s.Field, v, err)
+				}
+				continue
+			}
+			if !errors.As(err, &fe) || fe.Field != s.Field {
+				t.Errorf("%s: %d: %v, want field %s", s.Field, v, err, s.Field)
+			}
+		}
+	}
+	for _, b := range defaults.Bounds {
+		if !bound[b.Path] {
+			t.Errorf("%s: not a bound of Config", b.Path)
+		}
+	}
+	if d := (Config{Retries: -1, RetryBodyBytes: -1}).WithDefaults(); d.Retries != 0 || d.RetryBodyBytes != 0 {
+		t.Errorf("negative: retries %d, retry_body_bytes %d, want 0", d.Retries, d.RetryBodyBytes)
 	}
 }
 

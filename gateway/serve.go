@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"proxyfleet/gateway/defaults"
 	"proxyfleet/gateway/h1"
 )
 
@@ -27,7 +28,7 @@ import (
 const (
 	// clientReadSize is a client connection's read buffer: the largest
 	// request head read in place.
-	clientReadSize = 8 << 10
+	clientReadSize = defaults.MinMaxHeaderBytes
 	// outSize is the buffer answers are written from.
 	outSize = 32 << 10
 	// maxResponseHead bounds a proxy's answer's head (as http.Transport).

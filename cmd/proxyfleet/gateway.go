@@ -57,22 +57,9 @@ func gatewayComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg pro
 	if err != nil {
 		return component{}, nil, nil, fmt.Errorf("gateway: %w", err)
 	}
-	gc := gateway.Config{
-		Listen: c.Gateway.Listen, SocksListen: c.Gateway.SocksListen,
-		UpstreamUser: c.Proxy.Auth.User, UpstreamPassword: c.Proxy.Auth.Password.Reveal(),
-		Retries: c.Gateway.Retries, ConnectTimeout: c.Gateway.ConnectTimeout, ResponseTimeout: c.Gateway.ResponseTimeout,
-		FirstByteTimeout: c.Gateway.FirstByteTimeout, IdleTimeout: c.Gateway.IdleTimeout,
-		AuthFailures:   c.Gateway.AuthFailures,
-		MaxHeaderBytes: c.Gateway.MaxHeaderBytes, MaxHeaderFields: c.Gateway.MaxHeaderFields,
-		HeaderTimeout: c.Gateway.HeaderTimeout, MaxUnauthenticated: c.Gateway.MaxUnauthenticated,
-		Deny:  &denied,
-		Rules: rules, BodyPeek: c.Gateway.BodyPeek, RetryBodyBytes: c.Gateway.RetryBodyBytes,
-		Bans:   rot,
-		Logger: log, Registry: reg,
-	}
-	for _, u := range c.Gateway.Users {
-		gc.Users = append(gc.Users, gateway.User{Name: u.Name, Password: u.Password.Reveal(), MaxConns: u.MaxConns})
-	}
+	gc := gatewayConfig(c)
+	gc.Deny, gc.Rules, gc.Bans = &denied, rules, rot
+	gc.Logger, gc.Registry = log, reg
 	gw, err := gateway.New(rot, gc)
 	if err != nil {
 		return component{}, nil, nil, fmt.Errorf("gateway: %w", err)
@@ -184,4 +171,41 @@ func registerRotationMetrics(reg prometheus.Registerer, rot *rotation.Rotation) 
 		}
 	}
 	return nil
+}
+
+// gatewayConfig is the file's gateway settings (and proxy.auth) as
+// gateway.Config takes them; the deny list, rules, bans, logger and
+// registry are the caller's to set.
+func gatewayConfig(c *config.Config) gateway.Config {
+	g := c.Gateway
+	gc := gateway.Config{
+		Listen: g.Listen, SocksListen: g.SocksListen,
+		UpstreamUser: c.Proxy.Auth.User, UpstreamPassword: c.Proxy.Auth.Password.Reveal(),
+		Retries: offOrSet(g.Retries), ConnectTimeout: g.ConnectTimeout, ResponseTimeout: g.ResponseTimeout,
+		FirstByteTimeout: g.FirstByteTimeout, IdleTimeout: g.IdleTimeout,
+		RetryAfter: g.RetryAfter, DrainTimeout: g.DrainTimeout,
+		HandshakeTimeout: g.HandshakeTimeout, KeepAliveTimeout: g.KeepAliveTimeout,
+		AuthFailures:   g.AuthFailures,
+		MaxHeaderBytes: g.MaxHeaderBytes, MaxHeaderFields: g.MaxHeaderFields,
+		HeaderTimeout: g.HeaderTimeout, MaxUnauthenticated: g.MaxUnauthenticated,
+		BodyPeek: g.BodyPeek, RetryBodyBytes: offOrSet(g.RetryBodyBytes),
+	}
+	for _, u := range g.Users {
+		gc.Users = append(gc.Users, gateway.User{Name: u.Name, Password: u.Password.Reveal(), MaxConns: u.MaxConns})
+	}
+	return gc
+}
+
+// offOrSet is a setting of the file whose 0 turns its feature off
+// (gateway.retries, gateway.retry_body_bytes) as gateway.Config takes
+// it: there 0 asks for the default and a negative value for none. nil
+// (never, once the file is read): the default.
+func offOrSet(v *int) int {
+	switch {
+	case v == nil:
+		return 0
+	case *v == 0:
+		return -1
+	}
+	return *v
 }

@@ -1,11 +1,12 @@
 // Package defaults holds the defaults of the gateway's settings, as
-// constants: gateway.Config.WithDefaults fills a Config's zero values with
-// them and package config a file's gaps, so a gateway started from a file
-// and one started from code agree. It imports nothing but time, so that
-// config, which may not lean on NATS, can read it. The gateway's other
-// defaults are those of the packages that own the setting: the deny list
-// is deny.Default, body_peek and retry_body_bytes are bans', strategy and
-// cooldown the rotation's (proxyfleet/rotation/defaults).
+// constants, and the range of each numeric one (Bounds):
+// gateway.Config.WithDefaults fills a Config's zero values with them and
+// Validate checks the ranges; package config does the same for a file, so
+// a gateway started from a file and one started from code agree. It
+// imports only the standard library, so that config, which may not lean
+// on NATS, can read it. The gateway's other defaults are those of the
+// packages that own the setting: the deny list is deny.Default, strategy
+// and cooldown the rotation's (proxyfleet/rotation/defaults).
 package defaults
 
 import "time"
@@ -49,6 +50,19 @@ const (
 	// MaxHeaderBytes and MaxHeaderFields bound an HTTP request's head.
 	MaxHeaderBytes  = 64 << 10
 	MaxHeaderFields = 100
+	// MinMaxHeaderBytes is max_header_bytes' least value: the size of
+	// the gateway's reader of a client connection (a head that fits it
+	// is taken whole; a larger one is read apart).
+	MinMaxHeaderBytes = 8 << 10
+	// MinFirstByteTimeout is first_byte_timeout's least value (unless
+	// response_timeout is shorter).
+	MinFirstByteTimeout = 500 * time.Millisecond
+	// BodyPeek is the bytes of an answer's body a body rule (package
+	// bans) reads.
+	BodyPeek = 16 << 10
+	// RetryBodyBytes is the largest request body held so that it may be
+	// sent again on a retry.
+	RetryBodyBytes = 64 << 10
 	// MaxUnauthenticated bounds the connections open at once without a
 	// valid credential yet.
 	MaxUnauthenticated = 1024
