@@ -72,8 +72,9 @@ type roleSpec struct {
 	required string
 	prepare  func(*config.Config) error
 
-	// build makes the role on nc. Its parts are run and closed by the
-	// caller's lifecycle, also when build or a later role fails.
+	// build makes the role on nc. A build that fails frees what it
+	// opened; the parts of one that succeeds are run and closed by the
+	// caller's lifecycle, also when a later step fails.
 	build func(ctx context.Context, nc *nats.Conn, c *config.Config, env roleEnv) (roleParts, error)
 	// serveReady, if set, is the part of serve's /readyz the role's ready
 	// makes.
@@ -99,8 +100,7 @@ type roleParts struct {
 	// and stopped with the others. None: the role has done its work in
 	// build.
 	runs []component
-	// ready says whether the role is ready (its /readyz); nil: once
-	// running.
+	// ready says whether the role is ready (its /readyz); nil: always.
 	ready func() error
 	// stats, if set, is served at /stats on the ops listener.
 	stats http.Handler
@@ -111,18 +111,17 @@ type roleParts struct {
 
 // roleRun is a role's command line read: its flags, log and config.
 type roleRun struct {
-	fs      *flag.FlagSet
-	nf      *natsFlags
-	log     *slog.Logger
-	c       *config.Config
-	cfgPath string
-	id      string
-	http    string
-	pprof   bool
+	fs    *flag.FlagSet
+	nf    *natsFlags
+	log   *slog.Logger
+	c     *config.Config
+	id    string
+	http  string
+	pprof bool
 }
 
 // start reads a role's command line and config: parse the flags, make
-// the logger (named by the role unless it is serve, which runs several),
+// the logger (named by the role unless allRoles),
 // set the garbage collector, read and check the config, apply --http and
 // resolve the NATS settings. The URL stays empty if nothing names one.
 func (s *roleSpec) start(args []string, stdout, stderr io.Writer) (*roleRun, error) {
@@ -181,7 +180,7 @@ func (s *roleSpec) start(args []string, stdout, stderr io.Writer) (*roleRun, err
 	if err := nf.resolve(c); err != nil {
 		return nil, err
 	}
-	r := &roleRun{fs: fs, nf: nf, log: log, c: c, cfgPath: *cfgPath, id: id, pprof: withPprof}
+	r := &roleRun{fs: fs, nf: nf, log: log, c: c, id: id, pprof: withPprof}
 	if s.httpAddr != nil {
 		r.http = *s.httpAddr(c)
 	}
