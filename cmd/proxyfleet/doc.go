@@ -11,12 +11,17 @@
 //	proxyfleet get ID | list | watch | rotation | hosts | addresses [HOST]
 //	proxyfleet dead ls | dead replay ID|--all | version | completion bash|zsh
 //
-// Each role is made of components, each a Run(ctx) error (the worker, the
-// health process, the repairer, serve's embedded nats-server), run
-// together by runAll (run.go): when one fails the others stop and the
-// process exits 1 with its error. The first SIGINT or SIGTERM stops them
-// all (a worker drains); a second exits at once. roles.go maps the config
-// onto the worker, serve.go and setup.go onto the other components.
+// Each role is a roleSpec (role.go): its flags, how its config is read
+// and checked, and how it is built on its NATS connection into a run, a
+// ready and a close. runRole runs one role command through them, and
+// serve builds every spec on a connection of its own in one process
+// (serve.go). Either holds what it opens in one lifecycle: the parts run
+// together by runAll (run.go), and when one fails the others stop and
+// the process exits 1 with its error; the first SIGINT or SIGTERM stops
+// them all (a worker drains), a second exits at once; once all have
+// returned, what was opened (providers, connections, serve's embedded
+// server) is closed, last opened first. roles.go maps the config onto
+// the worker.
 //
 // Every command connects as the nats CLI does (natsconn.go: flags, NATS_*
 // variables, nats contexts, the config file, in that order), takes --help

@@ -4,11 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
-	"net"
-	"net/http"
-	"os"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,12 +24,28 @@ func gatewayEnabled(c *config.Config) bool {
 	return c.Gateway.Listen != "" || c.Gateway.SocksListen != ""
 }
 
-// gatewayComponent follows the rotation on nc and serves the gateway over
-// it; its metrics go to reg. ready reports whether it serves: the
-// rotation caught up and the listeners bound; stats serves its /stats.
-func gatewayComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg prometheus.Registerer) (comp component, ready func() error, stats http.Handler, err error) {
+// gatewaySpec follows the rotation and serves the gateway over it; its
+// metrics go to env.reg. Its ready reports whether it serves: the
+// rotation caught up and the listeners bound; its stats is /stats.
+func gatewaySpec() *roleSpec {
+	return &roleSpec{
+		name: "gateway", inbox: inboxClient,
+		configUsage: "config file (YAML); required", secrets: true,
+		httpUsage: "address of /metrics, /healthz, /readyz and /stats (default from config gateway.http; none if empty)",
+		httpAddr:  func(c *config.Config) *string { return &c.Gateway.HTTP },
+		ops:       true, pprof: true,
+		enabled:  gatewayEnabled,
+		required: "gateway.listen (or gateway.socks_listen) is required for the gateway role",
+		build:    buildGateway,
+		// The gateway's reasons name it.
+		serveReady: func(ready func() error) func() error { return ready },
+	}
+}
+
+func buildGateway(_ context.Context, nc *nats.Conn, c *config.Config, env roleEnv) (roleParts, error) {
+	log, reg := env.log, env.reg
 	if err := c.LoadGatewaySecrets(); err != nil {
-		return component{}, nil, nil, err
+		return roleParts{}, err
 	}
 	rot, err := rotation.New(nc, rotation.Config{
 		Subjects: messages.NewSubjects(c.NATS.Prefix),
@@ -44,27 +55,27 @@ func gatewayComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg pro
 		Logger:   log,
 	})
 	if err != nil {
-		return component{}, nil, nil, fmt.Errorf("gateway: %w", err)
+		return roleParts{}, fmt.Errorf("gateway: %w", err)
 	}
 	if err := registerRotationMetrics(reg, rot); err != nil {
-		return component{}, nil, nil, err
+		return roleParts{}, err
 	}
 	denied, err := c.Gateway.DenyList()
 	if err != nil {
-		return component{}, nil, nil, fmt.Errorf("gateway: %w", err)
+		return roleParts{}, fmt.Errorf("gateway: %w", err)
 	}
 	rules, err := c.Gateway.CompiledRules()
 	if err != nil {
-		return component{}, nil, nil, fmt.Errorf("gateway: %w", err)
+		return roleParts{}, fmt.Errorf("gateway: %w", err)
 	}
 	gc := gatewayConfig(c)
 	gc.Deny, gc.Rules, gc.Bans = &denied, rules, rot
 	gc.Logger, gc.Registry = log, reg
 	gw, err := gateway.New(rot, gc)
 	if err != nil {
-		return component{}, nil, nil, fmt.Errorf("gateway: %w", err)
+		return roleParts{}, fmt.Errorf("gateway: %w", err)
 	}
-	ready = func() error {
+	ready := func() error {
 		select {
 		case <-rot.Ready():
 		default:
@@ -77,79 +88,29 @@ func gatewayComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg pro
 			return errors.New("gateway: not listening yet")
 		}
 	}
-	return component{"gateway", func(ctx context.Context) error {
-		ctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		rotDone := make(chan error, 1)
-		go func() { rotDone <- rot.Run(ctx) }()
-		// Serve once caught up: a gateway that answered before it had
-		// read the rotation would send 503s for proxies that are there.
+	// The follower and the gateway run side by side, the gateway
+	// serving once the follower has caught up: a gateway that answered
+	// before it had read the rotation would send 503s for proxies that
+	// are there.
+	follow := func(ctx context.Context) error {
+		if err := rot.Run(ctx); err != nil {
+			return fmt.Errorf("gateway: follow the rotation: %w", err)
+		}
+		return nil
+	}
+	serve := func(ctx context.Context) error {
 		select {
 		case <-rot.Ready():
-		case err := <-rotDone:
-			return fmt.Errorf("gateway: follow the rotation: %w", err)
 		case <-ctx.Done():
-			return <-rotDone
+			return nil
 		}
 		log.Info("gateway: the rotation is read", "proxies", rot.Len())
-		err := gw.Run(ctx)
-		cancel()
-		if rerr := <-rotDone; err == nil && rerr != nil {
-			err = fmt.Errorf("gateway: follow the rotation: %w", rerr)
-		}
-		return err
-	}}, ready, gw.StatsHandler(), nil
-}
-
-// runGateway runs the gateway role alone.
-func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, nf, lf := roleFlags("gateway", stderr)
-	cfgPath := fs.String("config", "", "config file (YAML); required")
-	httpAddr := fs.String("http", "", "address of /metrics, /healthz, /readyz and /stats (default from config gateway.http; none if empty)")
-	withPprof := fs.Bool("pprof", false, "also serve Go's profiles (net/http/pprof) under /debug/pprof/ on the --http listener")
-	if err := parseFlags(fs, args, stdout); err != nil {
-		return err
+		return gw.Run(ctx)
 	}
-	log, err := lf.logger(stderr)
-	if err != nil {
-		return err
-	}
-	log = log.With("role", "gateway", "pid", os.Getpid())
-	c, err := loadRoleConfig(*cfgPath)
-	if err != nil {
-		return err
-	}
-	if !gatewayEnabled(c) {
-		return fmt.Errorf("config %s: gateway.listen (or gateway.socks_listen) is required for the gateway role", *cfgPath)
-	}
-	if *httpAddr != "" {
-		c.Gateway.HTTP = *httpAddr
-	}
-	if err := nf.resolve(c); err != nil {
-		return err
-	}
-	nf.ensureURL()
-	nc, err := nf.connect("proxyfleet-gateway", inboxClient, log)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	reg := newRegistry("gateway")
-	g, ready, stats, err := gatewayComponent(nc, c, log, reg)
-	if err != nil {
-		return err
-	}
-	comps := []component{g}
-	if c.Gateway.HTTP != "" {
-		ln, err := net.Listen("tcp", c.Gateway.HTTP)
-		if err != nil {
-			return fmt.Errorf("--http: %w", err)
-		}
-		comps = append(comps, opsComponent(ln, withStats(roleOpsHandler(reg, ready, *withPprof), stats), log))
-	} else if *withPprof {
-		return errors.New("--pprof needs an --http listener (or gateway.http)")
-	}
-	return runAll(ctx, log, comps...)
+	return roleParts{
+		runs:  []component{{"gateway", follow}, {"gateway", serve}},
+		ready: ready, stats: gw.StatsHandler(),
+	}, nil
 }
 
 // registerRotationMetrics exports what the gateway's follower of the

@@ -176,3 +176,25 @@ func TestRunAllStopsTheOthersWhenOneEnds(t *testing.T) {
 		t.Errorf("no error-level log of the failure:\n%s", logs.String())
 	}
 }
+
+// A lifecycle closes what it opened last first: a role's providers
+// before its connection, the connections before serve's embedded server.
+func TestLifecycleClosesLastOpenedFirst(t *testing.T) {
+	var logs syncBuffer
+	lc := &lifecycle{log: newLogger(&logs, slog.LevelInfo)}
+	var order []string
+	for _, name := range []string{"server", "connection", "providers"} {
+		lc.onClose(func() { order = append(order, name) })
+	}
+	failed := errors.New("failed")
+	lc.add(component{"quitter", func(context.Context) error { return failed }},
+		component{"other", func(ctx context.Context) error { <-ctx.Done(); return nil }})
+	if err := lc.run(context.Background()); !errors.Is(err, failed) {
+		t.Errorf("run = %v, want %v", err, failed)
+	}
+	lc.close()
+	lc.close() // closes once
+	if got := strings.Join(order, " "); got != "providers connection server" {
+		t.Errorf("closed %q, want providers connection server", got)
+	}
+}

@@ -83,18 +83,8 @@ func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.
 	switch cmd {
 	case "serve":
 		return serve(ctx, args, stdout, stderr)
-	case "setup":
-		return setup(ctx, args, stdout, stderr)
-	case "worker":
-		return runWorker(ctx, args, stdout, stderr)
-	case "health":
-		return runHealth(ctx, args, stdout, stderr)
-	case "gateway":
-		return runGateway(ctx, args, stdout, stderr)
-	case "pools":
-		return runPools(ctx, args, stdout, stderr)
-	case "console":
-		return runConsole(ctx, args, stdout, stderr)
+	case "setup", "worker", "health", "gateway", "pools", "console":
+		return runRole(ctx, roleSpecs[cmd](), args, stdout, stderr)
 	case "dead", "pool", "ban":
 		if len(args) > 0 {
 			if v, ok := findVerb(cmd + " " + args[0]); ok {

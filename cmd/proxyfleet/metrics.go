@@ -181,24 +181,24 @@ func withStats(h, stats http.Handler) http.Handler {
 	return mux
 }
 
-// opsComponent serves h on ln until ctx is done.
-func opsComponent(ln net.Listener, h http.Handler, log *slog.Logger) component {
-	return component{"http", func(ctx context.Context) error {
-		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
-		errc := make(chan error, 1)
-		go func() { errc <- srv.Serve(ln) }()
+// opsComponents serve h on ln until ctx is done: one serves, the other
+// shuts the server down once ctx is done, giving the requests in flight
+// 5s. Serving stops with an error only if the listener fails.
+func opsComponents(ln net.Listener, h http.Handler, log *slog.Logger) []component {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
+	serve := func(context.Context) error {
 		log.Info("serving /metrics, /healthz, /readyz", "addr", ln.Addr().String())
-		select {
-		case err := <-errc:
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("serve http on %s: %w", ln.Addr(), err)
-		case <-ctx.Done():
 		}
+		return nil
+	}
+	shutdown := func(ctx context.Context) error {
+		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
-		if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
 		return nil
-	}}
+	}
+	return []component{{"http", serve}, {"http", shutdown}}
 }

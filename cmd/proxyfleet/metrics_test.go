@@ -65,10 +65,10 @@ health: {lease_ttl: 2s}
 	waitUntil(t, "serve to be ready", 30*time.Second, func() bool { return status(r.serve, "/readyz") == 200 })
 	url := "nats://" + r.nats
 	run(func() error {
-		return runWorker(ctx, []string{"--config", cfg, "--nats-url", url, "--http", r.worker, "--id", "w2"}, io.Discard, r.logW)
+		return runRole(ctx, workerSpec(), []string{"--config", cfg, "--nats-url", url, "--http", r.worker, "--id", "w2"}, io.Discard, r.logW)
 	})
 	run(func() error {
-		return runHealth(ctx, []string{"--config", cfg, "--nats-url", url, "--http", r.health}, io.Discard, r.logH)
+		return runRole(ctx, healthSpec(), []string{"--config", cfg, "--nats-url", url, "--http", r.health}, io.Discard, r.logH)
 	})
 	for _, a := range []string{r.worker, r.health} {
 		waitUntil(t, a+" to be ready", 30*time.Second, func() bool { return status(a, "/readyz") == 200 })
@@ -349,7 +349,7 @@ func TestWorkerNotReadyWithoutTopology(t *testing.T) {
 	var wlogs syncBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- runWorker(ctx, []string{"--config", cfg, "--nats-url", "nats://" + nats, "--http", addr, "--id", "w9"}, io.Discard, &wlogs)
+		done <- runRole(ctx, workerSpec(), []string{"--config", cfg, "--nats-url", "nats://" + nats, "--http", addr, "--id", "w9"}, io.Discard, &wlogs)
 	}()
 	defer func() {
 		cancel()

@@ -2,14 +2,9 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"io"
 	"log/slog"
-	"net"
-	"os"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"proxyfleet/config"
 	"proxyfleet/messages"
@@ -41,66 +36,26 @@ func poolsConfig(c *config.Config, id string, log *slog.Logger) pool.Config {
 	return pc
 }
 
-// poolsComponent is a pool controller on nc, its metrics on reg; ready
-// says whether it is ready.
-func poolsComponent(nc *nats.Conn, c *config.Config, id string, log *slog.Logger, reg prometheus.Registerer) (component, func() error, error) {
-	pc := poolsConfig(c, id, log)
-	pc.Registry, pc.Hook = reg, poolCrashHook(log)
-	ctl, err := pool.New(nc, pc)
-	if err != nil {
-		return component{}, nil, err
+// poolsSpec is the pool controller, its metrics on env.reg; its ready
+// is pool.Controller.Ready.
+func poolsSpec() *roleSpec {
+	return &roleSpec{
+		name: "pools", inbox: inboxPools,
+		configUsage: "config file (YAML); required (the hosts and images pools may use)",
+		idUsage:     "this controller's id in the lease (default hostname-pid)",
+		httpUsage:   "address of /metrics, /healthz and /readyz (default from config pools.http; none if empty)",
+		httpAddr:    func(c *config.Config) *string { return &c.Pools.HTTP },
+		ops:         true, noArgs: true,
+		build: func(_ context.Context, nc *nats.Conn, c *config.Config, env roleEnv) (roleParts, error) {
+			pc := poolsConfig(c, env.id, env.log)
+			pc.Registry, pc.Hook = env.reg, poolCrashHook(env.log)
+			ctl, err := pool.New(nc, pc)
+			if err != nil {
+				return roleParts{}, err
+			}
+			return roleParts{runs: []component{{"pools", ctl.Run}}, ready: ctl.Ready}, nil
+		},
+		// The controller's reasons name it.
+		serveReady: func(ready func() error) func() error { return ready },
 	}
-	return component{"pools", ctl.Run}, ctl.Ready, nil
-}
-
-// runPools runs the pool controller alone.
-func runPools(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, nf, lf := roleFlags("pools", stderr)
-	cfgPath := fs.String("config", "", "config file (YAML); required (the hosts and images pools may use)")
-	id := fs.String("id", "", "this controller's id in the lease (default hostname-pid)")
-	httpAddr := fs.String("http", "", "address of /metrics, /healthz and /readyz (default from config pools.http; none if empty)")
-	if err := parseFlags(fs, args, stdout); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usageError(fs)
-	}
-	if err := checkID(*id); err != nil {
-		return err
-	}
-	log, err := lf.logger(stderr)
-	if err != nil {
-		return err
-	}
-	log = log.With("role", "pools", "pid", os.Getpid())
-	c, err := loadConfig(*cfgPath)
-	if err != nil {
-		return err
-	}
-	if *httpAddr != "" {
-		c.Pools.HTTP = *httpAddr
-	}
-	if err := nf.resolve(c); err != nil {
-		return err
-	}
-	nf.ensureURL()
-	nc, err := nf.connect("proxyfleet-pools", inboxPools, log)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	reg := newRegistry("pools")
-	p, ready, err := poolsComponent(nc, c, *id, log, reg)
-	if err != nil {
-		return err
-	}
-	comps := []component{p}
-	if c.Pools.HTTP != "" {
-		ln, err := net.Listen("tcp", c.Pools.HTTP)
-		if err != nil {
-			return fmt.Errorf("--http: %w", err)
-		}
-		comps = append(comps, opsComponent(ln, opsHandler(reg, ready), log))
-	}
-	return runAll(ctx, log, comps...)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -18,7 +17,6 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"proxyfleet/config"
 	"proxyfleet/kvm"
@@ -137,92 +135,63 @@ func maxProxies(c *config.Config) map[string]int {
 	return out
 }
 
-// workerComponent is a worker on nc, executing the config's hosts, named
-// id (empty: hostname-pid), its metrics registered on reg. ready says
-// whether it is ready (worker.Worker.Ready).
-func workerComponent(nc *nats.Conn, c *config.Config, id string, log *slog.Logger, reg *prometheus.Registry) (comp component, ready func() error, err error) {
+// workerSpec is the worker: intake of commands and execution on the
+// config's hosts, named by --id (empty: hostname-pid). Its run waits for
+// set-up to have created the streams and buckets, as long as it takes
+// (until ctx ends), and drains when ctx ends; its ready is
+// worker.Worker.Ready.
+func workerSpec() *roleSpec {
+	return &roleSpec{
+		name: "worker", inbox: inboxWorker, gcPercent: workerGCPercent,
+		configUsage: "config file (YAML); required", secrets: true,
+		idUsage:   "this worker's id, stable and readable (default hostname-pid)",
+		httpUsage: "address of /metrics, /healthz and /readyz (default from config worker.http; none if empty)",
+		httpAddr:  func(c *config.Config) *string { return &c.Worker.HTTP },
+		ops:       true, pprof: true,
+		build: buildWorker,
+		// The worker's reasons do not name it; serve's /readyz does.
+		serveReady: func(ready func() error) func() error {
+			return func() error {
+				if err := ready(); err != nil {
+					return fmt.Errorf("worker: %w", err)
+				}
+				return nil
+			}
+		},
+	}
+}
+
+func buildWorker(_ context.Context, nc *nats.Conn, c *config.Config, env roleEnv) (roleParts, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return component{}, nil, err
+		return roleParts{}, err
 	}
-	provs, err := providers(c, log, newKVMMetrics(reg))
+	provs, err := providers(c, env.log, newKVMMetrics(env.reg))
 	if err != nil {
-		return component{}, nil, err
+		return roleParts{}, err
 	}
-	wc := workerConfig(c, provs, log)
-	wc.ID = id
-	wc.Registerer = reg
-	w, err := worker.New(js, wc)
-	if err != nil {
+	closeProviders := func() {
 		for _, p := range provs {
 			p.Close()
 		}
-		return component{}, nil, err
 	}
-	// Run waits for set-up to have created the streams and buckets, as
-	// long as it takes (until ctx ends), and drains when ctx ends.
-	return component{"worker", func(ctx context.Context) error {
-		defer func() {
-			for _, p := range provs {
-				p.Close()
-			}
-		}()
-		err := w.Run(ctx)
-		log.Info("worker stopped", "stats", w.Stats().Snapshot())
-		return err
-	}}, w.Ready, nil
-}
-
-func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, nf, lf := roleFlags("worker", stderr)
-	cfgPath := fs.String("config", "", "config file (YAML); required")
-	id := fs.String("id", "", "this worker's id, stable and readable (default hostname-pid)")
-	httpAddr := fs.String("http", "", "address of /metrics, /healthz and /readyz (default from config worker.http; none if empty)")
-	withPprof := fs.Bool("pprof", false, "also serve Go's profiles (net/http/pprof) under /debug/pprof/ on the --http listener")
-	if err := parseFlags(fs, args, stdout); err != nil {
-		return err
-	}
-	if err := checkID(*id); err != nil {
-		return err
-	}
-	log, err := lf.logger(stderr)
+	wc := workerConfig(c, provs, env.log)
+	wc.ID = env.id
+	wc.Registerer = env.reg
+	w, err := worker.New(js, wc)
 	if err != nil {
-		return err
+		closeProviders()
+		return roleParts{}, err
 	}
-	log = log.With("role", "worker", "pid", os.Getpid())
-	roleGC(log, workerGCPercent, *withPprof)
-	c, err := loadRoleConfig(*cfgPath)
-	if err != nil {
-		return err
-	}
-	if *httpAddr != "" {
-		c.Worker.HTTP = *httpAddr
-	}
-	if err := nf.resolve(c); err != nil {
-		return err
-	}
-	nf.ensureURL()
-	nc, err := nf.connect("proxyfleet-worker", inboxWorker, log)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	reg := newRegistry("worker")
-	w, ready, err := workerComponent(nc, c, *id, log, reg)
-	if err != nil {
-		return err
-	}
-	comps := []component{w}
-	if c.Worker.HTTP != "" {
-		ln, err := net.Listen("tcp", c.Worker.HTTP)
-		if err != nil {
-			return fmt.Errorf("--http: %w", err)
-		}
-		comps = append(comps, opsComponent(ln, roleOpsHandler(reg, ready, *withPprof), log))
-	} else if *withPprof {
-		return errors.New("--pprof needs an --http listener (or worker.http)")
-	}
-	return runAll(ctx, log, comps...)
+	return roleParts{
+		runs: []component{{"worker", func(ctx context.Context) error {
+			err := w.Run(ctx)
+			env.log.Info("worker stopped", "stats", w.Stats().Snapshot())
+			return err
+		}}},
+		ready: w.Ready,
+		close: closeProviders,
+	}, nil
 }
 
 // checkID refuses an --id that cannot name a worker.

@@ -3,15 +3,12 @@ package main
 import (
 	"context"
 	"flag"
-	"fmt"
 	"io"
 	"log/slog"
-	"os"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"proxyfleet/config"
 	"proxyfleet/health"
@@ -22,11 +19,11 @@ import (
 
 // serve runs everything in one process: an embedded nats-server with
 // JetStream unless --nats-url names a cluster, set-up and a repairer of the
-// streams and buckets (with the embedded server, or --repair), a worker,
-// the health consumer and a pool controller, each role on its own
-// connection. Each is a
-// component (see runAll): when one fails, the others stop and serve
-// returns its error.
+// streams and buckets (with the embedded server, or --repair), then the
+// role specs (health, worker, pools, and the gateway and the console when
+// the config asks for them), each built on its own connection into one
+// lifecycle: when one part fails, the others stop and serve returns its
+// error.
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return serveWith(ctx, args, stdout, stderr, serveHooks{})
 }
@@ -38,167 +35,135 @@ type serveHooks struct {
 }
 
 func serveWith(ctx context.Context, args []string, stdout, stderr io.Writer, hooks serveHooks) error {
-	fs, nf, lf := roleFlags("serve", stderr)
-	cfgPath := fs.String("config", "", "config file (YAML); required")
-	dataDir := fs.String("data-dir", "./data", "JetStream store of the embedded server")
-	listen := fs.String("listen", "127.0.0.1:4222", "client address of the embedded server")
-	httpAddr := fs.String("http", "", "health HTTP address (default from config, "+healthdef.HTTPAddr+")")
-	repair := fs.Bool("repair", false, "run set-up at start and recreate deleted streams and buckets while serving (default: on with the embedded server; with --server it needs an admin credential)")
-	id := fs.String("id", "", "the worker's id, stable and readable (default hostname-pid)")
-	if err := parseFlags(fs, args, stdout); err != nil {
-		return err
+	var (
+		dataDir, listen string
+		repair          bool
+		repairSet       bool
+	)
+	spec := &roleSpec{
+		name: "serve", allRoles: true, configUsage: "config file (YAML); required", secrets: true,
+		idUsage:   "the worker's id, stable and readable (default hostname-pid)",
+		httpUsage: "health HTTP address (default from config, " + healthdef.HTTPAddr + ")",
+		httpAddr:  func(c *config.Config) *string { return &c.Health.HTTP },
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&dataDir, "data-dir", "./data", "JetStream store of the embedded server")
+			fs.StringVar(&listen, "listen", "127.0.0.1:4222", "client address of the embedded server")
+			fs.BoolVar(&repair, "repair", false, "run set-up at start and recreate deleted streams and buckets while serving (default: on with the embedded server; with --server it needs an admin credential)")
+		},
 	}
-	if err := checkID(*id); err != nil {
-		return err
-	}
-	repairSet := false
-	fs.Visit(func(f *flag.Flag) { repairSet = repairSet || f.Name == "repair" })
-	log, err := lf.logger(stderr)
+	r, err := spec.start(args, stdout, stderr)
 	if err != nil {
 		return err
 	}
-	log = log.With("pid", os.Getpid())
-	c, err := loadRoleConfig(*cfgPath)
-	if err != nil {
-		return err
-	}
-	if err := nf.resolve(c); err != nil {
-		return err
-	}
-	if *httpAddr != "" {
-		c.Health.HTTP = *httpAddr
-	}
+	c, log, nf := r.c, r.log, r.nf
+	r.fs.Visit(func(f *flag.Flag) { repairSet = repairSet || f.Name == "repair" })
+	lc := &lifecycle{log: log}
+	defer lc.close()
 	// One registry; health's listener serves it, and its /readyz asks
-	// the worker too.
+	// the other roles too.
 	reg := newRegistry("serve")
-	var comps []component
 	if nf.url == "" {
-		s, err := embedded(*listen, *dataDir, log)
+		s, err := embedded(listen, dataDir, log)
 		if err != nil {
 			return err
 		}
-		// Shut down last: the other components drain through it.
-		defer func() {
+		// Closed last: the other roles drain through it.
+		lc.onClose(func() {
 			s.Shutdown()
 			s.WaitForShutdown()
-		}()
+		})
 		if hooks.embedded != nil {
 			hooks.embedded(s)
 		}
-		comps = append(comps, watchEmbedded(s))
+		lc.add(watchEmbedded(s))
 		nf.url = s.ClientURL()
 		if !repairSet {
-			*repair = true
+			repair = true
 		}
 	}
-	if *repair {
+	if repair {
 		alog := log.With("role", "setup")
-		nc, err := nf.connect("proxyfleet-serve-setup", inboxAdmin, alog)
+		nc, err := lc.connect(nf, "proxyfleet-serve-setup", inboxAdmin, alog)
 		if err != nil {
 			return err
 		}
-		defer nc.Close()
 		rep, err := setupRepairer(ctx, nc, c, alog, reg)
 		if err != nil {
 			return err
 		}
-		comps = append(comps, rep)
+		lc.add(rep)
 	}
-	var workerReady, poolsReady func() error // set below, before anything runs
-	gatewayReady := func() error { return nil }
-	hlog := log.With("role", "health")
-	hnc, err := nf.connect("proxyfleet-serve-health", inboxHealth, hlog)
-	if err != nil {
-		return err
-	}
-	defer hnc.Close()
-	h, err := healthComponent(hnc, c, hlog, reg, func() error {
-		if err := workerReady(); err != nil {
-			return fmt.Errorf("worker: %w", err)
+	// Set before anything runs; health's /readyz asks them in turn.
+	var readies []func() error
+	others := func() error {
+		for _, ready := range readies {
+			if err := ready(); err != nil {
+				return err
+			}
 		}
-		if err := poolsReady(); err != nil {
-			return err
+		return nil
+	}
+	for _, rs := range []*roleSpec{healthSpec(), workerSpec(), poolsSpec(), gatewaySpec(), consoleSpec()} {
+		if rs.enabled != nil && !rs.enabled(c) {
+			continue
 		}
-		return gatewayReady()
-	})
-	if err != nil {
-		return err
-	}
-	wlog := log.With("role", "worker")
-	wnc, err := nf.connect("proxyfleet-serve-worker", inboxWorker, wlog)
-	if err != nil {
-		return err
-	}
-	defer wnc.Close()
-	w, workerReady, err := workerComponent(wnc, c, *id, wlog, reg)
-	if err != nil {
-		return err
-	}
-	comps = append(comps, w, h)
-	plog := log.With("role", "pools")
-	pnc, err := nf.connect("proxyfleet-serve-pools", inboxPools, plog)
-	if err != nil {
-		return err
-	}
-	defer pnc.Close()
-	p, poolsReady, err := poolsComponent(pnc, c, *id, plog, reg)
-	if err != nil {
-		return err
-	}
-	comps = append(comps, p)
-	if gatewayEnabled(c) {
-		glog := log.With("role", "gateway")
-		gnc, err := nf.connect("proxyfleet-serve-gateway", inboxClient, glog)
+		if rs.prepare != nil {
+			if err := rs.prepare(c); err != nil {
+				return err
+			}
+		}
+		rlog := log.With("role", rs.name)
+		nc, err := lc.connect(nf, "proxyfleet-serve-"+rs.name, rs.inbox, rlog)
 		if err != nil {
 			return err
 		}
-		defer gnc.Close()
 		// serve's one listener is health's: no /stats there.
-		g, ready, _, err := gatewayComponent(gnc, c, glog, reg)
+		p, err := lc.build(ctx, rs, nc, c, roleEnv{id: r.id, log: rlog, reg: reg, stdout: stdout, stderr: stderr, ready: others})
 		if err != nil {
 			return err
 		}
-		gatewayReady = ready
-		comps = append(comps, g)
+		if rs.serveReady != nil {
+			readies = append(readies, rs.serveReady(p.ready))
+		}
 	}
-	if consoleEnabled(c) {
-		if err := c.LoadConsoleSecrets(); err != nil {
-			return err
-		}
-		klog := log.With("role", "console")
-		knc, err := nf.connect("proxyfleet-serve-console", inboxClient, klog)
-		if err != nil {
-			return err
-		}
-		defer knc.Close()
-		k, _, err := consoleComponent(knc, c, klog, reg)
-		if err != nil {
-			return err
-		}
-		comps = append(comps, k)
-	}
-	log.Info("proxyfleet serving", "nats", nf.url, "http", c.Health.HTTP, "hosts", c.HostNames(), "repair", *repair,
+	log.Info("proxyfleet serving", "nats", nf.url, "http", c.Health.HTTP, "hosts", c.HostNames(), "repair", repair,
 		"gateway", c.Gateway.Listen, "gateway_socks", c.Gateway.SocksListen, "console", c.Console.Listen)
-	return runAll(ctx, log, comps...)
+	return lc.run(ctx)
 }
 
-// healthComponent is a health process on nc: it waits for the stream and
-// buckets it binds (set-up's to create: `proxyfleet setup`, or serve),
-// then runs. Its listener serves reg on /metrics; readyCheck, if set, must
-// pass too for /readyz.
-func healthComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg *prometheus.Registry, readyCheck func() error) (component, error) {
+// healthSpec is the health process: it waits for the stream and buckets
+// it binds (set-up's to create: `proxyfleet setup`, or serve), then
+// runs, serving its own HTTP listener: reg on /metrics, and the rotation;
+// env.ready, if set, must pass too for /readyz. Without --config it runs
+// on the defaults.
+func healthSpec() *roleSpec {
+	return &roleSpec{
+		name: "health", inbox: inboxHealth, gcPercent: healthGCPercent,
+		configUsage: "config file (YAML); optional", secrets: true,
+		defaults: func() *config.Config {
+			c := &config.Config{Hosts: []config.Host{{Name: "none", Driver: "sim", Sim: config.Sim{Dir: "/nonexistent"}}}}
+			c.SetDefaults()
+			return c
+		},
+		httpUsage: "HTTP address (default from config, " + healthdef.HTTPAddr + ")",
+		httpAddr:  func(c *config.Config) *string { return &c.Health.HTTP },
+		build:     buildHealth,
+	}
+}
+
+func buildHealth(_ context.Context, nc *nats.Conn, c *config.Config, env roleEnv) (roleParts, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return component{}, err
+		return roleParts{}, err
 	}
-	hc := healthConfig(c, log)
-	hc.Registry, hc.ReadyCheck = reg, readyCheck
+	hc := healthConfig(c, env.log)
+	hc.Registry, hc.ReadyCheck = env.reg, env.ready
 	h, err := health.New(js, hc)
 	if err != nil {
-		return component{}, err
+		return roleParts{}, err
 	}
-	return component{"health", func(ctx context.Context) error {
-		await := topology.Awaiter{Interval: c.Worker.CheckInterval, Log: log}
+	return roleParts{runs: []component{{"health", func(ctx context.Context) error {
+		await := topology.Awaiter{Interval: c.Worker.CheckInterval, Log: env.log}
 		if err := await.AwaitAll(ctx, js, messages.StreamEvents,
 			topology.BucketStream(messages.BucketRotation), topology.BucketStream(messages.BucketLeases)); err != nil {
 			if ctx.Err() != nil {
@@ -207,7 +172,7 @@ func healthComponent(nc *nats.Conn, c *config.Config, log *slog.Logger, reg *pro
 			return err
 		}
 		return h.Run(ctx)
-	}}, nil
+	}}}}, nil
 }
 
 // healthConfig maps the config onto a health process's.
@@ -241,45 +206,4 @@ func healthConfig(c *config.Config, log *slog.Logger) health.Config {
 		SnapshotMaxBytes:  c.Health.SnapshotMaxBytes,
 		SnapshotRate:      c.Health.SnapshotRate,
 	}
-}
-
-// runHealth runs the health role alone.
-func runHealth(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, nf, lf := roleFlags("health", stderr)
-	cfgPath := fs.String("config", "", "config file (YAML); optional")
-	httpAddr := fs.String("http", "", "HTTP address (default from config, "+healthdef.HTTPAddr+")")
-	if err := parseFlags(fs, args, stdout); err != nil {
-		return err
-	}
-	log, err := lf.logger(stderr)
-	if err != nil {
-		return err
-	}
-	log = log.With("role", "health", "pid", os.Getpid())
-	roleGC(log, healthGCPercent, false)
-	c := &config.Config{Hosts: []config.Host{{Name: "none", Driver: "sim", Sim: config.Sim{Dir: "/nonexistent"}}}}
-	if *cfgPath != "" {
-		if c, err = loadRoleConfig(*cfgPath); err != nil {
-			return err
-		}
-	} else {
-		c.SetDefaults()
-	}
-	if err := nf.resolve(c); err != nil {
-		return err
-	}
-	nf.ensureURL()
-	if *httpAddr != "" {
-		c.Health.HTTP = *httpAddr
-	}
-	nc, err := nf.connect("proxyfleet-health", inboxHealth, log)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	h, err := healthComponent(nc, c, log, newRegistry("health"), nil)
-	if err != nil {
-		return err
-	}
-	return runAll(ctx, log, h)
 }

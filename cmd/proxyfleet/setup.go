@@ -3,10 +3,9 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
-	"io"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -31,59 +30,54 @@ func topologyOf(c *config.Config) topology.Topology {
 	return workerConfig(c, nil, nil).Topology
 }
 
-// setup creates or updates every stream and bucket to the config, printing
-// what it changed; with --repair it then keeps recreating what is deleted
-// until stopped. It needs an admin credential.
-func setup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, nf, lf := roleFlags("setup", stderr)
-	cfgPath := fs.String("config", "", "config file (YAML), for the prefix, replicas, max ages and windows; optional")
-	repair := fs.Bool("repair", false, "after set-up, keep checking every --interval and recreate any stream or bucket that was deleted, until stopped")
-	interval := fs.Duration("interval", 0, "with --repair, time between checks (default: the config's nats.repair_interval, 5s)")
-	timeout := fs.Duration("timeout", 30*time.Second, "give up on set-up after this long")
-	if err := parseFlags(fs, args, stdout); err != nil {
-		return err
+// setupSpec creates or updates every stream and bucket to the config,
+// printing what it changed; with --repair it then keeps recreating what
+// is deleted until stopped. It needs an admin credential.
+func setupSpec() *roleSpec {
+	var (
+		repair            bool
+		interval, timeout time.Duration
+	)
+	return &roleSpec{
+		name: "setup", inbox: inboxAdmin,
+		configUsage: "config file (YAML), for the prefix, replicas, max ages and windows; optional",
+		defaults: func() *config.Config {
+			c := &config.Config{}
+			c.SetDefaults()
+			return c
+		},
+		noArgs: true,
+		flags: func(fs *flag.FlagSet) {
+			fs.BoolVar(&repair, "repair", false, "after set-up, keep checking every --interval and recreate any stream or bucket that was deleted, until stopped")
+			fs.DurationVar(&interval, "interval", 0, "with --repair, time between checks (default: the config's nats.repair_interval, 5s)")
+			fs.DurationVar(&timeout, "timeout", 30*time.Second, "give up on set-up after this long")
+		},
+		build: func(ctx context.Context, nc *nats.Conn, c *config.Config, env roleEnv) (roleParts, error) {
+			if interval > 0 {
+				c.NATS.RepairInterval = interval
+			}
+			return buildSetup(ctx, nc, c, env, repair, timeout)
+		},
 	}
-	if fs.NArg() > 0 {
-		return usageError(fs)
-	}
-	log, err := lf.logger(stderr)
-	if err != nil {
-		return err
-	}
-	log = log.With("role", "setup", "pid", os.Getpid())
-	c := &config.Config{}
-	if *cfgPath != "" {
-		if c, err = config.Load(*cfgPath); err != nil {
-			return err
-		}
-	} else {
-		c.SetDefaults()
-	}
-	if err := nf.resolve(c); err != nil {
-		return err
-	}
-	nf.ensureURL()
-	if *interval > 0 {
-		c.NATS.RepairInterval = *interval
-	}
-	nc, err := nf.connect("proxyfleet-setup", inboxAdmin, log)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
+}
+
+// buildSetup runs set-up; with repair, the repairer is the role's run,
+// and without, the role is done.
+func buildSetup(ctx context.Context, nc *nats.Conn, c *config.Config, env roleEnv, repair bool, timeout time.Duration) (roleParts, error) {
+	log := env.log
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return err
+		return roleParts{}, err
 	}
 	rep := topology.NewRepairer(js, topologyOf(c), topology.RepairerConfig{Interval: c.NATS.RepairInterval, Logger: log})
-	sctx, cancel := context.WithTimeout(ctx, *timeout)
+	sctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	changes, err := rep.Setup(sctx)
 	// Run once, set-up reports to its caller in text; with --repair it is
 	// a daemon (proxyfleet-setup.service, the setup Deployment) whose
 	// output is its log: JSON there, a line per change, like serve's.
-	report := func(msg string) { fmt.Fprintln(stdout, msg) }
-	if *repair {
+	report := func(msg string) { fmt.Fprintln(env.stdout, msg) }
+	if repair {
 		report = func(msg string) { log.Info("set-up: " + msg) }
 	}
 	for _, ch := range changes {
@@ -92,18 +86,18 @@ func setup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		var re *topology.RefusedError
 		if errors.As(err, &re) {
-			fmt.Fprintln(stderr, "a setting JetStream cannot change in place has to be changed by hand (or the stream recreated, losing its messages):")
+			fmt.Fprintln(env.stderr, "a setting JetStream cannot change in place has to be changed by hand (or the stream recreated, losing its messages):")
 		}
-		return fmt.Errorf("set-up: %w", err)
+		return roleParts{}, fmt.Errorf("set-up: %w", err)
 	}
 	if len(changes) == 0 {
 		report("every stream and bucket is as configured")
 	}
-	if !*repair {
-		return nil
+	if !repair {
+		return roleParts{}, nil
 	}
 	log.Info("repairing: recreating any stream or bucket that is deleted", "interval", c.NATS.RepairInterval)
-	return runAll(ctx, log, repairerComponent(rep, log))
+	return roleParts{runs: []component{repairerComponent(rep, log)}}, nil
 }
 
 // setupRepairer runs set-up on nc, logging what it changed, and returns
