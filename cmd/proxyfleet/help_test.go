@@ -15,6 +15,11 @@ import (
 // flag names left out; --timeout says what it does for that verb.
 func TestHelpOfEveryCommand(t *testing.T) {
 	ctx := context.Background()
+	for _, form := range [][]string{{"help", "--help"}, {"help", "help"}, {"--help", "-h"}, {"-h", "help", "x"}} {
+		if o, e, code := runCLI(ctx, form...); code != 0 || e != "" || o != usage {
+			t.Errorf("%v: exit %d, want the usage\nstdout: %s\nstderr: %s", form, code, o, e)
+		}
+	}
 	for _, name := range append(commandNames(), "dead", "pool", "ban") {
 		if name == "help" {
 			continue

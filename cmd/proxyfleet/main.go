@@ -101,7 +101,9 @@ func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.
 	case "completion":
 		return completion(args, stdout, stderr)
 	case "help", "-h", "--help":
-		if len(args) > 0 {
+		// "help help" and "help --help" ask for this same usage; passing
+		// them on would ask for it again without end.
+		if len(args) > 0 && args[0] != "help" && args[0] != "-h" && args[0] != "--help" {
 			return dispatch(ctx, args[0], append(args[1:len(args):len(args)], "--help"), stdout, stderr)
 		}
 		fmt.Fprint(stdout, usage)
