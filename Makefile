@@ -19,7 +19,7 @@ TEST_TIMEOUT ?= 40m
 # workers (these machines have 2 cores). New inputs are minimized only briefly:
 # the default 60s of minimizing would eat the whole FUZZTIME. The committed
 # corpus is testdata/fuzz/<target>/ beside each package; `go test` runs it.
-FUZZ_TARGETS := messages:FuzzDecodeCommand messages:FuzzSubjects kvm:FuzzDomainXML kvm:FuzzParseMark kvm:FuzzSeed kvm:FuzzNetworkConfig
+FUZZ_TARGETS := messages:FuzzDecodeCommand messages:FuzzSubjects messages:FuzzDecodeHostRoom kvm:FuzzDomainXML kvm:FuzzParseMark kvm:FuzzSeed kvm:FuzzNetworkConfig
 FUZZTIME ?= 20s
 FUZZPARALLEL ?= 1
 FUZZMINIMIZETIME ?= 100x

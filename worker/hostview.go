@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -35,7 +34,9 @@ import (
 // host the view says is full or quarantined is read afresh before
 // placement passes it over (a view behind a bucket made anew must not turn
 // a create away). Until the watcher has delivered every record, placement
-// reads them as before.
+// reads them as before. Of a record another worker wrote, the view decodes
+// at once only what ranking needs (messages.DecodeHostRoom), and the whole
+// record when this worker first asks for it (latest, at, record).
 type hostView struct {
 	kv    jetstream.KeyValue
 	nc    *nats.Conn // kv's, for jsapi.StopWatcher
@@ -70,9 +71,47 @@ type hostView struct {
 	inOrder []viewedHost
 }
 
+// viewedHost is what the view holds of a host's record of revision rev
+// (rev 0: none): what ranking needs of it, and the whole record, decoded
+// only when a writer or a read asks for it. Every worker's view sees
+// every write of every host's record, and a worker writes only some of
+// them: decoding each whole (a planned record's address plan and
+// assignments are most of its bytes) was most of the view's cost.
 type viewedHost struct {
-	rev uint64
-	rec messages.HostRecord
+	rev         uint64
+	proxies     map[string]uint64 // the record's Proxies; shared, never changed
+	quarantined bool
+	rec         *lazyRecord
+}
+
+// lazyRecord is a host's record, decoded on first use; it is never
+// changed after that, so every copy of a viewedHost shares it.
+type lazyRecord struct {
+	once sync.Once
+	host string
+	room messages.HostRoom   // until decoded
+	rec  messages.HostRecord // once decoded
+	err  error
+}
+
+// recordOf is a viewed record decoded already (this worker's own write).
+func recordOf(rec messages.HostRecord) *lazyRecord {
+	l := &lazyRecord{rec: rec}
+	l.once.Do(func() {})
+	return l
+}
+
+// record returns the decoded record: shared, read it, never change it.
+// Its Proxies are the viewedHost's.
+func (l *lazyRecord) record() (messages.HostRecord, error) {
+	l.once.Do(func() {
+		l.rec, l.err = l.room.Record(messages.HostRecord{V: messages.Version, Host: l.host, State: messages.HostOK})
+		if l.err != nil {
+			l.err = fmt.Errorf("host %s: %w", l.host, l.err)
+		}
+		l.room = messages.HostRoom{}
+	})
+	return l.rec, l.err
 }
 
 func newHostView(kv jetstream.KeyValue, nc *nats.Conn, retry time.Duration, log *slog.Logger) *hostView {
@@ -132,19 +171,28 @@ func (v *hostView) follow(ctx context.Context) error {
 				v.mu.Unlock()
 				continue
 			}
-			if v.holds(e.Key(), e.Revision()) {
-				continue // this worker's own write, put in as it was stored
-			}
-			rec := messages.HostRecord{V: messages.Version, Host: e.Key(), State: messages.HostOK}
-			if e.Operation() == jetstream.KeyValuePut {
-				if err := json.Unmarshal(e.Value(), &rec); err != nil {
-					v.log.Warn("host view: undecodable record", "host", e.Key(), "err", err)
-					continue
-				}
-			}
-			v.put(e.Key(), rec, e.Revision())
+			v.update(e.Key(), e.Revision(), e.Operation(), e.Value())
 		}
 	}
+}
+
+// update puts in what the watcher delivered of host: its record as
+// stored at revision rev (value, for a put), or none (a delete or purge).
+func (v *hostView) update(host string, rev uint64, op jetstream.KeyValueOp, value []byte) {
+	if v.holds(host, rev) {
+		return // this worker's own write, put in as it was stored
+	}
+	if op != jetstream.KeyValuePut {
+		v.putViewed(host, viewedHost{rev: rev, rec: recordOf(messages.HostRecord{V: messages.Version, Host: host, State: messages.HostOK})})
+		return
+	}
+	room, err := messages.DecodeHostRoom(value)
+	if err != nil {
+		v.log.Warn("host view: undecodable record", "host", host, "err", err)
+		return
+	}
+	v.putViewed(host, viewedHost{rev: rev, proxies: room.Proxies, quarantined: room.Quarantined(),
+		rec: &lazyRecord{host: host, room: room}})
 }
 
 // put records host's record as of revision rev, unless the view holds a
@@ -153,17 +201,23 @@ func (v *hostView) put(host string, rec messages.HostRecord, rev uint64) {
 	if v == nil {
 		return
 	}
+	v.putViewed(host, viewedHost{rev: rev, proxies: rec.Proxies, quarantined: rec.Quarantined(), rec: recordOf(rec)})
+}
+
+// putViewed records h (of revision h.rev) as host's, unless the view
+// holds a later one.
+func (v *hostView) putViewed(host string, h viewedHost) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	cur, ok := v.recs[host]
-	if ok && cur.rev >= rev {
+	if ok && cur.rev >= h.rev {
 		return
 	}
-	v.recs[host] = viewedHost{rev: rev, rec: rec}
+	v.recs[host] = h
 	if i, ok := v.pos[host]; ok {
-		v.inOrder[i] = v.recs[host]
+		v.inOrder[i] = h
 	}
-	v.countHoldersLocked(cur.rec.Proxies, rec.Proxies)
+	v.countHoldersLocked(cur.proxies, h.proxies)
 }
 
 // countHoldersLocked updates holders for a record whose proxies were old
@@ -207,7 +261,7 @@ const (
 func (v *hostView) recountHoldersLocked() {
 	n := 0
 	for _, r := range v.recs {
-		n += len(r.rec.Proxies)
+		n += len(r.proxies)
 	}
 	size := minHolderSlots
 	for size < 2*n*holderSlotsPerID {
@@ -215,7 +269,7 @@ func (v *hostView) recountHoldersLocked() {
 	}
 	v.holders, v.holderN = make([]uint8, size), n
 	for _, r := range v.recs {
-		for id := range r.rec.Proxies {
+		for id := range r.proxies {
 			if s := v.holderSlot(id); v.holders[s] < math.MaxUint8 {
 				v.holders[s]++
 			}
@@ -246,9 +300,9 @@ func (v *hostView) each(hosts []string, id string, fn func(i int, host string, n
 			r := &v.inOrder[i]
 			held := false
 			if anyHolds && r.rev != 0 {
-				_, held = r.rec.Proxies[id]
+				_, held = r.proxies[id]
 			}
-			fn(i, hosts[i], len(r.rec.Proxies), held, r.rev != 0 && r.rec.Quarantined())
+			fn(i, hosts[i], len(r.proxies), held, r.rev != 0 && r.quarantined)
 		}
 		return true
 	}
@@ -260,9 +314,9 @@ func (v *hostView) each(hosts []string, id string, fn func(i int, host string, n
 		}
 		held := false
 		if anyHolds {
-			_, held = r.rec.Proxies[id]
+			_, held = r.proxies[id]
 		}
-		fn(i, h, len(r.rec.Proxies), held, r.rec.Quarantined())
+		fn(i, h, len(r.proxies), held, r.quarantined)
 	}
 	return true
 }
@@ -277,12 +331,17 @@ func (v *hostView) latest(host string) (messages.HostRecord, uint64, bool) {
 		return messages.HostRecord{}, 0, false
 	}
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	r, ok := v.recs[host]
-	if !v.ready || !ok || r.rev == 0 {
+	ready := v.ready
+	v.mu.Unlock()
+	if !ready || !ok || r.rev == 0 {
 		return messages.HostRecord{}, 0, false
 	}
-	return r.rec, r.rev, true
+	rec, err := r.rec.record()
+	if err != nil {
+		return messages.HostRecord{}, 0, false // the writer reads it, and finds it so
+	}
+	return rec, r.rev, true
 }
 
 // holds reports whether the view has host's record of revision rev or a
@@ -303,12 +362,13 @@ func (v *hostView) at(host string, rev uint64) (messages.HostRecord, bool) {
 		return messages.HostRecord{}, false
 	}
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	r, ok := v.recs[host]
+	v.mu.Unlock()
 	if !ok || r.rev != rev {
 		return messages.HostRecord{}, false
 	}
-	return r.rec, true
+	rec, err := r.rec.record()
+	return rec, err == nil
 }
 
 // errViewNotReady: the watcher has not delivered every record yet.
@@ -321,12 +381,14 @@ func (v *hostView) record(host string) (messages.HostRecord, error) {
 		return messages.HostRecord{}, errViewNotReady
 	}
 	v.mu.Lock()
-	defer v.mu.Unlock()
-	if !v.ready {
+	r, ok := v.recs[host]
+	ready := v.ready
+	v.mu.Unlock()
+	if !ready {
 		return messages.HostRecord{}, errViewNotReady
 	}
-	if r, ok := v.recs[host]; ok {
-		return r.rec, nil
+	if ok {
+		return r.rec.record()
 	}
 	return messages.HostRecord{V: messages.Version, Host: host, State: messages.HostOK}, nil
 }
