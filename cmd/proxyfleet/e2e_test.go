@@ -156,6 +156,19 @@ func (e *e2e) stopProcs() {
 	}
 }
 
+// startResolving starts a process like start, resolving host names by
+// the hosts file hosts alone (bound over /etc/hosts in a mount namespace
+// of its own, unshare(1)): names only the host network's DNS knows
+// resolve alike for it and for the guests.
+func (e *e2e) startResolving(name, hosts string, args ...string) *proc {
+	e.t.Helper()
+	if e.bin == "" {
+		e.bin = buildBinary(e.t)
+	}
+	wrap := append([]string{"--mount", "--", "sh", "-c", `mount --bind "$0" /etc/hosts && exec "$@"`, hosts, e.bin}, args...)
+	return e.started(startProcEnv(e.t, "unshare", filepath.Join(e.dir, name+".log"), nil, wrap...))
+}
+
 func (e *e2e) worker(name string, env ...string) *proc {
 	return e.start(name, env, "worker", "--config", e.path, "--debug")
 }
@@ -248,6 +261,19 @@ func (e *e2e) hostObjects(id string) (domains, volumes []string) {
 func (e *e2e) cleanupProxies(ids ...string) {
 	e.t.Cleanup(func() {
 		e.stopProcs()
+		e.removeProxies(ids...)
+	})
+}
+
+// cleanupProxiesLike is cleanupProxies for every proxy whose domain's
+// name starts with "pf-"+prefix when the test ends (a pool's members).
+func (e *e2e) cleanupProxiesLike(prefix string) {
+	e.t.Cleanup(func() {
+		e.stopProcs()
+		var ids []string
+		for _, d := range domainsLike(e.t, "pf-"+prefix) {
+			ids = append(ids, strings.TrimPrefix(d, "pf-"))
+		}
 		e.removeProxies(ids...)
 	})
 }
