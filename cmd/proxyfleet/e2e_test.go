@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -66,6 +67,7 @@ type e2e struct {
 	healthHTTP string
 
 	mu      sync.Mutex
+	procs   []*proc // every process start began
 	events  map[string][]messages.StateEvent
 	done    map[string]string          // command id -> final outcome
 	results map[string]messages.Result // command id -> final result
@@ -132,8 +134,39 @@ func (e *e2e) start(name string, env []string, args ...string) *proc {
 	if e.bin == "" {
 		e.bin = buildBinary(e.t) // only runs that start processes build it
 	}
-	p := startProcEnv(e.t, e.bin, filepath.Join(e.dir, name+".log"), env, args...)
+	return e.started(startProcEnv(e.t, e.bin, filepath.Join(e.dir, name+".log"), env, args...))
+}
+
+// started records p among the run's processes, for stopProcs.
+func (e *e2e) started(p *proc) *proc {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.procs = append(e.procs, p)
 	return p
+}
+
+// stopProcs kills every process the run started and waits for each to
+// end.
+func (e *e2e) stopProcs() {
+	e.mu.Lock()
+	ps := slices.Clone(e.procs)
+	e.mu.Unlock()
+	for _, p := range ps {
+		p.kill()
+	}
+}
+
+// startResolving starts a process like start, resolving host names by
+// the hosts file hosts alone (bound over /etc/hosts in a mount namespace
+// of its own, unshare(1)): names only the host network's DNS knows
+// resolve alike for it and for the guests.
+func (e *e2e) startResolving(name, hosts string, args ...string) *proc {
+	e.t.Helper()
+	if e.bin == "" {
+		e.bin = buildBinary(e.t)
+	}
+	wrap := append([]string{"--mount", "--", "sh", "-c", `mount --bind "$0" /etc/hosts && exec "$@"`, hosts, e.bin}, args...)
+	return e.started(startProcEnv(e.t, "unshare", filepath.Join(e.dir, name+".log"), nil, wrap...))
 }
 
 func (e *e2e) worker(name string, env ...string) *proc {
@@ -221,9 +254,28 @@ func (e *e2e) hostObjects(id string) (domains, volumes []string) {
 	return domains, volumes
 }
 
-// cleanupProxies deletes what the test made on the host, whatever happened.
+// cleanupProxies deletes what the test made on the host, whatever
+// happened, once the run's processes have stopped: a worker still running
+// would make a domain removed under it again (its re-drive), after the
+// removal looked, and leave it on the host.
 func (e *e2e) cleanupProxies(ids ...string) {
-	e.t.Cleanup(func() { e.removeProxies(ids...) })
+	e.t.Cleanup(func() {
+		e.stopProcs()
+		e.removeProxies(ids...)
+	})
+}
+
+// cleanupProxiesLike is cleanupProxies for every proxy whose domain's
+// name starts with "pf-"+prefix when the test ends (a pool's members).
+func (e *e2e) cleanupProxiesLike(prefix string) {
+	e.t.Cleanup(func() {
+		e.stopProcs()
+		var ids []string
+		for _, d := range domainsLike(e.t, "pf-"+prefix) {
+			ids = append(ids, strings.TrimPrefix(d, "pf-"))
+		}
+		e.removeProxies(ids...)
+	})
 }
 
 // removeProxies deletes the domains and volumes of ids from the host.

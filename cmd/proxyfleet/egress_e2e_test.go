@@ -61,14 +61,7 @@ func TestRealGuestsLeaveFromTheirPlannedAddresses(t *testing.T) {
 	// dnsmasq) knows: a static guest is told no resolver but the one the
 	// plan defaults to, the network's own address.
 	targetName := "egress-target.pftest.test"
-	network := e.cfg.Hosts[0].Network
-	dnsHost := "<host ip='" + rootIP() + "'><hostname>" + targetName + "</hostname></host>"
-	dropHost := func() {
-		_ = exec.Command("virsh", "-c", "qemu:///system", "net-update", network, "delete", "dns-host", dnsHost, "--live").Run()
-	}
-	dropHost() // left by a run that was killed
-	virsh(t, "net-update", network, "add", "dns-host", dnsHost, "--live")
-	t.Cleanup(dropHost)
+	addDNSHost(t, e.cfg.Hosts[0].Network, rootIP(), targetName)
 	byName := strings.Replace(targetURL, rootIP(), targetName, 1)
 
 	var cmds []string
@@ -155,6 +148,24 @@ func TestRealGuestsLeaveFromTheirPlannedAddresses(t *testing.T) {
 	if ev := e.lastEvent("egress-c"); ev.IP == freed || ev.IP == planned[ids[1]].IP || ev.Source != messages.SourcePlan {
 		t.Errorf("a create right after the delete: %+v; want another address of the plan than %s and %s", ev, freed, planned[ids[1]].IP)
 	}
+}
+
+// addDNSHost makes names resolve to ip in network's DNS (libvirt's
+// dnsmasq, the one a guest with a plan is told) until the test ends; an
+// entry a killed run left is replaced.
+func addDNSHost(t *testing.T, network, ip string, names ...string) {
+	t.Helper()
+	host := "<host ip='" + ip + "'>"
+	for _, n := range names {
+		host += "<hostname>" + n + "</hostname>"
+	}
+	host += "</host>"
+	drop := func() {
+		_ = exec.Command("virsh", "-c", "qemu:///system", "net-update", network, "delete", "dns-host", host, "--live").Run()
+	}
+	drop()
+	virsh(t, "net-update", network, "add", "dns-host", host, "--live")
+	t.Cleanup(drop)
 }
 
 // containsAddr says whether virsh domifaddr's output lists ip.
