@@ -102,7 +102,7 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "gateway: {rules: [{sites: ['shop.example', 'a b'], status: [403], ban: 2h}]}\n", "gateway.rules[0].sites[1]"},
 		{good + "gateway: {rules: [{status: [403], ban: 1ms}]}\n", "gateway.rules[0].ban"},
 		{strings.Replace(good, "proxy:\n", "proxy:\n  deny: [169.254.0.0/16, example.com]\n", 1), "proxy.deny[1]"},
-		{strings.Replace(good, "proxy:\n", "proxy:\n  deny: ['10.0.0.0/33']\n", 1), "proxy.deny[0]"},
+		{strings.Replace(good, "proxy:\n", "proxy:\n  deny: ['198.18.0.0/33']\n", 1), "proxy.deny[0]"},
 		{good + "health: {probe_listen: '127.0.0.1:8081'}\n", "health.probe_listen"},
 		{good + "health: {target: 'http://169.254.169.254/probe'}\n", "health.target"},
 		{good + "health: {target: 'http://[fd00::1]:8081/probe'}\n", "health.target"},
@@ -380,8 +380,8 @@ func TestDenyLists(t *testing.T) {
 		{"absent", good, def, def},
 		{"null", strings.Replace(good, "proxy:\n", "proxy:\n  deny: null\n", 1) + "gateway: {deny: ~}\n", def, def},
 		{"empty", strings.Replace(good, "proxy:\n", "proxy:\n  deny: []\n", 1) + "gateway: {deny: []}\n", []string{}, []string{}},
-		{"lists", strings.Replace(good, "proxy:\n", "proxy:\n  deny: [169.254.169.254, 'fd00::/8']\n", 1) + "gateway: {deny: ['10.1.2.3/8', '::ffff:127.0.0.1']}\n",
-			[]string{"169.254.169.254/32", "fd00::/8"}, []string{"10.0.0.0/8", "127.0.0.1/32"}},
+		{"lists", strings.Replace(good, "proxy:\n", "proxy:\n  deny: [169.254.169.254, 'fd00::/8']\n", 1) + "gateway: {deny: ['198.19.2.3/15', '::ffff:127.0.0.1']}\n",
+			[]string{"169.254.169.254/32", "fd00::/8"}, []string{"198.18.0.0/15", "127.0.0.1/32"}},
 		{"one of them", good + "gateway: {deny: []}\n", def, []string{}},
 	} {
 		c, err := Parse([]byte(tc.edit))
