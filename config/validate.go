@@ -243,46 +243,13 @@ func (c *Config) Validate() error {
 }
 
 // validateIPv6Target checks health.target_ipv6 and
-// health.probe_listen_ipv6: the IPv6 addresses' probe target, beside an
-// IPv4 one that is not itself an IPv6 address.
+// health.probe_listen_ipv6 by the rules health holds too
+// (healthdef.Targets.CheckIPv6).
 func (c *Config) validateIPv6Target() error {
-	t, l := c.Health.TargetIPv6, c.Health.ProbeListenIPv6
-	if t == "" && l == "" {
-		return nil
-	}
-	field := "health.target_ipv6"
-	if t == "" {
-		field = "health.probe_listen_ipv6"
-	}
-	if c.Health.Target == "" && c.Health.ProbeListen == "" {
-		return bad(field, "set without health.target or health.probe_listen, the target of the IPv4 addresses")
-	}
-	main := c.Health.Target
-	if main == "" {
-		main = "http://" + c.Health.ProbeListen
-	}
-	if u, err := url.Parse(main); err == nil {
-		if a, err := netip.ParseAddr(u.Hostname()); err == nil && a.Unmap().Is6() {
-			return bad(field, "set while the IPv4 addresses' target %s is an IPv6 address (it is the IPv6 target already)", u.Host)
-		}
-	}
-	if t != "" {
-		u, err := url.Parse(t)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return bad("health.target_ipv6", "%q: want http(s)://host[:port]/path", t)
-		}
-		if a, err := netip.ParseAddr(u.Hostname()); err == nil && a.Unmap().Is4() {
-			return bad("health.target_ipv6", "%q: its host is an IPv4 address (want an IPv6 address or a name)", t)
-		}
-	}
-	if l != "" {
-		host, _, err := net.SplitHostPort(l)
-		if err != nil {
-			return bad("health.probe_listen_ipv6", "%v", err)
-		}
-		if a, err := netip.ParseAddr(host); t == "" && (err != nil || !a.Is6() || a.Is4In6() || a.IsUnspecified()) {
-			return bad("health.probe_listen_ipv6", "%q: with no health.target_ipv6, an IPv6 address the guests can reach (not a name, an IPv4 address or a wildcard)", l)
-		}
+	h := c.Health
+	t := healthdef.Targets{Target: h.Target, ProbeListen: h.ProbeListen, TargetIPv6: h.TargetIPv6, ProbeListenIPv6: h.ProbeListenIPv6}
+	if field, reason := t.CheckIPv6(); field != "" {
+		return bad("health."+field, "%s", reason)
 	}
 	return nil
 }

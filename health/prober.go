@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"net/url"
+
+	"proxyfleet/health/defaults"
 )
 
 // Which prober a process probes with, made of its Config: the probe
@@ -102,30 +103,14 @@ func (h *Health) setCheckOpen() {
 // made once its listener is bound).
 func (h *Health) checkIPv6Target() error {
 	cfg := h.cfg
+	t := defaults.Targets{Target: cfg.Target, ProbeListen: cfg.ProbeListen, TargetIPv6: cfg.TargetIPv6, ProbeListenIPv6: cfg.ProbeListenIPv6}
+	if field, reason := t.CheckIPv6(); field != "" {
+		return fmt.Errorf("health: %s: %s", field, reason)
+	}
 	if cfg.TargetIPv6 == "" && cfg.ProbeListenIPv6 == "" {
 		return nil
 	}
-	field := "target_ipv6"
-	if cfg.TargetIPv6 == "" {
-		field = "probe_listen_ipv6"
-	}
-	if cfg.Target == "" && cfg.ProbeListen == "" {
-		return fmt.Errorf("health: %s without a target or probe listen address for IPv4", field)
-	}
-	main := cfg.Target
-	if main == "" {
-		main = "http://" + cfg.ProbeListen
-	}
-	if u, err := url.Parse(main); err == nil {
-		if a, err := netip.ParseAddr(u.Hostname()); err == nil && a.Unmap().Is6() {
-			return fmt.Errorf("health: %s with an IPv6 target (%s): that one is the IPv6 target already", field, u.Host)
-		}
-	}
 	if cfg.ProbeListenIPv6 != "" && cfg.TargetIPv6 == "" {
-		host, _, err := net.SplitHostPort(cfg.ProbeListenIPv6)
-		if a, perr := netip.ParseAddr(host); err != nil || perr != nil || !a.Is6() || a.Is4In6() || a.IsUnspecified() {
-			return fmt.Errorf("health: probe listen address for IPv6 %q: with no IPv6 target, it must be an IPv6 address the guests can reach", cfg.ProbeListenIPv6)
-		}
 		if _, err := NewHTTPProber("http://"+cfg.ProbeListenIPv6+ProbePath, cfg.Expect, h.proberOptions()...); err != nil {
 			return fmt.Errorf("health: %w", err)
 		}
@@ -136,9 +121,6 @@ func (h *Health) checkIPv6Target() error {
 	p6, err := NewHTTPProber(cfg.TargetIPv6, cfg.Expect, h.proberOptions()...)
 	if err != nil {
 		return fmt.Errorf("health: ipv6 %w", err)
-	}
-	if a, err := netip.ParseAddr(p6.Target.Hostname()); err == nil && a.Unmap().Is4() {
-		return fmt.Errorf("health: ipv6 probe target %q: its host is an IPv4 address", cfg.TargetIPv6)
 	}
 	h.pairIPv6(p6)
 	return nil

@@ -1,8 +1,10 @@
 // Package defaults holds the defaults of the health process's settings,
 // as constants: health.Config.WithDefaults fills a Config's zero values
 // with them and package config a file's gaps, so a health process started
-// from a file and one started from code agree. It imports nothing but
-// time, so that config, which may not lean on NATS, can read it.
+// from a file and one started from code agree. It holds too the rules of
+// the probe targets that both check (Targets). It imports only the
+// standard library, so that config, which may not lean on NATS, can read
+// it.
 package defaults
 
 import "time"
