@@ -370,19 +370,12 @@ func (g Gateway) validate() error {
 	if (g.Listen != "" || g.SocksListen != "") && len(g.Users) == 0 {
 		return bad("gateway.users", "at least one user (name, password_file) is needed: the gateway is never an open proxy")
 	}
-	names := map[string]bool{}
+	gu := make([]userRef, len(g.Users))
 	for i, u := range g.Users {
-		f := fmt.Sprintf("gateway.users[%d]", i)
-		if !gatewayUserRE.MatchString(u.Name) {
-			return bad(f+".name", "%q: want 1 to 64 letters, digits, '.' or '_' (no '-': it starts the options, as in name-session-KEY)", u.Name)
-		}
-		if names[u.Name] {
-			return bad(f+".name", "%q is named twice", u.Name)
-		}
-		names[u.Name] = true
-		if u.PasswordFile == "" {
-			return bad(f+".password_file", "required")
-		}
+		gu[i] = userRef{u.Name, u.PasswordFile}
+	}
+	if err := validateUsers("gateway.users", gu, " (no '-': it starts the options, as in name-session-KEY)"); err != nil {
+		return err
 	}
 	if !slices.Contains(gatewayStrategies, g.Strategy) {
 		return bad("gateway.strategy", "%q is not one of %s", g.Strategy, strings.Join(gatewayStrategies, ", "))
@@ -503,17 +496,32 @@ func (k Console) validate() error {
 	if k.Listen != "" && len(k.Users) == 0 {
 		return bad("console.users", "at least one user (name, password_file) is needed: the console is never open to anyone")
 	}
-	names := map[string]bool{}
+	ku := make([]userRef, len(k.Users))
 	for i, u := range k.Users {
-		f := fmt.Sprintf("console.users[%d]", i)
-		if !gatewayUserRE.MatchString(u.Name) {
-			return bad(f+".name", "%q: want 1 to 64 letters, digits, '.' or '_'", u.Name)
+		ku[i] = userRef{u.Name, u.PasswordFile}
+	}
+	return validateUsers("console.users", ku, "")
+}
+
+// userRef is what validateUsers checks of a user of the gateway or the
+// console.
+type userRef struct{ name, passwordFile string }
+
+// validateUsers checks the users listed under field: each name valid
+// (hint says what else a name may not hold) and given once, each with a
+// password file.
+func validateUsers(field string, users []userRef, hint string) error {
+	names := map[string]bool{}
+	for i, u := range users {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		if !gatewayUserRE.MatchString(u.name) {
+			return bad(f+".name", "%q: want 1 to 64 letters, digits, '.' or '_'%s", u.name, hint)
 		}
-		if names[u.Name] {
-			return bad(f+".name", "%q is named twice", u.Name)
+		if names[u.name] {
+			return bad(f+".name", "%q is named twice", u.name)
 		}
-		names[u.Name] = true
-		if u.PasswordFile == "" {
+		names[u.name] = true
+		if u.passwordFile == "" {
 			return bad(f+".password_file", "required")
 		}
 	}
