@@ -426,8 +426,11 @@ func (s *Server) proxiesFromView(d *proxiesData) {
 
 // events is the live stream: server-sent events of the proxies' state
 // events after ?since (a stream sequence), as "proxy" events whose data
-// is a proxyRow's JSON; "reload" when the page must read afresh (events
-// it missed are no longer held, it fell behind, or the watch broke).
+// is a proxyRow's JSON; with ?want=rotation each new picture of the
+// rotation's chart ("rotation", a chartPicture's JSON), with
+// ?want=traffic each read of the gateways ("traffic", a
+// trafficPicture's); "reload" when the page must read afresh (events it
+// missed are no longer held, it fell behind, or the watch broke).
 // While the console does not follow the events yet it ends at once, and
 // the browser's EventSource tries again. It ends when the client goes,
 // the console stops, or the hub drops it.
@@ -477,8 +480,16 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, _ *session) {
 	}
 	keepalive := time.NewTicker(20 * time.Second)
 	defer keepalive.Stop()
-	_, rotCh := s.chart.current()
-	_, trafficCh := s.traffic.current()
+	// The pictures a page draws (?want=rotation, ?want=traffic) come
+	// too; the others' pages are not sent them.
+	var rotCh, trafficCh <-chan struct{} // nil: never
+	want := r.URL.Query()["want"]
+	if slices.Contains(want, "rotation") {
+		_, rotCh = s.chart.current()
+	}
+	if slices.Contains(want, "traffic") {
+		_, trafficCh = s.traffic.current()
+	}
 	for {
 		select {
 		case <-r.Context().Done():

@@ -10,7 +10,10 @@
   if (!live) { return; }
   var table = document.getElementById("proxies");
   var since = live.getAttribute("data-since") || "0";
-  var es = new EventSource("/events?since=" + encodeURIComponent(since));
+  var want = "";
+  if (document.getElementById("rotation-chart")) { want += "&want=rotation"; }
+  if (document.getElementById("traffic")) { want += "&want=traffic"; }
+  var es = new EventSource("/events?since=" + encodeURIComponent(since) + want);
   es.addEventListener("open", function () { live.textContent = "live"; });
   es.addEventListener("error", function () { live.textContent = "live: reconnecting"; });
   es.addEventListener("reload", function () { es.close(); window.location.reload(); });
