@@ -82,6 +82,10 @@ func New(nc *nats.Conn, prefix string, opts ...Option) (*Client, error) {
 // Subjects returns the subjects the client uses.
 func (c *Client) Subjects() messages.Subjects { return c.subj }
 
+// Conn returns the NATS connection the client uses, for a program that
+// follows the rotation (package rotation) on the same connection.
+func (c *Client) Conn() *nats.Conn { return c.nc }
+
 // Outcome is what became of one command.
 type Outcome struct {
 	ID        string `json:"id"`

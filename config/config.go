@@ -11,6 +11,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"proxyfleet/addrplan"
+	consoledef "proxyfleet/console/defaults"
 	healthdef "proxyfleet/health/defaults"
 	"proxyfleet/messages"
 	topodef "proxyfleet/topology/defaults"
@@ -410,6 +411,7 @@ func (c *Config) SetDefaults() {
 	}
 	c.Gateway.setDefaults()
 	c.Pools.setDefaults()
+	setDur(&c.Console.ViewRefresh, consoledef.ViewRefresh)
 }
 
 // defaultMaxProxies is a host's room by driver: what a KVM host of modest

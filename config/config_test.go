@@ -15,6 +15,7 @@ import (
 
 	"proxyfleet/addrplan"
 	"proxyfleet/bans"
+	consoledef "proxyfleet/console/defaults"
 	"proxyfleet/deny"
 	gwdef "proxyfleet/gateway/defaults"
 	healthdef "proxyfleet/health/defaults"
@@ -91,6 +92,12 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "console: {listen: ':8080', users: [{name: 'a b', password_file: /p}]}\n", "console.users[0].name"},
 		{good + "console: {listen: ':8080', users: [{name: a, password_file: /p}, {name: a, password_file: /q}]}\n", "console.users[1].name"},
 		{good + "console: {listen: ':8080', users: [{name: a}]}\n", "console.users[0].password_file"},
+		{good + "console: {view_refresh: 500ms}\n", "console.view_refresh"},
+		{good + "console: {view_refresh: -10s}\n", "console.view_refresh"},
+		{good + "console: {gateways: ['http://127.0.0.1:9102', '127.0.0.1:9102']}\n", "console.gateways[1]"},
+		{good + "console: {gateways: ['ftp://127.0.0.1:9102']}\n", "console.gateways[0]"},
+		{good + "console: {gateways: ['http://127.0.0.1:9102/metrics']}\n", "console.gateways[0]"},
+		{good + "console: {gateways: ['http://127.0.0.1:9102', 'http://127.0.0.1:9102']}\n", "console.gateways[1]"},
 		{good + "gateway: {strategy: fastest}\n", "gateway.strategy"},
 		{good + "gateway: {first_byte_timeout: 40s}\n", "gateway.first_byte_timeout"},
 		{good + "gateway: {deny: [198.18.0.0/15, '2001:db8::/32', x]}\n", "gateway.deny[2]"},
@@ -299,6 +306,25 @@ func TestGatewayDefaultsAndSecrets(t *testing.T) {
 	}
 	if b, _ := yaml.Marshal(c.Gateway); strings.Contains(string(b), "alice-secret") {
 		t.Fatalf("the gateway config shows a password: %s", b)
+	}
+}
+
+// console.view_refresh defaults to the console's own constant; the
+// gateways it reads are taken as given.
+func TestConsoleDefaults(t *testing.T) {
+	c, err := Parse([]byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Console.ViewRefresh != consoledef.ViewRefresh || c.Console.Gateways != nil {
+		t.Fatalf("defaults: view_refresh %v, gateways %v", c.Console.ViewRefresh, c.Console.Gateways)
+	}
+	c, err = Parse([]byte(good + "console: {view_refresh: 30s, gateways: ['http://127.0.0.1:9102', 'https://[2001:db8::1]:9102/']}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Console.ViewRefresh != 30*time.Second || len(c.Console.Gateways) != 2 {
+		t.Fatalf("set: view_refresh %v, gateways %v", c.Console.ViewRefresh, c.Console.Gateways)
 	}
 }
 

@@ -213,6 +213,14 @@ type Console struct {
 	// HTTP is where `proxyfleet console` serves /metrics, /healthz and
 	// /readyz (overridden by --http; empty: no listener).
 	HTTP string `yaml:"http"`
+	// ViewRefresh is how often, at least, the proxies page's view is read
+	// afresh for what the state events do not carry (default
+	// console/defaults.ViewRefresh; at least MinViewRefresh).
+	ViewRefresh time.Duration `yaml:"view_refresh"`
+	// Gateways are the ops listeners (http://host:port, a gateway's
+	// gateway.http) whose /metrics the console reads for its traffic
+	// page; none: the page says so.
+	Gateways []string `yaml:"gateways"`
 }
 
 // ConsoleUser is one user of the console. The password comes from

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"proxyfleet/addrplan"
+	consoledef "proxyfleet/console/defaults"
 	"proxyfleet/deny"
 	healthdef "proxyfleet/health/defaults"
 	"proxyfleet/messages"
@@ -500,7 +501,25 @@ func (k Console) validate() error {
 	for i, u := range k.Users {
 		ku[i] = userRef{u.Name, u.PasswordFile}
 	}
-	return validateUsers("console.users", ku, "")
+	if err := validateUsers("console.users", ku, ""); err != nil {
+		return err
+	}
+	if k.ViewRefresh < consoledef.MinViewRefresh {
+		return bad("console.view_refresh", "%v: want at least %v (each refresh lists the whole fleet)", k.ViewRefresh, consoledef.MinViewRefresh)
+	}
+	seen := map[string]bool{}
+	for i, g := range k.Gateways {
+		f := fmt.Sprintf("console.gateways[%d]", i)
+		u, err := url.Parse(g)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
+			return bad(f, "%q: want http(s)://host:port, a gateway's ops listener (gateway.http)", g)
+		}
+		if seen[g] {
+			return bad(f, "%q is named twice", g)
+		}
+		seen[g] = true
+	}
+	return nil
 }
 
 // userRef is what validateUsers checks of a user of the gateway or the

@@ -2,9 +2,11 @@ package console_test
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"proxyfleet/console"
 	"proxyfleet/internal/poll"
 	"proxyfleet/internal/runtest"
 	"proxyfleet/messages"
@@ -76,8 +79,16 @@ func (r *rig) startPools() {
 func TestBrowser(t *testing.T) {
 	exe := chromium(t)
 	shots := screenshotDir(t)
-	r := newRig(t)
+	gw := reserveGateway(t)
+	r := newRig(t, func(c *console.Config) {
+		c.Gateways = []string{gw.opsURL}
+		c.GatewayInterval = 200 * time.Millisecond
+	})
 	r.startPools()
+	// Health puts the sim proxies in the rotation as they run; the
+	// gateway follows it.
+	r.startHealth()
+	gw.start(r)
 	r.createRunning(browserProxies)
 	if _, err := r.c.PoolSet(ctxFor(t, 30*time.Second), messages.PoolSet{Name: "web", Size: 2}, "c-pool-web", false); err != nil {
 		t.Fatal(err)
@@ -155,6 +166,70 @@ func TestBrowser(t *testing.T) {
 		t.Errorf("after the live row the page counts %s, list %s", count, want)
 	}
 	shot("proxies")
+
+	// The rotation's chart: its size is what `rotation` counts, and a
+	// proxy that enters shows without a reload, as a size and an entry.
+	run("the rotation page", chromedp.Navigate(r.base+"/rotation"), chromedp.WaitVisible(chromedp.CSS(`#rotation-chart`)))
+	get(t, ctx, "the rotation's live stream", chromedp.Poll[bool](`document.getElementById("live").textContent === "live"`, chromedp.WithPollingTimeout(time.Minute)))
+	rotWant := r.rotationCount()
+	poll.Until(t, "the chart's size to be what rotation counts", time.Minute, func() bool {
+		rotWant = r.rotationCount()
+		return text(`#rotation-now`) == strconv.Itoa(rotWant)
+	})
+	if rotWant <= browserProxies {
+		t.Errorf("rotation counts %d, want the %d running proxies and more", rotWant, browserProxies)
+	}
+	entries, _ := strconv.Atoi(text(`#rotation-entries`))
+	eval("mark the rotation page", `window.notReloaded = true`)
+	if _, err := r.c.Create(ctxFor(t, 30*time.Second), messages.CreateCommand{ID: "a-chart", Host: "h2"}, "c-a-chart", false); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, "the chart to show the new proxy in the rotation", time.Minute, func() bool {
+		rot, err := r.c.Rotation(ctxFor(t, 30*time.Second))
+		if err != nil || !slices.ContainsFunc(rot.Proxies, func(e messages.RotationEntry) bool { return e.ID == "a-chart" }) {
+			return false
+		}
+		return text(`#rotation-now`) == strconv.Itoa(r.rotationCount())
+	})
+	if n, _ := strconv.Atoi(text(`#rotation-entries`)); n < entries+1 {
+		t.Errorf("entries over the hour: %d before a-chart entered, %d after", entries, n)
+	}
+	if !eval("the rotation page was not reloaded", `window.notReloaded === true`) {
+		t.Fatal("the rotation page reloaded to show the new proxy")
+	}
+	if !eval("a size line and an entry bar", `document.getElementById("rotation-size-path").getAttribute("d").startsWith("M") && document.getElementById("rotation-entry-path").getAttribute("d").startsWith("M")`) {
+		t.Errorf("the chart draws no size line or no entry bar")
+	}
+	shot("rotation")
+
+	// The traffic page counts the requests sent through the gateway, by
+	// outcome, as they are sent: three with a wrong password (auth), two
+	// to a destination the gateway refuses (denied, loopback).
+	run("the traffic page", chromedp.Navigate(r.base+"/traffic"), chromedp.WaitVisible(chromedp.CSS(`#traffic`)))
+	for range 3 {
+		if code := gw.send(t, "wrong-password", "http://198.18.0.1/"); code != http.StatusProxyAuthRequired {
+			t.Fatalf("a wrong password: %d", code)
+		}
+	}
+	for range 2 {
+		if code := gw.send(t, gatewayPW, "http://127.0.0.1:9/"); code != http.StatusForbidden {
+			t.Fatalf("a denied destination: %d", code)
+		}
+	}
+	if a, d := gw.requests(t, "auth"), gw.requests(t, "denied"); a != 3 || d != 2 {
+		t.Fatalf("the gateway counts auth %d, denied %d; want 3, 2", a, d)
+	}
+	cell := func(row, outcome string) string {
+		return `(function(){var c=document.querySelector('` + row + ` td[data-outcome="` + outcome + `"]'); return c ? c.textContent : "";})()`
+	}
+	gwRow := `tr[data-gateway="` + gw.opsURL + `"]`
+	get(t, ctx, "the traffic page to count the requests", chromedp.Poll[bool](
+		cell(gwRow, "auth")+` === "3" && `+cell(gwRow, "denied")+` === "2" && `+cell(`#traffic-sum`, "auth")+` === "3"`,
+		chromedp.WithPollingTimeout(time.Minute)))
+	if got := text(`#traffic-total`); got != "5" {
+		t.Errorf("the traffic page counts %s requests in all, want 5", got)
+	}
+	shot("traffic")
 
 	// Refused proxies, bans by site and dead letters count what list,
 	// ban ls and dead ls print.

@@ -41,7 +41,13 @@ type Config struct {
 	// read afresh for what the state events do not carry (health's
 	// verdicts, labels, results; default DefaultViewRefresh).
 	ViewRefresh time.Duration
-	Logger      *slog.Logger
+	// Gateways are the gateways' ops listeners (http://host:port) whose
+	// /metrics the traffic page reads; none: the page says so.
+	Gateways []string
+	// GatewayInterval is how often each gateway is read (default
+	// DefaultGatewayInterval).
+	GatewayInterval time.Duration
+	Logger          *slog.Logger
 	// Registry, if set, gets the console's metrics.
 	Registry prometheus.Registerer
 }
@@ -63,6 +69,8 @@ type Server struct {
 	throttle *throttle
 	hub      *hub
 	view     *proxyView
+	chart    *rotationChart
+	traffic  *traffic
 	metrics  *metrics
 	mux      http.Handler
 	started  chan struct{}
@@ -85,6 +93,9 @@ func New(cl *client.Client, cfg Config) (*Server, error) {
 	}
 	if cfg.ViewRefresh <= 0 {
 		cfg.ViewRefresh = DefaultViewRefresh
+	}
+	if cfg.GatewayInterval <= 0 {
+		cfg.GatewayInterval = DefaultGatewayInterval
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -109,6 +120,12 @@ func New(cl *client.Client, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.metrics = m
+	if s.chart, err = newRotationChart(cl, s.log, time.Now); err != nil {
+		return nil, err
+	}
+	if s.traffic, err = newTraffic(cfg.Gateways, cfg.GatewayInterval, s.log, time.Now, cfg.Registry); err != nil {
+		return nil, err
+	}
 	s.mux = s.routes()
 	return s, nil
 }
@@ -120,15 +137,24 @@ func (s *Server) Handler() http.Handler { return s.mux }
 // Started is closed once Run listens.
 func (s *Server) Started() <-chan struct{} { return s.started }
 
-// RunFeed follows the proxies' state events for the live stream and
-// keeps the proxies page's view current until ctx ends; a watch that
-// breaks is opened again after a pause.
+// RunFeed follows the proxies' state events for the live stream, keeps
+// the proxies page's view current, follows the rotation for its chart
+// and reads the gateways' traffic until ctx ends; a watch that breaks is
+// opened again after a pause.
 func (s *Server) RunFeed(ctx context.Context) error {
-	done := make(chan error, 1)
-	go func() { done <- s.view.run(ctx) }()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	parts := []func(context.Context) error{s.view.run, s.chart.run, s.traffic.run}
+	done := make(chan error, len(parts))
+	for _, run := range parts {
+		go func() { done <- run(ctx) }()
+	}
 	err := s.hub.run(ctx)
-	if verr := <-done; err == nil {
-		err = verr
+	cancel() // the hub ended (with ctx): so do the others
+	for range parts {
+		if perr := <-done; err == nil {
+			err = perr
+		}
 	}
 	return err
 }

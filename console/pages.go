@@ -41,7 +41,7 @@ type view struct {
 // templates parses each page with the layout.
 func templates() (map[string]*template.Template, error) {
 	out := map[string]*template.Template{}
-	for _, p := range []string{"login", "fleet", "proxies", "pools", "refused", "bans", "dead", "result", "error"} {
+	for _, p := range []string{"login", "fleet", "proxies", "pools", "refused", "bans", "dead", "result", "error", "rotation", "traffic"} {
 		t, err := template.New(p).ParseFS(assets, "assets/layout.html", "assets/"+p+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", p, err)
@@ -75,6 +75,8 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("GET /refused", s.counted("refused", s.authed(s.refusedPage)))
 	mux.Handle("GET /bans", s.counted("bans", s.authed(s.bansPage)))
 	mux.Handle("GET /dead", s.counted("dead", s.authed(s.deadPage)))
+	mux.Handle("GET /rotation", s.counted("rotation", s.authed(s.rotationPage)))
+	mux.Handle("GET /traffic", s.counted("traffic", s.authed(s.trafficPage)))
 	mux.Handle("GET /events", s.counted("events", s.authed(s.events)))
 	mux.Handle("POST /actions/pool/recycle", s.counted("action", s.action("pool_recycle", s.poolRecycle)))
 	mux.Handle("POST /actions/proxy/create", s.counted("action", s.action("proxy_create", s.proxyCreate)))
@@ -424,8 +426,11 @@ func (s *Server) proxiesFromView(d *proxiesData) {
 
 // events is the live stream: server-sent events of the proxies' state
 // events after ?since (a stream sequence), as "proxy" events whose data
-// is a proxyRow's JSON; "reload" when the page must read afresh (events
-// it missed are no longer held, it fell behind, or the watch broke).
+// is a proxyRow's JSON; with ?want=rotation each new picture of the
+// rotation's chart ("rotation", a chartPicture's JSON), with
+// ?want=traffic each read of the gateways ("traffic", a
+// trafficPicture's); "reload" when the page must read afresh (events it
+// missed are no longer held, it fell behind, or the watch broke).
 // While the console does not follow the events yet it ends at once, and
 // the browser's EventSource tries again. It ends when the client goes,
 // the console stops, or the hub drops it.
@@ -475,10 +480,32 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, _ *session) {
 	}
 	keepalive := time.NewTicker(20 * time.Second)
 	defer keepalive.Stop()
+	// The pictures a page draws (?want=rotation, ?want=traffic) come
+	// too; the others' pages are not sent them.
+	var rotCh, trafficCh <-chan struct{} // nil: never
+	want := r.URL.Query()["want"]
+	if slices.Contains(want, "rotation") {
+		_, rotCh = s.chart.current()
+	}
+	if slices.Contains(want, "traffic") {
+		_, trafficCh = s.traffic.current()
+	}
 	for {
 		select {
 		case <-r.Context().Done():
 			return
+		case <-rotCh:
+			var p chartPicture
+			p, rotCh = s.chart.current()
+			if sendPicture(w, "rotation", p) != nil || rc.Flush() != nil {
+				return
+			}
+		case <-trafficCh:
+			var p trafficPicture
+			p, trafficCh = s.traffic.current()
+			if sendPicture(w, "traffic", p) != nil || rc.Flush() != nil {
+				return
+			}
 		case <-keepalive.C:
 			if _, err := fmt.Fprint(w, ": keepalive\n\n"); err != nil || rc.Flush() != nil {
 				return

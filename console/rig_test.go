@@ -53,7 +53,7 @@ type rig struct {
 
 var hosts = []string{"h1", "h2"}
 
-func newRig(t *testing.T) *rig {
+func newRig(t *testing.T, opts ...func(*console.Config)) *rig {
 	t.Helper()
 	r := &rig{t: t, url: natstest.Start(t).ClientURL()}
 	js, err := jetstream.New(r.connect())
@@ -67,11 +67,15 @@ func newRig(t *testing.T) *rig {
 		t.Fatal(err)
 	}
 	r.c = c
-	srv, err := console.New(c, console.Config{
+	cfg := console.Config{
 		Users:       []console.User{{Name: "ops", Password: adminPW, Admin: true}, {Name: "viewer", Password: viewerPW}},
 		ViewRefresh: 250 * time.Millisecond, // health's verdicts show soon
 		Logger:      quietLog(),
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	srv, err := console.New(c, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,6 +345,20 @@ func (r *rig) refusedCount() int {
 		}
 	}
 	return n
+}
+
+// rotationCount is the rotation's size as `proxyfleet rotation` prints
+// it.
+func (r *rig) rotationCount() int {
+	r.t.Helper()
+	rot, err := r.c.Rotation(ctxFor(r.t, 30*time.Second))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if rot.Truncated {
+		return rot.Size
+	}
+	return len(rot.Proxies)
 }
 
 // banCount and deadCount are the rows `ban ls` and `dead ls` print.

@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"proxyfleet/client"
+	"proxyfleet/console/defaults"
 	"proxyfleet/messages"
 )
 
 // DefaultViewRefresh is how often, at least, the proxies view is read
-// afresh (Config.ViewRefresh).
-const DefaultViewRefresh = 10 * time.Second
+// afresh (Config.ViewRefresh; console.view_refresh in the YAML).
+const DefaultViewRefresh = defaults.ViewRefresh
 
 // viewReadShare bounds the time the view spends re-reading: the pause
 // after a read is at least this many times the read's own duration, so a

@@ -49,6 +49,7 @@ gateway:
 console:
   listen: "127.0.0.1:8080"
   users: [{name: admin, password_file: "$conpass", admin: true}]
+  gateways: ["http://127.0.0.1:8090"]   # serve's gateway: its metrics are on health.http
 YAML
 } > "$cfg"
 listen=${PROXYFLEET_LISTEN:-127.0.0.1:4222}

@@ -42,7 +42,7 @@ func buildConsole(_ context.Context, nc *nats.Conn, c *config.Config, env roleEn
 	if err != nil {
 		return roleParts{}, fmt.Errorf("console: %w", err)
 	}
-	cc := console.Config{Listen: c.Console.Listen, Logger: env.log, Registry: env.reg}
+	cc := console.Config{Listen: c.Console.Listen, ViewRefresh: c.Console.ViewRefresh, Gateways: c.Console.Gateways, Logger: env.log, Registry: env.reg}
 	for _, u := range c.Console.Users {
 		cc.Users = append(cc.Users, console.User{Name: u.Name, Password: u.Password.Reveal(), Admin: u.Admin})
 	}

@@ -52,9 +52,10 @@ var helps = map[string]helpText{
 	},
 	"console": {
 		args:    "--config F",
-		summary: "run the web console: the fleet in a browser (hosts, proxies, pools, live), and an admin's actions as ordinary commands",
+		summary: "run the web console: the fleet in a browser (hosts, proxies, pools, the rotation's hour, the gateways' traffic, live), and an admin's actions as ordinary commands",
 		more: "console.listen and console.users are required; each user logs in with the password in its password_file,\n" +
-			"and only users with admin: true may act. --http serves /metrics, /healthz and /readyz. See docs/CONSOLE.md.",
+			"and only users with admin: true may act. console.gateways lists the gateways' ops listeners whose /metrics the\n" +
+			"traffic page reads. --http serves /metrics, /healthz and /readyz. See docs/CONSOLE.md.",
 		examples: []string{"proxyfleet console --config proxyfleet.yaml --http 127.0.0.1:9092"},
 	},
 	"create": {

@@ -45,13 +45,14 @@ var rules = []rule{
 	{pkg: "bans", allow: []string{"messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	// It takes the roles' defaults from their pure constants, never from
 	// the roles themselves.
-	{pkg: "config", allow: []string{"messages", "addrplan", "fleet", "deny", "bans", "worker/defaults", "topology/defaults", "health/defaults", "pool/defaults", "gateway/defaults", "rotation/defaults"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	{pkg: "config", allow: []string{"messages", "addrplan", "fleet", "deny", "bans", "console/defaults", "worker/defaults", "topology/defaults", "health/defaults", "pool/defaults", "gateway/defaults", "rotation/defaults"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	{pkg: "worker/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	{pkg: "topology/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	{pkg: "health/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	{pkg: "pool/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	{pkg: "gateway/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	{pkg: "rotation/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
+	{pkg: "console/defaults", forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
 	// Address plans and their assignments are pure decisions: the worker
 	// and the config both lean on them, and they on nothing that runs.
 	{pkg: "addrplan", allow: []string{"fleet", "messages"}, forbid: [][]string{natsPkgs, libvirtPkgs, sshPkgs}},
@@ -91,7 +92,7 @@ var rules = []rule{
 	{pkg: "pool", allow: []string{"messages", "rotation", "rotation/defaults", "topology", "topology/defaults", "internal/jsapi", "internal/lease", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// The web console reads and acts through the client library, as the
 	// CLI does: nothing of the worker's, health's or the pools' insides.
-	{pkg: "console", allow: []string{"client", "messages", "rotation", "rotation/defaults", "internal/jsapi", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
+	{pkg: "console", allow: []string{"client", "messages", "console/defaults", "rotation", "rotation/defaults", "internal/jsapi", "bans"}, forbid: [][]string{libvirtPkgs, sshPkgs}},
 	// The guest's program stands alone.
 	{pkg: "testguest"},
 }
