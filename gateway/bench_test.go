@@ -298,7 +298,7 @@ func measureIdleTunnels(tb testing.TB, n int) idleCost {
 func TestIdleTunnelMemory(t *testing.T) {
 	cost := measureIdleTunnels(t, 1000)
 	t.Logf("1000 idle tunnels: %s", cost)
-	// No splice pipe is held while idle (pump): 4 descriptors, not 8.
+	// No pipe is held while idle (pump): 4 descriptors.
 	if cost.fds > 4.05 {
 		t.Errorf("an idle tunnel holds %.2f descriptors; want 4", cost.fds)
 	}

@@ -52,9 +52,9 @@
 // A CONNECT (or a SOCKS5 request) is carried by the gateway's own CONNECT
 // to the picked proxy, with the fleet's Proxy-Authorization; once the
 // proxy answers 200, the client gets 200 with X-Proxyfleet-Proxy: <id>,
-// and the tunnel is piped both ways by two goroutines of the gateway
-// with io.Copy between *net.TCPConn (splice on Linux: no buffer of ours;
-// the request's buffers go first). A plain request (absolute http://
+// and the tunnel is piped both ways by two goroutines of the gateway,
+// each burst read into a pooled buffer and written on (on Linux the wait
+// holds no buffer; the request's buffers go first). A plain request (absolute http://
 // URI) is forwarded as such over a keep-alive connection to the picked
 // proxy (pooled per proxy), with Host from the URI, the client's fields
 // but the hop-by-hop ones (and those its Connection names), the

@@ -1,9 +1,9 @@
 package gateway
 
 import (
-	"errors"
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -12,15 +12,22 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// tunnelBufSize is the buffer a tunnel's burst is read into.
+const tunnelBufSize = 32 << 10
+
+// tunnelBufs are the tunnels' read buffers: one is taken when bytes are
+// there to read and given back once they are written, so an idle tunnel
+// holds none.
+var tunnelBufs = sync.Pool{New: func() any { b := make([]byte, tunnelBufSize); return &b }}
+
 // pump copies src to dst until src's EOF, storing the time (unix ns)
-// in seen after every burst. Between two *net.TCPConn it
-// splices (io.CopyN between them does), but only what src holds at the
-// moment: Go's splice takes a pipe (two descriptors, and its kernel
-// buffer) from a pool for as long as one copy lasts, so an io.Copy over
-// a whole tunnel would hold two pipes per idle tunnel. Waiting for data
-// in the poller first and splicing exactly what is queued gives the
-// pipe back after every burst: an idle tunnel holds its two sockets and
-// nothing else.
+// in seen after every burst. Between two *net.TCPConn it waits for src
+// in the poller and reads what is queued into a pooled buffer in the
+// same step (a read a burst, and one that finds nothing before each
+// wait), then writes it to dst: a burst costs a read and a write (a
+// splice would cost a look at what is queued, two splices and a pipe
+// taken from a pool). An idle tunnel holds its two sockets and nothing
+// else (no buffer, no pipe).
 func pump(dst, src net.Conn, seen *atomic.Int64) (int64, error) {
 	s, ok := src.(*net.TCPConn)
 	if _, ok2 := dst.(*net.TCPConn); !ok || !ok2 {
@@ -32,57 +39,53 @@ func pump(dst, src net.Conn, seen *atomic.Int64) (int64, error) {
 	}
 	var total int64
 	for {
-		avail, err := queued(rc)
+		bp, n, err := readBurst(rc)
 		if err != nil {
 			return total, err
 		}
-		if avail == 0 {
+		if n == 0 {
 			return total, nil // EOF
 		}
-		n, err := io.CopyN(dst, src, int64(avail))
-		total += n
 		seen.Store(time.Now().UnixNano())
+		k, err := dst.Write((*bp)[:n])
+		tunnelBufs.Put(bp)
+		total += int64(k)
 		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return total, nil
-			}
 			return total, err
 		}
 	}
 }
 
-// queued waits until the socket has something to read and says how many
-// bytes are queued (0: the peer's EOF).
-func queued(rc syscall.RawConn) (int, error) {
-	var avail int
-	var ferr error
-	err := rc.Read(func(fd uintptr) bool {
-		n, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ)
-		if err != nil {
-			ferr = err
-			return true
+// readBurst waits until the socket has something to read (or its EOF,
+// n 0) and reads it into a buffer of tunnelBufs, which the caller gives
+// back; no buffer is held while it waits.
+func readBurst(rc syscall.RawConn) (bp *[]byte, n int, err error) {
+	var rerr error
+	err = rc.Read(func(fd uintptr) bool {
+		bp = tunnelBufs.Get().(*[]byte)
+		for {
+			n, rerr = unix.Read(int(fd), *bp)
+			if rerr != unix.EINTR {
+				break
+			}
 		}
-		if n > 0 {
-			avail = n
-			return true
-		}
-		// Nothing queued: EOF, an error, or wait for the poller.
-		var b [1]byte
-		m, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		switch {
-		case errors.Is(err, unix.EAGAIN):
+		if rerr == unix.EAGAIN {
+			tunnelBufs.Put(bp)
+			bp = nil
 			return false
-		case err != nil:
-			ferr = err
-		case m > 0:
-			avail = m // arrived just now
 		}
 		return true
 	})
-	if err != nil {
-		return 0, err
+	if err == nil {
+		err = rerr
 	}
-	return avail, ferr
+	if err != nil || n <= 0 {
+		if bp != nil {
+			tunnelBufs.Put(bp)
+		}
+		return nil, 0, err
+	}
+	return bp, n, nil
 }
 
 // peekResult is what a look at a socket without a read found.

@@ -571,7 +571,7 @@ func TestLeanHTTP10(t *testing.T) {
 // origin-form request is refused (400, closed, what came after it never
 // served), a field folded over lines too (400), and a head larger than
 // the client's reader is carried, a plain request and CONNECT (its
-// tunnel spliced).
+// tunnel carried).
 func TestOneParser(t *testing.T) {
 	_, pk := fleet(t, 1)
 	g := startGateway(t, pk, nil)

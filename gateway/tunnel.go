@@ -125,8 +125,8 @@ type tunnel struct {
 }
 
 // run copies client to up in a goroutine of its own and up to client in
-// the caller's. Between two *net.TCPConn it splices (Linux, see pump):
-// no buffer of ours, and no pipe while idle.
+// the caller's. Between two *net.TCPConn (Linux, see pump) a buffer is
+// taken from a pool for each burst only: an idle tunnel holds none.
 func (t *tunnel) run() {
 	t.left = 2
 	t.seen.Store(time.Now().UnixNano())

@@ -136,7 +136,7 @@ func (g *Gateway) dialConnect(ctx context.Context, p Proxy, target hostPort, egr
 	if err := c.SetDeadline(deadline); err != nil {
 		return nil, nil, err
 	}
-	// A client that leaves ends the wait at once.
+	// A client seen leaving (watch) ends the wait at once.
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(aLongTimeAgo) })
 	defer stop()
 

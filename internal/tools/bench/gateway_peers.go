@@ -318,6 +318,14 @@ func (p *gwPeers) behindSquid(f *figure, ours float64, squid []float64) {
 	f.Bound += fmt.Sprintf("The gateway (%.3f) is not ahead of squid (%.3f) here.", ours, median(squid))
 }
 
+// last is the last of vs (0: none).
+func last(vs []float64) float64 {
+	if len(vs) == 0 {
+		return 0
+	}
+	return vs[len(vs)-1]
+}
+
 func runList(vs []float64) string {
 	s := make([]string, len(vs))
 	for i, v := range vs {
@@ -327,9 +335,11 @@ func runList(vs []float64) string {
 }
 
 // tunnelWorkload is one tunnel workload: its figure's key, target, unit
-// of rate and how one party's rate is measured.
+// of rate, what its CPU figures are per and how one party's rate is
+// measured.
 type tunnelWorkload struct {
 	key, unit string
+	per       string // what the CPU figures are per
 	target    float64
 	rate      func(ctx context.Context, proxy *url.URL) (float64, int64, error)
 }
@@ -348,9 +358,9 @@ func (p *gwPeers) tunnelFigures(ctx context.Context, b *bench, direct, via *url.
 	}
 	defer src.close()
 	works := []tunnelWorkload{
-		{key: "gateway_connect_ratio", unit: "tunnels/s", target: 0.9,
+		{key: "gateway_connect_ratio", unit: "tunnels/s", per: "tunnel", target: 0.9,
 			rate: func(ctx context.Context, proxy *url.URL) (float64, int64, error) { return connectRate(ctx, proxy, tt) }},
-		{key: "gateway_bulk_ratio", unit: "MiB/s", target: 0.95,
+		{key: "gateway_bulk_ratio", unit: "MiB/s", per: "MiB", target: 0.95,
 			rate: func(ctx context.Context, proxy *url.URL) (float64, int64, error) {
 				r, err := bulkRate(ctx, proxy, src.addr())
 				return r, int64(r * gwRateFor.Seconds()), err
@@ -407,20 +417,20 @@ func (p *gwPeers) tunnelFigures(ctx context.Context, b *bench, direct, via *url.
 			for _, pt := range parties {
 				ratios[pt.name] = append(ratios[pt.name], rates[pt.name]/d)
 			}
-			b.log.Printf("gateway run %d: %s: straight %.0f and %.0f %s; gateway %.3f, squid %.3f, haproxy %.3f",
-				i+1, w.key, d0, d1, w.unit, rates["gateway"]/d, rates["squid"]/d, rates["haproxy"]/d)
+			b.log.Printf("gateway run %d: %s: straight %.0f and %.0f %s; gateway %.3f, squid %.3f, haproxy %.3f; CPU per %s: gateway %.0f µs, squid %.0f µs, haproxy %.0f µs",
+				i+1, w.key, d0, d1, w.unit, rates["gateway"]/d, rates["squid"]/d, rates["haproxy"]/d,
+				w.per, last(cpu["gateway"]), last(cpu["squid"]), last(cpu["haproxy"]))
 		}
 		f := figure{Key: w.key, Section: "gateway", Value: median(ratios["gateway"]), Unit: "ratio", Target: atLeast(w.target), Runs: ratios["gateway"],
 			Ours: fmt.Sprintf("%.0f %s through the gateway (median)", median(ours), w.unit),
 			Peer: fmt.Sprintf("the same client straight to the proxy: %.0f %s (mean of before and after the proxies); squid %.3f, haproxy %.3f of it (medians; runs %s and %s)",
 				median(straight), w.unit, median(ratios["squid"]), median(ratios["haproxy"]), runList(ratios["squid"]), runList(ratios["haproxy"])),
 		}
-		per := "tunnel"
+		per := w.per
 		switch w.key {
 		case "gateway_connect_ratio":
 			f.How = fmt.Sprintf("the gateway's setup of gateway_ratio, beside squid 5 (cache_peer parent to the same proxy, round-robin, its credential by login=, never_direct, no cache) and haproxy 2.6 (mode tcp, balance roundrobin, the client sends the proxy's credential), each a child process of the bench on loopback; %d clients at once for %s each, each request a new CONNECT to a loopback HTTPS target (Go's httptest, a self-signed certificate the client trusts), a full TLS handshake (no session resumption) and one GET; straight to the proxy, then the gateway, squid, haproxy, then straight again, per run; each a ratio against the mean of the two straight runs.", gwClients, gwRateFor)
 		case "gateway_bulk_ratio":
-			per = "MiB"
 			f.How = fmt.Sprintf("the setup of gateway_connect_ratio; one client opens a CONNECT tunnel to a loopback TCP source sending zeros and reads for %s (64 KiB reads); straight to the proxy, then the gateway, squid, haproxy, then straight again, per run; each a ratio against the mean of the two straight runs.", gwRateFor)
 		}
 		f.check()
