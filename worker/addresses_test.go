@@ -283,3 +283,49 @@ func TestStartingWorkerGivesNoAddressOfAnUnrecordedDomain(t *testing.T) {
 		})
 	}
 }
+
+// A domain found with no reservation whose addresses a proxy with a domain
+// holds (two guests made with one address, say by hand) takes its room
+// and not the slot: the proxy that holds it keeps it, and a create after
+// gets other addresses.
+func TestFoundDomainLeavesTheSlotOfAProxyThatRuns(t *testing.T) {
+	r := newRig(t, "h1")
+	plans := map[string]addrplan.Config{"h1": {IPv4: []string{"198.18.101.0/29"}}}
+	opts := []workerOpt{withRoom(r, 5), withPlans(t, plans), func(c *worker.Config) { c.ObserveInterval = time.Hour }}
+	w := r.startWorker(opts...)
+	r.create("a", "c-a", "")
+	if res := r.waitFinal("c-a"); res.Outcome != messages.OutcomeDone {
+		t.Fatalf("create a: %s (%s)", res.Outcome, res.Reason)
+	}
+	if err := r.stopWorker(w); err != nil {
+		t.Fatal(err)
+	}
+	// A copy of a's domain under another id: a guest with a's address.
+	b, err := os.ReadFile(filepath.Join(r.hostDir("h1"), "domains", "a.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dom map[string]any
+	if err := json.Unmarshal(b, &dom); err != nil {
+		t.Fatal(err)
+	}
+	dom["id"] = "twin"
+	b, _ = json.Marshal(dom)
+	if err := os.WriteFile(filepath.Join(r.hostDir("h1"), "domains", "twin.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	r.startWorker(opts...)
+	r.create("b", "c-b", `,"host":"h1"`)
+	if res := r.waitFinal("c-b"); res.Outcome != messages.OutcomeDone {
+		t.Fatalf("create b: %s (%s)", res.Outcome, res.Reason)
+	}
+	rec, _ := r.hostRecord("h1")
+	st := mustAddrs(t, rec)
+	if _, ok := rec.Proxies["twin"]; !ok || st.Slots["a"] != (messages.AddrSlots{V4: 1}) || st.Slots["twin"] != (messages.AddrSlots{}) {
+		t.Errorf("record: room %v, slots %v; want twin with room and no slot, a with slot 1", rec.Proxies, st.Slots)
+	}
+	if ea, eb := r.simEgress("h1", "a"), r.simEgress("h1", "b"); len(eb) != 1 || ea[0] == eb[0] {
+		t.Errorf("b made with %v, a has %v", eb, ea)
+	}
+}
