@@ -419,7 +419,13 @@ func (e *executor) recordFound(ctx context.Context, id string) error {
 	var holders, moved []string
 	for try := 0; ; try++ {
 		var took bool
-		err = w.updateHost(ctx, e.host, func(rec *messages.HostRecord) error {
+		uctx := ctx
+		if len(idle) > 0 {
+			// The holders' locks are kept until the write has landed or
+			// failed: a create of one must not read the record before it.
+			uctx = context.WithoutCancel(ctx)
+		}
+		err = w.updateHost(uctx, e.host, func(rec *messages.HostRecord) error {
 			took, holders, moved = false, nil, nil
 			if _, ok := rec.Proxies[id]; !ok {
 				rec.Proxies[id] = 0
