@@ -302,10 +302,10 @@ func (k *roomKnown) wasMoved(id string) bool {
 	return true
 }
 
-// awaitRoomKnown returns once the host's record holds the room and slots
-// of every domain listed on the host since this worker began, running the
-// reconciliation itself if no observation pass has completed one: on a
-// host with a plan no work converges before that. A domain the record
+// awaitRoomKnown returns once a reconciliation since this worker began
+// has recorded the room and slots of every domain it listed on the host,
+// running one itself if no observation pass has completed one: on a host
+// with a plan no work converges before that. A domain the record
 // does not show (the record deleted or rewritten, or a crash that left a
 // domain its record lost) still has its guest's addresses, and a create
 // given one of them by the record would make a second guest with that
