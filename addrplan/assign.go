@@ -3,6 +3,7 @@ package addrplan
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"proxyfleet/messages"
@@ -98,6 +99,19 @@ func (p *Plan) Take(st *messages.AddrState, id string, s Slots, now time.Time) e
 	st.Slots[id] = messages.AddrSlots{V4: s.V4, V6: s.V6}
 	p.prune(st, now)
 	return nil
+}
+
+// Holders lists, sorted, the proxies other than id that hold a slot of s
+// in st: those a Take of s for id is refused for.
+func Holders(st *messages.AddrState, id string, s Slots) []string {
+	var out []string
+	for other, a := range st.Slots {
+		if other != id && ((s.V4 != 0 && a.V4 == s.V4) || (s.V6 != 0 && a.V6 == s.V6)) {
+			out = append(out, other)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Release frees proxy id's slots as of now: they are given again no

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -240,6 +241,34 @@ func TestTakeRefusesAHeldSlot(t *testing.T) {
 	}
 	if s, _ := Held(&st, "b"); s.V4 != 5 {
 		t.Errorf("b holds %v", s)
+	}
+}
+
+// Holders names the other proxies holding a slot of either family: the
+// ones a Take is refused for.
+func TestHoldersNamesWhoHoldsASlot(t *testing.T) {
+	p := mustPlan(t, Config{IPv4: []string{"203.0.113.8/29"}, IPv6: []string{"2001:db8::/64"}})
+	var st messages.AddrState
+	for _, id := range []string{"a", "b", "c"} {
+		if _, err := p.Assign(&st, id, t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, _ := Held(&st, "a")
+	b, _ := Held(&st, "b")
+	if got := Holders(&st, "x", Slots{V4: a.V4, V6: b.V6}); !slices.Equal(got, []string{"a", "b"}) {
+		t.Errorf("holders of a's IPv4 and b's IPv6 slot: %v, want [a b]", got)
+	}
+	if got := Holders(&st, "a", a); len(got) != 0 {
+		t.Errorf("holders of a's slots but a: %v, want none", got)
+	}
+	if got := Holders(&st, "x", Slots{V4: 6}); len(got) != 0 {
+		t.Errorf("holders of a free slot: %v, want none", got)
+	}
+	// Released, a's slots are taken by x.
+	p.Release(&st, "a", t0)
+	if err := p.Take(&st, "x", a, t0); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -1,6 +1,7 @@
 package worker_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -8,6 +9,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"proxyfleet/addrplan"
 	"proxyfleet/messages"
@@ -175,4 +179,153 @@ func mustAddrs(t *testing.T, rec messages.HostRecord) messages.AddrState {
 		t.Fatalf("%s: %v", rec.Host, err)
 	}
 	return st
+}
+
+// simMAC reads the MAC a sim domain was created with.
+func (r *rig) simMAC(host, id string) string {
+	b, err := os.ReadFile(filepath.Join(r.hostDir(host), "domains", id+".json"))
+	if err != nil {
+		return ""
+	}
+	var dom struct {
+		MAC string `json:"mac"`
+	}
+	if err := json.Unmarshal(b, &dom); err != nil {
+		r.t.Fatal(err)
+	}
+	return dom.MAC
+}
+
+// A worker that starts on a host whose record has lost the slots of a
+// domain running there (the record deleted, or its assignments lost)
+// gives no new proxy that domain's addresses or MAC: the host's owner
+// records the slots of the domains it finds before it creates any, and a
+// proxy placed meanwhile on a slot the record showed free gets another.
+// Observation is off for the time of the test (an hour's interval): the
+// first create comes before any observation pass.
+func TestStartingWorkerGivesNoAddressOfAnUnrecordedDomain(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lose func(t *testing.T, kv jetstream.KeyValue)
+	}{
+		{"record deleted", func(t *testing.T, kv jetstream.KeyValue) {
+			if err := kv.Delete(context.Background(), "h1"); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"assignments lost", func(t *testing.T, kv jetstream.KeyValue) {
+			e, err := kv.Get(context.Background(), "h1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rec messages.HostRecord
+			if err := json.Unmarshal(e.Value(), &rec); err != nil {
+				t.Fatal(err)
+			}
+			rec.Addresses = messages.HostAddrs{} // the proxies keep their room
+			b, _ := json.Marshal(rec)
+			if _, err := kv.Update(context.Background(), "h1", b, e.Revision()); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, "h1")
+			plans := map[string]addrplan.Config{"h1": {IPv4: []string{"198.18.101.0/29"}, IPv6: []string{"2001:db8:101:1::/64"}, IPv6PerProxy: 4}}
+			opts := []workerOpt{withRoom(r, 5), withPlans(t, plans), func(c *worker.Config) { c.ObserveInterval = time.Hour }}
+			w := r.startWorker(opts...)
+			r.create("old", "c-old", "")
+			if res := r.waitFinal("c-old"); res.Outcome != messages.OutcomeDone {
+				t.Fatalf("create old: %s (%s)", res.Outcome, res.Reason)
+			}
+			if err := r.stopWorker(w); err != nil {
+				t.Fatal(err)
+			}
+			kv, err := r.js.KeyValue(context.Background(), messages.BucketHosts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.lose(t, kv)
+
+			r.startWorker(opts...)
+			for _, id := range []string{"new1", "new2"} {
+				r.create(id, "c-"+id, `,"host":"h1"`)
+				if res := r.waitFinal("c-" + id); res.Outcome != messages.OutcomeDone {
+					t.Fatalf("create %s: %s (%s)", id, res.Outcome, res.Reason)
+				}
+			}
+			holder := map[string]string{}
+			for _, id := range []string{"old", "new1", "new2"} {
+				egress := r.simEgress("h1", id)
+				if len(egress) != 5 {
+					t.Errorf("%s: egress %v, want 1 IPv4 and 4 IPv6 addresses", id, egress)
+				}
+				for _, a := range append(egress, r.simMAC("h1", id)) {
+					if o, ok := holder[a]; ok {
+						t.Errorf("%s is %s's and %s's", a, o, id)
+					}
+					holder[a] = id
+				}
+			}
+			// The record says old holds the slots its domain has.
+			rec, _ := r.hostRecord("h1")
+			st := mustAddrs(t, rec)
+			p, err := addrplan.New("h1", plans["h1"])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := p.IPv4(st.Slots["old"].V4).String(), r.simEgress("h1", "old")[0]; got != want {
+				t.Errorf("the record gives old slots %v (%s); its domain has %s", st.Slots["old"], got, want)
+			}
+			if _, ok := rec.Proxies["old"]; !ok || len(st.Slots) != 3 {
+				t.Errorf("record: room %v, slots %v; want old, new1 and new2 with both", rec.Proxies, st.Slots)
+			}
+		})
+	}
+}
+
+// A domain found with no reservation whose addresses a proxy with a domain
+// holds (two guests made with one address, say by hand) takes its room
+// and not the slot: the proxy that holds it keeps it, and a create after
+// gets other addresses.
+func TestFoundDomainLeavesTheSlotOfAProxyThatRuns(t *testing.T) {
+	r := newRig(t, "h1")
+	plans := map[string]addrplan.Config{"h1": {IPv4: []string{"198.18.101.0/29"}}}
+	opts := []workerOpt{withRoom(r, 5), withPlans(t, plans), func(c *worker.Config) { c.ObserveInterval = time.Hour }}
+	w := r.startWorker(opts...)
+	r.create("a", "c-a", "")
+	if res := r.waitFinal("c-a"); res.Outcome != messages.OutcomeDone {
+		t.Fatalf("create a: %s (%s)", res.Outcome, res.Reason)
+	}
+	if err := r.stopWorker(w); err != nil {
+		t.Fatal(err)
+	}
+	// A copy of a's domain under another id: a guest with a's address.
+	b, err := os.ReadFile(filepath.Join(r.hostDir("h1"), "domains", "a.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dom map[string]any
+	if err := json.Unmarshal(b, &dom); err != nil {
+		t.Fatal(err)
+	}
+	dom["id"] = "twin"
+	b, _ = json.Marshal(dom)
+	if err := os.WriteFile(filepath.Join(r.hostDir("h1"), "domains", "twin.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	r.startWorker(opts...)
+	r.create("b", "c-b", `,"host":"h1"`)
+	if res := r.waitFinal("c-b"); res.Outcome != messages.OutcomeDone {
+		t.Fatalf("create b: %s (%s)", res.Outcome, res.Reason)
+	}
+	rec, _ := r.hostRecord("h1")
+	st := mustAddrs(t, rec)
+	if _, ok := rec.Proxies["twin"]; !ok || st.Slots["a"] != (messages.AddrSlots{V4: 1}) || st.Slots["twin"] != (messages.AddrSlots{}) {
+		t.Errorf("record: room %v, slots %v; want twin with room and no slot, a with slot 1", rec.Proxies, st.Slots)
+	}
+	if ea, eb := r.simEgress("h1", "a"), r.simEgress("h1", "b"); len(eb) != 1 || ea[0] == eb[0] {
+		t.Errorf("b made with %v, a has %v", eb, ea)
+	}
 }

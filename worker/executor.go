@@ -41,6 +41,9 @@ type executor struct {
 	// unrecorded are the reservations reconcileRoom found with no
 	// recorded command.
 	unrecorded unrecordedRoom
+	// known says whether the record holds every domain's room and slots
+	// (awaitRoomKnown).
+	known roomKnown
 	// volumesSweptAt is when the last volume sweep of the host started
 	// (UnixNano; redrive.go).
 	volumesSweptAt atomic.Int64
@@ -83,6 +86,12 @@ func (e *executor) handle(ctx context.Context, msg jetstream.Msg) {
 	// attempt (see quarantine.go).
 	if err := e.guard.await(ctx); err != nil {
 		_ = msg.NakWithDelay(0) // stopping
+		return
+	}
+	// On a host with a plan nothing converges before the record holds the
+	// slots of every domain on the host.
+	if err := e.awaitRoomKnown(ctx); err != nil {
+		e.retryOrFail(ctx, msg, meta, nil, id, fleet.Transient(err), time.Time{})
 		return
 	}
 	unlock, err := w.locks.lock(ctx, id)

@@ -31,7 +31,7 @@ type metrics struct {
 	// (hostshare.Config.StrayUnpinned).
 	strayPins prometheus.Counter
 	// addrConflicts counts domains found holding an address another
-	// proxy's record holds (room.go, reserveFound).
+	// proxy's record holds (room.go, recordFound).
 	addrConflicts prometheus.Counter
 
 	// Latencies, in LatencyBuckets: a command from its acceptance to its
@@ -87,7 +87,7 @@ func newMetrics() *metrics {
 		}),
 		addrConflicts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "proxyfleet_worker_address_conflicts_total",
-			Help: "Domains found on a host with no reservation whose addresses another proxy of the host's record holds: they keep their room, not the slot (the two proxies share an address until one is deleted).",
+			Help: "Domains found on a host with no reservation whose addresses another proxy of the host's record holds, one with a domain there too (one with none gives them up): they keep their room, not the slot (the two proxies share an address until one is deleted).",
 		}),
 		commandSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "proxyfleet_command_duration_seconds",

@@ -148,7 +148,9 @@ func (e *executor) observe(ctx context.Context) error {
 		w.metrics.sweeps.WithLabelValues("domains").Inc()
 		swept = e.sweep(ctx, insts)
 		swept += e.sweepVolumes(ctx)
-		e.reconcileRoom(ctx, insts)
+		if err := e.reconcileRoom(ctx, insts); err != nil {
+			w.log.Debug("observation pass", "host", e.host, "err", err)
+		}
 	}
 	w.log.Debug("observation pass", "host", e.host, "proxies", len(ids), "changed", changed, "swept", swept)
 	if listErr != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -169,8 +170,12 @@ func (w *Worker) release(ctx context.Context, host, id string, seq uint64) error
 func (e *executor) ensureRoom(ctx context.Context, d *messages.Desired, present bool) (fleet.Network, error) {
 	plan := e.w.catalog.Plans[e.host]
 	// Releases happen under the proxy's lock, which this holds: a
-	// reservation read here stays until the create is done.
-	if rec, _, err := e.w.readHost(ctx, e.host); err == nil {
+	// reservation read here stays until the create is done. Slots a
+	// reconciliation moved from the proxy to a domain found here are the
+	// exception: a read (of a replica that is behind) may still show them,
+	// so such a proxy takes its slots by compare-and-set, on the record as
+	// it is.
+	if rec, _, err := e.w.readHost(ctx, e.host); err == nil && !e.known.wasMoved(d.ID) {
 		if r, ok := rec.Proxies[d.ID]; ok && r >= d.Seq {
 			if plan == nil {
 				return fleet.Network{}, nil
@@ -203,26 +208,47 @@ func planNetwork(plan *addrplan.Plan, slots addrplan.Slots) fleet.Network {
 
 // reconcileRoom makes the host's reservations match what is there, after
 // an observation pass listed insts (the host's domains of ours): a domain
-// with no reservation gets one (its room is taken, whatever the count);
-// a reservation of a proxy with no domain here whose desired state does
-// not place it here is released. That frees the room a crash left (an
-// executor that removed a proxy and died before releasing, a create that
-// reserved and then lost to a newer command). A reservation whose command
-// is not recorded yet (intake reserves first) is released only when passes
-// at least two AckWaits apart find it so: by then its command has been
-// given up, or retried (and a retry reserves again, with its own seq).
-func (e *executor) reconcileRoom(ctx context.Context, insts []fleet.Instance) {
+// with no reservation gets one (its room is taken, whatever the count),
+// and on a host with a plan a domain whose proxy holds no slots takes the
+// slots its guest has (see recordFound); a reservation of a proxy with no
+// domain here whose desired state does not place it here is released.
+// That frees the room a crash left (an executor that removed a proxy and
+// died before releasing, a create that reserved and then lost to a newer
+// command). A reservation whose command is not recorded yet (intake
+// reserves first) is released only when passes at least two AckWaits
+// apart find it so: by then its command has been given up, or retried
+// (and a retry reserves again, with its own seq).
+//
+// It returns an error when the room or slots of a domain in insts may be
+// missing from the record (the record, or a domain, unreadable); nil
+// says the record holds them all, and lets the host's work through
+// awaitRoomKnown.
+func (e *executor) reconcileRoom(ctx context.Context, insts []fleet.Instance) error {
 	w := e.w
 	rec, _, err := w.readHost(ctx, e.host)
 	if err != nil {
 		w.log.Debug("reconcile room", "host", e.host, "err", err)
-		return
+		return fmt.Errorf("reconcile room on %s: %w", e.host, err)
 	}
+	var st messages.AddrState
+	plan := w.catalog.Plans[e.host]
+	if plan != nil {
+		if st, err = addrsOf(&rec); err != nil {
+			return fmt.Errorf("reconcile room: %w", err)
+		}
+	}
+	var errs []error
 	present := map[string]bool{}
 	for _, in := range insts {
 		present[in.ID] = true
-		if _, ok := rec.Proxies[in.ID]; !ok && ctx.Err() == nil {
-			e.reserveFound(ctx, in.ID)
+		_, room := rec.Proxies[in.ID]
+		_, slots := addrplan.Held(&st, in.ID)
+		if room && (plan == nil || slots) || ctx.Err() != nil {
+			continue
+		}
+		if err := e.recordFound(ctx, in.ID); err != nil {
+			w.log.Debug("reconcile room", "host", e.host, "id", in.ID, "err", err)
+			errs = append(errs, fmt.Errorf("record domain %s: %w", in.ID, err))
 		}
 	}
 	pending := map[string]uint64{}
@@ -235,6 +261,77 @@ func (e *executor) reconcileRoom(ctx context.Context, insts []fleet.Instance) {
 		}
 	}
 	e.unrecorded.keep(pending)
+	if err := errors.Join(append(errs, ctx.Err())...); err != nil {
+		return fmt.Errorf("reconcile room on %s: %w", e.host, err)
+	}
+	e.known.done.Store(true)
+	return nil
+}
+
+// roomKnown says whether the host's record is known to hold the room and
+// slots of every domain on the host (see awaitRoomKnown).
+type roomKnown struct {
+	done atomic.Bool
+	mu   sync.Mutex // held by the reconciliation awaitRoomKnown runs
+
+	movedMu sync.Mutex
+	moved   map[string]bool // see moveTo
+}
+
+// moveTo notes that proxies ids gave their slots up to a domain found here.
+func (k *roomKnown) moveTo(ids []string) {
+	k.movedMu.Lock()
+	defer k.movedMu.Unlock()
+	if k.moved == nil {
+		k.moved = map[string]bool{}
+	}
+	for _, id := range ids {
+		k.moved[id] = true
+	}
+}
+
+// wasMoved says, once, whether proxy id gave its slots up since it last
+// asked.
+func (k *roomKnown) wasMoved(id string) bool {
+	k.movedMu.Lock()
+	defer k.movedMu.Unlock()
+	if !k.moved[id] {
+		return false
+	}
+	delete(k.moved, id)
+	return true
+}
+
+// awaitRoomKnown returns once a reconciliation since this worker began
+// has recorded the room and slots of every domain it listed on the host,
+// running one itself if no observation pass has completed one: on a host
+// with a plan no work converges before that. A domain the record
+// does not show (the record deleted or rewritten, or a crash that left a
+// domain its record lost) still has its guest's addresses, and a create
+// given one of them by the record would make a second guest with that
+// address and MAC. Once it has returned, the record keeps every domain's
+// slots for as long as the domain is there, whichever worker writes it:
+// a create records them before it makes the domain (ensureRoom), and a
+// proxy's slots are freed only once its domain is gone.
+//
+// It is called before the work takes its proxy's lock, as the
+// reconciliation takes the locks of the proxies it looks at. An error
+// (the host's domains or its record unreadable) leaves the work to be
+// retried.
+func (e *executor) awaitRoomKnown(ctx context.Context) error {
+	if e.w.catalog.Plans[e.host] == nil || e.known.done.Load() {
+		return nil
+	}
+	e.known.mu.Lock()
+	defer e.known.mu.Unlock()
+	if e.known.done.Load() {
+		return nil
+	}
+	insts, err := e.prov.List(ctx)
+	if err != nil {
+		return fmt.Errorf("list %s before its first create: %w", e.host, err)
+	}
+	return e.reconcileRoom(ctx, insts)
 }
 
 // unrecordedRoom remembers when the owner first saw each reservation whose
@@ -275,45 +372,136 @@ func (u *unrecordedRoom) keep(pending map[string]uint64) {
 	}
 }
 
-// reserveFound records the room a domain found here takes, if it is still
-// here under the proxy's lock (its delete may have just released it).
-func (e *executor) reserveFound(ctx context.Context, id string) {
-	unlock, err := e.w.locks.lock(ctx, id)
+// recordFound records the room of domain id, found here, if it is still
+// here under the proxy's lock (its delete may have just released it),
+// and on a host with a plan the slots its guest's addresses are, unless
+// the proxy holds some.
+//
+// A domain's addresses are its guest's, whatever the record says: a proxy
+// the record gives one of its slots that has no domain here (placed while
+// the record had lost the domain's) gives all its slots up in the same
+// compare-and-set, keeping its room, and takes others when its create
+// reserves. One whose lock is taken, or whose domain is here too, keeps
+// them: the found domain takes its room and not the slot, and the
+// conflict is counted and logged (the two guests share an address until
+// one is deleted).
+func (e *executor) recordFound(ctx context.Context, id string) error {
+	w := e.w
+	unlock, err := w.locks.lock(ctx, id)
 	if err != nil {
-		return
+		return err
 	}
 	defer unlock()
 	in, err := e.prov.Get(ctx, id)
-	if err != nil {
-		return
+	switch {
+	case isNotFound(err):
+		return nil // gone since it was listed
+	case err != nil && !fleet.IsTransient(err):
+		// Nothing to learn from it by trying again: it is left out, as a
+		// domain of someone else's would be.
+		w.log.Warn("a domain found with no reservation or slots cannot be read: left out of the record", "host", e.host, "id", id, "err", err)
+		return nil
+	case err != nil:
+		return err
 	}
-	plan := e.w.catalog.Plans[e.host]
-	var conflict error
-	err = e.w.updateHost(ctx, e.host, func(rec *messages.HostRecord) error {
-		conflict = nil
-		if _, ok := rec.Proxies[id]; ok {
-			return errNoChange
+	plan := w.catalog.Plans[e.host]
+	var want addrplan.Slots
+	if plan != nil {
+		want = slotsOf(plan, in.Egress)
+	}
+	idle := map[string]func(){} // holders of want with no domain here, under their locks
+	defer func() {
+		for _, unlock := range idle {
+			unlock()
 		}
-		rec.Proxies[id] = 0
-		if plan != nil && len(in.Egress) > 0 {
+	}()
+	var roomTaken bool // by any write
+	var holders, moved []string
+	for try := 0; ; try++ {
+		var took bool
+		uctx := ctx
+		if len(idle) > 0 {
+			// The holders' locks are kept until the write has landed or
+			// failed: a create of one must not read the record before it.
+			uctx = context.WithoutCancel(ctx)
+		}
+		err = w.updateHost(uctx, e.host, func(rec *messages.HostRecord) error {
+			took, holders, moved = false, nil, nil
+			if _, ok := rec.Proxies[id]; !ok {
+				rec.Proxies[id] = 0
+				took = true
+			}
+			noChange := errNoChange
+			if took {
+				noChange = nil
+			}
+			if want == (addrplan.Slots{}) {
+				return noChange
+			}
 			st, err := addrsOf(rec)
 			if err != nil {
 				return err
 			}
-			conflict = plan.Take(&st, id, slotsOf(plan, in.Egress), time.Now())
+			if _, ok := addrplan.Held(&st, id); ok {
+				return noChange
+			}
+			now := time.Now()
+			for _, h := range addrplan.Holders(&st, id, want) {
+				if idle[h] != nil {
+					plan.Release(&st, h, now)
+					moved = append(moved, h)
+				}
+			}
+			if err := plan.Take(&st, id, want, now); err != nil {
+				holders, moved = addrplan.Holders(&st, id, want), nil
+				return noChange // st, changed or not, is not written
+			}
 			rec.Addresses = messages.EncodeAddrs(st)
+			return nil
+		})
+		roomTaken = roomTaken || err == nil && took
+		if err != nil || len(holders) == 0 || try == 2 || !e.lockIdle(ctx, holders, idle) {
+			break
 		}
-		return nil
-	})
+	}
 	if err != nil {
-		e.w.log.Debug("reconcile room", "host", e.host, "id", id, "err", err)
-		return
+		return err
 	}
-	e.w.log.Info("room taken by a domain with no reservation", "host", e.host, "id", id)
-	if conflict != nil {
-		e.w.metrics.addrConflicts.Inc()
-		e.w.log.Warn("a domain found with no reservation has an address another proxy holds", "host", e.host, "id", id, "err", conflict)
+	if len(moved) > 0 {
+		e.known.moveTo(moved)
+		w.log.Info("a domain found with addresses the record gave to proxies with no domain here took them; those get others",
+			"host", e.host, "id", id, "from", moved)
 	}
+	if roomTaken {
+		w.log.Info("room taken by a domain with no reservation", "host", e.host, "id", id)
+	}
+	if len(holders) > 0 && roomTaken {
+		w.metrics.addrConflicts.Inc()
+		w.log.Warn("a domain found with no reservation has an address another proxy holds", "host", e.host, "id", id, "holders", holders)
+	}
+	return nil
+}
+
+// lockIdle takes the lock of each of holders not in idle whose lock is
+// free and adds it to idle (with its unlock) if it has no domain here:
+// while it is held no create of it runs. It reports whether it added one.
+func (e *executor) lockIdle(ctx context.Context, holders []string, idle map[string]func()) bool {
+	added := false
+	for _, h := range holders {
+		if idle[h] != nil {
+			continue
+		}
+		unlock, ok := e.w.locks.tryLock(h)
+		if !ok {
+			continue // being converged: it may be making its domain
+		}
+		if _, err := e.prov.Get(ctx, h); !isNotFound(err) {
+			unlock() // there, or unreadable: it keeps its slots
+			continue
+		}
+		idle[h], added = unlock, true
+	}
+	return added
 }
 
 // slotsOf are the slots of plan that give a domain's egress addresses
