@@ -173,6 +173,47 @@ type Fold struct {
 	// checksDirty holds the ids whose check record may have changed,
 	// appeared or gone since TakeChecksDirty last emptied it.
 	checksDirty map[string]struct{}
+	// hosts are the host names events named, each kept once for every
+	// proxy of its host (internHost); at most maxInternedHosts.
+	hosts map[string]string
+}
+
+// maxInternedHosts bounds Fold.hosts: past it, a host's name is kept as
+// its event gave it (one copy a proxy, as without interning).
+const maxInternedHosts = 1 << 14
+
+// internHost returns host, shared with every proxy of that host: a
+// decoded event's strings are its own, and the fold keeps one for every
+// proxy of the fleet.
+func (f *Fold) internHost(host string) string {
+	if s, ok := f.hosts[host]; ok {
+		return s
+	}
+	if len(f.hosts) >= maxInternedHosts {
+		return host
+	}
+	if f.hosts == nil {
+		f.hosts = map[string]string{}
+	}
+	f.hosts[host] = host
+	return host
+}
+
+// internState returns state as its messages constant where it is one.
+func internState(state string) string {
+	switch state {
+	case messages.StateProvisioning:
+		return messages.StateProvisioning
+	case messages.StateRunning:
+		return messages.StateRunning
+	case messages.StateFailed:
+		return messages.StateFailed
+	case messages.StateDeleting:
+		return messages.StateDeleting
+	case messages.StateDeleted:
+		return messages.StateDeleted
+	}
+	return state
 }
 
 // FoldStats counts what the fold did.
@@ -199,14 +240,14 @@ type FoldStats struct {
 // proxyState is what the fold keeps of one proxy: its last seen event, its
 // probing and its place in the rotation.
 type proxyState struct {
+	// The fields are ordered so that the struct packs without padding:
+	// the fold holds one for every proxy of the fleet.
 	id    string
 	seq   uint64
-	state string
-	host  string
-	sim   bool   // the last running event with an address came from the sim driver
-	cmd   string // command id of the last event
-	ip    string // last address reported, kept through a grace
-	port  int
+	state string    // one of the messages.State constants, shared (internState)
+	host  string    // shared with every proxy of the host (Fold.internHost)
+	cmd   string    // command id of the last event
+	ip    string    // last address reported, kept through a grace
 	at    time.Time // time of the last event
 	// runningAt is the time of the running event that made addr a
 	// candidate, until its admission is told (latency.go).
@@ -218,33 +259,81 @@ type proxyState struct {
 	// running event (never changed in place).
 	egressAddrs []string
 
-	seeded bool // loaded by Seed and not yet confirmed by an event
-
 	addr      string // the candidate address: probed, and used in the rotation; "" when not a candidate
 	epoch     uint64 // changes whenever addr does
 	passes    int    // passing probes in a row at addr
 	fails     int    // failing probes in a row at addr
 	lastProbe time.Time
 
-	inRotation bool
 	since      time.Time // when it entered the rotation
 	graceUntil time.Time // non-zero while it keeps its place in grace
 
 	// What the probes of addr found (reset with it).
-	egress   string // the address the target saw, "" if never reported
-	reported bool   // a target reported a request of a probe
+	egress string // the address the target saw, "" if never reported
+	// bad holds what keeps it out of the rotation (leak, mismatch); nil
+	// while the probes found neither, as for nearly every proxy.
+	bad *badFindings
+	// egressTurn counts the probes applied that named an address: with
+	// EgressStart, which address the next one names.
+	egressTurn uint64
+	openState  string    // last conclusive open check: OpenRefused, OpenAnswered, or "" for none
+	openAt     time.Time // when that check was taken
+	checkAt    time.Time // when its check record last changed
+
+	sim         bool // the last running event with an address came from the sim driver
+	seeded      bool // loaded by Seed and not yet confirmed by an event
+	inRotation  bool
+	reported    bool // a target reported a request of a probe
+	openPending bool // the last open check was inconclusive
+}
+
+// badFindings are the probes' findings that keep a proxy out of the
+// rotation, each "" for none.
+type badFindings struct {
 	leak     string // why it is leaky; "" if the last report found nothing
 	mismatch string // the address a request left from, when not the one named or not one of egressAddrs; "" if none
 	// mismatchNamed is the address the request found mismatched named
 	// ("" for none): probes keep naming it until one leaves from it.
 	mismatchNamed string
-	// egressTurn counts the probes applied that named an address: with
-	// EgressStart, which address the next one names.
-	egressTurn  uint64
-	openState   string    // last conclusive open check: OpenRefused, OpenAnswered, or "" for none
-	openAt      time.Time // when that check was taken
-	openPending bool      // the last open check was inconclusive
-	checkAt     time.Time // when its check record last changed
+}
+
+func (p *proxyState) leak() string {
+	if p.bad == nil {
+		return ""
+	}
+	return p.bad.leak
+}
+
+func (p *proxyState) mismatch() string {
+	if p.bad == nil {
+		return ""
+	}
+	return p.bad.mismatch
+}
+
+func (p *proxyState) mismatchNamed() string {
+	if p.bad == nil {
+		return ""
+	}
+	return p.bad.mismatchNamed
+}
+
+// setLeak sets the leak finding, keeping the mismatch.
+func (p *proxyState) setLeak(leak string) {
+	p.setBad(badFindings{leak: leak, mismatch: p.mismatch(), mismatchNamed: p.mismatchNamed()})
+}
+
+// setMismatch sets the mismatch finding, keeping the leak.
+func (p *proxyState) setMismatch(addr, named string) {
+	p.setBad(badFindings{leak: p.leak(), mismatch: addr, mismatchNamed: named})
+}
+
+func (p *proxyState) setBad(b badFindings) {
+	if b == (badFindings{}) {
+		p.bad = nil
+		return
+	}
+	p.bad = &b
 }
 
 // NewFold returns an empty fold with the given grace and clock (nil:
@@ -337,7 +426,7 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 	newCommand := p.cmd != ev.CommandID && !p.seeded
 	seeded := p.seeded
 	p.seeded = false
-	p.seq, p.state, p.host, p.cmd, p.at = ev.Seq, ev.State, ev.Host, ev.CommandID, at
+	p.seq, p.state, p.host, p.cmd, p.at = ev.Seq, internState(ev.State), f.internHost(ev.Host), ev.CommandID, at
 	// A proxy in the rotation whose labels or egress addresses change (a
 	// spec change that kept its address) changes the snapshot, which
 	// carries them: restated.
@@ -346,7 +435,7 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 
 	switch {
 	case ev.State == messages.StateRunning && ev.IP != "" && ev.Port > 0:
-		p.ip, p.port = ev.IP, ev.Port
+		p.ip = ev.IP
 		if !slices.Equal(p.egressAddrs, ev.Egress) {
 			p.egressAddrs = ev.Egress
 			restated = true // the snapshot carries them too
@@ -385,7 +474,7 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 		// the proxy is being moved, re-created or changed, and its old
 		// address is not coming back.
 		if ev.IP != "" {
-			p.ip, p.port = ev.IP, ev.Port
+			p.ip = ev.IP
 		}
 		if !p.inRotation {
 			f.forget(p)
@@ -409,7 +498,7 @@ func (f *Fold) apply(ev messages.StateEvent) (changed, ok bool) {
 	default: // failed, deleting, deleted: out, and forget all but the seq.
 		changed = f.leave(p)
 		f.forget(p)
-		p.ip, p.port = "", 0
+		p.ip = ""
 		return changed, true
 	}
 }
@@ -442,7 +531,7 @@ func (f *Fold) resetChecks(p *proxyState) {
 	// Marked even without a record: the bucket may hold one of its
 	// address from another process, which goes with it.
 	f.markCheck(p)
-	p.egress, p.reported, p.leak, p.mismatch, p.mismatchNamed, p.egressTurn = "", false, "", "", "", 0
+	p.egress, p.reported, p.bad, p.egressTurn = "", false, nil, 0
 	p.openState, p.openAt, p.openPending, p.checkAt = "", time.Time{}, false, time.Time{}
 }
 

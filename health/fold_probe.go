@@ -62,7 +62,7 @@ func (f *Fold) ApplyProbe(r ProbeResult) (changed bool) {
 		p.fails++
 		p.passes = 0
 	}
-	if r.Named != "" && r.OK && p.mismatch == "" {
+	if r.Named != "" && r.OK && p.mismatch() == "" {
 		// The next probe names the next address; a failed or
 		// mismatched one is named again until a probe passes through it
 		// and leaves from it.

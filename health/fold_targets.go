@@ -137,13 +137,13 @@ func (f *Fold) egressFor(p *proxyState) string {
 // a request found mismatched named, while it is still an address of p's
 // plan of a family probes name.
 func (f *Fold) pinned(p *proxyState) string {
-	if p.mismatch == "" || p.mismatchNamed == "" || !messages.EgressContains(p.egressAddrs, p.mismatchNamed) {
+	if p.mismatch() == "" || p.mismatchNamed() == "" || !messages.EgressContains(p.egressAddrs, p.mismatchNamed()) {
 		return ""
 	}
-	if a, err := netip.ParseAddr(p.mismatchNamed); err != nil || !f.EgressFamilies.has(a) {
+	if a, err := netip.ParseAddr(p.mismatchNamed()); err != nil || !f.EgressFamilies.has(a) {
 		return ""
 	}
-	return p.mismatchNamed
+	return p.mismatchNamed()
 }
 
 // egressStart is where id's cycle starts (see Fold.EgressStart).

@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"testing"
 	"time"
+	"unsafe"
 
 	"proxyfleet/messages"
 )
@@ -452,5 +453,18 @@ func TestFoldCarriesEgressAddrs(t *testing.T) {
 	}
 	if got := f.Snapshot()[0].EgressAddrs; got[1] != "2001:db8:101::20/124" {
 		t.Fatalf("egress %v", got)
+	}
+}
+
+// The fold keeps a proxyState for every proxy of the fleet: it must stay
+// within the allocator's 384-byte class on 64-bit platforms (fields that
+// padding would grow, and findings nearly every proxy lacks, are where
+// they cost nothing).
+func TestProxyStateSize(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) != 8 {
+		t.Skip("sizes for 64-bit platforms")
+	}
+	if n := unsafe.Sizeof(proxyState{}); n > 384 {
+		t.Errorf("proxyState is %d bytes, more than 384", n)
 	}
 }

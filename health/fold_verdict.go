@@ -27,7 +27,8 @@ func (f *Fold) findings(p *proxyState, r ProbeResult) {
 	if r.Reported {
 		// Only a report clears a leak: a target that reports nothing
 		// (an https one, an external page) says nothing either way.
-		p.reported, p.leak = true, r.Leak
+		p.reported = true
+		p.setLeak(r.Leak)
 	}
 	switch r.Open {
 	case OpenRefused, OpenAnswered:
@@ -47,17 +48,17 @@ func (f *Fold) findings(p *proxyState, r ProbeResult) {
 // it, or until that address is no longer one to name.
 func (f *Fold) egressFindings(p *proxyState, r ProbeResult) {
 	if len(p.egressAddrs) == 0 {
-		p.mismatch, p.mismatchNamed = "", ""
+		p.setMismatch("", "")
 		return
 	}
 	planned := messages.EgressContains(p.egressAddrs, r.Egress)
 	if !planned || (r.Named != "" && r.Egress != r.Named && sameFamily(r.Named, r.Egress)) {
-		p.mismatch, p.mismatchNamed = r.Egress, r.Named
+		p.setMismatch(r.Egress, r.Named)
 		f.stats.EgressMismatches++
 		return
 	}
-	if p.mismatch != "" && (r.Named == "" || r.Egress == r.Named) && (r.Named == p.mismatchNamed || f.pinned(p) == "") {
-		p.mismatch, p.mismatchNamed = "", ""
+	if p.mismatch() != "" && (r.Named == "" || r.Egress == r.Named) && (r.Named == p.mismatchNamed() || f.pinned(p) == "") {
+		p.setMismatch("", "")
 	}
 }
 
@@ -84,7 +85,7 @@ func sameFamily(a, b string) bool {
 
 // refused reports whether p's checks keep it out of the rotation.
 func (f *Fold) refused(p *proxyState) bool {
-	return p.openState == OpenAnswered || p.leak != "" || p.mismatch != ""
+	return p.openState == OpenAnswered || p.leak() != "" || p.mismatch() != ""
 }
 
 // admissible reports whether p's checks let it enter the rotation: not
@@ -120,9 +121,9 @@ func (f *Fold) verdict(p *proxyState) string {
 		return ""
 	case p.openState == OpenAnswered:
 		return messages.VerdictOpen
-	case p.leak != "":
+	case p.leak() != "":
 		return messages.VerdictLeaky
-	case p.mismatch != "":
+	case p.mismatch() != "":
 		return messages.VerdictMismatch
 	case f.CheckOpen && p.openState == "":
 		return "" // not known to refuse: nothing to call ok yet
@@ -137,17 +138,17 @@ func (f *Fold) reason(p *proxyState) string {
 	if p.openState == OpenAnswered {
 		parts = append(parts, ReasonOpen)
 	}
-	if p.leak != "" {
-		parts = append(parts, p.leak)
+	if p.leak() != "" {
+		parts = append(parts, p.leak())
 	}
 	switch {
-	case p.mismatch == "":
-	case p.mismatchNamed == "":
-		parts = append(parts, ReasonMismatch+": its requests left from "+p.mismatch+", not from an address its plan gave it")
-	case messages.EgressContains(p.egressAddrs, p.mismatch):
-		parts = append(parts, ReasonMismatch+": a request naming "+p.mismatchNamed+" left from "+p.mismatch)
+	case p.mismatch() == "":
+	case p.mismatchNamed() == "":
+		parts = append(parts, ReasonMismatch+": its requests left from "+p.mismatch()+", not from an address its plan gave it")
+	case messages.EgressContains(p.egressAddrs, p.mismatch()):
+		parts = append(parts, ReasonMismatch+": a request naming "+p.mismatchNamed()+" left from "+p.mismatch())
 	default:
-		parts = append(parts, ReasonMismatch+": a request naming "+p.mismatchNamed+" left from "+p.mismatch+", not from an address its plan gave it")
+		parts = append(parts, ReasonMismatch+": a request naming "+p.mismatchNamed()+" left from "+p.mismatch()+", not from an address its plan gave it")
 	}
 	return strings.Join(parts, "; ")
 }

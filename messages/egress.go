@@ -3,6 +3,7 @@ package messages
 import (
 	"fmt"
 	"net/netip"
+	"strconv"
 	"strings"
 )
 
@@ -76,7 +77,7 @@ func EgressContains(items []string, addr string) bool {
 // address or a prefix standing for all of its addresses, MaxEgress
 // addresses at most in all.
 func ExpandEgress(items []string) ([]netip.Addr, error) {
-	var out []netip.Addr
+	out := make([]netip.Addr, 0, expandedLen(items))
 	for i, s := range items {
 		if !strings.Contains(s, "/") {
 			a, err := netip.ParseAddr(s)
@@ -102,6 +103,31 @@ func ExpandEgress(items []string) ([]netip.Addr, error) {
 		return nil, fmt.Errorf("egress: %d addresses, more than %d", len(out), MaxEgress)
 	}
 	return out, nil
+}
+
+// expandedLen is how many addresses ExpandEgress makes of items, as far
+// as their text tells (each prefix's addresses, each other item one),
+// bounded by MaxEgress: the capacity of its result, allocated once.
+func expandedLen(items []string) int {
+	n := 0
+	for _, s := range items {
+		k := 1
+		if i := strings.LastIndexByte(s, '/'); i >= 0 {
+			bits, err := strconv.Atoi(s[i+1:])
+			w := 32
+			if strings.Contains(s[:i], ":") {
+				w = 128
+			}
+			if err == nil && bits <= w && w-bits <= 9 {
+				k = 1 << (w - bits)
+			}
+		}
+		n += k
+		if n >= MaxEgress {
+			return MaxEgress
+		}
+	}
+	return n
 }
 
 // HeaderEgress is the request header by which a client of a proxy (the

@@ -76,3 +76,15 @@ func TestEgressContains(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkExpandEgress is a proxy's egress list of a plan with an IPv4
+// address and sixteen IPv6 addresses read back (a sim host's Get).
+func BenchmarkExpandEgress(b *testing.B) {
+	items := []string{"198.18.0.5", "2001:db8:1f4::640/124"}
+	b.ReportAllocs()
+	for b.Loop() {
+		if as, err := ExpandEgress(items); err != nil || len(as) != 17 {
+			b.Fatal(len(as), err)
+		}
+	}
+}

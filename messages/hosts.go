@@ -191,6 +191,79 @@ func (h HostAddrs) Decode() (AddrState, error) {
 	return st, nil
 }
 
+// Held returns the slots proxy id holds, as Decode's Slots[id] would,
+// without building the assignments: where h is in the form EncodeAddrs
+// writes, its slots are looked through in place (an executor asks this of
+// its host's record for every create, and decoding every pair of the
+// host for one was most of that cost); anything else is decoded. Only the
+// slots are read: a fault in the rest shows when Decode is asked.
+func (h HostAddrs) Held(id string) (AddrSlots, bool, error) {
+	if len(h.raw) == 0 {
+		return AddrSlots{}, false, nil
+	}
+	if s, found, sure := scanSlots(h.raw, id); sure {
+		return s, found, nil
+	}
+	st, err := h.Decode()
+	if err != nil {
+		return AddrSlots{}, false, err
+	}
+	s, ok := st.Slots[id]
+	return s, ok, nil
+}
+
+// scanSlots looks for id among the slots of b as EncodeAddrs writes them:
+// {"slots":{"id":[v4,v6],...} first, plain keys, no whitespace. sure is
+// false where b is not in that form (the caller decodes it); a key
+// repeated counts as its last, as encoding/json reads it.
+func scanSlots(b []byte, id string) (s AddrSlots, found, sure bool) {
+	const head = `{"slots":{`
+	if !plainKey(id) || !bytes.HasPrefix(b, []byte(head)) {
+		return s, false, false
+	}
+	i := len(head)
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return s, false, false
+		}
+		end := bytes.IndexByte(b[i+1:], '"')
+		if end < 0 {
+			return s, false, false
+		}
+		key := b[i+1 : i+1+end]
+		if !plainKeyBytes(key) {
+			return s, false, false
+		}
+		i += end + 2
+		if !bytes.HasPrefix(b[i:], []byte(":[")) {
+			return s, false, false
+		}
+		closing := bytes.IndexByte(b[i:], ']')
+		if closing < 0 {
+			return s, false, false
+		}
+		var pair AddrSlots
+		if pair.UnmarshalJSON(b[i+1:i+closing+1]) != nil {
+			return AddrSlots{}, false, false
+		}
+		if string(key) == id {
+			s, found = pair, true
+		}
+		i += closing + 1
+		if i >= len(b) {
+			return s, false, false
+		}
+		switch b[i] {
+		case ',':
+			i++
+		case '}':
+			return s, found, true
+		default:
+			return s, false, false
+		}
+	}
+}
+
 // IsZero says whether h holds no assignments (encoding/json's omitzero).
 func (h HostAddrs) IsZero() bool { return len(h.raw) == 0 }
 
@@ -264,6 +337,18 @@ func plainKey(k string) bool {
 	for i := 0; i < len(k); i++ {
 		switch c := k[i]; {
 		case c < 0x20, c >= 0x80, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
+}
+
+// plainKeyBytes is plainKey of k, which also holds none of {}[] (so that
+// scanSlots cannot take a key's bytes for the form around it).
+func plainKeyBytes(k []byte) bool {
+	for _, c := range k {
+		switch {
+		case c < 0x20, c >= 0x80, c == '"', c == '\\', c == '<', c == '>', c == '&', c == '{', c == '}', c == '[', c == ']':
 			return false
 		}
 	}

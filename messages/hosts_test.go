@@ -121,3 +121,43 @@ func TestEncodeAddrsIsJSON(t *testing.T) {
 		}
 	}
 }
+
+// Held answers as Decode's Slots do, for the form EncodeAddrs writes and
+// for any other a record may hold.
+func TestHostAddrsHeldAsDecode(t *testing.T) {
+	freed := time.Date(2026, 12, 5, 7, 0, 0, 0, time.UTC)
+	st := AddrState{
+		Slots: map[string]AddrSlots{"p1": {V4: 1, V6: 1}, "p2": {V4: 3}, "p10": {V6: 7}},
+		V4:    SlotSpace{Next: 3, Freed: map[int]time.Time{2: freed}},
+		V6:    SlotSpace{Next: 7},
+	}
+	var other HostAddrs // the same assignments, written with whitespace
+	if err := json.Unmarshal([]byte(`{ "slots": {"p1": [1, 1], "p2": [3,0], "p10": [0,7]}, "v4": {"next": 3} }`), &other); err != nil {
+		t.Fatal(err)
+	}
+	var repeated HostAddrs // a key twice: the last counts, as encoding/json reads it
+	if err := json.Unmarshal([]byte(`{"slots":{"p1":[9,9],"p2":[3,0],"p1":[1,1],"p10":[0,7]}}`), &repeated); err != nil {
+		t.Fatal(err)
+	}
+	var onlySpaces HostAddrs // no slots at all
+	if err := json.Unmarshal([]byte(`{"v4":{"next":3}}`), &onlySpaces); err != nil {
+		t.Fatal(err)
+	}
+	for name, h := range map[string]HostAddrs{"encoded": EncodeAddrs(st), "spaced": other, "repeated": repeated, "no slots": onlySpaces, "zero": {}} {
+		want, err := h.Decode()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for _, id := range []string{"p1", "p2", "p10", "p", "p3", `p"1`, "slots", "v4"} {
+			got, ok, err := h.Held(id)
+			w, wok := want.Slots[id]
+			if err != nil || ok != wok || got != w {
+				t.Errorf("%s: Held(%q) = %+v, %v, %v; Decode's slots say %+v, %v", name, id, got, ok, err, w, wok)
+			}
+		}
+	}
+	bad := HostAddrs{raw: []byte(`{"slots":{"p1":[1,x]}}`)}
+	if _, _, err := bad.Held("p2"); err == nil {
+		t.Error("Held of malformed assignments: no error")
+	}
+}

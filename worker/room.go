@@ -96,15 +96,13 @@ func (w *Worker) reserveSlots(ctx context.Context, host, id string, seq uint64, 
 // the slots the proxy holds.
 func reserveEdit(rec *messages.HostRecord, host, id string, seq uint64, room int, force bool, plan *addrplan.Plan, now time.Time) (addrplan.Slots, error) {
 	r, ok := rec.Proxies[id]
-	var st messages.AddrState
 	var slots addrplan.Slots
 	hasSlots := false
 	if plan != nil {
 		var err error
-		if st, err = addrsOf(rec); err != nil {
+		if slots, hasSlots, err = heldSlots(rec, id); err != nil {
 			return addrplan.Slots{}, err
 		}
-		slots, hasSlots = addrplan.Held(&st, id)
 	}
 	if ok && r >= seq && (plan == nil || hasSlots) {
 		return slots, errNoChange
@@ -113,7 +111,10 @@ func reserveEdit(rec *messages.HostRecord, host, id string, seq uint64, room int
 		return addrplan.Slots{}, &fullError{host: host, n: len(rec.Proxies), maxRoom: room}
 	}
 	if plan != nil && !hasSlots {
-		var err error
+		st, err := addrsOf(rec)
+		if err != nil {
+			return addrplan.Slots{}, err
+		}
 		slots, err = plan.Assign(&st, id, now)
 		if err != nil {
 			return addrplan.Slots{}, &fullError{host: host, n: len(rec.Proxies), maxRoom: room, addr: err}
@@ -134,6 +135,17 @@ func addrsOf(rec *messages.HostRecord) (messages.AddrState, error) {
 		return st, fmt.Errorf("host record of %s: %w", rec.Host, err)
 	}
 	return st, nil
+}
+
+// heldSlots returns the slots id holds in rec's address assignments,
+// without decoding them all where their form allows (messages.HostAddrs.Held),
+// an error naming the host if they are malformed.
+func heldSlots(rec *messages.HostRecord, id string) (addrplan.Slots, bool, error) {
+	a, ok, err := rec.Addresses.Held(id)
+	if err != nil {
+		return addrplan.Slots{}, false, fmt.Errorf("host record of %s: %w", rec.Host, err)
+	}
+	return addrplan.Slots{V4: a.V4, V6: a.V6}, ok, nil
 }
 
 // release frees id's room on host for the command of seq, whose removal of
@@ -180,10 +192,8 @@ func (e *executor) ensureRoom(ctx context.Context, d *messages.Desired, present 
 			if plan == nil {
 				return fleet.Network{}, nil
 			}
-			if st, err := addrsOf(&rec); err == nil {
-				if slots, ok := addrplan.Held(&st, d.ID); ok {
-					return planNetwork(plan, slots), nil
-				}
+			if slots, ok, err := heldSlots(&rec, d.ID); err == nil && ok {
+				return planNetwork(plan, slots), nil
 			}
 		}
 	}
