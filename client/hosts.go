@@ -126,7 +126,8 @@ var HostColumns = []string{"HOST", "OWNER", "PROXIES", "STATE", "SINCE", "REASON
 
 // PrintHosts writes one row per host: its owning worker, its proxies
 // against its max_proxies, its state, how long it has been so, and for a
-// quarantined host when it is probed next and why it is quarantined.
+// quarantined host when it is probed next (or that only a release ends an
+// operator's quarantine) and why it is quarantined.
 func PrintHosts(w io.Writer, hosts []HostInfo) error {
 	return printHosts(w, hosts, time.Now())
 }
@@ -140,7 +141,9 @@ func printHosts(w io.Writer, hosts []HostInfo, now time.Time) error {
 			room = fmt.Sprintf("%d/%d", h.Proxies, h.MaxProxies)
 		}
 		reason := h.Reason
-		if h.State == messages.HostQuarantined && !h.Until.IsZero() {
+		if h.State == messages.HostQuarantined && h.Until.IsZero() {
+			reason = "until released: " + reason // an operator's: no probe ends it
+		} else if h.State == messages.HostQuarantined {
 			next := "probe due"
 			if d := h.Until.Sub(now); d > 0 {
 				next = "probe in " + d.Round(time.Second).String()

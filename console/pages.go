@@ -84,6 +84,8 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("POST /actions/pool/size", s.counted("action", s.action("pool_size", s.poolSize)))
 	mux.Handle("POST /actions/ban/add", s.counted("action", s.action("ban_add", s.banAdd)))
 	mux.Handle("POST /actions/ban/remove", s.counted("action", s.action("ban_remove", s.banRemove)))
+	mux.Handle("POST /actions/host/quarantine", s.counted("action", s.action("host_quarantine", s.hostQuarantine)))
+	mux.Handle("POST /actions/host/release", s.counted("action", s.action("host_release", s.hostRelease)))
 	mux.Handle("/", s.counted("other", s.authed(func(w http.ResponseWriter, r *http.Request, sess *session) {
 		s.render(w, r, http.StatusNotFound, "error", sess, "Not found", r.URL.Path+" is not a page of the console")
 	})))

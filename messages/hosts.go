@@ -41,10 +41,12 @@ type HostRecord struct {
 	Since time.Time `json:"since"`
 	// Until ends the current cool-down of a quarantined host: then its
 	// owner probes it, and it leaves quarantine or stays for a longer
-	// cool-down (CoolDownMS).
+	// cool-down (CoolDownMS). A quarantined host without Until is an
+	// operator's (Manual): no probe ends it, only a release command.
 	Until      time.Time `json:"until,omitzero"`
 	CoolDownMS int64     `json:"cool_down_ms,omitempty"`
-	// Reason is the failure that quarantined the host (or kept it).
+	// Reason is the failure that quarantined the host (or kept it), or
+	// "operator: <why>" for an operator's quarantine (OperatorReason).
 	Reason string    `json:"reason,omitempty"`
 	At     time.Time `json:"at"`
 	// Plan is the host's address plan as the config of the last writer

@@ -106,7 +106,7 @@ func (t Topology) Streams() []jetstream.StreamConfig {
 		Replicas:    t.Replicas,
 		MaxAge:      t.DeadMaxAge,
 		Duplicates:  t.DuplicateWindow,
-	}}, t.poolStreams()...)
+	}}, append(t.poolStreams(), t.hostStreams()...)...)
 }
 
 // Buckets returns the configuration of every KV bucket.

@@ -47,8 +47,8 @@ func TestSetupCreatesThenUpdates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(changes) != 15 {
-		t.Fatalf("first setup made %d changes, want 15 creations: %v", len(changes), changes)
+	if len(changes) != 16 {
+		t.Fatalf("first setup made %d changes, want 16 creations: %v", len(changes), changes)
 	}
 	for _, c := range changes {
 		if !c.Created {
@@ -78,6 +78,7 @@ func TestSetupCreatesThenUpdates(t *testing.T) {
 		messages.StreamResults:      "updated stream PROXY_RESULTS: max_age 24h0m0s → 2h0m0s, duplicate_window 2m0s → 1m0s",
 		messages.StreamDead:         "updated stream PROXY_DEAD: duplicate_window 2m0s → 1m0s",
 		messages.StreamPoolCommands: "updated stream PROXY_POOLCMDS: duplicate_window 2m0s → 1m0s",
+		messages.StreamHostCommands: "updated stream PROXY_HOSTCMDS: duplicate_window 2m0s → 1m0s",
 		messages.BucketCommands:     "updated bucket PROXY_CMDIDS: ttl 168h0m0s → 48h0m0s",
 	}
 	if len(got) != len(want) {

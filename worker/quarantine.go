@@ -25,6 +25,22 @@ import (
 // the end of a cool-down in the items it holds, and in the host's
 // observation ticks, which arrive every ObserveInterval even when no other
 // work does.
+//
+// An operator's quarantine (a host command, hostcmd.go) is a quarantine
+// without a cool-down (HostRecord.Manual): no probe ends it, only a
+// release, and it holds the host's work whether or not automatic
+// quarantine is enabled. Whoever applies a host command writes the record;
+// the owner takes the change from its host view (which follows the
+// bucket): a guard whose picture disagrees with the view's reads the
+// record again, before each item and, while work waits, every
+// recheckInterval. The guard's own writes never undo another writer's
+// change: a new quarantine is written only over a host not quarantined,
+// a probe's outcome only over the quarantine it probed; otherwise the
+// guard takes the record as it is.
+
+// recheckInterval bounds how long work held on a quarantined host waits
+// before its guard looks at the host view again.
+const recheckInterval = time.Second
 
 // hostGuard keeps one host's failures and quarantine in one worker. Its
 // clock is the wall clock: it waits on real timers.
@@ -49,7 +65,30 @@ func newHostGuard(w *Worker, host string, prov Provider) *hostGuard {
 	return &hostGuard{w: w, host: host, prov: prov, q: messages.HostRecord{State: messages.HostOK}, changed: make(chan struct{})}
 }
 
+// enabled reports whether automatic quarantine is on: failures counted,
+// cool-downs probed. An operator's quarantine holds either way.
 func (g *hostGuard) enabled() bool { return g.w.cfg.QuarantineFailures > 0 }
+
+// holds reports whether q holds the host's work.
+func (g *hostGuard) holds(q messages.HostRecord) bool {
+	return q.Manual() || (q.Quarantined() && g.enabled())
+}
+
+// follow reads the host's record again when the host view says the host
+// is (or is not) quarantined and g says otherwise: another worker applied
+// a host command, or quarantined or released it.
+func (g *hostGuard) follow(ctx context.Context) {
+	q, ok := g.w.hostView.quarantined(g.host)
+	if !ok {
+		return
+	}
+	g.mu.Lock()
+	differs := q != g.q.Quarantined()
+	g.mu.Unlock()
+	if differs {
+		g.load(ctx, true)
+	}
+}
 
 // set replaces the quarantine fields of q; g.mu is held.
 func (g *hostGuard) set(rec messages.HostRecord) {
@@ -67,7 +106,7 @@ func (g *hostGuard) load(ctx context.Context, again bool) {
 	g.mu.Lock()
 	skip := g.loaded && !again
 	g.mu.Unlock()
-	if skip || !g.enabled() {
+	if skip {
 		return
 	}
 	rec, _, err := g.w.readHost(ctx, g.host)
@@ -77,9 +116,14 @@ func (g *hostGuard) load(ctx context.Context, again bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.loaded = true
-	if rec.State != g.q.State || !rec.Until.Equal(g.q.Until) {
-		if rec.Quarantined() && !g.q.Quarantined() {
+	if rec.State != g.q.State || !rec.Until.Equal(g.q.Until) || !rec.Since.Equal(g.q.Since) || rec.Reason != g.q.Reason {
+		switch {
+		case rec.Manual() && !g.q.Manual():
+			g.w.log.Warn("host is quarantined by an operator: its work waits until released", "host", g.host, "reason", rec.Reason)
+		case rec.Quarantined() && !g.q.Quarantined():
 			g.w.log.Warn("host is quarantined: its work waits", "host", g.host, "until", rec.Until, "reason", rec.Reason)
+		case !rec.Quarantined() && g.q.Quarantined():
+			g.w.log.Warn("host is out of quarantine: its work runs", "host", g.host)
 		}
 		g.set(rec)
 	}
@@ -121,19 +165,33 @@ func (g *hostGuard) note(ctx context.Context, err error) {
 	g.mu.Unlock()
 	g.w.log.Warn("host quarantined: placement skips it and its work waits", "host", g.host, "failures", n,
 		"window", cfg.QuarantineWindow, "cool_down", cd, "err", err)
-	g.write(ctx, q)
+	g.write(ctx, q, func(rec messages.HostRecord) bool { return !rec.Quarantined() })
 }
 
-// write records the quarantine fields of q in the host's record.
-func (g *hostGuard) write(ctx context.Context, q messages.HostRecord) {
+// write records the quarantine fields of q in the host's record if the
+// record, as stored, is one over which q may be written (over: judged on
+// the record the compare-and-set writes over); otherwise another writer's
+// change stands and g takes the record as it is.
+func (g *hostGuard) write(ctx context.Context, q messages.HostRecord, over func(messages.HostRecord) bool) {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
+	kept := false
 	err := g.w.updateHost(wctx, g.host, func(rec *messages.HostRecord) error {
+		if !over(*rec) {
+			kept = true
+			return errNoChange
+		}
+		kept = false
 		rec.State, rec.Since, rec.Until, rec.CoolDownMS, rec.Reason = q.State, q.Since, q.Until, q.CoolDownMS, q.Reason
 		return nil
 	})
 	if err != nil {
 		g.w.log.Error("record the host's quarantine state", "host", g.host, "state", q.State, "err", err)
+		return
+	}
+	if kept {
+		g.w.log.Info("host's record changed by another writer: kept as it is", "host", g.host, "state", q.State)
+		g.load(wctx, true)
 	}
 }
 
@@ -141,18 +199,18 @@ func (g *hostGuard) write(ctx context.Context, q messages.HostRecord) {
 // cool-down is over, if no one else is), or with an error once ctx ends or
 // the worker drains (the item goes back, for the next owner).
 func (g *hostGuard) await(ctx context.Context) error {
-	if !g.enabled() {
-		return nil
-	}
 	g.load(ctx, false)
+	g.follow(ctx)
 	for {
 		g.mu.Lock()
-		if !g.q.Quarantined() {
+		if !g.holds(g.q) {
 			g.mu.Unlock()
 			return nil
 		}
 		wait, ch := time.Until(g.q.Until), g.changed
-		if wait <= 0 && !g.probing {
+		if g.q.Manual() {
+			wait = recheckInterval // no probe: a release ends it
+		} else if wait <= 0 && !g.probing {
 			g.probing = true
 			g.mu.Unlock()
 			g.probe(ctx)
@@ -162,7 +220,7 @@ func (g *hostGuard) await(ctx context.Context) error {
 		if wait <= 0 {
 			wait = time.Second // another call probes: it signals
 		}
-		t := time.NewTimer(wait)
+		t := time.NewTimer(min(wait, recheckInterval))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -172,6 +230,7 @@ func (g *hostGuard) await(ctx context.Context) error {
 			return errStopped
 		case <-ch:
 		case <-t.C:
+			g.follow(ctx)
 		}
 		t.Stop()
 	}
@@ -181,12 +240,14 @@ func (g *hostGuard) await(ctx context.Context) error {
 // (another owner may have quarantined or probed it), probes the host if its
 // cool-down is over, and reports whether it is (still) quarantined.
 func (g *hostGuard) tick(ctx context.Context) bool {
-	if !g.enabled() {
-		return false
+	if g.enabled() {
+		g.load(ctx, true)
+	} else {
+		g.load(ctx, false)
+		g.follow(ctx)
 	}
-	g.load(ctx, true)
 	g.mu.Lock()
-	probe := g.q.Quarantined() && !g.probing && !time.Now().Before(g.q.Until)
+	probe := g.enabled() && g.q.Quarantined() && !g.q.Manual() && !g.probing && !time.Now().Before(g.q.Until)
 	if probe {
 		g.probing = true
 	}
@@ -196,7 +257,7 @@ func (g *hostGuard) tick(ctx context.Context) bool {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.q.Quarantined()
+	return g.holds(g.q)
 }
 
 // probe makes one cheap call (List) to a quarantined host whose cool-down
@@ -215,6 +276,7 @@ func (g *hostGuard) probe(ctx context.Context) {
 		return // stopping: the next owner probes
 	}
 	cd := time.Duration(g.q.CoolDownMS) * time.Millisecond
+	probed := g.q
 	var q messages.HostRecord
 	if err == nil {
 		q = messages.HostRecord{State: messages.HostOK, Since: now.UTC()}
@@ -232,7 +294,9 @@ func (g *hostGuard) probe(ctx context.Context) {
 	} else {
 		g.w.log.Warn("host still failing: quarantine extended", "host", g.host, "cool_down", cd, "err", err)
 	}
-	g.write(ctx, q)
+	g.write(ctx, q, func(rec messages.HostRecord) bool {
+		return rec.Quarantined() && !rec.Manual() && rec.Until.Equal(probed.Until)
+	})
 }
 
 // oneLine bounds a reason kept in the host's record.
@@ -276,4 +340,19 @@ func (p guarded) List(ctx context.Context) ([]fleet.Instance, error) {
 	in, err := p.Provider.List(ctx)
 	p.g.note(ctx, err)
 	return in, err
+}
+
+// quarantined reports whether the view holds host's record and whether
+// that record says the host is quarantined.
+func (v *hostView) quarantined(host string) (q, ok bool) {
+	if v == nil {
+		return false, false
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	r, ok := v.recs[host]
+	if !v.ready || !ok || r.rev == 0 {
+		return false, false
+	}
+	return r.quarantined, true
 }

@@ -159,7 +159,8 @@ func (w *Worker) startHandlers() {
 	w.life.goIn(stageHandlers, w.fence.run)
 }
 
-// makeRuns makes the intake's run (unless NoIntake) and one run per host,
+// makeRuns makes the intake's run and the host commands' (unless
+// NoIntake) and one run per host,
 // returning the hosts' by host.
 func (w *Worker) makeRuns(hosts []string) map[string]*consumerRun {
 	runCtx := w.life.ctx(stageHandlers)
@@ -168,6 +169,12 @@ func (w *Worker) makeRuns(hosts []string) map[string]*consumerRun {
 		c := w.newRun(runCtx, messages.StreamCommands, w.cfg.Topology.IntakeConsumerConfig(), 64, in.handle)
 		c.wanted.Store(true)
 		w.runs = append(w.runs, c)
+		// Host commands (an operator's quarantine and release), one at a
+		// time: see hostcmd.go.
+		hc := &hostCommands{w: w}
+		hcr := w.newRun(runCtx, messages.StreamHostCommands, w.cfg.Topology.HostsConsumerConfig(), 1, hc.handle)
+		hcr.wanted.Store(true)
+		w.runs = append(w.runs, hcr)
 	}
 	hostRuns := map[string]*consumerRun{}
 	for _, h := range hosts {

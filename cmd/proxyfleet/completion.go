@@ -94,6 +94,12 @@ _proxyfleet() {
         return
       fi
       cmd=pool_${COMP_WORDS[2]} ;;
+    host)
+      if [[ $COMP_CWORD -eq 2 ]]; then
+        COMPREPLY=($(compgen -W "quarantine release" -- "$cur"))
+        return
+      fi
+      cmd=host_${COMP_WORDS[2]} ;;
     completion) COMPREPLY=($(compgen -W "bash zsh" -- "$cur")); return ;;
     help) COMPREPLY=($(compgen -W "@COMMANDS@" -- "$cur")); return ;;
   esac
@@ -133,6 +139,12 @@ _proxyfleet() {
         return
       fi
       cmd=pool_${words[3]} ;;
+    host)
+      if (( CURRENT == 3 )); then
+        compadd -- quarantine release
+        return
+      fi
+      cmd=host_${words[3]} ;;
     completion) compadd -- bash zsh; return ;;
     help) compadd -- @COMMANDS@; return ;;
   esac

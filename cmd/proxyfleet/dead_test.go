@@ -28,7 +28,13 @@ type servedSim struct {
 func serveSim(t *testing.T, extraCfg string, args ...string) (s servedSim, stop func()) {
 	t.Helper()
 	dir := t.TempDir()
-	cfg := simServeConfig(t, dir, "", extraCfg)
+	return serveSimConfig(t, dir, simServeConfig(t, dir, "", extraCfg), args...)
+}
+
+// serveSimConfig is serveSim on the config file cfg, whose sim host h1
+// keeps its state in dir/h1.
+func serveSimConfig(t *testing.T, dir, cfg string, args ...string) (s servedSim, stop func()) {
+	t.Helper()
 	s = servedSim{dir: filepath.Join(dir, "h1"), logs: &syncBuffer{}}
 	got := make(chan *server.Server, 1)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -89,6 +89,22 @@ var helps = map[string]helpText{
 		summary:  "show each host's owner, room and state",
 		examples: []string{"proxyfleet hosts", "proxyfleet hosts --json"},
 	},
+	"host": {
+		args: "quarantine | release", summary: "quarantine a host by hand (placement skips it, its work waits) or release it",
+		examples: []string{"proxyfleet host quarantine h1 --reason \"disk swap\" --wait", "proxyfleet host release h1 --wait"},
+	},
+	"host quarantine": {
+		args: "HOST", summary: "quarantine HOST until it is released: placement skips it and its work waits",
+		more: "A command on NATS (proxy.cmd.host.quarantine.HOST), answered on proxy.result.host.HOST: a worker records it in\n" +
+			"the host's record, with the reason as \"operator: REASON\". Unlike an automatic quarantine it has no cool-down:\n" +
+			"no probe ends it, only `proxyfleet host release`. Proxies on the host keep running; `hosts` shows it.",
+		examples: []string{"proxyfleet host quarantine h1 --reason \"disk swap\" --wait", "proxyfleet host quarantine h1 --json"},
+	},
+	"host release": {
+		args: "HOST", summary: "end HOST's quarantine now, an operator's or an automatic one (its cool-down cut short)",
+		more:     "The host's waiting work runs again and placement uses it. Releasing a host not quarantined changes nothing.",
+		examples: []string{"proxyfleet host release h1 --wait"},
+	},
 	"addresses": {
 		args: "[HOST]", summary: "show each host's address plan: its addresses held, cooling (freed within reuse_after) and free, and which proxy holds which",
 		examples: []string{"proxyfleet addresses", "proxyfleet addresses h1 --json"},

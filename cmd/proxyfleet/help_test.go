@@ -121,6 +121,8 @@ func TestBashCompletion(t *testing.T) {
 		{[]string{"proxyfleet", "dead", "re"}, "replay"},
 		{[]string{"proxyfleet", "dead", "replay", "--f"}, "--force"},
 		{[]string{"proxyfleet", "pool", "r"}, "rm recycle"},
+		{[]string{"proxyfleet", "host", ""}, "quarantine release"},
+		{[]string{"proxyfleet", "host", "quarantine", "h1", "--re"}, "--reason"},
 		{[]string{"proxyfleet", "pool", "set", "eu", "--max"}, "--max-age"},
 		{[]string{"proxyfleet", "create", "p1", "--wa"}, "--wait"},
 		{[]string{"proxyfleet", "get", "--wa"}, ""},
@@ -134,7 +136,7 @@ func TestBashCompletion(t *testing.T) {
 	}
 	o, _, code = runCLI(context.Background(), "completion", "zsh")
 	if code != 0 || !strings.HasPrefix(o, "#compdef proxyfleet\n") || !strings.Contains(o, "    dead_replay) flags=\"--all ") ||
-		!strings.Contains(o, "compadd -- serve setup worker health gateway pools console create delete get list watch rotation hosts addresses dead pool ban version completion help\n") {
+		!strings.Contains(o, "compadd -- serve setup worker health gateway pools console create delete get list watch rotation hosts addresses dead pool host ban version completion help\n") {
 		t.Errorf("completion zsh: exit %d\n%s", code, o)
 	}
 	if _, e, code := runCLI(context.Background(), "completion", "fish"); code != 2 || !strings.HasPrefix(e, "usage: proxyfleet completion bash | zsh") {

@@ -26,6 +26,8 @@ Usage:
   proxyfleet rotation [--http URL]
   proxyfleet hosts
   proxyfleet addresses [HOST]
+  proxyfleet host     quarantine HOST [--reason R] [--wait]
+  proxyfleet host     release HOST [--wait]
   proxyfleet dead     ls | replay (ID | --all) [--force] [--wait]
   proxyfleet pool     set NAME --size N [--min-ready N] [--surge N] [--max-age D] [--label k=v] [--host H] [--wait]
   proxyfleet pool     get NAME
@@ -85,7 +87,7 @@ func dispatch(ctx context.Context, cmd string, args []string, stdout, stderr io.
 		return serve(ctx, args, stdout, stderr)
 	case "setup", "worker", "health", "gateway", "pools", "console":
 		return runRole(ctx, roleSpecs[cmd](), args, stdout, stderr)
-	case "dead", "pool", "ban":
+	case "dead", "pool", "ban", "host":
 		if len(args) > 0 {
 			if v, ok := findVerb(cmd + " " + args[0]); ok {
 				return runVerb(ctx, v, args[1:], stdout, stderr)

@@ -61,6 +61,9 @@ var verbs = []verb{
 	{name: "pool ls", timeout: timeoutRead, new: func() command { return &poolLsCmd{} }},
 	{name: "pool rm", id: true, timeout: timeoutSend, new: func() command { return &poolRmCmd{} }},
 	{name: "pool recycle", more: true, timeout: timeoutSend, new: func() command { return &poolRecycleCmd{} }},
+	// Hosts (verb_host.go): the ID is the host's name.
+	{name: "host quarantine", id: true, timeout: timeoutSend, new: func() command { return &hostQuarantineCmd{} }},
+	{name: "host release", id: true, timeout: timeoutSend, new: func() command { return &hostReleaseCmd{} }},
 	// Bans (verb_ban.go): the ID is the address, the one argument more
 	// the site.
 	{name: "ban add", more: true, timeout: timeoutRead, new: func() command { return &banAddCmd{} }},

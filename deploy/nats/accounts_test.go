@@ -417,6 +417,7 @@ func TestRolesRunUnderTheirPermissions(t *testing.T) {
 	// The client keeps a pool; the controller, as pools, makes, recycles
 	// and deletes its member.
 	poolWork(t, ctx, cl)
+	hostWork(t, ctx, cl)
 
 	// Admin reads what the client may not: the desired records.
 	acl, err := client.New(admin.nc, "")
@@ -611,6 +612,26 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// hostWork quarantines and releases host h1 as the client user; a worker,
+// as worker, consumes the host commands and writes the host's record.
+func hostWork(t *testing.T, ctx context.Context, cl *client.Client) {
+	t.Helper()
+	o, err := cl.QuarantineHost(ctx, messages.HostCommand{Host: "h1", Reason: "maintenance"}, "", true)
+	if err != nil || o.Final == nil || o.Final.Outcome != messages.OutcomeDone {
+		t.Fatalf("host quarantine as client: %+v %v", o, err)
+	}
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	hosts, err := cl.Hosts(lctx)
+	cancel()
+	if err != nil || len(hosts) == 0 || hosts[0].State != messages.HostQuarantined || hosts[0].Reason != "operator: maintenance" {
+		t.Fatalf("hosts as client after the quarantine: %+v %v", hosts, err)
+	}
+	o, err = cl.ReleaseHost(ctx, messages.HostCommand{Host: "h1"}, "", true)
+	if err != nil || o.Final == nil || o.Final.Outcome != messages.OutcomeDone || o.Final.Reason != "released" {
+		t.Fatalf("host release as client: %+v %v", o, err)
+	}
 }
 
 // poolWork runs the pool verbs as the client user: set a pool of one and

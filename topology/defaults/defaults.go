@@ -12,7 +12,8 @@ import "time"
 const (
 	// Replicas of every stream and bucket.
 	Replicas = 1
-	// DuplicateWindow of PROXY_CMDS, PROXY_RESULTS and PROXY_POOLCMDS.
+	// DuplicateWindow of PROXY_CMDS, PROXY_RESULTS, PROXY_POOLCMDS and
+	// PROXY_HOSTCMDS.
 	DuplicateWindow = 2 * time.Minute
 	// ResultsMaxAge is how long an answer stays in PROXY_RESULTS.
 	ResultsMaxAge = 24 * time.Hour
