@@ -22,7 +22,7 @@ import (
 )
 
 // browserProxies is the sim fleet the browser test looks at.
-const browserProxies = 300
+const browserProxies = 2000
 
 // chromium finds the browser (Debian's package, which make test's set-up
 // installs: deploy/testhost/lib.sh); without it the test fails, never

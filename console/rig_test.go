@@ -51,7 +51,7 @@ type rig struct {
 	base string // the console's http://127.0.0.1:PORT
 }
 
-var hosts = []string{"h1", "h2"}
+var hosts = []string{"h1", "h2", "h3"}
 
 func newRig(t *testing.T, opts ...func(*console.Config)) *rig {
 	t.Helper()
