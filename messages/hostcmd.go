@@ -1,7 +1,6 @@
 package messages
 
 import (
-	"fmt"
 	"strings"
 	"unicode"
 )
@@ -126,22 +125,5 @@ func (s Subjects) HostResult(host string) string { return s.join("result", "host
 // ParseHostCommand splits <prefix>.cmd.host.<op>.<host> into the op
 // (OpHostQuarantine, OpHostRelease) and the host token, unvalidated.
 func (s Subjects) ParseHostCommand(subject string) (op, host string, err error) {
-	rest, ok := strings.CutPrefix(subject, s.Prefix+".cmd.host.")
-	if ok {
-		var tok string
-		tok, host, ok = strings.Cut(rest, ".")
-		ok = ok && host != "" && !strings.Contains(host, ".")
-		switch tok {
-		case hostQuarantineToken:
-			op = OpHostQuarantine
-		case hostReleaseToken:
-			op = OpHostRelease
-		default:
-			ok = false
-		}
-	}
-	if !ok {
-		return "", "", fmt.Errorf("subject %q: want %s.cmd.host.{quarantine,release}.<host>", subject, s.Prefix)
-	}
-	return op, host, nil
+	return s.parseCommand(subject, "host", "<host>", [][2]string{{hostQuarantineToken, OpHostQuarantine}, {hostReleaseToken, OpHostRelease}})
 }

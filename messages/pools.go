@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -390,24 +391,29 @@ func (s Subjects) ResultProxies() string { return s.join("result", "*") }
 // ParsePoolCommand splits <prefix>.cmd.pool.<op>.<name> into the op
 // (OpPoolSet, ...) and the name token, unvalidated.
 func (s Subjects) ParsePoolCommand(subject string) (op, name string, err error) {
-	rest, ok := strings.CutPrefix(subject, s.Prefix+".cmd.pool.")
+	return s.parseCommand(subject, "pool", "<name>", [][2]string{{poolSetToken, OpPoolSet}, {poolDeleteToken, OpPoolDelete}, {poolRecycleToken, OpPoolRecycle}})
+}
+
+// parseCommand splits <prefix>.cmd.<kind>.<token>.<name> into the op of
+// the token (ops: pairs of token and op) and the name token,
+// unvalidated; what names the name in the error.
+func (s Subjects) parseCommand(subject, kind, what string, ops [][2]string) (op, name string, err error) {
+	rest, ok := strings.CutPrefix(subject, s.Prefix+".cmd."+kind+".")
 	if ok {
 		var tok string
 		tok, name, ok = strings.Cut(rest, ".")
 		ok = ok && name != "" && !strings.Contains(name, ".")
-		switch tok {
-		case poolSetToken:
-			op = OpPoolSet
-		case poolDeleteToken:
-			op = OpPoolDelete
-		case poolRecycleToken:
-			op = OpPoolRecycle
-		default:
-			ok = false
+		i := slices.IndexFunc(ops, func(o [2]string) bool { return o[0] == tok })
+		if ok = ok && i >= 0; ok {
+			op = ops[i][1]
 		}
 	}
 	if !ok {
-		return "", "", fmt.Errorf("subject %q: want %s.cmd.pool.{set,delete,recycle}.<name>", subject, s.Prefix)
+		toks := make([]string, len(ops))
+		for i, o := range ops {
+			toks[i] = o[0]
+		}
+		return "", "", fmt.Errorf("subject %q: want %s.cmd.%s.{%s}.%s", subject, s.Prefix, kind, strings.Join(toks, ","), what)
 	}
 	return op, name, nil
 }
