@@ -23,16 +23,41 @@ import (
 	"proxyfleet/sim"
 )
 
-// buildBinary builds proxyfleet for a test, with the kill points
-// (killpoints.go) that PROXYFLEET_TEST_KILL_AT switches on.
+// built is the package run's one build of the binary: every test that
+// starts processes runs the same source with the same tags, so one build
+// serves them all. TestMain removes its directory after the run.
+var built struct {
+	once sync.Once
+	dir  string
+	bin  string
+	out  []byte
+	err  error
+}
+
+// buildBinary returns proxyfleet built with the kill points
+// (killpoints.go) that PROXYFLEET_TEST_KILL_AT switches on, building it
+// on the package run's first call. Tests only execute it.
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "proxyfleet")
-	cmd := exec.Command("go", "build", "-tags", "killpoints", "-o", bin, ".")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	built.once.Do(func() {
+		built.dir, built.err = os.MkdirTemp("", "proxyfleet-test-bin-")
+		if built.err != nil {
+			return
+		}
+		built.bin = filepath.Join(built.dir, "proxyfleet")
+		built.out, built.err = exec.Command("go", "build", "-tags", "killpoints", "-o", built.bin, ".").CombinedOutput()
+	})
+	if built.err != nil {
+		t.Fatalf("go build: %v\n%s", built.err, built.out)
 	}
-	return bin
+	return built.bin
+}
+
+// removeBuilt removes the package run's build, if there is one.
+func removeBuilt() {
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir)
+	}
 }
 
 type proc struct {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,8 +14,13 @@ import (
 	"proxyfleet/config"
 )
 
+// TestMain runs the tests, fails the run on a goroutine left running,
+// and removes what the tests shared (the built binary).
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		removeBuilt()
+		os.Exit(code)
+	}))
 }
 
 func TestServeRefusesABadConfigNamingTheField(t *testing.T) {
