@@ -92,7 +92,7 @@ func BenchmarkTunnelBulkProcess(b *testing.B) {
 // in a process of its own (this test binary, running
 // TestConnectBenchGateway), and returns its address and a function
 // returning its process's CPU time so far.
-func startGatewayProcess(b *testing.B, upAddr string) (string, func() time.Duration) {
+func startGatewayProcess(b testing.TB, upAddr string) (string, func() time.Duration) {
 	args := []string{"-test.run=^TestConnectBenchGateway$"}
 	if p := os.Getenv(benchProfileEnv); p != "" {
 		args = append(args, "-test.cpuprofile="+p)
@@ -143,14 +143,17 @@ const (
 	benchProfileEnv  = "PROXYFLEET_BENCH_GATEWAY_PROFILE"
 )
 
-// TestConnectBenchGateway is BenchmarkConnectTunnelsProcess's gateway
-// (skipped unless it runs it): it prints "addr <its address>", then
-// answers each line "cpu" on stdin with "cpu <its process's CPU time in
-// ns>" until stdin closes.
+// TestConnectBenchGateway is, in the process startGatewayProcess starts
+// (benchUpstreamEnv set), the benchmarks' gateway: it prints "addr <its
+// address>", then answers each line "cpu" on stdin with "cpu <its
+// process's CPU time in ns>" until stdin closes. Run as a test, it checks
+// that process: it carries a tunnel to its upstream and reports CPU time
+// that does not go back.
 func TestConnectBenchGateway(t *testing.T) {
 	upAddr := os.Getenv(benchUpstreamEnv)
 	if upAddr == "" {
-		t.Skip("the gateway process of BenchmarkConnectTunnelsProcess")
+		checkBenchGatewayProcess(t)
+		return
 	}
 	pk := newPicker(Proxy{ID: "p1", Addr: upAddr})
 	g := startGateway(t, pk, func(c *Config) {
@@ -161,6 +164,45 @@ func TestConnectBenchGateway(t *testing.T) {
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		fmt.Printf("cpu %d\n", processCPU().Nanoseconds())
+	}
+}
+
+// checkBenchGatewayProcess starts the benchmarks' gateway process in
+// front of a lean upstream and sends one tunnel through it.
+func checkBenchGatewayProcess(t *testing.T) {
+	// The source answers once the client spoke, so the tunnel's bytes
+	// never share a read with the CONNECT's answer.
+	src := serveAddr(t, func(c net.Conn) {
+		defer c.Close()
+		if _, err := io.ReadFull(c, make([]byte, 1)); err == nil {
+			_, _ = io.WriteString(c, "hello")
+		}
+	})
+	up := newLeanUpstream(t)
+	addr, cpu := startGatewayProcess(t, up.addr())
+	c0 := cpu()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second)) // a bound for hangs only
+	if _, err := io.WriteString(c, "CONNECT "+src+" HTTP/1.1\r\nHost: "+src+"\r\nProxy-Authorization: "+basic("alice", alicePass)+"\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	if err := readHeader(c, buf); err != nil || !bytes.HasPrefix(buf, []byte("HTTP/1.1 200")) {
+		t.Fatalf("CONNECT through the gateway process: %v %q", err, buf[:min(len(buf), 64)])
+	}
+	if _, err := io.WriteString(c, "x"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(c)
+	if err != nil || string(got) != "hello" {
+		t.Fatalf("through the tunnel: %q, %v; want hello", got, err)
+	}
+	if c1 := cpu(); c0 <= 0 || c1 < c0 {
+		t.Errorf("the gateway process's CPU time went from %v to %v", c0, c1)
 	}
 }
 
