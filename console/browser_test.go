@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -265,6 +266,19 @@ func TestBrowser(t *testing.T) {
 	// A pool recycled from the page: its command is answered.
 	run("the pools page", chromedp.Navigate(r.base+"/pools"),
 		chromedp.WaitVisible(chromedp.CSS(`tr[data-pool="web"] button.recycle`)))
+	// Its size, live and ready counts are what `pool ls` prints once the
+	// pool is ready (the page is read again until then).
+	poll.Until(t, "the pools page to count what pool ls counts, the pool ready", time.Minute, func() bool {
+		ps, err := r.c.Pools(ctxFor(t, 30*time.Second))
+		if err != nil || len(ps) != 1 || ps[0].Record.Name != "web" {
+			return false
+		}
+		sm := ps[0].Summary
+		want := fmt.Sprintf("%d %d %d", sm.Size, sm.Live, sm.Ready)
+		run("the pools page again", chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(`tr[data-pool="web"] button.recycle`)))
+		row := get(t, ctx, "the web row", chromedp.Evaluate[string](`(function(){var c=document.querySelector('tr[data-pool="web"]').children; return c[1].textContent+" "+c[2].textContent+" "+c[3].textContent;})()`))
+		return row == want && sm.Ready == sm.Size
+	})
 	shot("pools")
 	run("recycle web", chromedp.Click(chromedp.CSS(`tr[data-pool="web"] button.recycle`)),
 		chromedp.WaitVisible(chromedp.CSS(`#action-result`)))
