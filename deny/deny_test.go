@@ -22,18 +22,10 @@ func TestDefaultDenies(t *testing.T) {
 		{"fe80::1", true},
 		{"fe80::1%eth0", true}, // a zone is ignored
 		{"febf:ffff::1", true},
-		{"10.0.0.1", true},
-		{"10.255.255.255", true},
-		{"172.16.0.1", true},
-		{"172.31.255.255", true},
-		{"192.168.1.1", true},
 		{"100.64.0.1", true},
 		{"100.127.255.255", true},
-		{"fc00::1", true},
-		{"fd00::1", true},
 		{"::ffff:127.0.0.1", true}, // IPv4-mapped: unmapped first
 		{"::ffff:169.254.169.254", true},
-		{"::ffff:10.1.2.3", true},
 
 		{"198.18.0.1", false}, // benchmarking (the tests' own)
 		{"198.19.255.255", false},
@@ -55,6 +47,39 @@ func TestDefaultDenies(t *testing.T) {
 	}
 	if d.Denies(netip.Addr{}) {
 		t.Error("the zero Addr is denied")
+	}
+}
+
+// Every address the standard library calls private (RFC 1918, ULA) is
+// denied, as is its IPv4-mapped form: a sweep of the first and last
+// address of every IPv4 /16, and of every /16 of fc00::/7.
+func TestDefaultDeniesEveryPrivateAddress(t *testing.T) {
+	d := Default()
+	private := 0
+	for hi := range 1 << 16 {
+		a, b := byte(hi>>8), byte(hi)
+		for _, ip := range []netip.Addr{netip.AddrFrom4([4]byte{a, b, 0, 1}), netip.AddrFrom4([4]byte{a, b, 255, 254})} {
+			if !ip.IsPrivate() {
+				continue
+			}
+			private++
+			if !d.Denies(ip) || !d.Denies(netip.AddrFrom16(ip.As16())) {
+				t.Errorf("Default() lets %s (or its IPv4-mapped form) through", ip)
+			}
+		}
+	}
+	for hi := 0xfc00; hi <= 0xfdff; hi++ {
+		ip := netip.AddrFrom16([16]byte{byte(hi >> 8), byte(hi), 15: 1})
+		if !ip.IsPrivate() {
+			t.Fatalf("%s: not private by the standard library", ip)
+		}
+		private++
+		if !d.Denies(ip) {
+			t.Errorf("Default() lets %s through", ip)
+		}
+	}
+	if want := 2*(256+16+1) + 512; private != want {
+		t.Errorf("swept %d private addresses, want %d", private, want)
 	}
 }
 
