@@ -173,10 +173,24 @@ func TestSquidAccessDenyList(t *testing.T) {
 		t.Fatal(err)
 	}
 	auth := func() (string, bool) { return "fleet", true }
-	for _, host := range []string{
-		"0.0.0.0", "0.1.2.3", "[::]", "10.1.2.3", "172.16.0.1", "192.168.1.1", "100.64.0.1",
-		"fd00::1", "[fd00::1]", "[fc00::1]", "[::ffff:10.1.2.3]", "::ffff:100.64.0.1", "fd00::1%eth0",
-	} {
+	// Besides these, an address inside each range of the list that
+	// proxyfleet_guest does not refuse first, as squid
+	// may be asked for it: plain, bracketed and zoned (IPv6), IPv4-mapped
+	// (IPv4).
+	hosts := []string{"0.0.0.0", "0.1.2.3", "[::]", "::ffff:100.64.0.1"}
+	for _, f := range strings.Fields(strings.TrimPrefix(strings.TrimSpace(exampleDeny), "acl proxyfleet_deny dst ")) {
+		p := netip.MustParsePrefix(f)
+		if p.IsSingleIP() || strings.Contains(" 127.0.0.0/8 169.254.0.0/16 fe80::/10 ", " "+f+" ") {
+			continue // a single address, or one proxyfleet_guest refuses first
+		}
+		a := p.Addr().Next()
+		if a.Is4() {
+			hosts = append(hosts, a.String(), "[::ffff:"+a.String()+"]")
+		} else {
+			hosts = append(hosts, a.String(), "["+a.String()+"]", a.String()+"%eth0")
+		}
+	}
+	for _, host := range hosts {
 		for _, a := range []func() (string, bool){auth, nil} {
 			v := c.Access(&AccessRequest{Src: netip.MustParseAddr("198.18.0.7"), Host: host, Port: 443, Method: "CONNECT", Auth: a})
 			if v.Allow || v.Status != 403 || v.Rule != "http_access deny proxyfleet_deny" {
