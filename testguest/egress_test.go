@@ -71,7 +71,7 @@ func TestParseSquidConf_tcpOutgoingAddress(t *testing.T) {
 		}
 	}
 
-	_, err = ParseSquidConf([]byte("tcp_outgoing_address 10.0.0.1 nosuchacl\n"), nil)
+	_, err = ParseSquidConf([]byte("tcp_outgoing_address 198.18.0.1 nosuchacl\n"), nil)
 	if err == nil {
 		t.Fatal("an undefined acl was accepted")
 	}

@@ -185,13 +185,13 @@ func TestSquidProxyDenyList(t *testing.T) {
 	ud := exampleUserData(exampleSquidConf(true, "198.18.0.0/15"), bcryptHash(t, "s3cret"))
 	auth := http.Header{"Proxy-Authorization": {basic("fleet", "s3cret")}}
 	p, _ := squidProxy(t, ud, allowedClient, o.Listener.Addr().String())
-	for _, target := range []string{"http://[fd00::1]/", "http://0.0.0.0:8080/", "http://[::ffff:100.64.0.1]/", "http://10.1.2.3/"} {
+	for _, target := range []string{"http://[fd00::1]/", "http://0.0.0.0:8080/", "http://[::ffff:100.64.0.1]/", "http://0.1.2.3/"} {
 		if resp := proxyGet(t, p, target, auth); resp.StatusCode != 403 || resp.Header.Get("X-Squid-Error") != "ERR_ACCESS_DENIED 0" {
 			t.Errorf("GET %s: %d %v, want 403 ERR_ACCESS_DENIED", target, resp.StatusCode, resp.Header)
 		}
 	}
 	good := "Proxy-Authorization: " + basic("fleet", "s3cret") + "\r\n"
-	for _, target := range []string{"[fd00::1]:443", "100.64.0.1:443", "[::ffff:192.168.1.1]:443"} {
+	for _, target := range []string{"[fd00::1]:443", "100.64.0.1:443", "[::ffff:0.1.2.3]:443"} {
 		if resp, _, _ := connect(t, p, target, good); resp.StatusCode != 403 {
 			t.Errorf("CONNECT %s: %d, want 403", target, resp.StatusCode)
 		}
