@@ -99,6 +99,8 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "console: {gateways: ['http://127.0.0.1:9102/metrics']}\n", "console.gateways[0]"},
 		{good + "console: {gateways: ['http://127.0.0.1:9102', 'http://127.0.0.1:9102']}\n", "console.gateways[1]"},
 		{good + "gateway: {strategy: fastest}\n", "gateway.strategy"},
+		{good + "gateway: {cooldown: -1s}\n", "gateway.cooldown"},
+		{good + "gateway: {cooldown: 2h}\n", "gateway.cooldown"},
 		{good + "gateway: {first_byte_timeout: 40s}\n", "gateway.first_byte_timeout"},
 		{good + "gateway: {deny: [198.18.0.0/15, '2001:db8::/32', x]}\n", "gateway.deny[2]"},
 		{good + "gateway: {deny: ['fe80::1%eth0']}\n", "gateway.deny[0]"},

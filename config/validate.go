@@ -16,6 +16,7 @@ import (
 	"proxyfleet/deny"
 	healthdef "proxyfleet/health/defaults"
 	"proxyfleet/messages"
+	rotdef "proxyfleet/rotation/defaults"
 )
 
 // FieldError names the bad field by its YAML path.
@@ -80,6 +81,9 @@ func (c *Config) Validate() error {
 	}
 	if c.NATS.CommandIDMaxAge < c.NATS.DuplicateWindow {
 		return bad("nats.command_id_max_age", "%s is shorter than nats.duplicate_window %s", c.NATS.CommandIDMaxAge, c.NATS.DuplicateWindow)
+	}
+	if c.Gateway.Cooldown > rotdef.MaxCooldown {
+		return bad("gateway.cooldown", "%s is longer than %s", c.Gateway.Cooldown, rotdef.MaxCooldown)
 	}
 	if c.Worker.BackoffMax < c.Worker.BackoffInitial {
 		return bad("worker.backoff_max", "%s is less than worker.backoff_initial %s", c.Worker.BackoffMax, c.Worker.BackoffInitial)

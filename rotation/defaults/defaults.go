@@ -15,6 +15,9 @@ const (
 	// Cooldown is how long a proxy this process reported is passed over
 	// while another matches.
 	Cooldown = 10 * time.Second
+	// MaxCooldown is the longest cooldown a config file may set: a
+	// reported proxy passed over for longer is better banned or removed.
+	MaxCooldown = time.Hour
 	// CheckInterval is how long the feed may be silent before the
 	// publisher is asked for its version.
 	CheckInterval = 5 * time.Second
