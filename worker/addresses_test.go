@@ -329,3 +329,106 @@ func TestFoundDomainLeavesTheSlotOfAProxyThatRuns(t *testing.T) {
 		t.Errorf("b made with %v, a has %v", eb, ea)
 	}
 }
+
+// A running worker whose host's record loses the slots of domains running
+// there (the record deleted, put back as it was before one of them was
+// made, or written anew without its address assignments) gives no new proxy those domains' addresses or MAC: the host's
+// owner records the slots of the domains it finds before it makes another,
+// as a starting worker does, and a proxy placed meanwhile on a slot the
+// record showed free gets another. Observation is off for the time of the
+// test (an hour's interval): no pass comes to put the slots back.
+func TestRunningWorkerGivesNoAddressOfADomainItsRecordLost(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lose func(t *testing.T, kv jetstream.KeyValue, before []byte)
+	}{
+		{"record deleted", func(t *testing.T, kv jetstream.KeyValue, _ []byte) {
+			if err := kv.Delete(context.Background(), "h1"); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"record put back without a domain", func(t *testing.T, kv jetstream.KeyValue, before []byte) {
+			if _, err := kv.Put(context.Background(), "h1", before); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"assignments lost", func(t *testing.T, kv jetstream.KeyValue, _ []byte) {
+			e, err := kv.Get(context.Background(), "h1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rec messages.HostRecord
+			if err := json.Unmarshal(e.Value(), &rec); err != nil {
+				t.Fatal(err)
+			}
+			rec.Addresses = messages.HostAddrs{} // the proxies keep their room
+			b, _ := json.Marshal(rec)
+			if _, err := kv.Update(context.Background(), "h1", b, e.Revision()); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, "h1")
+			plans := map[string]addrplan.Config{"h1": {IPv4: []string{"198.18.101.0/29"}, IPv6: []string{"2001:db8:101:1::/64"}, IPv6PerProxy: 4}}
+			r.startWorker(withRoom(r, 5), withPlans(t, plans), func(c *worker.Config) { c.ObserveInterval = time.Hour })
+			kv, err := r.js.KeyValue(context.Background(), messages.BucketHosts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.create("keep", "c-keep", "")
+			if res := r.waitFinal("c-keep"); res.Outcome != messages.OutcomeDone {
+				t.Fatalf("create keep: %s (%s)", res.Outcome, res.Reason)
+			}
+			e, err := kv.Get(context.Background(), "h1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := e.Value() // keep's room and slots, not old's
+			r.create("old", "c-old", "")
+			if res := r.waitFinal("c-old"); res.Outcome != messages.OutcomeDone {
+				t.Fatalf("create old: %s (%s)", res.Outcome, res.Reason)
+			}
+			tc.lose(t, kv, before)
+
+			ids := []string{"keep", "old", "new1", "new2"}
+			for _, id := range ids[2:] {
+				r.create(id, "c-"+id, `,"host":"h1"`)
+				if res := r.waitFinal("c-" + id); res.Outcome != messages.OutcomeDone {
+					t.Fatalf("create %s: %s (%s)", id, res.Outcome, res.Reason)
+				}
+			}
+			holder := map[string]string{}
+			for _, id := range ids {
+				egress := r.simEgress("h1", id)
+				if len(egress) != 5 {
+					t.Errorf("%s: egress %v, want 1 IPv4 and 4 IPv6 addresses", id, egress)
+				}
+				for _, a := range append(egress, r.simMAC("h1", id)) {
+					if o, ok := holder[a]; ok {
+						t.Errorf("%s is %s's and %s's", a, o, id)
+					}
+					holder[a] = id
+				}
+			}
+			// The record says each proxy holds the slots its domain has.
+			p, err := addrplan.New("h1", plans["h1"])
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec, _ := r.hostRecord("h1")
+			st := mustAddrs(t, rec)
+			for _, id := range ids {
+				if _, ok := rec.Proxies[id]; !ok {
+					t.Errorf("record: %s holds no room (room %v)", id, rec.Proxies)
+				}
+				if got, want := p.IPv4(st.Slots[id].V4).String(), r.simEgress("h1", id); len(want) == 0 || got != want[0] {
+					t.Errorf("the record gives %s slots %v (%s); its domain has %v", id, st.Slots[id], got, want)
+				}
+			}
+			if len(st.Slots) != len(ids) {
+				t.Errorf("record: slots %v, want those of %v", st.Slots, ids)
+			}
+		})
+	}
+}

@@ -335,6 +335,7 @@ func (e *executor) remove(ctx context.Context, d *messages.Desired, present bool
 	if err := e.prov.Delete(ctx, d.ID); err != nil {
 		return fmt.Errorf("delete %s: %w", d.ID, err)
 	}
+	e.known.forget(d.ID)
 	// Gone from here: its room is free (unless a newer command placed it
 	// here again).
 	if err := e.w.release(ctx, e.host, d.ID, d.Seq); err != nil {

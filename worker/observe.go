@@ -78,6 +78,7 @@ func (e *executor) observe(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("observation pass on %s: %w", e.host, err)
 	}
+	since := e.known.mark()
 	insts, listErr := e.prov.List(ctx)
 	if listErr != nil {
 		// The proxies with events are still looked at; nothing is swept.
@@ -148,7 +149,7 @@ func (e *executor) observe(ctx context.Context) error {
 		w.metrics.sweeps.WithLabelValues("domains").Inc()
 		swept = e.sweep(ctx, insts)
 		swept += e.sweepVolumes(ctx)
-		if err := e.reconcileRoom(ctx, insts); err != nil {
+		if err := e.reconcileRoom(ctx, insts, since); err != nil {
 			w.log.Debug("observation pass", "host", e.host, "err", err)
 		}
 	}
@@ -258,6 +259,7 @@ func (e *executor) sweepOne(ctx context.Context, id string) (bool, error) {
 	if err := e.prov.Delete(ctx, id); err != nil {
 		return false, err
 	}
+	e.known.forget(id)
 	w.stats.swept.Add(1)
 	w.metrics.swept.WithLabelValues("domain").Inc()
 	w.log.Info("swept an orphan", "host", e.host, "id", id, "desired", d.Op, "desired_host", d.Host)

@@ -177,23 +177,37 @@ func (w *Worker) release(ctx context.Context, host, id string, seq uint64) error
 // reconciliation while its intake stalled, or a PROXY_HOSTS made anew). A
 // present domain is being replaced: it holds its room whatever the count.
 //
+// On a host with a plan it also checks the record against the domains
+// known here (see roomKnown.lost and roomKnown.clash): a record that lost
+// the room of one of them, or slots that would give d an address one of
+// them has, fails the attempt (transient, wrapping errRecordLost) and
+// makes the host's work wait for a reconciliation that records every
+// domain listed here again (awaitRoomKnown), so the retry gets slots no
+// domain here has.
+//
 // It returns the network the proxy's address slots give (the zero Network
 // on a host without a plan).
 func (e *executor) ensureRoom(ctx context.Context, d *messages.Desired, present bool) (fleet.Network, error) {
 	plan := e.w.catalog.Plans[e.host]
+	rec, _, rerr := e.w.readHost(ctx, e.host)
+	if rerr == nil && plan != nil {
+		if other, ok := e.known.lost(&rec, d.ID); ok {
+			return fleet.Network{}, e.recordLost(d.ID, other, "its room")
+		}
+	}
 	// Releases happen under the proxy's lock, which this holds: a
 	// reservation read here stays until the create is done. Slots a
 	// reconciliation moved from the proxy to a domain found here are the
 	// exception: a read (of a replica that is behind) may still show them,
 	// so such a proxy takes its slots by compare-and-set, on the record as
 	// it is.
-	if rec, _, err := e.w.readHost(ctx, e.host); err == nil && !e.known.wasMoved(d.ID) {
+	if rerr == nil && !e.known.wasMoved(d.ID) {
 		if r, ok := rec.Proxies[d.ID]; ok && r >= d.Seq {
 			if plan == nil {
 				return fleet.Network{}, nil
 			}
 			if slots, ok, err := heldSlots(&rec, d.ID); err == nil && ok {
-				return planNetwork(plan, slots), nil
+				return e.slotsFor(plan, d.ID, slots)
 			}
 		}
 	}
@@ -204,7 +218,37 @@ func (e *executor) ensureRoom(ctx context.Context, d *messages.Desired, present 
 	if err != nil {
 		return fleet.Network{}, fleet.Transient(err)
 	}
+	if plan == nil {
+		return fleet.Network{}, nil
+	}
+	return e.slotsFor(plan, d.ID, slots)
+}
+
+// errRecordLost says the host's record lost the room or slots of a domain
+// known to be here.
+var errRecordLost = errors.New("the host's record lost a domain that is here")
+
+// slotsFor is the network slots give proxy id, about to be made here,
+// unless a domain known here has one of them (see roomKnown.clash): then
+// the record lost that domain's slots, and the attempt fails (recordLost).
+// Slots it gives are noted as the proxy's domain's.
+func (e *executor) slotsFor(plan *addrplan.Plan, id string, slots addrplan.Slots) (fleet.Network, error) {
+	if other, ok := e.known.clash(id, slots); ok {
+		return fleet.Network{}, e.recordLost(id, other, "its slots")
+	}
+	e.known.note(id, slots)
 	return planNetwork(plan, slots), nil
+}
+
+// recordLost makes the host's work wait for a reconciliation (see
+// awaitRoomKnown) and returns the transient error that fails the attempt
+// of proxy id: the record lost what of domain other.
+func (e *executor) recordLost(id, other, what string) error {
+	if e.known.done.CompareAndSwap(true, false) {
+		e.w.log.Warn("the host's record lost a domain that is here: its domains are recorded again before any is made",
+			"host", e.host, "id", id, "domain", other, "lost", what)
+	}
+	return fleet.Transient(fmt.Errorf("create %s: %w (%s of %s)", id, errRecordLost, what, other))
 }
 
 // planNetwork is the network slots give under plan; the zero Network
@@ -229,17 +273,21 @@ func planNetwork(plan *addrplan.Plan, slots addrplan.Slots) fleet.Network {
 // apart find it so: by then its command has been given up, or retried
 // (and a retry reserves again, with its own seq).
 //
+// insts, listed after since (roomKnown.mark), are also the domains known
+// here from now on (roomKnown.listed).
+//
 // It returns an error when the room or slots of a domain in insts may be
 // missing from the record (the record, or a domain, unreadable); nil
 // says the record holds them all, and lets the host's work through
 // awaitRoomKnown.
-func (e *executor) reconcileRoom(ctx context.Context, insts []fleet.Instance) error {
+func (e *executor) reconcileRoom(ctx context.Context, insts []fleet.Instance, since uint64) error {
 	w := e.w
 	rec, _, err := w.readHost(ctx, e.host)
 	if err != nil {
 		w.log.Debug("reconcile room", "host", e.host, "err", err)
 		return fmt.Errorf("reconcile room on %s: %w", e.host, err)
 	}
+	e.known.listed(w.catalog.Plans[e.host], insts, since, rec.Proxies)
 	var st messages.AddrState
 	plan := w.catalog.Plans[e.host]
 	if plan != nil {
@@ -279,13 +327,120 @@ func (e *executor) reconcileRoom(ctx context.Context, insts []fleet.Instance) er
 }
 
 // roomKnown says whether the host's record is known to hold the room and
-// slots of every domain on the host (see awaitRoomKnown).
+// slots of every domain on the host (see awaitRoomKnown), and which
+// domains are known to be here, with the slots their guests' addresses
+// are: those the last reconciliation listed, and those made or removed
+// here since its listing began. A domain made or removed by hand since
+// is not known, or known still: the first is as at start, and the
+// second costs at most one reconciliation more (see lost and clash).
 type roomKnown struct {
 	done atomic.Bool
 	mu   sync.Mutex // held by the reconciliation awaitRoomKnown runs
 
 	movedMu sync.Mutex
 	moved   map[string]bool // see moveTo
+
+	domainsMu sync.Mutex
+	domains   map[string]knownDomain
+	epoch     uint64 // a tick for each listing (mark)
+}
+
+// knownDomain is a domain known to be here, with the slots its guest's
+// addresses are, or (gone) known to be removed; at is the epoch it was
+// noted in.
+type knownDomain struct {
+	slots addrplan.Slots
+	gone  bool
+	at    uint64
+}
+
+// mark is called right before the host's domains are listed for a
+// reconciliation; listed takes what it returns.
+func (k *roomKnown) mark() uint64 {
+	k.domainsMu.Lock()
+	defer k.domainsMu.Unlock()
+	k.epoch++
+	return k.epoch - 1
+}
+
+// listed makes the domains of insts, listed after mark returned since,
+// the ones known here, with the slots of plan their egress addresses are.
+// A domain noted or forgotten since the listing began stays as noted, and
+// so does one noted before that the listing missed while the proxy holds
+// room in the record read after the listing (held): its create may still
+// be under way.
+func (k *roomKnown) listed(plan *addrplan.Plan, insts []fleet.Instance, since uint64, held map[string]uint64) {
+	if plan == nil {
+		return
+	}
+	k.domainsMu.Lock()
+	defer k.domainsMu.Unlock()
+	next := make(map[string]knownDomain, len(insts))
+	for id, d := range k.domains {
+		if _, room := held[id]; d.at > since || !d.gone && room {
+			next[id] = d
+		}
+	}
+	for _, in := range insts {
+		if _, ok := next[in.ID]; !ok {
+			next[in.ID] = knownDomain{slots: slotsOf(plan, in.Egress), at: since}
+		}
+	}
+	k.domains = next
+}
+
+// note records that proxy id's domain is made here with slots.
+func (k *roomKnown) note(id string, slots addrplan.Slots) {
+	k.domainsMu.Lock()
+	defer k.domainsMu.Unlock()
+	if k.domains == nil {
+		k.domains = map[string]knownDomain{}
+	}
+	k.domains[id] = knownDomain{slots: slots, at: k.epoch}
+}
+
+// forget records that proxy id's domain was removed from here.
+func (k *roomKnown) forget(id string) {
+	k.domainsMu.Lock()
+	defer k.domainsMu.Unlock()
+	if k.domains == nil {
+		return
+	}
+	k.domains[id] = knownDomain{gone: true, at: k.epoch}
+}
+
+// lost returns a domain known here, other than proxy id's, that holds no
+// room in rec (the record deleted, or written anew without it), if any.
+func (k *roomKnown) lost(rec *messages.HostRecord, id string) (string, bool) {
+	k.domainsMu.Lock()
+	defer k.domainsMu.Unlock()
+	for other, d := range k.domains {
+		if other == id || d.gone {
+			continue
+		}
+		if _, ok := rec.Proxies[other]; !ok {
+			return other, true
+		}
+	}
+	return "", false
+}
+
+// clash returns a domain known here, other than proxy id's, whose slots
+// share one with s (the record lost its slots and gave them to id), if
+// any. Slots decide the MAC too (addrplan.Plan.Network), so a proxy whose
+// slots clash with none gets no address or MAC of a known domain.
+func (k *roomKnown) clash(id string, s addrplan.Slots) (string, bool) {
+	k.domainsMu.Lock()
+	defer k.domainsMu.Unlock()
+	for other, d := range k.domains {
+		if other == id || d.gone {
+			continue
+		}
+		if s.V4 != 0 && d.slots.V4 == s.V4 || s.V6 != 0 && d.slots.V6 == s.V6 {
+			return other, true
+		}
+	}
+	return "", false
 }
 
 // moveTo notes that proxies ids gave their slots up to a domain found here.
@@ -324,6 +479,17 @@ func (k *roomKnown) wasMoved(id string) bool {
 // a create records them before it makes the domain (ensureRoom), and a
 // proxy's slots are freed only once its domain is gone.
 //
+// Only the record's own loss breaks that while this worker runs: the
+// record deleted, or written anew without a domain's room or slots (by
+// hand, a restore, a bucket made anew). The creates here find it, right
+// before they make a domain (ensureRoom checks the record they read and
+// the slots they got against the domains known here), and the first to
+// find it closes the gate again: no work on the host converges before a
+// reconciliation, as at start, has recorded every domain listed here
+// again. Until then intake, on any worker, may still reserve a lost
+// domain's slots for a new proxy; the reconciliation moves them back to
+// the domain (recordFound) before that proxy's create is let through.
+//
 // It is called before the work takes its proxy's lock, as the
 // reconciliation takes the locks of the proxies it looks at. An error
 // (the host's domains or its record unreadable) leaves the work to be
@@ -337,11 +503,12 @@ func (e *executor) awaitRoomKnown(ctx context.Context) error {
 	if e.known.done.Load() {
 		return nil
 	}
+	since := e.known.mark()
 	insts, err := e.prov.List(ctx)
 	if err != nil {
 		return fmt.Errorf("list %s before its first create: %w", e.host, err)
 	}
-	return e.reconcileRoom(ctx, insts)
+	return e.reconcileRoom(ctx, insts, since)
 }
 
 // unrecordedRoom remembers when the owner first saw each reservation whose
