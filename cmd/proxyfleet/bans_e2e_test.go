@@ -258,7 +258,11 @@ func TestGatewayBansOverRealGuests(t *testing.T) {
 		}
 		return a.seen[len(a.seen)-1].src
 	}
-	for _, gw := range []string{gw1, gw2} {
+	// usesBoth waits until gw carries requests over both members: they
+	// are in its rotation (health may take one out for a while on a busy
+	// machine).
+	usesBoth := func(t *testing.T, gw string) {
+		t.Helper()
 		waitUntil(t, "the gateway at "+gw+" to use both members", 2*time.Minute, func() bool {
 			used := map[string]bool{}
 			for range 20 {
@@ -272,6 +276,8 @@ func TestGatewayBansOverRealGuests(t *testing.T) {
 			return len(used) == 2 && !used[""]
 		})
 	}
+	usesBoth(t, gw1)
+	usesBoth(t, gw2)
 
 	t.Run("a ban of 5s expires", func(t *testing.T) {
 		first := get(gw1, "alice-session-exp", siteURL(banSiteA))
@@ -449,6 +455,7 @@ func TestGatewayBansOverRealGuests(t *testing.T) {
 	})
 
 	t.Run("a ban by X-Proxyfleet-Ban on a tunnel", func(t *testing.T) {
+		usesBoth(t, gw1)
 		roots := tlsSrv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
 		// tunnel GETs tlsURL through a CONNECT of gw as user, with the
 		// ban header when ban is set, and returns the egress the
