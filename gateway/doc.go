@@ -150,6 +150,8 @@
 // client connection whose request's body stops coming for as long (the
 // request unanswered, no proxy held to blame). Between requests, a
 // kept-alive client connection is closed after KeepAliveTimeout (90s).
+// These bound every wait on a client: its connection carries no TCP
+// keepalive.
 //
 // # Failover and reports
 //

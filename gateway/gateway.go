@@ -170,7 +170,10 @@ func (g *Gateway) Run(ctx context.Context) error {
 		return errors.New("gateway: Run called twice")
 	}
 	g.mu.Unlock()
-	var lc net.ListenConfig
+	// The clients' connections carry no TCP keepalive: every wait on
+	// one is bounded (HeaderTimeout, HandshakeTimeout, KeepAliveTimeout,
+	// IdleTimeout).
+	lc := net.ListenConfig{KeepAlive: -1}
 	var httpLn, socksLn net.Listener
 	var err error
 	if g.cfg.Listen != "" {

@@ -163,15 +163,6 @@ func (t *tunnel) copy(dst, src net.Conn, up bool) {
 		}
 		err = src.SetReadDeadline(last.Add(idle))
 	}
-	if err != nil {
-		// One side failed: the other direction is over too.
-		t.client.Close()
-		t.up.Close()
-	} else if cw, ok := dst.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
-	} else {
-		dst.Close()
-	}
 	t.mu.Lock()
 	if up {
 		t.up2 = n
@@ -182,8 +173,18 @@ func (t *tunnel) copy(dst, src net.Conn, up bool) {
 	last := t.left == 0
 	t.mu.Unlock()
 	if !last {
+		if err != nil {
+			// One side failed: the other direction is over too.
+			t.client.Close()
+			t.up.Close()
+		} else if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		} else {
+			dst.Close()
+		}
 		return
 	}
+	// Both directions are over: the closes end the write sides too.
 	t.client.Close()
 	t.up.Close()
 	t.g.tunnels.remove(t)
