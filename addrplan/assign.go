@@ -24,19 +24,47 @@ import (
 // ErrNoAddress (a *FullError), and then st is unchanged.
 func (p *Plan) Assign(st *messages.AddrState, id string, now time.Time) (Slots, error) {
 	cur := st.Slots[id]
+	s, err := p.assign(st, cur, func(f func(messages.AddrSlots) int) slotSet { return held(st, f) }, now)
+	if err != nil || s == (Slots{V4: cur.V4, V6: cur.V6}) {
+		return s, err
+	}
+	if st.Slots == nil {
+		st.Slots = map[string]messages.AddrSlots{}
+	}
+	st.Slots[id] = messages.AddrSlots{V4: s.V4, V6: s.V6}
+	return s, nil
+}
+
+// AssignFree is Assign for a proxy that holds no slot, on a state whose
+// proxies hold the slots of held (st.Slots is neither read nor changed):
+// it returns the slots the proxy is given and changes st's spaces as
+// Assign does; the caller records the proxy's slots beside held
+// (messages.AddrsAdding.With). Zero Slots and no error: the plan has no
+// slot to give of any family, and st is unchanged.
+func (p *Plan) AssignFree(st *messages.AddrState, held []messages.AddrSlots, now time.Time) (Slots, error) {
+	return p.assign(st, messages.AddrSlots{}, func(f func(messages.AddrSlots) int) slotSet {
+		var set slotSet
+		for _, a := range held {
+			set.add(f(a))
+		}
+		return set
+	}, now)
+}
+
+// assign picks the slots of a proxy holding cur (see Assign) and records
+// in st's spaces that they are taken, heldBy giving the slots of a family
+// that proxies hold; st.Slots is left to the caller.
+func (p *Plan) assign(st *messages.AddrState, cur messages.AddrSlots, heldBy func(func(messages.AddrSlots) int) slotSet, now time.Time) (Slots, error) {
 	s := Slots{V4: cur.V4, V6: cur.V6}
-	var held4, held6 map[int]bool
 	if s.V4 == 0 && p.v4n > 0 {
-		held4 = held(st, func(a messages.AddrSlots) int { return a.V4 })
-		n, err := p.pick(&st.V4, held4, p.v4n, now, "ipv4")
+		n, err := p.pick(&st.V4, heldBy(func(a messages.AddrSlots) int { return a.V4 }), p.v4n, now, "ipv4")
 		if err != nil {
 			return Slots{}, err
 		}
 		s.V4 = n
 	}
 	if s.V6 == 0 && p.v6n > 0 {
-		held6 = held(st, func(a messages.AddrSlots) int { return a.V6 })
-		n, err := p.pick(&st.V6, held6, p.v6n, now, "ipv6")
+		n, err := p.pick(&st.V6, heldBy(func(a messages.AddrSlots) int { return a.V6 }), p.v6n, now, "ipv6")
 		if err != nil {
 			return Slots{}, err
 		}
@@ -51,10 +79,6 @@ func (p *Plan) Assign(st *messages.AddrState, id string, now time.Time) (Slots, 
 	if s.V6 != cur.V6 {
 		take(&st.V6, s.V6)
 	}
-	if st.Slots == nil {
-		st.Slots = map[string]messages.AddrSlots{}
-	}
-	st.Slots[id] = messages.AddrSlots{V4: s.V4, V6: s.V6}
 	p.prune(st, now)
 	return s, nil
 }
@@ -145,29 +169,47 @@ func Release(st *messages.AddrState, id string, now time.Time) bool {
 	return true
 }
 
-func held(st *messages.AddrState, f func(messages.AddrSlots) int) map[int]bool {
-	m := make(map[int]bool, len(st.Slots))
+func held(st *messages.AddrState, f func(messages.AddrSlots) int) slotSet {
+	var set slotSet
 	for _, a := range st.Slots {
-		if n := f(a); n != 0 {
-			m[n] = true
-		}
+		set.add(f(a))
 	}
-	return m
+	return set
+}
+
+// slotSet is a set of slot numbers, a bit each.
+type slotSet []uint64
+
+// add puts slot k in the set; 0 (none) is left out.
+func (s *slotSet) add(k int) {
+	if k <= 0 {
+		return
+	}
+	i := k / 64
+	if i >= len(*s) {
+		*s = append(*s, make([]uint64, i+1-len(*s))...)
+	}
+	(*s)[i] |= 1 << (k % 64)
+}
+
+func (s slotSet) has(k int) bool {
+	i := k / 64
+	return k > 0 && i < len(s) && s[i]&(1<<(k%64)) != 0
 }
 
 // pick chooses a free slot of a family of n slots (see Assign) without
 // changing sp.
-func (p *Plan) pick(sp *messages.SlotSpace, held map[int]bool, n int, now time.Time, family string) (int, error) {
+func (p *Plan) pick(sp *messages.SlotSpace, held slotSet, n int, now time.Time, family string) (int, error) {
 	next := min(sp.Next, n)
 	for k := next + 1; k <= n; k++ {
-		if !held[k] {
+		if !held.has(k) {
 			return k, nil
 		}
 	}
 	best, bestAt := 0, time.Time{}
 	cooling := 0
 	for k := 1; k <= n; k++ {
-		if held[k] {
+		if held.has(k) {
 			continue
 		}
 		at, ok := sp.Freed[k] // absent: freed long ago
@@ -185,10 +227,10 @@ func (p *Plan) pick(sp *messages.SlotSpace, held map[int]bool, n int, now time.T
 	return best, nil
 }
 
-func countIn(held map[int]bool, n int) int {
+func countIn(held slotSet, n int) int {
 	c := 0
-	for k := range held {
-		if k <= n {
+	for k := 1; k <= n && k/64 < len(held); k++ {
+		if held.has(k) {
 			c++
 		}
 	}
@@ -250,7 +292,7 @@ func (p *Plan) Usage(st *messages.AddrState, now time.Time) (v4, v6 Usage) {
 		h := held(st, f)
 		u.Held = countIn(h, n)
 		for k, at := range sp.Freed {
-			if k <= n && !h[k] && p.reuse > 0 && now.Sub(at) < p.reuse {
+			if k <= n && !h.has(k) && p.reuse > 0 && now.Sub(at) < p.reuse {
 				u.Cooling++
 			}
 		}

@@ -3,7 +3,9 @@ package addrplan
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -307,4 +309,39 @@ func TestIPv4SlotsRoundTrip(t *testing.T) {
 			t.Fatalf("Slot4Of(%s) = %d, want %d", a, got, n)
 		}
 	}
+}
+
+// AssignFree, given the slots the proxies hold, decides as Assign does
+// for a proxy that holds none, through churn: slots given, freed, cooling
+// and given again, up to a full plan.
+func TestAssignFreeAsAssign(t *testing.T) {
+	p := mustPlan(t, Config{IPv4: []string{"203.0.113.8/29", "198.51.100.7"}, IPv6: []string{"2001:db8::/64"}, IPv6PerProxy: 16, ReuseAfter: time.Minute})
+	var st messages.AddrState
+	now := t0
+	for i := range 200 {
+		now = now.Add(7 * time.Second)
+		id := fmt.Sprintf("p%d", i)
+		held := make([]messages.AddrSlots, 0, len(st.Slots))
+		for _, a := range st.Slots {
+			held = append(held, a)
+		}
+		free := messages.AddrState{V4: cloneSpace(st.V4), V6: cloneSpace(st.V6)}
+		got, gotErr := p.AssignFree(&free, held, now)
+		want, wantErr := p.Assign(&st, id, now)
+		if got != want || fmt.Sprint(gotErr) != fmt.Sprint(wantErr) || !reflect.DeepEqual(free.V4, st.V4) || !reflect.DeepEqual(free.V6, st.V6) {
+			t.Fatalf("%s: AssignFree = %v, %v, spaces %+v %+v; Assign = %v, %v, spaces %+v %+v", id, got, gotErr, free.V4, free.V6, want, wantErr, st.V4, st.V6)
+		}
+		if i%3 == 2 { // free one of every three, the oldest held
+			for j := i - 2; j >= 0; j-- {
+				if p.Release(&st, fmt.Sprintf("p%d", j), now) {
+					break
+				}
+			}
+		}
+	}
+}
+
+func cloneSpace(sp messages.SlotSpace) messages.SlotSpace {
+	sp.Freed = maps.Clone(sp.Freed)
+	return sp
 }

@@ -202,6 +202,11 @@ type Worker struct {
 	// ObserveInterval is how often a host's owner re-reads its running
 	// proxies, publishing only what changed.
 	ObserveInterval time.Duration `yaml:"observe_interval"`
+	// ObservePasses is how many observation passes a worker runs at
+	// once, over all its hosts (their ticks come together, and each pass
+	// holds what it read of its host until it is done); a pass that
+	// cannot start within ObserveInterval waits for the next tick.
+	ObservePasses int `yaml:"observe_passes"`
 	// A host whose calls fail transiently QuarantineFailures times within
 	// QuarantineWindow is quarantined (placement skips it, its work
 	// waits) for QuarantineCoolDown, then probed; each failed probe
@@ -374,6 +379,9 @@ func (c *Config) SetDefaults() {
 	setDur(&w.DrainTimeout, workerdef.DrainTimeout)
 	setDur(&w.CheckInterval, workerdef.CheckInterval)
 	setDur(&w.ObserveInterval, workerdef.ObserveInterval)
+	if w.ObservePasses == 0 {
+		w.ObservePasses = workerdef.ObservePasses
+	}
 	if w.QuarantineFailures == 0 {
 		w.QuarantineFailures = workerdef.QuarantineFailures
 	}

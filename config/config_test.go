@@ -71,6 +71,7 @@ func TestInvalidConfigNamesTheField(t *testing.T) {
 		{good + "health: {probe_listen: '0.0.0.0:8081'}\n", "health.probe_listen"},
 		{good + "health: {probe_listen: 'nope'}\n", "health.probe_listen"},
 		{good + "worker: {observe_interval: -1s}\n", "worker.observe_interval"},
+		{good + "worker: {observe_passes: -1}\n", "worker.observe_passes"},
 		{"hosts:\n  - {name: a, driver: sim, max_proxies: -1, sim: {dir: /x}}\n", "hosts[0].max_proxies"},
 		{good + "worker: {quarantine_cool_down: 1m, quarantine_max_cool_down: 30s}\n", "worker.quarantine_max_cool_down"},
 		{good + "health: {report_rate: -1}\n", "health.report_rate"},

@@ -106,6 +106,9 @@ func (c *Config) Validate() error {
 	if c.Worker.Concurrency < 1 || c.Worker.Concurrency > 1024 {
 		return bad("worker.concurrency", "%d is out of range [1, 1024]", c.Worker.Concurrency)
 	}
+	if c.Worker.ObservePasses < 1 || c.Worker.ObservePasses > 1024 {
+		return bad("worker.observe_passes", "%d is out of range [1, 1024]", c.Worker.ObservePasses)
+	}
 	if len(c.Hosts) == 0 {
 		return bad("hosts", "at least one host is needed")
 	}

@@ -133,10 +133,16 @@ func EncodeAddrs(st AddrState) HostAddrs {
 		b = append(b, `"slots":`...)
 		b = append(b, slots...)
 	}
+	return HostAddrs{raw: appendSpaces(b, st.V4, st.V6)}
+}
+
+// appendSpaces appends the spaces v4 and v6 to b, the assignments as
+// EncodeAddrs writes them up to the spaces, and closes the object.
+func appendSpaces(b []byte, v4, v6 SlotSpace) []byte {
 	for _, f := range []struct {
 		name string
 		sp   SlotSpace
-	}{{"v4", st.V4}, {"v6", st.V6}} {
+	}{{"v4", v4}, {"v6", v6}} {
 		if f.sp.IsZero() {
 			continue
 		}
@@ -176,8 +182,7 @@ func EncodeAddrs(st AddrState) HostAddrs {
 		}
 		b = append(b, '}')
 	}
-	b = append(b, '}')
-	return HostAddrs{raw: b}
+	return append(b, '}')
 }
 
 // Decode parses the assignments; an error names what is malformed. The
@@ -264,6 +269,144 @@ func scanSlots(b []byte, id string) (s AddrSlots, found, sure bool) {
 			return s, false, false
 		}
 	}
+}
+
+// AddrsAdding is a host's assignments read for adding the slots of one
+// proxy that holds none (HostAddrs.Adding): what a reservation on a
+// host with a plan needs of them, without building the map of every
+// proxy's slots or writing it anew.
+type AddrsAdding struct {
+	// Spaces are the assignments' V4 and V6 (Slots is nil), the caller's
+	// to change.
+	Spaces AddrState
+	// Held are the slots every proxy holds.
+	Held []AddrSlots
+
+	raw      []byte // the slots object of the assignments, from its '{' to its '}' (nil: none)
+	at       int    // where in raw the new pair goes
+	id       string
+	anyPairs bool
+}
+
+// Adding reads h for adding proxy id's slots. ok is false where h is not
+// in the form EncodeAddrs writes (its proxies' keys sorted and plain), is
+// malformed, or id holds slots in it: the caller decodes it (Decode)
+// instead, which tells.
+func (h HostAddrs) Adding(id string) (a AddrsAdding, ok bool) {
+	a.id = id
+	if len(h.raw) == 0 {
+		return a, plainKey(id)
+	}
+	const head = `{"slots":{`
+	if !plainKey(id) || !bytes.HasPrefix(h.raw, []byte(head)) {
+		return a, false
+	}
+	b := h.raw
+	i := len(head)
+	a.Held = make([]AddrSlots, 0, bytes.Count(b, []byte("]")))
+	a.at = -1
+	var prev []byte
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return a, false
+		}
+		end := bytes.IndexByte(b[i+1:], '"')
+		if end < 0 {
+			return a, false
+		}
+		key := b[i+1 : i+1+end]
+		if !plainKeyBytes(key) || prev != nil && bytes.Compare(prev, key) >= 0 {
+			return a, false // not sorted, or repeated
+		}
+		switch c := bytes.Compare(key, []byte(id)); {
+		case c == 0:
+			return a, false
+		case c > 0 && a.at < 0:
+			a.at = i - (len(head) - 1)
+		}
+		prev = key
+		j := i + end + 2
+		if !bytes.HasPrefix(b[j:], []byte(":[")) {
+			return a, false
+		}
+		closing := bytes.IndexByte(b[j:], ']')
+		if closing < 0 {
+			return a, false
+		}
+		var pair AddrSlots
+		if pair.UnmarshalJSON(b[j+1:j+closing+1]) != nil {
+			return a, false
+		}
+		a.Held = append(a.Held, pair)
+		i = j + closing + 1
+		if i >= len(b) {
+			return a, false
+		}
+		if b[i] == ',' {
+			i++
+			continue
+		}
+		if b[i] != '}' {
+			return a, false
+		}
+		break
+	}
+	a.raw = b[len(head)-1 : i+1]
+	if a.at < 0 {
+		a.at = len(a.raw) - 1
+	}
+	a.anyPairs = true
+	// The rest, read as Decode reads it: any field but the slots.
+	rest := b[i+1:]
+	if len(rest) == 0 {
+		return a, false
+	}
+	var st AddrState
+	switch rest[0] {
+	case '}':
+		if len(bytes.TrimSpace(rest[1:])) != 0 {
+			return a, false
+		}
+	case ',':
+		obj := make([]byte, 0, len(rest))
+		obj = append(append(obj, '{'), rest[1:]...)
+		if json.Unmarshal(obj, &st) != nil || st.Slots != nil {
+			return a, false // malformed, or slots named twice
+		}
+	default:
+		return a, false
+	}
+	a.Spaces = AddrState{V4: st.V4, V6: st.V6}
+	return a, true
+}
+
+// With is the assignments a was read from with its proxy holding s and
+// the spaces a.Spaces: what EncodeAddrs writes of them, decoded, so
+// changed. The pairs of the other proxies are copied as they are.
+func (a AddrsAdding) With(s AddrSlots) HostAddrs {
+	b := make([]byte, 0, len(a.raw)+len(a.id)+64+(len(a.Spaces.V4.Freed)+len(a.Spaces.V6.Freed))*48)
+	b = append(b, `{"slots":`...)
+	pair := func(b []byte) []byte {
+		b = append(b, '"')
+		b = append(b, a.id...)
+		b = append(b, '"', ':', '[')
+		b = strconv.AppendInt(b, int64(s.V4), 10)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, int64(s.V6), 10)
+		return append(b, ']')
+	}
+	switch {
+	case !a.anyPairs:
+		b = append(pair(append(b, '{')), '}')
+	case a.at == len(a.raw)-1: // last
+		b = append(b, a.raw[:a.at]...)
+		b = append(pair(append(b, ',')), '}')
+	default:
+		b = append(b, a.raw[:a.at]...)
+		b = append(pair(b), ',')
+		b = append(b, a.raw[a.at:]...)
+	}
+	return HostAddrs{raw: appendSpaces(b, a.Spaces.V4, a.Spaces.V6)}
 }
 
 // IsZero says whether h holds no assignments (encoding/json's omitzero).

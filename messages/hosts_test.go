@@ -1,8 +1,10 @@
 package messages
 
 import (
+	"cmp"
 	"encoding/json"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -159,5 +161,79 @@ func TestHostAddrsHeldAsDecode(t *testing.T) {
 	bad := HostAddrs{raw: []byte(`{"slots":{"p1":[1,x]}}`)}
 	if _, _, err := bad.Held("p2"); err == nil {
 		t.Error("Held of malformed assignments: no error")
+	}
+}
+
+// Adding and With write what EncodeAddrs writes of the decoded
+// assignments with the proxy's slots added, wherever its key sorts; a
+// form other than EncodeAddrs's, a malformed one, or a proxy holding
+// slots already is left to Decode.
+func TestHostAddrsAddingAsEncode(t *testing.T) {
+	freed := time.Date(2026, 12, 5, 7, 0, 0, 0, time.UTC)
+	encoded := func(slots map[string]AddrSlots, v4, v6 SlotSpace) HostAddrs {
+		return EncodeAddrs(AddrState{Slots: slots, V4: v4, V6: v6})
+	}
+	three := map[string]AddrSlots{"p1": {V4: 1, V6: 1}, "p2": {V4: 3}, "p4": {V6: 7}}
+	cases := map[string]HostAddrs{
+		"zero":       {},
+		"one":        encoded(map[string]AddrSlots{"p2": {V4: 2, V6: 2}}, SlotSpace{Next: 2}, SlotSpace{Next: 2}),
+		"three":      encoded(three, SlotSpace{Next: 3, Freed: map[int]time.Time{2: freed}}, SlotSpace{Next: 7}),
+		"no spaces":  encoded(three, SlotSpace{}, SlotSpace{}),
+		"only v6":    encoded(three, SlotSpace{}, SlotSpace{Next: 7, Freed: map[int]time.Time{3: freed, 10: freed}}),
+		"only freed": encoded(three, SlotSpace{Freed: map[int]time.Time{2: freed}}, SlotSpace{}),
+	}
+	spaces := []SlotSpace{{}, {Next: 9}, {Next: 9, Freed: map[int]time.Time{4: freed, 12: freed}}}
+	for name, h := range cases {
+		for _, id := range []string{"p0", "p1a", "p3", "p9", "a", "q"} {
+			a, ok := h.Adding(id)
+			if !ok {
+				t.Fatalf("%s: Adding(%q) not ok", name, id)
+			}
+			st, err := h.Decode()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var held []AddrSlots
+			for _, s := range st.Slots {
+				held = append(held, s)
+			}
+			slices.SortFunc(held, func(x, y AddrSlots) int { return cmp.Or(cmp.Compare(x.V4, y.V4), cmp.Compare(x.V6, y.V6)) })
+			got := slices.SortedFunc(slices.Values(a.Held), func(x, y AddrSlots) int { return cmp.Or(cmp.Compare(x.V4, y.V4), cmp.Compare(x.V6, y.V6)) })
+			if !slices.Equal(got, held) || !reflect.DeepEqual(a.Spaces, AddrState{V4: st.V4, V6: st.V6}) {
+				t.Errorf("%s: Adding(%q) read %+v and %+v; Decode says %+v", name, id, got, a.Spaces, st)
+			}
+			for _, sp := range spaces {
+				a.Spaces.V4, a.Spaces.V6 = sp, st.V6
+				if st.Slots == nil {
+					st.Slots = SlotMap{}
+				}
+				st.Slots[id] = AddrSlots{V4: 5, V6: 11}
+				st.V4 = sp
+				want := EncodeAddrs(st)
+				if w := a.With(AddrSlots{V4: 5, V6: 11}); string(w.raw) != string(want.raw) {
+					t.Errorf("%s: Adding(%q).With = %s, want %s", name, id, w.raw, want.raw)
+				}
+				delete(st.Slots, id)
+			}
+		}
+	}
+	raw := func(s string) HostAddrs { return HostAddrs{raw: []byte(s)} }
+	spaced := raw(`{ "slots": {"p1": [1, 1]}, "v4": {"next": 3} }`)
+	unsorted := raw(`{"slots":{"p2":[2,0],"p1":[1,1]}}`)
+	repeated := raw(`{"slots":{"p1":[9,9],"p1":[1,1]}}`)
+	slotsTwice := raw(`{"slots":{"p1":[1,1]},"slots":{"p2":[2,2]}}`)
+	badPair := raw(`{"slots":{"p1":[1,x]}}`)
+	badRest := raw(`{"slots":{"p1":[1,1]},"v4":{"next":"x"}}`)
+	for name, c := range map[string]struct {
+		h  HostAddrs
+		id string
+	}{
+		"spaced": {spaced, "p2"}, "unsorted": {unsorted, "p3"}, "repeated": {repeated, "p2"},
+		"slots twice": {slotsTwice, "p3"}, "bad pair": {badPair, "p2"}, "bad rest": {badRest, "p2"},
+		"held": {cases["three"], "p2"}, "escaped id": {cases["three"], `p"5`}, "escaped id, zero": {HostAddrs{}, "p<5"},
+	} {
+		if _, ok := c.h.Adding(c.id); ok {
+			t.Errorf("%s: Adding(%q) ok; want it left to Decode", name, c.id)
+		}
 	}
 }

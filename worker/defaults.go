@@ -38,6 +38,7 @@ func (cfg Config) WithDefaults() Config {
 	cfg.CheckInterval = cmp.Or(cfg.CheckInterval, defaults.CheckInterval)
 	cfg.DeletedTTL = cmp.Or(cfg.DeletedTTL, defaults.DeletedTTL)
 	cfg.ObserveInterval = cmp.Or(cfg.ObserveInterval, defaults.ObserveInterval)
+	cfg.ObservePasses = cmp.Or(cfg.ObservePasses, defaults.ObservePasses)
 	cfg.SweepGrace = cmp.Or(cfg.SweepGrace, defaults.SweepGrace)
 	cfg.ProgressEvery = cmp.Or(cfg.ProgressEvery, defaults.ProgressEvery)
 	cfg.Heartbeat = cmp.Or(cfg.Heartbeat, defaults.Heartbeat)

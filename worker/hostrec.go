@@ -228,8 +228,16 @@ func (hw *hostWriter) apply(ctx context.Context, batch []hostEdit) []error {
 			wrote, err = w.hosts.Update(ctx, hw.host, b, rev)
 		}
 		if err == nil {
+			// What the next read finds, unless another worker writes: the
+			// view's record of that revision (put here), or without a view
+			// this copy. Both would keep every record the worker wrote
+			// twice, the stored bytes once more.
 			hw.readMu.Lock()
-			hw.readRec, hw.readRaw = rec, b // what the next read finds, unless another worker writes
+			if w.hostView != nil {
+				hw.readRec, hw.readRaw = messages.HostRecord{}, nil
+			} else {
+				hw.readRec, hw.readRaw = rec, b
+			}
 			hw.readMu.Unlock()
 			w.hostView.put(hw.host, rec, wrote) // this worker's next placements see it at once
 			return errs

@@ -71,6 +71,15 @@ func (e *executor) observe(ctx context.Context) error {
 	if w.cfg.ObserveInterval <= 0 {
 		return errors.New("observation pass: observation is off in this worker")
 	}
+	select {
+	case w.observing <- struct{}{}:
+		defer func() { <-w.observing }()
+	case <-ctx.Done():
+		// The worker's other hosts' passes took the interval: this one
+		// is skipped, the next tick comes.
+		w.log.Debug("observation pass skipped: others ran all the interval", "host", e.host)
+		return nil
+	}
 	// The proxies that hold room here and the domains here are the ones
 	// whose events can put them here: the pass reads those events only,
 	// never the whole stream's.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -254,4 +255,70 @@ func TestObservationFollowsNoStreamAndSeesAChange(t *testing.T) {
 		ev, _ := r.lastEvent("p3")
 		return ev.State == messages.StateFailed
 	})
+}
+
+// TestObservationPassesAreBounded: a worker runs at most ObservePasses of
+// its hosts' passes at once, though every host's tick comes in the same
+// window, and each host still gets its passes.
+func TestObservationPassesAreBounded(t *testing.T) {
+	r := newRig(t, "h1", "h2", "h3", "h4")
+	lists := &concurrentLists{}
+	w := r.startWorker(func(c *worker.Config) {
+		c.ObserveInterval = 200 * time.Millisecond
+		c.ObservePasses = 1
+		for _, h := range r.hosts {
+			d, err := sim.New(sim.Config{Host: h, Dir: r.hostDir(h), Delay: 20 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Providers[h] = slowLists{d, h, lists}
+		}
+	})
+	passes := func() int64 { return w.Stats().Snapshot()["observe_passes"] }
+	r.waitFor("passes of every host", 30*time.Second, func() bool {
+		lists.mu.Lock()
+		defer lists.mu.Unlock()
+		return passes() >= 12 && len(lists.hosts) == len(r.hosts)
+	})
+	lists.mu.Lock()
+	defer lists.mu.Unlock()
+	if lists.most != 1 {
+		t.Errorf("%d passes listed their hosts at once; want at most 1", lists.most)
+	}
+}
+
+// concurrentLists counts the List calls in progress, the most at once,
+// and the hosts listed.
+type concurrentLists struct {
+	mu        sync.Mutex
+	now, most int
+	hosts     map[string]bool
+}
+
+// slowLists is a host whose List takes a while, counted in c.
+type slowLists struct {
+	*sim.Driver
+	host string
+	c    *concurrentLists
+}
+
+func (p slowLists) List(ctx context.Context) ([]fleet.Instance, error) {
+	p.c.mu.Lock()
+	p.c.now++
+	p.c.most = max(p.c.most, p.c.now)
+	if p.c.hosts == nil {
+		p.c.hosts = map[string]bool{}
+	}
+	p.c.hosts[p.host] = true
+	p.c.mu.Unlock()
+	defer func() {
+		p.c.mu.Lock()
+		p.c.now--
+		p.c.mu.Unlock()
+	}()
+	select {
+	case <-time.After(50 * time.Millisecond):
+	case <-ctx.Done():
+	}
+	return p.Driver.List(ctx)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"proxyfleet/addrplan"
 	"proxyfleet/internal/natstest"
 	"proxyfleet/internal/poll"
 	"proxyfleet/messages"
@@ -238,4 +239,33 @@ func TestHostViewHeldFollowsRecords(t *testing.T) {
 		t.Errorf("h3 quarantined: %s", seen[2])
 	}
 	heldOn("c")
+}
+
+// BenchmarkReserveEditPlanned is a create's reservation on a host with a
+// plan holding a hundred proxies: the record's assignments read for the
+// new proxy's slots and written with them.
+func BenchmarkReserveEditPlanned(b *testing.B) {
+	plan, err := addrplan.New("h1", addrplan.Config{IPv4: []string{"198.18.0.0/24"}, IPv6: []string{"2001:db8:1::/64"}, IPv6PerProxy: 16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := time.Now()
+	base := messages.HostRecord{Host: "h1", Proxies: map[string]uint64{}}
+	var st messages.AddrState
+	for i := range 100 {
+		id := fmt.Sprintf("f%05d", i*500)
+		base.Proxies[id] = 1
+		if _, err := plan.Assign(&st, id, now); err != nil {
+			b.Fatal(err)
+		}
+	}
+	base.Addresses = messages.EncodeAddrs(st)
+	b.ReportAllocs()
+	for b.Loop() {
+		rec := base
+		rec.Proxies = map[string]uint64{} // the other proxies' room does not count here
+		if _, err := reserveEdit(&rec, "h1", "f25001", 2, 200, false, plan, now); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

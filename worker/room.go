@@ -111,19 +111,46 @@ func reserveEdit(rec *messages.HostRecord, host, id string, seq uint64, room int
 		return addrplan.Slots{}, &fullError{host: host, n: len(rec.Proxies), maxRoom: room}
 	}
 	if plan != nil && !hasSlots {
-		st, err := addrsOf(rec)
-		if err != nil {
+		var err error
+		if slots, err = assignFree(rec, id, plan, now); err != nil {
+			var full *addrplan.FullError
+			if errors.As(err, &full) {
+				return addrplan.Slots{}, &fullError{host: host, n: len(rec.Proxies), maxRoom: room, addr: err}
+			}
 			return addrplan.Slots{}, err
 		}
-		slots, err = plan.Assign(&st, id, now)
-		if err != nil {
-			return addrplan.Slots{}, &fullError{host: host, n: len(rec.Proxies), maxRoom: room, addr: err}
-		}
-		rec.Addresses = messages.EncodeAddrs(st)
 	}
 	if !ok || r < seq {
 		rec.Proxies[id] = seq
 	}
+	return slots, nil
+}
+
+// assignFree gives proxy id, which holds no slots in rec, free slots of
+// plan, and records them in rec. Where the assignments are in the form
+// they are written in, only the proxies' slots and the spaces are read,
+// and the proxy's pair is put in among the others, not every pair decoded
+// and written anew: a create on a host with a plan does this, and the
+// whole did cost most of a reservation. The record is the same either
+// way.
+func assignFree(rec *messages.HostRecord, id string, plan *addrplan.Plan, now time.Time) (addrplan.Slots, error) {
+	if add, ok := rec.Addresses.Adding(id); ok {
+		slots, err := plan.AssignFree(&add.Spaces, add.Held, now)
+		if err != nil || slots == (addrplan.Slots{}) {
+			return slots, err
+		}
+		rec.Addresses = add.With(messages.AddrSlots{V4: slots.V4, V6: slots.V6})
+		return slots, nil
+	}
+	st, err := addrsOf(rec)
+	if err != nil {
+		return addrplan.Slots{}, err
+	}
+	slots, err := plan.Assign(&st, id, now)
+	if err != nil {
+		return addrplan.Slots{}, err
+	}
+	rec.Addresses = messages.EncodeAddrs(st)
 	return slots, nil
 }
 

@@ -52,6 +52,12 @@ type Config struct {
 	// ObserveInterval is how often the owner of a host re-reads its
 	// running proxies; negative turns observation off.
 	ObserveInterval time.Duration
+	// ObservePasses bounds the observation passes the worker runs at
+	// once, of all its hosts: every host's tick comes in the same window,
+	// and each pass holds its host's listing, last events and desired
+	// records until it is done. A pass that cannot start within
+	// ObserveInterval is skipped (the next tick comes).
+	ObservePasses int
 	// SweepGrace is how long a volume must have gone unused before the
 	// observation pass removes it, when the host's provider is a Sweeper;
 	// negative turns volume sweeps off.
@@ -107,8 +113,10 @@ type Worker struct {
 	hostView *hostView
 	rooms    []int // the room of each host of catalog.Hosts, in its order
 	locks    *keyedLocks
-	stats    Stats
-	metrics  *metrics
+	// observing bounds the observation passes run at once (ObservePasses).
+	observing chan struct{}
+	stats     Stats
+	metrics   *metrics
 
 	// draining is closed when the worker starts to drain: work waiting
 	// on a quarantined host is handed back at once.
@@ -184,6 +192,9 @@ func New(js jetstream.JetStream, cfg Config) (*Worker, error) {
 	if !ValidID(cfg.ID) {
 		return nil, fmt.Errorf("worker: id %q: want letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128", cfg.ID)
 	}
+	if cfg.ObservePasses < 1 {
+		return nil, fmt.Errorf("worker: observe passes %d: want at least 1", cfg.ObservePasses)
+	}
 	if cfg.Liveness <= cfg.Heartbeat {
 		return nil, fmt.Errorf("worker: liveness %s must be longer than the heartbeat %s", cfg.Liveness, cfg.Heartbeat)
 	}
@@ -191,6 +202,7 @@ func New(js jetstream.JetStream, cfg Config) (*Worker, error) {
 		cfg: cfg, js: js, subj: cfg.Subjects, catalog: cfg.Catalog,
 		log: cfg.Logger.With("worker", cfg.ID), now: cfg.Now, locks: newKeyedLocks(), started: make(chan struct{}),
 		metrics: newMetrics(), unpins: hostshare.NewUnpinner(js),
+		observing: make(chan struct{}, cfg.ObservePasses),
 	}
 	w.metrics.init(slices.Sorted(maps.Keys(cfg.Providers)))
 	if cfg.Registerer != nil {

@@ -111,6 +111,7 @@ func workerConfig(c *config.Config, provs map[string]worker.Provider, log *slog.
 		DrainTimeout:    c.Worker.DrainTimeout,
 		CheckInterval:   c.Worker.CheckInterval,
 		ObserveInterval: c.Worker.ObserveInterval,
+		ObservePasses:   c.Worker.ObservePasses,
 		Heartbeat:       c.Worker.Heartbeat,
 		Liveness:        c.Worker.Liveness,
 		SweepGrace:      c.Worker.SweepGrace,

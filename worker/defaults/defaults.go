@@ -23,6 +23,9 @@ const (
 	DeletedTTL = 24 * time.Hour
 	// ObserveInterval is how often a host's owner re-reads its proxies.
 	ObserveInterval = 30 * time.Second
+	// ObservePasses is how many observation passes of its hosts a worker
+	// runs at once.
+	ObservePasses = 4
 	// SweepGrace: a volume nothing used for this long is removed.
 	SweepGrace = 10 * time.Minute
 	// ProgressEvery is the least time between two progress events of a
