@@ -208,26 +208,8 @@ func TestStartingWorkerGivesNoAddressOfAnUnrecordedDomain(t *testing.T) {
 		name string
 		lose func(t *testing.T, kv jetstream.KeyValue)
 	}{
-		{"record deleted", func(t *testing.T, kv jetstream.KeyValue) {
-			if err := kv.Delete(context.Background(), "h1"); err != nil {
-				t.Fatal(err)
-			}
-		}},
-		{"assignments lost", func(t *testing.T, kv jetstream.KeyValue) {
-			e, err := kv.Get(context.Background(), "h1")
-			if err != nil {
-				t.Fatal(err)
-			}
-			var rec messages.HostRecord
-			if err := json.Unmarshal(e.Value(), &rec); err != nil {
-				t.Fatal(err)
-			}
-			rec.Addresses = messages.HostAddrs{} // the proxies keep their room
-			b, _ := json.Marshal(rec)
-			if _, err := kv.Update(context.Background(), "h1", b, e.Revision()); err != nil {
-				t.Fatal(err)
-			}
-		}},
+		{"record deleted", deleteRecord},
+		{"assignments lost", loseAssignments},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t, "h1")
@@ -342,31 +324,13 @@ func TestRunningWorkerGivesNoAddressOfADomainItsRecordLost(t *testing.T) {
 		name string
 		lose func(t *testing.T, kv jetstream.KeyValue, before []byte)
 	}{
-		{"record deleted", func(t *testing.T, kv jetstream.KeyValue, _ []byte) {
-			if err := kv.Delete(context.Background(), "h1"); err != nil {
-				t.Fatal(err)
-			}
-		}},
+		{"record deleted", func(t *testing.T, kv jetstream.KeyValue, _ []byte) { deleteRecord(t, kv) }},
 		{"record put back without a domain", func(t *testing.T, kv jetstream.KeyValue, before []byte) {
 			if _, err := kv.Put(context.Background(), "h1", before); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{"assignments lost", func(t *testing.T, kv jetstream.KeyValue, _ []byte) {
-			e, err := kv.Get(context.Background(), "h1")
-			if err != nil {
-				t.Fatal(err)
-			}
-			var rec messages.HostRecord
-			if err := json.Unmarshal(e.Value(), &rec); err != nil {
-				t.Fatal(err)
-			}
-			rec.Addresses = messages.HostAddrs{} // the proxies keep their room
-			b, _ := json.Marshal(rec)
-			if _, err := kv.Update(context.Background(), "h1", b, e.Revision()); err != nil {
-				t.Fatal(err)
-			}
-		}},
+		{"assignments lost", func(t *testing.T, kv jetstream.KeyValue, _ []byte) { loseAssignments(t, kv) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t, "h1")
@@ -430,5 +394,32 @@ func TestRunningWorkerGivesNoAddressOfADomainItsRecordLost(t *testing.T) {
 				t.Errorf("record: slots %v, want those of %v", st.Slots, ids)
 			}
 		})
+	}
+}
+
+// deleteRecord deletes h1's record.
+func deleteRecord(t *testing.T, kv jetstream.KeyValue) {
+	t.Helper()
+	if err := kv.Delete(context.Background(), "h1"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// loseAssignments writes h1's record anew without its address
+// assignments; the proxies keep their room.
+func loseAssignments(t *testing.T, kv jetstream.KeyValue) {
+	t.Helper()
+	e, err := kv.Get(context.Background(), "h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec messages.HostRecord
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		t.Fatal(err)
+	}
+	rec.Addresses = messages.HostAddrs{}
+	b, _ := json.Marshal(rec)
+	if _, err := kv.Update(context.Background(), "h1", b, e.Revision()); err != nil {
+		t.Fatal(err)
 	}
 }
