@@ -236,19 +236,7 @@ func TestStartingWorkerGivesNoAddressOfAnUnrecordedDomain(t *testing.T) {
 					t.Fatalf("create %s: %s (%s)", id, res.Outcome, res.Reason)
 				}
 			}
-			holder := map[string]string{}
-			for _, id := range []string{"old", "new1", "new2"} {
-				egress := r.simEgress("h1", id)
-				if len(egress) != 5 {
-					t.Errorf("%s: egress %v, want 1 IPv4 and 4 IPv6 addresses", id, egress)
-				}
-				for _, a := range append(egress, r.simMAC("h1", id)) {
-					if o, ok := holder[a]; ok {
-						t.Errorf("%s is %s's and %s's", a, o, id)
-					}
-					holder[a] = id
-				}
-			}
+			checkNoneHeldTwice(t, r, "old", "new1", "new2")
 			// The record says old holds the slots its domain has.
 			rec, _ := r.hostRecord("h1")
 			st := mustAddrs(t, rec)
@@ -362,19 +350,7 @@ func TestRunningWorkerGivesNoAddressOfADomainItsRecordLost(t *testing.T) {
 					t.Fatalf("create %s: %s (%s)", id, res.Outcome, res.Reason)
 				}
 			}
-			holder := map[string]string{}
-			for _, id := range ids {
-				egress := r.simEgress("h1", id)
-				if len(egress) != 5 {
-					t.Errorf("%s: egress %v, want 1 IPv4 and 4 IPv6 addresses", id, egress)
-				}
-				for _, a := range append(egress, r.simMAC("h1", id)) {
-					if o, ok := holder[a]; ok {
-						t.Errorf("%s is %s's and %s's", a, o, id)
-					}
-					holder[a] = id
-				}
-			}
+			checkNoneHeldTwice(t, r, ids...)
 			// The record says each proxy holds the slots its domain has.
 			p, err := addrplan.New("h1", plans["h1"])
 			if err != nil {
@@ -421,5 +397,24 @@ func loseAssignments(t *testing.T, kv jetstream.KeyValue) {
 	b, _ := json.Marshal(rec)
 	if _, err := kv.Update(context.Background(), "h1", b, e.Revision()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// checkNoneHeldTwice checks that the domains of ids on h1 each have one
+// IPv4 and four IPv6 addresses, and that no address or MAC is two's.
+func checkNoneHeldTwice(t *testing.T, r *rig, ids ...string) {
+	t.Helper()
+	holder := map[string]string{}
+	for _, id := range ids {
+		egress := r.simEgress("h1", id)
+		if len(egress) != 5 {
+			t.Errorf("%s: egress %v, want 1 IPv4 and 4 IPv6 addresses", id, egress)
+		}
+		for _, a := range append(egress, r.simMAC("h1", id)) {
+			if o, ok := holder[a]; ok {
+				t.Errorf("%s is %s's and %s's", a, o, id)
+			}
+			holder[a] = id
+		}
 	}
 }
