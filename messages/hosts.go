@@ -325,20 +325,12 @@ func (h HostAddrs) Adding(id string) (a AddrsAdding, ok bool) {
 			a.at = i - (len(head) - 1)
 		}
 		prev = key
-		j := i + end + 2
-		if !bytes.HasPrefix(b[j:], []byte(":[")) {
-			return a, false
-		}
-		closing := bytes.IndexByte(b[j:], ']')
-		if closing < 0 {
-			return a, false
-		}
-		var pair AddrSlots
-		if pair.UnmarshalJSON(b[j+1:j+closing+1]) != nil {
+		pair, next, ok := slotsAt(b, i+end+2)
+		if !ok {
 			return a, false
 		}
 		a.Held = append(a.Held, pair)
-		i = j + closing + 1
+		i = next
 		if i >= len(b) {
 			return a, false
 		}
@@ -518,6 +510,19 @@ func (m *SlotMap) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// slotsAt parses a key's value as MarshalJSON writes it, `:[v4,v6]`, at
+// b[i:]; next is the index after its `]`.
+func slotsAt(b []byte, i int) (s AddrSlots, next int, ok bool) {
+	if !bytes.HasPrefix(b[i:], []byte(":[")) {
+		return s, 0, false
+	}
+	closing := bytes.IndexByte(b[i:], ']')
+	if closing < 0 || s.UnmarshalJSON(b[i+1:i+closing+1]) != nil {
+		return s, 0, false
+	}
+	return s, i + closing + 1, true
+}
+
 // parseSlotMap parses the form MarshalJSON writes: {"id":[v4,v6],...}
 // with plain keys and no whitespace; false for anything else (the caller
 // then decodes it the general way). The keys share one string.
@@ -540,20 +545,12 @@ func parseSlotMap(b []byte) (SlotMap, bool) {
 		if !plainKey(key) {
 			return nil, false
 		}
-		i += end + 2
-		if !strings.HasPrefix(src[i:], ":[") {
-			return nil, false
-		}
-		close := strings.IndexByte(src[i:], ']')
-		if close < 0 {
-			return nil, false
-		}
-		var s AddrSlots
-		if s.UnmarshalJSON(b[i+1:i+close+1]) != nil {
+		s, next, ok := slotsAt(b, i+end+2)
+		if !ok {
 			return nil, false
 		}
 		out[key] = s
-		i += close + 1
+		i = next
 		if i < len(src)-1 {
 			if src[i] != ',' {
 				return nil, false
