@@ -61,7 +61,8 @@
 // gone and sweeps the volumes nothing uses (through a provider that is a
 // Sweeper), and events.go publishes their state events.
 // placement.go chooses a create's host; room.go reserves and releases room
-// and reconciles it, through hostrec.go, which writes a host's record in
+// and reconciles it, roomknown.go holds a planned host's work until its
+// domains' slots are recorded, both through hostrec.go, which writes a host's record in
 // PROXY_HOSTS; quarantine.go keeps a host's failures and quarantine.
 // Both run their messages on a pool (pool.go), which keeps each in
 // progress and binds it to the fence (fence.go) that abandons work once

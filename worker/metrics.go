@@ -31,7 +31,7 @@ type metrics struct {
 	// (hostshare.Config.StrayUnpinned).
 	strayPins prometheus.Counter
 	// addrConflicts counts domains found holding an address another
-	// proxy's record holds (room.go, recordFound).
+	// proxy's record holds (roomknown.go, recordFound).
 	addrConflicts prometheus.Counter
 
 	// Latencies, in LatencyBuckets: a command from its acceptance to its
