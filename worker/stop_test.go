@@ -65,11 +65,14 @@ func TestStopFinishesInFlightWork(t *testing.T) {
 
 // TestStopHandsBackWorkPastTheDrainTimeout: work still running when the
 // drain timeout passes is handed back, and another worker takes the host
-// over at once (the stopping worker unpins it) and finishes it.
+// over at once (the stopping worker unpins it) and finishes it. The drain
+// timeout is 2s so that its hand-over share (1s, handoverShare) leaves the
+// unpin time on a loaded machine: an unpin given up waits out PinnedTTL,
+// past the test's bound. Each host call takes 5s, past the work's share.
 func TestStopHandsBackWorkPastTheDrainTimeout(t *testing.T) {
 	r := newRig(t, "h1")
-	w := r.startWorker(slowHosts(r, 2*time.Second), func(c *worker.Config) {
-		c.DrainTimeout = 100 * time.Millisecond
+	w := r.startWorker(slowHosts(r, 5*time.Second), func(c *worker.Config) {
+		c.DrainTimeout = 2 * time.Second
 		c.PinnedTTL = time.Minute // a takeover within the test's bound needs the unpin
 		c.AckWait = time.Minute   // and the hand-back, not a redelivery after AckWait
 	})
@@ -84,7 +87,7 @@ func TestStopHandsBackWorkPastTheDrainTimeout(t *testing.T) {
 	}
 	for _, res := range r.resultsFor("c1") {
 		if res.Outcome == messages.OutcomeDone {
-			t.Fatal("the slow create finished inside a 100ms drain; the test proves nothing")
+			t.Fatal("the slow create finished inside the drain; the test proves nothing")
 		}
 	}
 	r.startWorker(slowHosts(r, 10*time.Millisecond), func(c *worker.Config) {
