@@ -125,7 +125,15 @@ func socksRepliesFromRealSquid(t *testing.T, e *e2e, rot *rotationLog, id string
 		{"guest", "localhost", 443, 2},
 		{"refused", rootIP(), closedPort, 5},
 	}
-	// The gateway serves once it has read the rotation.
+	// The gateway listens once it has started and serves once it has read
+	// the rotation.
+	waitUntil(t, "the gateway's SOCKS5 listener", time.Minute, func() bool {
+		c, err := net.DialTimeout("tcp", socksAddr, time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
 	waitUntil(t, "the gateway to carry a SOCKS5 request", time.Minute, func() bool {
 		return socksReply(t, socksAddr, "alice", "alice-gateway-secret", cases[0].host, cases[0].port) != 3
 	})
