@@ -63,7 +63,7 @@ func startPlannedGuest(t *testing.T) *plannedGuest {
 	e.start("gateway", nil, "gateway", "--config", e.path, "--http", freePort(t))
 	rot := e.watchRotation()
 	e.waitDone(8*time.Minute, e.createReal(id))
-	waitUntil(t, id+" in the rotation", 4*time.Minute, func() bool { return rot.has(id) })
+	waitUntil(t, id+" in the rotation", 6*time.Minute, func() bool { return rot.has(id) })
 	planned, err := messages.ExpandEgress(e.lastEvent(id).Egress)
 	if err != nil || len(planned) != 17 || !planned[0].Is4() {
 		t.Fatalf("%s's egress %v (%v), want its IPv4 address and 16 IPv6 addresses", id, e.lastEvent(id).Egress, err)
