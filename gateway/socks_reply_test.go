@@ -12,9 +12,10 @@ import (
 
 // TestSocksRepliesToSquidAnswers: squid's refusals of a CONNECT, as a
 // Debian guest's squid 5.7 sent them (testdata/squid, recorded by
-// cmd/proxyfleet's TestGatewaySocksRepliesFromRealSquid), give the
-// SOCKS5 reply that says what happened: its deny acl (proxy.deny) and
-// its guest acl, 2 (not allowed by ruleset); the target's refusal, 5.
+// cmd/proxyfleet's TestGatewayOverRealProxies/SocksRepliesFromRealSquid),
+// give the SOCKS5 reply that says what happened: its deny acl
+// (proxy.deny) and its guest acl, 2 (not allowed by ruleset); the
+// target's refusal, 5.
 // The same answers to an HTTP CONNECT are passed on as they came.
 func TestSocksRepliesToSquidAnswers(t *testing.T) {
 	for _, c := range []struct {

@@ -129,6 +129,15 @@ func newE2E(t *testing.T, mod func(*config.Config)) *e2e {
 	return e
 }
 
+// use makes e's helpers report to t, a subtest of the test that made e
+// (a fleet its subtests share, one at a time), until t ends.
+func (e *e2e) use(t *testing.T) *e2e {
+	prev := e.t
+	e.t = t
+	t.Cleanup(func() { e.t = prev })
+	return e
+}
+
 func (e *e2e) start(name string, env []string, args ...string) *proc {
 	e.t.Helper()
 	if e.bin == "" {

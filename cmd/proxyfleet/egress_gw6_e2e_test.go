@@ -8,39 +8,27 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
-	"proxyfleet/config"
 	"proxyfleet/messages"
 )
 
-// A real Debian guest with sixteen IPv6 addresses behind the gateway, and
-// a target on the root namespace's IPv6 address: 32 sessions leave from at
-// least 12 distinct addresses, each session from one address for 10
-// requests (the address the answer names, and the one the target saw);
-// USER-egress-rotate leaves from another address on every request.
-func TestGatewayLeavesFromPlannedIPv6Addresses(t *testing.T) {
+// gatewayLeavesFromPlannedIPv6Addresses: the planned guest behind the
+// gateway, and a target on the root namespace's IPv6 address: 32
+// sessions leave from at least 12 distinct addresses, each session from
+// one address for 10 requests (the address the answer names, and the one
+// the target saw); USER-egress-rotate leaves from another address on
+// every request.
+func gatewayLeavesFromPlannedIPv6Addresses(t *testing.T, g *plannedGuest) {
 	root6 := os.Getenv("TESTHOST_ROOT_IP6")
 	if root6 == "" {
 		t.Fatal("TESTHOST_ROOT_IP6 is not set: run make testhost")
 	}
-	gwAddr := freePort(t)
-	pwFile := filepath.Join(t.TempDir(), "alice-password")
-	writeFile(t, pwFile, "alice-gateway-secret\n")
-	e, rot := realGuestRig(t, "th-gw6", func(c *config.Config) {
-		c.Hosts[0].Addresses = egressPlan(t, 2)
-		c.Gateway = config.Gateway{Listen: gwAddr, Users: []config.GatewayUser{{Name: "alice", PasswordFile: pwFile}},
-			ConnectTimeout: 5 * time.Second, ResponseTimeout: 10 * time.Second}
-	})
-	const id = "gw6-a"
-	e.cleanupProxies(id)
+	e, rot, id, gwAddr := g.e.use(t), g.rot, g.id, g.gwAddr
 	token := "gw6-" + time.Now().Format("150405.000")
 	targetURL, requests := recordingTarget(t, root6, token)
-	e.start("gateway", nil, "gateway", "--config", e.path, "--http", freePort(t))
-	e.waitDone(8*time.Minute, e.createReal(id))
 	waitUntil(t, id+" in the rotation", 4*time.Minute, func() bool { return rot.has(id) })
 	planned, err := messages.ExpandEgress(e.lastEvent(id).Egress)
 	if err != nil || len(planned) != 17 {

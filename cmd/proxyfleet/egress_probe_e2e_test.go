@@ -14,22 +14,36 @@ import (
 	"proxyfleet/messages"
 )
 
-// A real Debian guest with an address plan (its IPv4 address and sixteen
-// IPv6 ones), probed by a health process whose own /probe listens on the
-// root namespace's IPv4 and IPv6 addresses: over rounds each of its 17
-// addresses is named, and the target sees the request come from it; the
-// proxy stays in the rotation, checked ok, with no mismatch. Then squid
-// in the guest is made to leave from another of its IPv6 addresses for a
-// request naming one (one tcp_outgoing_address line rewritten): health
-// refuses it, egress mismatch, the reason naming both.
-func TestHealthProbesEachPlannedAddress(t *testing.T) {
+// plannedGuest is the fleet of the tests of one real Debian guest with an
+// address plan (its IPv4 address and sixteen IPv6 ones): a worker, a
+// health process whose own /probe listens on the root namespace's IPv4
+// and IPv6 addresses (--debug: its log names each probe's egress), and a
+// gateway (user alice, password "alice-gateway-secret") in front of it.
+// TestPlannedGuest boots it once for all its subtests.
+type plannedGuest struct {
+	e       *e2e
+	rot     *rotationLog
+	id      string
+	gwAddr  string
+	planned []netip.Addr // the proxy's egress: its IPv4 address first
+}
+
+// startPlannedGuest starts the processes, creates the guest and returns
+// once it is in the rotation with its 17 addresses; everything is the
+// test t's, removed when it ends (the processes stopped before the
+// domain is removed).
+func startPlannedGuest(t *testing.T) *plannedGuest {
+	t.Helper()
 	root6 := os.Getenv("TESTHOST_ROOT_IP6")
 	if root6 == "" {
 		t.Fatal("TESTHOST_ROOT_IP6 is not set: run make testhost")
 	}
 	img := debianImage(t)
+	gwAddr := freePort(t)
+	pwFile := filepath.Join(t.TempDir(), "alice-password")
+	writeFile(t, pwFile, "alice-gateway-secret\n")
 	e := newE2E(t, func(c *config.Config) {
-		c.Hosts[0].Name = "th-probe6"
+		c.Hosts[0].Name = "th-planned"
 		c.Hosts[0].Addresses = egressPlan(t, 5)
 		c.Images = append(c.Images, img)
 		// A Debian boot under TCG takes most of a minute, more on a
@@ -38,19 +52,44 @@ func TestHealthProbesEachPlannedAddress(t *testing.T) {
 		c.Health = config.Health{HTTP: "127.0.0.1:0", ProbeListen: rootIP() + ":0", ProbeListenIPv6: "[" + root6 + "]:0",
 			Interval: 2 * time.Second, Timeout: 1600 * time.Millisecond, Rise: 2, Fall: 3, Grace: 30 * time.Second,
 			Concurrency: 8, LeaseTTL: 3 * time.Second}
+		c.Gateway = config.Gateway{Listen: gwAddr, Users: []config.GatewayUser{{Name: "alice", PasswordFile: pwFile}},
+			ConnectTimeout: 5 * time.Second, ResponseTimeout: 10 * time.Second}
 	})
-	const id = "probe6-a"
+	const id = "planned-a"
 	e.cleanupProxies(id)
 	e.worker("w1")
 	e.healthHTTP = freePort(t)
 	e.start("health", nil, "health", "--config", e.path, "--http", e.healthHTTP, "--debug")
+	e.start("gateway", nil, "gateway", "--config", e.path, "--http", freePort(t))
 	rot := e.watchRotation()
 	e.waitDone(8*time.Minute, e.createReal(id))
-	waitUntil(t, id+" in the rotation", 4*time.Minute, func() bool { return rot.has(id) })
+	waitUntil(t, id+" in the rotation", 6*time.Minute, func() bool { return rot.has(id) })
 	planned, err := messages.ExpandEgress(e.lastEvent(id).Egress)
 	if err != nil || len(planned) != 17 || !planned[0].Is4() {
 		t.Fatalf("%s's egress %v (%v), want its IPv4 address and 16 IPv6 addresses", id, e.lastEvent(id).Egress, err)
 	}
+	return &plannedGuest{e: e, rot: rot, id: id, gwAddr: gwAddr, planned: planned}
+}
+
+// TestPlannedGuest runs the tests of one real Debian guest with an
+// address plan on one boot of it, in this order: those that only read
+// through it first, the one that breaks its egress last.
+func TestPlannedGuest(t *testing.T) {
+	g := startPlannedGuest(t)
+	t.Run("GatewayLeavesFromPlannedIPv6Addresses", func(t *testing.T) { gatewayLeavesFromPlannedIPv6Addresses(t, g) })
+	t.Run("HealthProbesEachPlannedAddress", func(t *testing.T) { healthProbesEachPlannedAddress(t, g) })
+}
+
+// healthProbesEachPlannedAddress: over health's rounds each of the
+// guest's 17 addresses is named, and the target sees the request come
+// from it; the proxy stays in the rotation, checked ok, with no mismatch.
+// Then squid in the guest is made to leave from another of its IPv6
+// addresses for a request naming one (one tcp_outgoing_address line
+// rewritten): health refuses it, egress mismatch, the reason naming both.
+// It leaves the guest out of the rotation: it runs last on it.
+func healthProbesEachPlannedAddress(t *testing.T, g *plannedGuest) {
+	e, rot, id, planned := g.e.use(t), g.rot, g.id, g.planned
+	waitUntil(t, id+" in the rotation", 4*time.Minute, func() bool { return rot.has(id) })
 
 	logPath := filepath.Join(e.dir, "health.log")
 	var seen map[string]map[string]bool

@@ -60,20 +60,35 @@ func gatewayRig(t *testing.T, entry string, mod func(*config.Config), ids ...str
 	return e, rot, gwAddr, gwHTTP
 }
 
-// The gateway in front of two real proxies (Debian guests running squid
-// with the fleet's credential), as a client sees it: one address; requests
-// spread over both; a session key stays on its proxy; a proxy's domain
-// destroyed mid-run costs no request that starts after it (the gateway
-// retries on the other), moves only that proxy's session keys, and is
-// reported to health, which probes it at once; 200 reports of a healthy
-// proxy leave it in the rotation; wrong credentials get 407 and an empty
-// rotation 503.
+// TestGatewayOverRealProxies runs the tests of a gateway in front of two
+// real proxies (Debian guests running squid with the fleet's credential)
+// on one boot of them, in this order: the one that only reads through
+// them first, the one that destroys and deletes them last. The guests'
+// squid refuses proxy.deny's destinations, a range of the test network
+// nothing uses (socksDenied's).
 func TestGatewayOverRealProxies(t *testing.T) {
 	t.Parallel()
 	ids := []string{"gw-a", "gw-b"}
 	e, rot, gwAddr, gwHTTP := gatewayRig(t, "th-gw", func(c *config.Config) {
 		c.Gateway.ConnectTimeout, c.Gateway.ResponseTimeout = 2*time.Second, 3*time.Second
+		pd := []string{"198.19.0.0/24", socksDenied + "/32"}
+		c.Proxy.Deny = &pd
 	}, ids...)
+	t.Run("SocksRepliesFromRealSquid", func(t *testing.T) { socksRepliesFromRealSquid(t, e.use(t), rot, ids[0]) })
+	t.Run("SpreadSessionsFailoverReports", func(t *testing.T) {
+		gatewayOverRealProxies(t, e.use(t), rot, ids, gwAddr, gwHTTP)
+	})
+}
+
+// gatewayOverRealProxies: the gateway in front of the two real proxies
+// ids, as a client sees it: one address; requests spread over both; a
+// session key stays on its proxy; a proxy's domain destroyed mid-run
+// costs no request that starts after it (the gateway retries on the
+// other), moves only that proxy's session keys, and is reported to
+// health, which probes it at once; 200 reports of a healthy proxy leave
+// it in the rotation; wrong credentials get 407 and an empty rotation
+// 503. It destroys one proxy and deletes the other: it runs last on them.
+func gatewayOverRealProxies(t *testing.T, e *e2e, rot *rotationLog, ids []string, gwAddr, gwHTTP string) {
 	targetURL, token := target(t, rootIP())
 
 	alice := url.UserPassword("alice", "alice-gateway-secret")

@@ -88,8 +88,28 @@ func startProcEnv(t *testing.T, bin, logPath string, env []string, args ...strin
 	}
 	p := &proc{cmd: cmd, log: logPath, exit: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(p.exit) }()
-	t.Cleanup(func() { p.kill() })
+	t.Cleanup(func() {
+		p.kill()
+		if t.Failed() {
+			logTail(t, logPath, 40)
+		}
+	})
 	return p
+}
+
+// logTail logs the last n lines of the log at path, for a failed test's
+// reader: the test's directory is removed when it ends.
+func logTail(t *testing.T, path string, n int) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Logf("%s: %v", path, err)
+		return
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	t.Logf("the last %d lines of %s:\n%s", len(lines), filepath.Base(path), strings.Join(lines, "\n"))
 }
 
 func (p *proc) kill() {

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"proxyfleet/config"
+	"go.yaml.in/yaml/v3"
 )
 
 // dialE2E connects to addr, with a deadline a minute away.
@@ -79,26 +79,34 @@ func squidAnswer(t *testing.T, addr, auth, target string) string {
 	return sb.String()
 }
 
-// What a real squid (a Debian guest's) answers a CONNECT it refuses, and
-// the SOCKS5 reply the gateway makes of it: a destination proxy.deny
-// lists, and a name that resolves onto the guest itself, 2 (not allowed
-// by ruleset); a port that refuses the connection, 5 (refused). The
-// gateway denies nothing itself here (gateway.deny: []), so squid
+// socksDenied is an address of the test network nothing uses, in the
+// guests' proxy.deny of TestGatewayOverRealProxies: squid refuses it
+// before it connects anywhere.
+const socksDenied = "198.19.255.254"
+
+// socksRepliesFromRealSquid: what a real squid (a Debian guest's, proxy
+// id's fleet) answers a CONNECT it refuses, and the SOCKS5 reply a gateway
+// makes of it: a destination proxy.deny lists, and a name that resolves
+// onto the guest itself, 2 (not allowed by ruleset); a port that refuses
+// the connection, 5 (refused). The gateway, one of its own with its
+// default timeouts, denies nothing itself (gateway.deny: []), so squid
 // decides. With PROXYFLEET_RECORD_SQUID set to a directory, squid's
 // answers are written there (gateway/testdata/squid holds them).
-func TestGatewaySocksRepliesFromRealSquid(t *testing.T) {
-	t.Parallel()
-	// An address of the test network nothing uses: squid refuses it
-	// before it connects anywhere.
-	const denied = "198.19.255.254"
+func socksRepliesFromRealSquid(t *testing.T, e *e2e, rot *rotationLog, id string) {
+	const denied = socksDenied
 	socksAddr := freePort(t)
-	id := "sr-a"
-	e, rot, _, _ := gatewayRig(t, "th-socksreply", func(c *config.Config) {
-		none := []string{}
-		c.Gateway.SocksListen, c.Gateway.Deny = socksAddr, &none
-		pd := []string{"198.19.0.0/24", denied + "/32"}
-		c.Proxy.Deny = &pd
-	}, id)
+	c := *e.cfg
+	none := []string{}
+	c.Gateway.Listen, c.Gateway.SocksListen, c.Gateway.Deny = freePort(t), socksAddr, &none
+	c.Gateway.ConnectTimeout, c.Gateway.ResponseTimeout = 0, 0
+	b, err := yaml.Marshal(&c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(e.dir, "config-socks.yaml")
+	writeFile(t, path, string(b))
+	// Started under t: it is stopped when t ends.
+	e.start("gateway-socks", nil, "gateway", "--config", path, "--http", freePort(t), "--debug")
 
 	// A port on the test host that refuses connections.
 	ln, err := net.Listen("tcp", net.JoinHostPort(rootIP(), "0"))
@@ -117,7 +125,15 @@ func TestGatewaySocksRepliesFromRealSquid(t *testing.T) {
 		{"guest", "localhost", 443, 2},
 		{"refused", rootIP(), closedPort, 5},
 	}
-	// The gateway serves once it has read the rotation.
+	// The gateway listens once it has started and serves once it has read
+	// the rotation.
+	waitUntil(t, "the gateway's SOCKS5 listener", time.Minute, func() bool {
+		c, err := net.DialTimeout("tcp", socksAddr, time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
 	waitUntil(t, "the gateway to carry a SOCKS5 request", time.Minute, func() bool {
 		return socksReply(t, socksAddr, "alice", "alice-gateway-secret", cases[0].host, cases[0].port) != 3
 	})
