@@ -151,12 +151,31 @@ func (d *Driver) lock(ctx context.Context, op, id string) (func(), error) {
 
 // appendLine appends one short line atomically (O_APPEND, one write).
 func appendLine(path, line string) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	_ = writeWhole(path, unix.O_APPEND, []byte(line+"\n"))
+}
+
+// writeWhole writes b to the file at path, made if missing (mode 0644),
+// opened with the extra flag (O_TRUNC or O_APPEND), with open, write and
+// close only, as readWhole reads.
+func writeWhole(path string, flag int, b []byte) error {
+	fd, err := ignoringEINTR(func() (int, error) {
+		return unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_CLOEXEC|flag, 0o644)
+	})
 	if err != nil {
-		return
+		return &os.PathError{Op: "open", Path: path, Err: err}
 	}
-	defer f.Close()
-	_, _ = f.WriteString(line + "\n")
+	for len(b) > 0 {
+		n, err := ignoringEINTR(func() (int, error) { return unix.Write(fd, b) })
+		if err != nil {
+			unix.Close(fd)
+			return &os.PathError{Op: "write", Path: path, Err: err}
+		}
+		b = b[n:]
+	}
+	if err := unix.Close(fd); err != nil {
+		return &os.PathError{Op: "close", Path: path, Err: err}
+	}
+	return nil
 }
 
 func (d *Driver) pause(ctx context.Context, dur time.Duration) error {
@@ -205,7 +224,9 @@ func (d *Driver) read(id string) (domain, error) {
 // readMark reads id's domain file and leaves its egress in the compact
 // form it is stored in.
 func (d *Driver) readMark(id string) (domain, error) {
-	b, err := os.ReadFile(d.domainPath(id))
+	bp := readBufs.Get().(*[]byte)
+	defer readBufs.Put(bp)
+	b, err := readWhole(d.domainPath(id), bp)
 	if errors.Is(err, os.ErrNotExist) {
 		return domain{}, fleet.NotFound(fmt.Errorf("proxy %s on %s: no domain", id, d.cfg.Host))
 	}
@@ -217,6 +238,47 @@ func (d *Driver) readMark(id string) (domain, error) {
 		return domain{}, fleet.Permanent(fmt.Errorf("read domain %s: %w", id, err))
 	}
 	return dom, nil
+}
+
+// readBufs holds the buffers domain files are read into; json.Unmarshal
+// copies what it keeps, so a buffer goes back once the file is decoded.
+var readBufs = sync.Pool{New: func() any { b := make([]byte, 4096); return &b }}
+
+// readWhole reads the file at path into *bp (grown if it must be) with
+// open, read and close only: no os.File, whose making costs an fstat and
+// a try at the poller for a regular file, and no fstat to size the
+// buffer. A domain file is never written in place (write renames a whole
+// new file over it), so a read that does not fill the buffer has read
+// the whole file. A missing file is an error that matches os.ErrNotExist.
+func readWhole(path string, bp *[]byte) ([]byte, error) {
+	fd, err := ignoringEINTR(func() (int, error) { return unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0) })
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	buf := *bp
+	n := 0
+	for {
+		m, err := ignoringEINTR(func() (int, error) { return unix.Read(fd, buf[n:]) })
+		if err != nil {
+			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+		}
+		n += m
+		if n < len(buf) {
+			return buf[:n], nil
+		}
+		buf = append(buf, make([]byte, len(buf))...)
+		*bp = buf
+	}
+}
+
+func ignoringEINTR(call func() (int, error)) (int, error) {
+	for {
+		n, err := call()
+		if err != unix.EINTR {
+			return n, err
+		}
+	}
 }
 
 func (d *Driver) instance(dom domain) fleet.Instance {
@@ -272,7 +334,7 @@ func (d *Driver) Create(ctx context.Context, spec fleet.Spec) (fleet.Instance, e
 	} else if fleet.ClassOf(err) != fleet.ClassNotFound {
 		return fleet.Instance{}, err
 	}
-	if err := os.WriteFile(VolumePath(d.cfg.Dir, spec.ID), []byte(spec.CommandID), 0o644); err != nil {
+	if err := writeWhole(VolumePath(d.cfg.Dir, spec.ID), unix.O_TRUNC, []byte(spec.CommandID)); err != nil {
 		return fleet.Instance{}, fleet.Transient(fmt.Errorf("create volume %s: %w", spec.ID, err))
 	}
 	dom := domain{
@@ -293,7 +355,7 @@ func (d *Driver) Create(ctx context.Context, spec fleet.Spec) (fleet.Instance, e
 func (d *Driver) write(dom domain) error {
 	b, _ := json.Marshal(dom)
 	tmp := d.domainPath(dom.ID) + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+	if err := writeWhole(tmp, unix.O_TRUNC, b); err != nil {
 		return fleet.Transient(fmt.Errorf("write domain %s: %w", dom.ID, err))
 	}
 	if err := os.Rename(tmp, d.domainPath(dom.ID)); err != nil {
