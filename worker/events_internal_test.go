@@ -187,3 +187,51 @@ func TestFirstEventsShareOneReadOfTheStream(t *testing.T) {
 		t.Errorf("%d first events read the stream %d times; want once", n, got)
 	}
 }
+
+// A first event published on a guess that nothing is on record is stored
+// as any other when the guess is wrong: a publisher that remembers nothing
+// of a proxy with events (another worker's) has its guess refused, reads,
+// and stores the next seq; an older command's event is still not stored
+// after a newer one's. A right guess stores a seq above every one the
+// stream holds.
+func TestAFirstEventGuessedWrongIsStoredInOrder(t *testing.T) {
+	srv, _, js, ctx := setUpTopology(t)
+	subj := messages.NewSubjects("")
+	_, js2 := srv.Connect(t)
+	p, err := newEventPublisher(ctx, js, subj, time.Hour, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := newEventPublisher(ctx, js2, subj, time.Hour, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := p.PublishFirst(ctx, messages.StateEvent{ID: "p1", State: messages.StateProvisioning, Host: "h1", CommandID: "c1", CommandSeq: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Seq == 0 {
+		t.Fatalf("first event stored with seq 0")
+	}
+	ev, err := other.PublishFirst(ctx, messages.StateEvent{ID: "p1", State: messages.StateProvisioning, Host: "h2", CommandID: "c2", CommandSeq: 4})
+	if err != nil {
+		t.Fatalf("a wrong guess: %v", err)
+	}
+	if ev.Seq != first.Seq+1 {
+		t.Errorf("after a wrong guess: seq %d, want %d", ev.Seq, first.Seq+1)
+	}
+	fresh, err := newEventPublisher(ctx, js, subj, time.Hour, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fresh.PublishFirst(ctx, messages.StateEvent{ID: "p1", State: messages.StateProvisioning, Host: "h1", CommandID: "c1", CommandSeq: 3}); !errors.Is(err, errEventSuperseded) {
+		t.Errorf("an older command's guessed first event: %v, want errEventSuperseded", err)
+	}
+	last, _, err := p.last(ctx, "p1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last.CommandID != "c2" || last.Seq != first.Seq+1 {
+		t.Errorf("last event of %s seq %d, want c2's, seq %d", last.CommandID, last.Seq, first.Seq+1)
+	}
+}

@@ -198,7 +198,7 @@ func (e *executor) converge(ctx context.Context, d *messages.Desired, why string
 	// failed publish fails the attempt after the create, as a failed
 	// create does; the next attempt finds the domain and waits for it.
 	published := make(chan error, 1)
-	go func() { published <- e.publish(ctx, d, messages.StateProvisioning, fleet.Instance{}, reason) }()
+	go func() { published <- e.publishFirst(ctx, d, reason) }()
 	e.w.stats.creates.Add(1)
 	created := time.Now()
 	err = e.create(ctx, d, netw)
@@ -357,6 +357,17 @@ func (e *executor) done(ctx context.Context, d *messages.Desired, accepted time.
 }
 
 func (e *executor) publish(ctx context.Context, d *messages.Desired, state string, obs fleet.Instance, reason string) error {
+	return e.publishEvent(ctx, d, state, obs, reason, e.w.events.Publish)
+}
+
+// publishFirst publishes the "provisioning" event of a create that found
+// no domain, most likely the proxy's first event (eventPublisher.PublishFirst).
+func (e *executor) publishFirst(ctx context.Context, d *messages.Desired, reason string) error {
+	return e.publishEvent(ctx, d, messages.StateProvisioning, fleet.Instance{}, reason, e.w.events.PublishFirst)
+}
+
+func (e *executor) publishEvent(ctx context.Context, d *messages.Desired, state string, obs fleet.Instance, reason string,
+	publish func(context.Context, messages.StateEvent) (messages.StateEvent, error)) error {
 	ev := messages.StateEvent{
 		ID: d.ID, State: state, Host: e.host, CommandID: d.CommandID, CommandSeq: d.Seq, Reason: reason,
 	}
@@ -367,7 +378,7 @@ func (e *executor) publish(ctx context.Context, d *messages.Desired, state strin
 	if d.Op == messages.OpCreate {
 		ev.Labels = d.Labels
 	}
-	_, err := e.w.events.Publish(ctx, ev)
+	_, err := publish(ctx, ev)
 	if errors.Is(err, errEventSuperseded) {
 		// A newer command has reported on this proxy: what this one
 		// would say is old news. Its work goes on; the newer
