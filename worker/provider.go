@@ -32,7 +32,11 @@ type Provider interface {
 	// List returns every proxy this project made on the host, each as a
 	// summary: its ID and mark (CommandID, SpecHash, CreatedAt) and
 	// whether its domain runs. What only Get reads for certain (the
-	// address, Egress) may be left out.
+	// address, Egress) may be left out. A summary that says running with
+	// an address must give it as Get would have read it at that moment:
+	// the observation pass takes such a one, when it matches the last
+	// event, for the proxy's read; a provider that cannot tell for
+	// certain says provisioning, and the pass reads the proxy with Get.
 	List(ctx context.Context) ([]fleet.Instance, error)
 	// Close releases the provider's connections.
 	Close() error
