@@ -1,6 +1,7 @@
 package hostshare
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -319,10 +320,46 @@ func (m *Membership) apply(e jetstream.KeyValueEntry) {
 
 // decode reads a record, saying so if it is another process's under this
 // worker's id.
+//
+// A heartbeat repeats its worker's lists far more often than it changes
+// them: the lists are kept as the bytes they came in, and a list whose
+// bytes are those of the member's last record is taken from it instead of
+// decoded again (Hosts names every host the worker executes: hundreds).
 func (m *Membership) decode(e jetstream.KeyValueEntry) (string, member, bool) {
 	id := e.Key()
-	var rec messages.WorkerRecord
-	if err := json.Unmarshal(e.Value(), &rec); err != nil || rec.ID != id {
+	var wire struct {
+		messages.WorkerRecord
+		// These shadow the record's fields of the same names.
+		Hosts   json.RawMessage `json:"hosts"`
+		Pulling json.RawMessage `json:"pulling"`
+		Owned   json.RawMessage `json:"owned"`
+	}
+	err := json.Unmarshal(e.Value(), &wire)
+	rec := wire.WorkerRecord
+	prev, had := m.recs[id]
+	lists := []struct {
+		raw, prevRaw json.RawMessage
+		into, prev   *[]string
+	}{
+		{wire.Hosts, prev.rawHosts, &rec.Hosts, &prev.rec.Hosts},
+		{wire.Pulling, prev.rawPulling, &rec.Pulling, &prev.rec.Pulling},
+		{wire.Owned, prev.rawOwned, &rec.Owned, &prev.rec.Owned},
+	}
+	same := had
+	for _, l := range lists {
+		if err != nil {
+			break
+		}
+		if had && bytes.Equal(l.raw, l.prevRaw) {
+			*l.into = *l.prev
+			continue
+		}
+		same = false
+		if len(l.raw) > 0 {
+			err = json.Unmarshal(l.raw, l.into)
+		}
+	}
+	if err != nil || rec.ID != id {
 		m.cfg.Log.Warn("worker record unreadable: ignored", "key", id, "err", err)
 		return id, member{}, false
 	}
@@ -330,7 +367,13 @@ func (m *Membership) decode(e jetstream.KeyValueEntry) (string, member, bool) {
 		m.cfg.Log.Error("another worker runs with this worker's id: give each worker its own (--id)", "id", id, "other_started", rec.Started)
 		m.twin = m.cfg.Now()
 	}
-	return id, member{rec: rec, stored: e.Created(), pulls: pullSet(rec)}, true
+	mem := member{rec: rec, stored: e.Created(), rawHosts: wire.Hosts, rawPulling: wire.Pulling, rawOwned: wire.Owned}
+	if same {
+		mem.pulls = prev.pulls
+	} else {
+		mem.pulls = pullSet(rec)
+	}
+	return id, mem, true
 }
 
 // Run claims the hosts the worker pulls without a pin, writes the record,

@@ -27,6 +27,8 @@ type member struct {
 	// pulls is the set of the hosts the record says it pulls or owns
 	// (nil: look in the record).
 	pulls map[string]struct{}
+	// The record's lists as they were stored (see decode).
+	rawHosts, rawPulling, rawOwned []byte
 }
 
 // liveMembers returns the records hosts are shared over at now, sorted by

@@ -1,6 +1,7 @@
 package hostshare
 
 import (
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -260,3 +261,62 @@ type stuckWatcher struct{}
 
 func (stuckWatcher) Updates() <-chan jetstream.KeyValueEntry { return nil }
 func (stuckWatcher) Stop() error                             { return nil }
+
+// kvEntry is a KV entry as the watch delivers one.
+type kvEntry struct {
+	jetstream.KeyValueEntry
+	key   string
+	value []byte
+	at    time.Time
+}
+
+func (e kvEntry) Key() string                     { return e.key }
+func (e kvEntry) Value() []byte                   { return e.value }
+func (e kvEntry) Created() time.Time              { return e.at }
+func (e kvEntry) Operation() jetstream.KeyValueOp { return jetstream.KeyValuePut }
+
+// A heartbeat that repeats a member's lists is read as the record it is,
+// and one that changes them is read anew: the lists a repeat takes from
+// the last record are never stale.
+func TestDecodeTakesRepeatedListsFromTheLastRecord(t *testing.T) {
+	now := time.Now()
+	m := &Membership{cfg: Config{Now: func() time.Time { return now }, Log: slog.New(slog.DiscardHandler)},
+		recs: map[string]member{}}
+	rec := messages.WorkerRecord{V: 1, ID: "w2", State: messages.WorkerActive, Hosts: []string{"h1", "h2", "h3"},
+		Pulling: []string{"h2"}, Owned: []string{"h2"}, Started: now, At: now}
+	put := func(r messages.WorkerRecord) member {
+		t.Helper()
+		b, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.apply(kvEntry{key: r.ID, value: b, at: r.At})
+		got, ok := m.recs[r.ID]
+		if !ok {
+			t.Fatalf("record of %s not kept", r.ID)
+		}
+		return got
+	}
+	check := func(got member, want messages.WorkerRecord) {
+		t.Helper()
+		if !slices.Equal(got.rec.Hosts, want.Hosts) || !slices.Equal(got.rec.Pulling, want.Pulling) ||
+			!slices.Equal(got.rec.Owned, want.Owned) || !got.rec.At.Equal(want.At) {
+			t.Errorf("record %+v, want %+v", got.rec, want)
+		}
+		for _, h := range want.Hosts {
+			_, pulls := got.pulls[h]
+			if want := slices.Contains(want.Pulling, h) || slices.Contains(want.Owned, h); pulls != want {
+				t.Errorf("pulls %s: %v, want %v", h, pulls, want)
+			}
+		}
+	}
+	check(put(rec), rec)
+	rec.At = now.Add(2 * time.Second) // a heartbeat: same lists
+	check(put(rec), rec)
+	rec.At = now.Add(4 * time.Second)
+	rec.Pulling, rec.Owned = []string{"h1", "h3"}, nil // the share moved
+	check(put(rec), rec)
+	rec.At = now.Add(6 * time.Second)
+	rec.Hosts = []string{"h1", "h3"}
+	check(put(rec), rec)
+}
