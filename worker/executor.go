@@ -214,30 +214,50 @@ func (e *executor) converge(ctx context.Context, d *messages.Desired, why string
 // create runs the provider's Create, turning what it reports of long work
 // (a base image transfer) into provisioning events whose reason says what
 // is happening, at most every Config.ProgressEvery.
+//
+// The publisher of those events starts with the first report: most
+// creates report nothing (a base image already on the host, a sim host),
+// and a goroutine and a ticker for each create running at once in a
+// burst would be memory for nothing. A report after Create returned is
+// dropped.
 func (e *executor) create(ctx context.Context, d *messages.Desired, netw fleet.Network) error {
-	var latest atomic.Pointer[string]
-	pctx := fleet.WithProgress(ctx, func(msg string) { latest.Store(&msg) })
+	var (
+		latest  atomic.Pointer[string]
+		mu      sync.Mutex
+		started bool // the publisher runs (or ran)
+		ended   bool // Create returned
+		wg      sync.WaitGroup
+	)
 	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(e.w.cfg.ProgressEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				if m := latest.Swap(nil); m != nil {
-					_ = e.publish(ctx, d, messages.StateProvisioning, fleet.Instance{}, *m)
+	pctx := fleet.WithProgress(ctx, func(msg string) {
+		latest.Store(&msg)
+		mu.Lock()
+		defer mu.Unlock()
+		if started || ended {
+			return
+		}
+		started = true
+		wg.Go(func() {
+			t := time.NewTicker(e.w.cfg.ProgressEvery)
+			defer t.Stop()
+			for {
+				select {
+				case <-done:
+					return
+				case <-t.C:
+					if m := latest.Swap(nil); m != nil {
+						_ = e.publish(ctx, d, messages.StateProvisioning, fleet.Instance{}, *m)
+					}
 				}
 			}
-		}
-	}()
+		})
+	})
 	spec := e.spec(d)
 	spec.Network = netw
 	_, err := e.prov.Create(pctx, spec)
+	mu.Lock()
+	ended = true
+	mu.Unlock()
 	close(done)
 	wg.Wait()
 	return err
