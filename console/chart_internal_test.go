@@ -51,3 +51,11 @@ func TestNiceCeil(t *testing.T) {
 		}
 	}
 }
+
+// Every page's template parses: they are parsed on the first page
+// rendered, not at init, so this is where a broken one shows first.
+func TestEveryPageTemplateParses(t *testing.T) {
+	if _, err := templates(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"proxyfleet/client"
@@ -51,15 +52,17 @@ func templates() (map[string]*template.Template, error) {
 	return out, nil
 }
 
-// parsed are the templates, parsed once: they are embedded, so a parse
-// error is the build's and every test meets it.
-var parsed = func() map[string]*template.Template {
+// parsed returns the templates, parsed on the first page rendered: they
+// are embedded, so a parse error is the build's and every test of a page
+// meets it. Not at init: every role runs this binary, and a worker or a
+// health process would hold the parsed pages for nothing.
+var parsed = sync.OnceValue(func() map[string]*template.Template {
 	t, err := templates()
 	if err != nil {
 		panic(err)
 	}
 	return t
-}()
+})
 
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
@@ -181,7 +184,7 @@ func (s *Server) render(w http.ResponseWriter, r *http.Request, code int, page s
 		}
 	}
 	var b strings.Builder
-	if err := parsed[page].ExecuteTemplate(&b, "layout", v); err != nil {
+	if err := parsed()[page].ExecuteTemplate(&b, "layout", v); err != nil {
 		s.log.Error("console: render", "page", page, "err", err)
 		http.Error(w, "render: "+err.Error(), http.StatusInternalServerError)
 		return
