@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"proxyfleet/internal/natstest"
 	"proxyfleet/messages"
 )
 
@@ -61,17 +64,9 @@ func TestEventOfAnOlderCommandIsNotStoredAfterANewerOne(t *testing.T) {
 // command's event is still not stored after a newer one's.
 func TestEventsOfOneProxyNeedNoReadUnlessAnotherPublished(t *testing.T) {
 	srv, nc, js, ctx := setUpTopology(t)
-	subj := messages.NewSubjects("")
 	reads := countOf(t, nc, "$JS.API.DIRECT.GET."+messages.StreamEvents+".>")
-	_, js2 := srv.Connect(t)
-	p, err := newEventPublisher(ctx, js, subj, time.Hour, time.Now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := newEventPublisher(ctx, js2, subj, time.Hour, time.Now)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, other := twoPublishers(t, srv, js)
+	var err error
 	publish := func(p *eventPublisher, state, cmd string, cmdSeq uint64) (messages.StateEvent, error) {
 		return p.Publish(ctx, messages.StateEvent{ID: "p1", State: state, Host: "h1", CommandID: cmd, CommandSeq: cmdSeq})
 	}
@@ -197,15 +192,7 @@ func TestFirstEventsShareOneReadOfTheStream(t *testing.T) {
 func TestAFirstEventGuessedWrongIsStoredInOrder(t *testing.T) {
 	srv, _, js, ctx := setUpTopology(t)
 	subj := messages.NewSubjects("")
-	_, js2 := srv.Connect(t)
-	p, err := newEventPublisher(ctx, js, subj, time.Hour, time.Now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := newEventPublisher(ctx, js2, subj, time.Hour, time.Now)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, other := twoPublishers(t, srv, js)
 	first, err := p.PublishFirst(ctx, messages.StateEvent{ID: "p1", State: messages.StateProvisioning, Host: "h1", CommandID: "c1", CommandSeq: 3})
 	if err != nil {
 		t.Fatal(err)
@@ -234,4 +221,21 @@ func TestAFirstEventGuessedWrongIsStoredInOrder(t *testing.T) {
 	if last.CommandID != "c2" || last.Seq != first.Seq+1 {
 		t.Errorf("last event of %s seq %d, want c2's, seq %d", last.CommandID, last.Seq, first.Seq+1)
 	}
+}
+
+// twoPublishers returns an event publisher on js and one on a connection
+// of its own, as two workers' are.
+func twoPublishers(t *testing.T, srv *natstest.Server, js jetstream.JetStream) (*eventPublisher, *eventPublisher) {
+	t.Helper()
+	_, js2 := srv.Connect(t)
+	subj := messages.NewSubjects("")
+	p, err := newEventPublisher(t.Context(), js, subj, time.Hour, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := newEventPublisher(t.Context(), js2, subj, time.Hour, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, other
 }
