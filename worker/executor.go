@@ -50,6 +50,8 @@ type executor struct {
 	// ran remembers the proxies that ran and whose last event is one
 	// the observation pass published (redrive.go).
 	ran ranMemo
+	// boots guesses when a new proxy of the host is up (awaitRunning).
+	boots bootGuess
 }
 
 // handle converges the proxy of one work item. It never returns without
@@ -295,7 +297,9 @@ const firstPoll = 100 * time.Millisecond
 // at most twice the time waited so far) after it shows. The first read
 // comes after the first pause: the caller has just created the proxy, or
 // read it booting, and a read at once finds it booting still
-// (TestBootWaitPollsSoonAfterCreate).
+// (TestBootWaitPollsSoonAfterCreate). After a Create, the first pause is
+// longer where the host's boots so far say the proxy cannot be up yet
+// (bootGuess), up to PollInterval.
 //
 // created is when this attempt's Create began (zero if it made none): the
 // time from then until the proxy is seen running is observed
@@ -305,7 +309,7 @@ func (e *executor) awaitRunning(ctx context.Context, d *messages.Desired, accept
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.ReadyTimeout)
 	defer cancel()
 	pause := min(firstPoll, w.cfg.PollInterval)
-	t := time.NewTimer(pause)
+	t := time.NewTimer(e.boots.firstRead(created, time.Now(), pause, w.cfg.PollInterval))
 	defer t.Stop()
 	for {
 		select {
@@ -326,6 +330,7 @@ func (e *executor) awaitRunning(ctx context.Context, d *messages.Desired, accept
 		case obs.State == messages.StateRunning && obs.IP != "":
 			if !created.IsZero() {
 				w.metrics.createRunning.Observe(time.Since(created).Seconds())
+				e.boots.observe(time.Since(created))
 			}
 			if err := e.publish(ctx, d, messages.StateRunning, obs, ""); err != nil {
 				return err
