@@ -99,6 +99,13 @@ func (g *Gateway) classify(err error) *upstreamError {
 	return &upstreamError{causeOther, s}
 }
 
+// reqBufSize is the capacity of a pooled CONNECT request's buffer; one
+// grown past it (a long host name) is not given back.
+const reqBufSize = 512
+
+// reqBufs are the buffers the requests CONNECT are written from.
+var reqBufs = sync.Pool{New: func() any { b := make([]byte, 0, reqBufSize); return &b }}
+
 // readers are the small buffers the answers to CONNECT are read with.
 var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 1024) }}
 
@@ -140,14 +147,25 @@ func (g *Gateway) dialConnect(ctx context.Context, p Proxy, target hostPort, egr
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(aLongTimeAgo) })
 	defer stop()
 
-	t := target.String()
-	req := "CONNECT " + t + " HTTP/1.1\r\nHost: " + t + "\r\n"
+	rb := reqBufs.Get().(*[]byte)
+	b := append((*rb)[:0], "CONNECT "...)
+	b = target.appendTo(b)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = target.appendTo(b)
+	b = append(b, "\r\n"...)
 	if g.upstreamAuth != "" {
-		req += "Proxy-Authorization: " + g.upstreamAuth + "\r\n"
+		b = append(b, "Proxy-Authorization: "...)
+		b = append(b, g.upstreamAuth...)
+		b = append(b, "\r\n"...)
 	}
-	req += egressLine(egress)
-	req += "\r\n"
-	if _, err := io.WriteString(c, req); err != nil {
+	b = appendEgressLine(b, egress)
+	b = append(b, "\r\n"...)
+	_, err = c.Write(b)
+	if cap(b) <= reqBufSize {
+		*rb = b[:0]
+		reqBufs.Put(rb)
+	}
+	if err != nil {
 		return nil, nil, g.ctxErr(ctx, err)
 	}
 	br := readers.Get().(*bufio.Reader)
