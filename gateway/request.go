@@ -28,6 +28,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"syscall"
 	"time"
 
 	"proxyfleet/gateway/h1"
@@ -296,15 +297,14 @@ func (cc *clientConn) connect(headLen int) (keep, tunneled bool) {
 	release := g.picker.Acquire(p)
 	handed = true
 	cc.release()
-	t := &tunnel{g: g, proxyID: p.ID, client: cc.c, up: up, onDone: func() {
-		release()
-		u.release()
-		g.m.flight(kindConnect).Dec()
-	}}
-	// The tunnel runs in goroutines of its own: this one's stack, grown
-	// by the request, goes (an idle tunnel costs two small stacks).
+	t := &tunnel{g: g, proxyID: p.ID, client: cc.c, up: up, crc: cc.rc, release: release, user: u, kind: kindConnect}
+	if sc, ok := up.(syscall.Conn); ok {
+		t.urc, _ = sc.SyscallConn()
+	}
+	// The connection's goroutine runs the tunnel once serve returned
+	// (serveHTTP), with none of the request's frames below it.
 	g.track.add(cc.c, up)
-	go t.run()
+	cc.tun = t
 	return false, true
 }
 

@@ -88,6 +88,10 @@ type clientConn struct {
 	up       atomic.Pointer[upConn] // the proxy connection in use, closed by Close
 	closed   atomic.Bool
 	peekBuf  [1]byte
+
+	// tun is the tunnel the connection became (connect), which its
+	// goroutine runs once serve returned.
+	tun *tunnel
 }
 
 // serveHTTP accepts the HTTP proxy's clients until ln is closed (stop
@@ -106,8 +110,12 @@ func (g *Gateway) serveHTTP(ln net.Listener, stop <-chan struct{}) error {
 		}
 		g.track.add(cc)
 		go func() {
-			defer g.track.done(cc)
 			cc.serve()
+			g.track.done(cc)
+			if t := cc.tun; t != nil {
+				cc.tun = nil
+				t.run()
+			}
 		}()
 	})
 }
