@@ -43,18 +43,18 @@ func (cc *clientConn) route(headLen int, err error) (keep, tunneled bool) {
 	if err == nil {
 		markOwn(&cc.h, &cc.own)
 	}
-	var he *h1.Error
 	switch {
 	case err == nil && len(cc.h.Fields) > g.cfg.MaxHeaderFields:
 		// Before the credential is looked at; the connection closes.
 		cc.refuse(&h1.Error{Status: http.StatusRequestHeaderFieldsTooLarge, Text: fmt.Sprintf("more than %d header fields", g.cfg.MaxHeaderFields)})
 		return false, false
-	case errors.As(err, &he):
-		// Refused here: there is no other parser.
-		cc.refuse(he)
-		return false, false
 	case err != nil:
-		return false, false // the client left, or its head's time ran out
+		// (he is declared here: a request that parsed allocates none.)
+		if he := (*h1.Error)(nil); errors.As(err, &he) {
+			// Refused here: there is no other parser.
+			cc.refuse(he)
+		}
+		return false, false // else the client left, or its head's time ran out
 	case string(cc.h.Line[0]) == http.MethodConnect:
 		return cc.connect(headLen)
 	case hasPrefixHTTP(cc.h.Line[1]):
@@ -245,8 +245,7 @@ func (cc *clientConn) connect(headLen int) (keep, tunneled bool) {
 	if cc.c.SetReadDeadline(time.Time{}) != nil {
 		err = errors.Join(err, errClientLeft)
 	}
-	var ta *targetAnswer
-	if errors.As(err, &ta) {
+	if ta := targetAnswerOf(err); ta != nil {
 		// The target's failure, in the proxy's words: passed on.
 		g.m.request(kindConnect, outcomeOK).Inc()
 		b := cc.startHead(ta.status)

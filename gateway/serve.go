@@ -92,6 +92,9 @@ type clientConn struct {
 	// tun is the tunnel the connection became (connect), which its
 	// goroutine runs once serve returned.
 	tun *tunnel
+	// fields back h.Fields for a head of up to len(fields) fields, so
+	// parsing one allocates nothing.
+	fields [4]h1.Field
 }
 
 // serveHTTP accepts the HTTP proxy's clients until ln is closed (stop
@@ -168,6 +171,7 @@ func (cc *clientConn) serve() {
 	cc.br = clientReaders.Get().(*bufio.Reader)
 	cc.br.Reset(cc.c)
 	cc.out = outBufs.Get().(*[]byte)
+	cc.h.Fields = cc.fields[:0]
 	handed := false
 	defer func() {
 		cc.release()
@@ -263,6 +267,7 @@ func (cc *clientConn) release() {
 	}
 	cc.acc, cc.long = nil, nil
 	cc.h, cc.rh, cc.own = h1.Head{}, h1.Head{}, ownFields{}
+	cc.fields = [len(cc.fields)]h1.Field{} // (their bytes are the buffers')
 }
 
 // readLongHead reads a request head that does not fit the client's

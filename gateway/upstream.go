@@ -203,6 +203,19 @@ func (g *Gateway) dialConnect(ctx context.Context, p Proxy, target hostPort, egr
 	return c, leftover, nil
 }
 
+// targetAnswerOf is err's *targetAnswer (nil: none; without an error
+// nothing is allocated for the look).
+func targetAnswerOf(err error) *targetAnswer {
+	if err == nil {
+		return nil
+	}
+	var ta *targetAnswer
+	if errors.As(err, &ta) {
+		return ta
+	}
+	return nil
+}
+
 // targetBodyBytes bounds the body of a target's failure passed on.
 const targetBodyBytes = 8 << 10
 
@@ -219,11 +232,10 @@ func readConnectAnswer(br *bufio.Reader, h *h1.Head) error {
 		raw, err = h1.ReadLongHead(br, &acc, maxResponseHead)
 		consumed = true
 	}
-	var he *h1.Error
-	switch {
-	case errors.As(err, &he):
-		return errConnectAnswer // (never taken for the client's head's refusal)
-	case err != nil:
+	if err != nil {
+		if he := (*h1.Error)(nil); errors.As(err, &he) {
+			return errConnectAnswer // (never taken for the client's head's refusal)
+		}
 		return err
 	}
 	if h.Parse(raw, false) != nil {
