@@ -352,24 +352,11 @@ func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, tr
 		g.banAsked(ctx, o, sc)
 	}
 	var failures []string
-	var next *attempt // picked ahead by attempt.more
-	i := 0
-	more := func() bool {
-		if i >= g.retries {
-			return false
-		}
-		if next == nil {
-			at, err := g.pick(ctx, o, sc)
-			if err != nil {
-				return false
-			}
-			next = at
-		}
-		return true
-	}
-	for ; ; i++ {
-		at := next
-		next = nil
+	seq := &attemptSeq{g: g, ctx: ctx, o: o, sc: sc}
+	for ; ; seq.i++ {
+		i := seq.i
+		at := seq.next // picked ahead by attempt.more
+		seq.next = nil
 		if at == nil {
 			var err error
 			if at, err = g.pick(ctx, o, sc); err != nil {
@@ -387,7 +374,7 @@ func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, tr
 				return Proxy{}, &emptyError{labels: o.labels}
 			}
 		}
-		at.more = more
+		at.seq = seq
 		last = at
 		p := at.p
 		if i > 0 {
