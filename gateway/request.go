@@ -36,7 +36,8 @@ import (
 
 // route answers one request whose head was read (err: why it was not
 // read whole, or not taken). keep: the connection goes on; tunneled: it
-// became a tunnel, which runs on in goroutines of its own.
+// became a tunnel (cc.tun), which the connection's goroutine runs once
+// serve returned.
 func (cc *clientConn) route(headLen int, err error) (keep, tunneled bool) {
 	g := cc.g
 	cc.own = ownFields{}
@@ -204,8 +205,8 @@ func markOwn(h *h1.Head, o *ownFields) {
 }
 
 // connect answers a CONNECT: a tunnel through a proxy. keep: the connection goes on
-// (an answer but 200); tunneled: it became a tunnel, which runs on in
-// goroutines of its own.
+// (an answer but 200); tunneled: it became a tunnel, left in cc.tun for
+// the connection's goroutine to run once serve returned.
 func (cc *clientConn) connect(headLen int) (keep, tunneled bool) {
 	g := cc.g
 	cc.headLen = headLen
