@@ -114,9 +114,36 @@ type attempt struct {
 	// status is the status of the answer passed on to the client, set by
 	// the try that got it (0: none, or a tunnel's).
 	status int
-	// more picks the next candidate ahead and says whether there is one
-	// (the retries left and a proxy with an address the request may use).
-	more func() bool
+	// seq is the request's run of attempts (see more).
+	seq *attemptSeq
+}
+
+// attemptSeq is what a request's attempts share: the attempt under way
+// (i, from 0) and the next candidate if picked ahead.
+type attemptSeq struct {
+	g    *Gateway
+	ctx  context.Context
+	o    options
+	sc   *scope
+	i    int
+	next *attempt
+}
+
+// more picks the next candidate ahead and says whether there is one
+// (the retries left and a proxy with an address the request may use).
+func (at *attempt) more() bool {
+	s := at.seq
+	if s.i >= s.g.retries {
+		return false
+	}
+	if s.next == nil {
+		next, err := s.g.pick(s.ctx, s.o, s.sc)
+		if err != nil {
+			return false
+		}
+		s.next = next
+	}
+	return true
 }
 
 // ownEgress is p's egress as health's probe saw it; invalid if unknown.

@@ -90,6 +90,16 @@ func egressLine(a netip.Addr) string {
 	return HeaderEgress + ": " + a.String() + "\r\n"
 }
 
+// appendEgressLine appends egressLine(a) to b.
+func appendEgressLine(b []byte, a netip.Addr) []byte {
+	if !a.IsValid() {
+		return b
+	}
+	b = append(b, HeaderEgress+": "...)
+	b = a.AppendTo(b)
+	return append(b, "\r\n"...)
+}
+
 // maxTurns bounds the rotation counters kept: past it they start over
 // (a rotating client then may get an address twice in a row, once).
 const maxTurns = 1 << 16

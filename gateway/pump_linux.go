@@ -81,21 +81,29 @@ var errNoSplice = errors.New("no splice")
 // pipe and on to dst in the kernel (a splice each way, no copy through
 // the buffer). An idle tunnel holds its two sockets and nothing else
 // (no buffer, no pipe).
-func pump(dst, src net.Conn, seen *atomic.Int64) (int64, error) {
+//
+// rc and wc are src's and dst's raw connections when the caller has
+// them (nil: taken here).
+func pump(dst, src net.Conn, rc, wc syscall.RawConn, seen *atomic.Int64) (int64, error) {
 	s, ok := src.(*net.TCPConn)
 	d, ok2 := dst.(*net.TCPConn)
 	if !ok || !ok2 {
 		return io.Copy(dst, seenReader{src, seen})
 	}
-	rc, err := s.SyscallConn()
-	if err != nil {
-		return io.Copy(dst, seenReader{src, seen})
+	var err error
+	if rc == nil {
+		if rc, err = s.SyscallConn(); err != nil {
+			return io.Copy(dst, seenReader{src, seen})
+		}
 	}
-	wc, err := d.SyscallConn()
-	if err != nil {
-		return io.Copy(dst, seenReader{src, seen})
+	if wc == nil {
+		if wc, err = d.SyscallConn(); err != nil {
+			return io.Copy(dst, seenReader{src, seen})
+		}
 	}
-	b := newBursts(rc, wc)
+	b := burstsPool.Get().(*bursts)
+	b.rc, b.wc = rc, wc
+	defer b.put()
 	var total int64
 	bulk := false
 	for {
@@ -136,7 +144,7 @@ func pump(dst, src net.Conn, seen *atomic.Int64) (int64, error) {
 
 // bursts moves one direction's bursts from the socket of rc to that of
 // wc with raw reads, writes and splices. Its callbacks are made once
-// (the splices' at the first splice), so a burst allocates nothing.
+// (it is pooled), so neither a burst nor a tunnel allocates them.
 type bursts struct {
 	rc, wc              syscall.RawConn
 	bp                  *[]byte     // the burst's buffer (read)
@@ -147,10 +155,18 @@ type bursts struct {
 	readFn, inFn, outFn func(fd uintptr) bool
 }
 
-func newBursts(rc, wc syscall.RawConn) *bursts {
-	b := &bursts{rc: rc, wc: wc}
-	b.readFn = b.readFD
+// burstsPool holds the bursts of the directions not running, their
+// callbacks made.
+var burstsPool = sync.Pool{New: func() any {
+	b := &bursts{}
+	b.readFn, b.inFn, b.outFn = b.readFD, b.spliceIn, b.spliceOut
 	return b
+}}
+
+// put gives b back to burstsPool, holding no connection.
+func (b *bursts) put() {
+	b.rc, b.wc, b.bp, b.p, b.err = nil, nil, nil, nil, nil
+	burstsPool.Put(b)
 }
 
 // read waits until the socket has something to read (or its EOF, n 0)
@@ -196,9 +212,6 @@ func (b *bursts) readFD(fd uintptr) bool {
 // while it waits for rc. errNoSplice: nothing was read, the burst is to
 // be read instead.
 func (b *bursts) splice() (n int, err error) {
-	if b.inFn == nil {
-		b.inFn, b.outFn = b.spliceIn, b.spliceOut
-	}
 	b.p, b.n, b.err = nil, 0, nil
 	err = b.rc.Read(b.inFn)
 	if err == nil && b.err != nil {

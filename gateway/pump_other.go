@@ -10,8 +10,9 @@ import (
 )
 
 // pump copies src to dst until src's EOF, storing the time (unix ns)
-// in seen after every read.
-func pump(dst, src net.Conn, seen *atomic.Int64) (int64, error) {
+// in seen after every read (rc and wc, the raw connections, are not
+// used here).
+func pump(dst, src net.Conn, _, _ syscall.RawConn, seen *atomic.Int64) (int64, error) {
 	return io.Copy(dst, seenReader{src, seen})
 }
 

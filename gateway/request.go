@@ -28,6 +28,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"syscall"
 	"time"
 
 	"proxyfleet/gateway/h1"
@@ -35,25 +36,26 @@ import (
 
 // route answers one request whose head was read (err: why it was not
 // read whole, or not taken). keep: the connection goes on; tunneled: it
-// became a tunnel, which runs on in goroutines of its own.
+// became a tunnel (cc.tun), which the connection's goroutine runs once
+// serve returned.
 func (cc *clientConn) route(headLen int, err error) (keep, tunneled bool) {
 	g := cc.g
 	cc.own = ownFields{}
 	if err == nil {
 		markOwn(&cc.h, &cc.own)
 	}
-	var he *h1.Error
 	switch {
 	case err == nil && len(cc.h.Fields) > g.cfg.MaxHeaderFields:
 		// Before the credential is looked at; the connection closes.
 		cc.refuse(&h1.Error{Status: http.StatusRequestHeaderFieldsTooLarge, Text: fmt.Sprintf("more than %d header fields", g.cfg.MaxHeaderFields)})
 		return false, false
-	case errors.As(err, &he):
-		// Refused here: there is no other parser.
-		cc.refuse(he)
-		return false, false
 	case err != nil:
-		return false, false // the client left, or its head's time ran out
+		// (he is declared here: a request that parsed allocates none.)
+		if he := (*h1.Error)(nil); errors.As(err, &he) {
+			// Refused here: there is no other parser.
+			cc.refuse(he)
+		}
+		return false, false // else the client left, or its head's time ran out
 	case string(cc.h.Line[0]) == http.MethodConnect:
 		return cc.connect(headLen)
 	case hasPrefixHTTP(cc.h.Line[1]):
@@ -203,8 +205,8 @@ func markOwn(h *h1.Head, o *ownFields) {
 }
 
 // connect answers a CONNECT: a tunnel through a proxy. keep: the connection goes on
-// (an answer but 200); tunneled: it became a tunnel, which runs on in
-// goroutines of its own.
+// (an answer but 200); tunneled: it became a tunnel, left in cc.tun for
+// the connection's goroutine to run once serve returned.
 func (cc *clientConn) connect(headLen int) (keep, tunneled bool) {
 	g := cc.g
 	cc.headLen = headLen
@@ -244,8 +246,7 @@ func (cc *clientConn) connect(headLen int) (keep, tunneled bool) {
 	if cc.c.SetReadDeadline(time.Time{}) != nil {
 		err = errors.Join(err, errClientLeft)
 	}
-	var ta *targetAnswer
-	if errors.As(err, &ta) {
+	if ta := targetAnswerOf(err); ta != nil {
 		// The target's failure, in the proxy's words: passed on.
 		g.m.request(kindConnect, outcomeOK).Inc()
 		b := cc.startHead(ta.status)
@@ -296,15 +297,14 @@ func (cc *clientConn) connect(headLen int) (keep, tunneled bool) {
 	release := g.picker.Acquire(p)
 	handed = true
 	cc.release()
-	t := &tunnel{g: g, proxyID: p.ID, client: cc.c, up: up, onDone: func() {
-		release()
-		u.release()
-		g.m.flight(kindConnect).Dec()
-	}}
-	// The tunnel runs in goroutines of its own: this one's stack, grown
-	// by the request, goes (an idle tunnel costs two small stacks).
+	t := &tunnel{g: g, proxyID: p.ID, client: cc.c, up: up, crc: cc.rc, release: release, user: u, kind: kindConnect}
+	if sc, ok := up.(syscall.Conn); ok {
+		t.urc, _ = sc.SyscallConn()
+	}
+	// The connection's goroutine runs the tunnel once serve returned
+	// (serveHTTP), with none of the request's frames below it.
 	g.track.add(cc.c, up)
-	go t.run()
+	cc.tun = t
 	return false, true
 }
 

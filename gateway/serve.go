@@ -88,6 +88,13 @@ type clientConn struct {
 	up       atomic.Pointer[upConn] // the proxy connection in use, closed by Close
 	closed   atomic.Bool
 	peekBuf  [1]byte
+
+	// tun is the tunnel the connection became (connect), which its
+	// goroutine runs once serve returned.
+	tun *tunnel
+	// fields back h.Fields for a head of up to len(fields) fields, so
+	// parsing one allocates nothing.
+	fields [4]h1.Field
 }
 
 // serveHTTP accepts the HTTP proxy's clients until ln is closed (stop
@@ -106,8 +113,12 @@ func (g *Gateway) serveHTTP(ln net.Listener, stop <-chan struct{}) error {
 		}
 		g.track.add(cc)
 		go func() {
-			defer g.track.done(cc)
 			cc.serve()
+			g.track.done(cc)
+			if t := cc.tun; t != nil {
+				cc.tun = nil
+				t.run()
+			}
 		}()
 	})
 }
@@ -160,6 +171,7 @@ func (cc *clientConn) serve() {
 	cc.br = clientReaders.Get().(*bufio.Reader)
 	cc.br.Reset(cc.c)
 	cc.out = outBufs.Get().(*[]byte)
+	cc.h.Fields = cc.fields[:0]
 	handed := false
 	defer func() {
 		cc.release()
@@ -255,6 +267,7 @@ func (cc *clientConn) release() {
 	}
 	cc.acc, cc.long = nil, nil
 	cc.h, cc.rh, cc.own = h1.Head{}, h1.Head{}, ownFields{}
+	cc.fields = [len(cc.fields)]h1.Field{} // (their bytes are the buffers')
 }
 
 // readLongHead reads a request head that does not fit the client's

@@ -203,11 +203,7 @@ func (g *Gateway) serveSocksConn(c net.Conn, unauth *unauthSlot) (handed bool) {
 	g.log.Debug("gateway: SOCKS5 tunnel", "target", target.String(), "proxy", p.ID)
 	release := g.picker.Acquire(p)
 	handed = true
-	t := &tunnel{g: g, proxyID: p.ID, client: c, up: up, onDone: func() {
-		release()
-		u.release()
-		g.m.flight(kindSocks).Dec()
-	}}
+	t := &tunnel{g: g, proxyID: p.ID, client: c, up: up, release: release, user: u, kind: kindSocks}
 	// The accept loop counted this goroutine with c; the tunnel is one
 	// more thing running, with both connections.
 	g.track.add(c, up)

@@ -53,6 +53,19 @@ func (t hostPort) String() string {
 	return net.JoinHostPort(t.host, strconv.Itoa(int(t.port)))
 }
 
+// appendTo appends String's text to b.
+func (t hostPort) appendTo(b []byte) []byte {
+	if strings.IndexByte(t.host, ':') >= 0 {
+		b = append(b, '[')
+		b = append(b, t.host...)
+		b = append(b, ']')
+	} else {
+		b = append(b, t.host...)
+	}
+	b = append(b, ':')
+	return strconv.AppendUint(b, uint64(t.port), 10)
+}
+
 // targetRule is the rule in a refusal's words.
 const targetRule = "a host name (letters, digits, '-'), an IPv4 address or an [IPv6] address, and a port 1-65535"
 

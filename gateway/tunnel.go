@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -110,18 +111,25 @@ func (t *tracker) closeAll() {
 
 // tunnel pipes client and up both ways. The caller has counted it in the
 // tracker (add with both connections); the last direction to end closes
-// both, counts the bytes, calls onDone and says done. A tunnel that
-// carried no byte either way for IdleTimeout is closed: each direction
-// reads under a deadline, IdleTimeout after the last byte either way.
+// both, counts the bytes, gives back what it holds (release, the
+// user's connection, the in-flight count of kind) and says done. A
+// tunnel that carried no byte either way for IdleTimeout is closed:
+// each direction reads under a deadline, IdleTimeout after the last
+// byte either way.
 type tunnel struct {
 	g          *Gateway
 	proxyID    string // the proxy that carries it
 	client, up net.Conn
-	onDone     func()
-	seen       atomic.Int64 // when a byte last went either way (unix ns)
-	mu         sync.Mutex
-	left       int
-	up2, down  int64
+	// crc and urc are client's and up's raw connections (nil: taken by
+	// pump when it needs them).
+	crc, urc  syscall.RawConn
+	release   func()       // the picker's hold on the proxy (nil: none)
+	user      *user        // the user whose connection it is (nil: none)
+	kind      string       // the request's kind, counted in flight ("": none)
+	seen      atomic.Int64 // when a byte last went either way (unix ns)
+	mu        sync.Mutex
+	left      int
+	up2, down int64
 }
 
 // run copies client to up in a goroutine of its own and up to client in
@@ -148,7 +156,11 @@ func (t *tunnel) copy(dst, src net.Conn, up bool) {
 	err := src.SetReadDeadline(time.Now().Add(idle))
 	for err == nil {
 		var k int64
-		k, err = pump(dst, src, &t.seen)
+		rc, wc := t.urc, t.crc
+		if up {
+			rc, wc = t.crc, t.urc
+		}
+		k, err = pump(dst, src, rc, wc, &t.seen)
 		n += k
 		if !errors.Is(err, os.ErrDeadlineExceeded) {
 			break
@@ -190,8 +202,14 @@ func (t *tunnel) copy(dst, src net.Conn, up bool) {
 	t.g.tunnels.remove(t)
 	t.g.m.bytesUp.Add(float64(t.up2))
 	t.g.m.bytesDown.Add(float64(t.down))
-	if t.onDone != nil {
-		t.onDone()
+	if t.release != nil {
+		t.release()
+	}
+	if t.user != nil {
+		t.user.release()
+	}
+	if t.kind != "" {
+		t.g.m.flight(t.kind).Dec()
 	}
 	t.g.track.done(t.client, t.up)
 }

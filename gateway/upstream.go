@@ -99,6 +99,13 @@ func (g *Gateway) classify(err error) *upstreamError {
 	return &upstreamError{causeOther, s}
 }
 
+// reqBufSize is the capacity of a pooled CONNECT request's buffer; one
+// grown past it (a long host name) is not given back.
+const reqBufSize = 512
+
+// reqBufs are the buffers the requests CONNECT are written from.
+var reqBufs = sync.Pool{New: func() any { b := make([]byte, 0, reqBufSize); return &b }}
+
 // readers are the small buffers the answers to CONNECT are read with.
 var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 1024) }}
 
@@ -140,14 +147,25 @@ func (g *Gateway) dialConnect(ctx context.Context, p Proxy, target hostPort, egr
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(aLongTimeAgo) })
 	defer stop()
 
-	t := target.String()
-	req := "CONNECT " + t + " HTTP/1.1\r\nHost: " + t + "\r\n"
+	rb := reqBufs.Get().(*[]byte)
+	b := append((*rb)[:0], "CONNECT "...)
+	b = target.appendTo(b)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = target.appendTo(b)
+	b = append(b, "\r\n"...)
 	if g.upstreamAuth != "" {
-		req += "Proxy-Authorization: " + g.upstreamAuth + "\r\n"
+		b = append(b, "Proxy-Authorization: "...)
+		b = append(b, g.upstreamAuth...)
+		b = append(b, "\r\n"...)
 	}
-	req += egressLine(egress)
-	req += "\r\n"
-	if _, err := io.WriteString(c, req); err != nil {
+	b = appendEgressLine(b, egress)
+	b = append(b, "\r\n"...)
+	_, err = c.Write(b)
+	if cap(b) <= reqBufSize {
+		*rb = b[:0]
+		reqBufs.Put(rb)
+	}
+	if err != nil {
 		return nil, nil, g.ctxErr(ctx, err)
 	}
 	br := readers.Get().(*bufio.Reader)
@@ -185,6 +203,19 @@ func (g *Gateway) dialConnect(ctx context.Context, p Proxy, target hostPort, egr
 	return c, leftover, nil
 }
 
+// targetAnswerOf is err's *targetAnswer (nil: none; without an error
+// nothing is allocated for the look).
+func targetAnswerOf(err error) *targetAnswer {
+	if err == nil {
+		return nil
+	}
+	var ta *targetAnswer
+	if errors.As(err, &ta) {
+		return ta
+	}
+	return nil
+}
+
 // targetBodyBytes bounds the body of a target's failure passed on.
 const targetBodyBytes = 8 << 10
 
@@ -201,11 +232,10 @@ func readConnectAnswer(br *bufio.Reader, h *h1.Head) error {
 		raw, err = h1.ReadLongHead(br, &acc, maxResponseHead)
 		consumed = true
 	}
-	var he *h1.Error
-	switch {
-	case errors.As(err, &he):
-		return errConnectAnswer // (never taken for the client's head's refusal)
-	case err != nil:
+	if err != nil {
+		if he := (*h1.Error)(nil); errors.As(err, &he) {
+			return errConnectAnswer // (never taken for the client's head's refusal)
+		}
 		return err
 	}
 	if h.Parse(raw, false) != nil {
@@ -322,24 +352,11 @@ func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, tr
 		g.banAsked(ctx, o, sc)
 	}
 	var failures []string
-	var next *attempt // picked ahead by attempt.more
-	i := 0
-	more := func() bool {
-		if i >= g.retries {
-			return false
-		}
-		if next == nil {
-			at, err := g.pick(ctx, o, sc)
-			if err != nil {
-				return false
-			}
-			next = at
-		}
-		return true
-	}
-	for ; ; i++ {
-		at := next
-		next = nil
+	seq := &attemptSeq{g: g, ctx: ctx, o: o, sc: sc}
+	for ; ; seq.i++ {
+		i := seq.i
+		at := seq.next // picked ahead by attempt.more
+		seq.next = nil
 		if at == nil {
 			var err error
 			if at, err = g.pick(ctx, o, sc); err != nil {
@@ -357,7 +374,7 @@ func (g *Gateway) attempts(ctx context.Context, kind, host string, o options, tr
 				return Proxy{}, &emptyError{labels: o.labels}
 			}
 		}
-		at.more = more
+		at.seq = seq
 		last = at
 		p := at.p
 		if i > 0 {
