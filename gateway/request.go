@@ -36,8 +36,7 @@ import (
 
 // route answers one request whose head was read (err: why it was not
 // read whole, or not taken). keep: the connection goes on; tunneled: it
-// became a tunnel (cc.tun), which the connection's goroutine runs once
-// serve returned.
+// became a tunnel, which runs on in goroutines of its own.
 func (cc *clientConn) route(headLen int, err error) (keep, tunneled bool) {
 	g := cc.g
 	cc.own = ownFields{}
@@ -205,8 +204,8 @@ func markOwn(h *h1.Head, o *ownFields) {
 }
 
 // connect answers a CONNECT: a tunnel through a proxy. keep: the connection goes on
-// (an answer but 200); tunneled: it became a tunnel, left in cc.tun for
-// the connection's goroutine to run once serve returned.
+// (an answer but 200); tunneled: it became a tunnel, which runs on in
+// goroutines of its own.
 func (cc *clientConn) connect(headLen int) (keep, tunneled bool) {
 	g := cc.g
 	cc.headLen = headLen
@@ -301,10 +300,10 @@ func (cc *clientConn) connect(headLen int) (keep, tunneled bool) {
 	if sc, ok := up.(syscall.Conn); ok {
 		t.urc, _ = sc.SyscallConn()
 	}
-	// The connection's goroutine runs the tunnel once serve returned
-	// (serveHTTP), with none of the request's frames below it.
+	// The tunnel runs in goroutines of its own: this one's stack, grown
+	// by the request, goes (an idle tunnel costs two small stacks).
 	g.track.add(cc.c, up)
-	cc.tun = t
+	go t.run()
 	return false, true
 }
 

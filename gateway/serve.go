@@ -89,9 +89,6 @@ type clientConn struct {
 	closed   atomic.Bool
 	peekBuf  [1]byte
 
-	// tun is the tunnel the connection became (connect), which its
-	// goroutine runs once serve returned.
-	tun *tunnel
 	// fields back h.Fields for a head of up to len(fields) fields, so
 	// parsing one allocates nothing.
 	fields [4]h1.Field
@@ -113,12 +110,8 @@ func (g *Gateway) serveHTTP(ln net.Listener, stop <-chan struct{}) error {
 		}
 		g.track.add(cc)
 		go func() {
+			defer g.track.done(cc)
 			cc.serve()
-			g.track.done(cc)
-			if t := cc.tun; t != nil {
-				cc.tun = nil
-				t.run()
-			}
 		}()
 	})
 }
