@@ -299,9 +299,9 @@ func (e *executor) sweepOne(ctx context.Context, id string) (bool, error) {
 // pass.
 //
 // A proxy whose summary in the pass's list says running at the address
-// its last event gives is not read again: the list was read before the
-// events, so the domain showed that event after it was stored, and a
-// change since is seen on the next pass, as one after the read would be.
+// its last event gives is not read again: its domain showed, when the
+// pass listed it, what the event says, and a change since is seen on the
+// next pass, as one after a read would be.
 //
 // The read runs under id's lock, as every provider call on a proxy does
 // (work for one id never overlaps, reads included); a proxy whose lock is
