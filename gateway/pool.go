@@ -243,3 +243,13 @@ func (p *pool) close() {
 func (u *upConn) usable() bool {
 	return u.br.Buffered() == 0 && u.rc != nil && peek(u.rc, u.peekBuf[:]) == peekNothing
 }
+
+// peekResult is what a look at a socket without a read found.
+type peekResult int
+
+const (
+	peekNothing peekResult = iota // nothing to read: open and quiet
+	peekData                      // bytes wait to be read
+	peekEOF                       // the peer closed
+	peekError                     // reset, or the look failed
+)

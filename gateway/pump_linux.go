@@ -283,16 +283,6 @@ func (b *bursts) spliceOut(fd uintptr) bool {
 	return true
 }
 
-// peekResult is what a look at a socket without a read found.
-type peekResult int
-
-const (
-	peekNothing peekResult = iota // nothing to read: open and quiet
-	peekData                      // bytes wait to be read
-	peekEOF                       // the peer closed
-	peekError                     // reset, or the look failed
-)
-
 // peek looks at rc without waiting and without taking a byte (buf: one
 // byte of the caller's, so nothing is allocated for it).
 func peek(rc syscall.RawConn, buf []byte) peekResult {

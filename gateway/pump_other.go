@@ -16,16 +16,6 @@ func pump(dst, src net.Conn, _, _ syscall.RawConn, seen *atomic.Int64) (int64, e
 	return io.Copy(dst, seenReader{src, seen})
 }
 
-// peekResult is what a look at a socket without a read found.
-type peekResult int
-
-const (
-	peekNothing peekResult = iota // nothing to read: open and quiet
-	peekData                      // bytes wait to be read
-	peekEOF                       // the peer closed
-	peekError                     // reset, or the look failed
-)
-
 // peek cannot look without a read here: it says nothing is there (an
 // idle connection is taken as usable, a waiting client as present).
 func peek(syscall.RawConn, []byte) peekResult { return peekNothing }
