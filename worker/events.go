@@ -118,31 +118,19 @@ var errEventSuperseded = errors.New("an event of a newer command is on record")
 // land after the new one's: the proxy would look deleted while it runs,
 // and nothing would correct it. The compare-and-set makes the check and
 // the publish one step.
+//
+// An event of a proxy this publisher remembers nothing of is sent only
+// after the subject's last message was read, never on a guess checked by
+// the compare-and-set: a publish JetStream refuses still reaches the core
+// subscribers of the subject, and would show them a seq the proxy never
+// had (TestCoreSubscribersSeeAProxysSeqsOnlyGrow).
 func (p *eventPublisher) Publish(ctx context.Context, ev messages.StateEvent) (messages.StateEvent, error) {
-	return p.publish(ctx, ev, false)
-}
-
-// PublishFirst is Publish for an event that is most likely the proxy's
-// first (a create that found no domain): unless an event of the proxy is
-// remembered, its first try assumes none is on record instead of reading
-// the last one, and the compare-and-set checks that (an expected last
-// sequence of 0 is refused if the subject has a message); a refusal reads
-// what is on record and goes on as Publish does. A wrong guess costs one
-// refused publish; a right one saves the read.
-func (p *eventPublisher) PublishFirst(ctx context.Context, ev messages.StateEvent) (messages.StateEvent, error) {
-	return p.publish(ctx, ev, true)
-}
-
-func (p *eventPublisher) publish(ctx context.Context, ev messages.StateEvent, guessNone bool) (messages.StateEvent, error) {
 	ev.V = messages.Version
 	ev.At = p.now().UTC()
 	var readAt uint64 // when the last read of id's last event returned
 	for attempt := 0; attempt < 16; attempt++ {
 		prev, ok := p.remembered(ev.ID)
-		if !ok && guessNone && attempt == 0 {
-			// Guessed: nothing on record, as if read now.
-			readAt = p.reads.Add(1)
-		} else if !ok || (ev.CommandSeq != 0 && prev.commandSeq > ev.CommandSeq) {
+		if !ok || (ev.CommandSeq != 0 && prev.commandSeq > ev.CommandSeq) {
 			// Nothing remembered, or a refusal to decide: read what is
 			// on record.
 			last, lastStreamSeq, err := p.last(ctx, ev.ID)

@@ -1,6 +1,8 @@
 package worker
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -183,43 +185,58 @@ func TestFirstEventsShareOneReadOfTheStream(t *testing.T) {
 	}
 }
 
-// A first event published on a guess that nothing is on record is stored
-// as any other when the guess is wrong: a publisher that remembers nothing
-// of a proxy with events (another worker's) has its guess refused, reads,
-// and stores the next seq; an older command's event is still not stored
-// after a newer one's. A right guess stores a seq above every one the
-// stream holds.
-func TestAFirstEventGuessedWrongIsStoredInOrder(t *testing.T) {
-	srv, _, js, ctx := setUpTopology(t)
+// A core subscriber of a proxy's state subject (a client waiting on it,
+// as the CLI and the tests' harness do) sees its seqs only grow, even when
+// a worker that remembers nothing of the proxy publishes the first event
+// of a create for it (a redelivery to another worker, say). A publish
+// JetStream refuses still reaches core subscribers: a first event sent on
+// the guess that nothing is on record, its seq taken from the stream's
+// last sequence, and refused, would show them a seq far above the proxy's,
+// and every event after it would seem to go back.
+func TestCoreSubscribersSeeAProxysSeqsOnlyGrow(t *testing.T) {
+	srv, nc, js, ctx := setUpTopology(t)
 	subj := messages.NewSubjects("")
+	sub, err := nc.SubscribeSync(subj.State("p1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	p, other := twoPublishers(t, srv, js)
-	first, err := p.PublishFirst(ctx, messages.StateEvent{ID: "p1", State: messages.StateProvisioning, Host: "h1", CommandID: "c1", CommandSeq: 3})
-	if err != nil {
+	// Other proxies' events raise the stream's last sequence.
+	for i := range 20 {
+		if _, err := p.Publish(ctx, messages.StateEvent{ID: fmt.Sprintf("q%d", i), State: messages.StateRunning, Host: "h1", CommandID: "cq", CommandSeq: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := p.Publish(ctx, messages.StateEvent{ID: "p1", State: messages.StateProvisioning, Host: "h1", CommandID: "c1", CommandSeq: 3}); err != nil {
 		t.Fatal(err)
 	}
-	if first.Seq == 0 {
-		t.Fatalf("first event stored with seq 0")
-	}
-	ev, err := other.PublishFirst(ctx, messages.StateEvent{ID: "p1", State: messages.StateProvisioning, Host: "h2", CommandID: "c2", CommandSeq: 4})
-	if err != nil {
-		t.Fatalf("a wrong guess: %v", err)
-	}
-	if ev.Seq != first.Seq+1 {
-		t.Errorf("after a wrong guess: seq %d, want %d", ev.Seq, first.Seq+1)
-	}
-	fresh, err := newEventPublisher(ctx, js, subj, time.Hour, time.Now)
-	if err != nil {
+	// The create's first event, from a worker that never saw p1.
+	if err := firstEvent(ctx, other, messages.StateEvent{ID: "p1", State: messages.StateProvisioning, Host: "h1", CommandID: "c1", CommandSeq: 3}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := fresh.PublishFirst(ctx, messages.StateEvent{ID: "p1", State: messages.StateProvisioning, Host: "h1", CommandID: "c1", CommandSeq: 3}); !errors.Is(err, errEventSuperseded) {
-		t.Errorf("an older command's guessed first event: %v, want errEventSuperseded", err)
-	}
-	last, _, err := p.last(ctx, "p1")
-	if err != nil {
+	if _, err := other.Publish(ctx, messages.StateEvent{ID: "p1", State: messages.StateRunning, Host: "h1", CommandID: "c1", CommandSeq: 3}); err != nil {
 		t.Fatal(err)
 	}
-	if last.CommandID != "c2" || last.Seq != first.Seq+1 {
-		t.Errorf("last event of %s seq %d, want c2's, seq %d", last.CommandID, last.Seq, first.Seq+1)
+	var last uint64
+	for n := 0; n < 3; n++ {
+		m, err := sub.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatalf("event %d of p1 on its subject: %v", n+1, err)
+		}
+		var ev messages.StateEvent
+		if err := json.Unmarshal(m.Data, &ev); err != nil {
+			t.Fatal(err)
+		}
+		if ev.Seq <= last {
+			t.Fatalf("a core subscriber saw seq %d after %d (%s)", ev.Seq, last, ev.State)
+		}
+		last = ev.Seq
+	}
+	if m, err := sub.NextMsg(200 * time.Millisecond); err == nil {
+		t.Errorf("a fourth message on p1's subject: %s", m.Data)
 	}
 }
 
@@ -238,4 +255,11 @@ func twoPublishers(t *testing.T, srv *natstest.Server, js jetstream.JetStream) (
 		t.Fatal(err)
 	}
 	return p, other
+}
+
+// firstEvent publishes ev as a create that found no domain publishes its
+// first event.
+func firstEvent(ctx context.Context, p *eventPublisher, ev messages.StateEvent) error {
+	_, err := p.Publish(ctx, ev)
+	return err
 }

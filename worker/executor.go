@@ -200,7 +200,7 @@ func (e *executor) converge(ctx context.Context, d *messages.Desired, why string
 	// failed publish fails the attempt after the create, as a failed
 	// create does; the next attempt finds the domain and waits for it.
 	published := make(chan error, 1)
-	go func() { published <- e.publishFirst(ctx, d, reason) }()
+	go func() { published <- e.publish(ctx, d, messages.StateProvisioning, fleet.Instance{}, reason) }()
 	e.w.stats.creates.Add(1)
 	created := time.Now()
 	err = e.create(ctx, d, netw)
@@ -382,17 +382,6 @@ func (e *executor) done(ctx context.Context, d *messages.Desired, accepted time.
 }
 
 func (e *executor) publish(ctx context.Context, d *messages.Desired, state string, obs fleet.Instance, reason string) error {
-	return e.publishEvent(ctx, d, state, obs, reason, e.w.events.Publish)
-}
-
-// publishFirst publishes the "provisioning" event of a create that found
-// no domain, most likely the proxy's first event (eventPublisher.PublishFirst).
-func (e *executor) publishFirst(ctx context.Context, d *messages.Desired, reason string) error {
-	return e.publishEvent(ctx, d, messages.StateProvisioning, fleet.Instance{}, reason, e.w.events.PublishFirst)
-}
-
-func (e *executor) publishEvent(ctx context.Context, d *messages.Desired, state string, obs fleet.Instance, reason string,
-	publish func(context.Context, messages.StateEvent) (messages.StateEvent, error)) error {
 	ev := messages.StateEvent{
 		ID: d.ID, State: state, Host: e.host, CommandID: d.CommandID, CommandSeq: d.Seq, Reason: reason,
 	}
@@ -403,7 +392,7 @@ func (e *executor) publishEvent(ctx context.Context, d *messages.Desired, state 
 	if d.Op == messages.OpCreate {
 		ev.Labels = d.Labels
 	}
-	_, err := publish(ctx, ev)
+	_, err := e.w.events.Publish(ctx, ev)
 	if errors.Is(err, errEventSuperseded) {
 		// A newer command has reported on this proxy: what this one
 		// would say is old news. Its work goes on; the newer
