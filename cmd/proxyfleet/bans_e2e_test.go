@@ -407,7 +407,10 @@ func TestGatewayBansOverRealGuests(t *testing.T) {
 				stale++
 				return false
 			}
-			if a.status != http.StatusOK || last(a) != a.named {
+			// The address gw2 moves to (gw1's, both hashing the session
+			// alike) may have had its five requests to A already: gw2,
+			// with no rule, passes the 403 on.
+			if (a.status != http.StatusOK && a.status != http.StatusForbidden) || last(a) != a.named {
 				t.Fatalf("gw2, session g2: %d from %q, named %q", a.status, last(a), a.named)
 			}
 			moved = a.end
