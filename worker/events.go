@@ -123,7 +123,7 @@ var errEventSuperseded = errors.New("an event of a newer command is on record")
 // after the subject's last message was read, never on a guess checked by
 // the compare-and-set: a publish JetStream refuses still reaches the core
 // subscribers of the subject, and would show them a seq the proxy never
-// had (TestCoreSubscribersSeeAProxysSeqsOnlyGrow).
+// had (TestCoreSubscribersSeeOnlyStoredEvents).
 func (p *eventPublisher) Publish(ctx context.Context, ev messages.StateEvent) (messages.StateEvent, error) {
 	ev.V = messages.Version
 	ev.At = p.now().UTC()
