@@ -39,6 +39,13 @@ var errStopped = errors.New("worker stopped")
 // every worker has a writer for each host of the catalog.
 const hostBatch = 64
 
+// The outcomes of a host record's write (metrics.hostWrites).
+const (
+	hostWriteStored   = "stored"
+	hostWriteStale    = "stale"
+	hostWriteConflict = "conflict"
+)
+
 // maxHostWrites bounds the compare-and-set attempts of one batch.
 const maxHostWrites = 100
 
@@ -228,6 +235,7 @@ func (hw *hostWriter) apply(ctx context.Context, batch []hostEdit) []error {
 			wrote, err = w.hosts.Update(ctx, hw.host, b, rev)
 		}
 		if err == nil {
+			w.metrics.hostWrites.WithLabelValues(hostWriteStored).Inc()
 			// What the next read finds, unless another worker writes: the
 			// view's record of that revision (put here), or without a view
 			// this copy. Both would keep every record the worker wrote
@@ -246,9 +254,11 @@ func (hw *hostWriter) apply(ctx context.Context, batch []hostEdit) []error {
 			return all(fmt.Errorf("write host record of %s: %w", hw.host, err))
 		}
 		if guess {
+			w.metrics.hostWrites.WithLabelValues(hostWriteStale).Inc()
 			guess = false // the view was behind: read it, at once
 			continue
 		}
+		w.metrics.hostWrites.WithLabelValues(hostWriteConflict).Inc()
 		// Another worker wrote it: read it again, after a short random
 		// pause that spreads the writers' retries.
 		t := time.NewTimer(time.Duration(rand.Int64N(int64(time.Millisecond) * int64(min(attempt+1, 10)))))

@@ -175,3 +175,63 @@ func (r *rig) waitPastDedupeWindow() {
 	}
 	r.waitFor("the duplicate window to pass", 30*time.Second, probe)
 }
+
+// counterOf is the sum of the counters of name whose labels include want,
+// gathered from reg.
+func counterOf(t *testing.T, reg *prometheus.Registry, name string, want ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		var sum float64
+	next:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for i := 0; i+1 < len(want); i += 2 {
+				if have[want[i]] != want[i+1] {
+					continue next
+				}
+			}
+			sum += m.GetCounter().GetValue()
+		}
+		return sum
+	}
+	t.Fatalf("no %s gathered", name)
+	return 0
+}
+
+// TestHostRecordWritesCounted: a worker counts its writes of host records
+// by outcome; a create's reservation and a delete's release are each one
+// stored, and one worker doing one command at a time loses no write.
+func TestHostRecordWritesCounted(t *testing.T) {
+	r := newRig(t, "h1")
+	reg := prometheus.NewRegistry()
+	r.startWorker(func(c *worker.Config) { c.Registerer = reg })
+	writes := func(outcome string) float64 {
+		return counterOf(t, reg, "proxyfleet_host_record_writes_total", "outcome", outcome)
+	}
+	r.create("p0", "c0", "") // the worker's own start-up writes are behind it
+	r.waitOutcome("c0", messages.OutcomeDone)
+	before := writes("stored")
+	r.create("p1", "c1", "")
+	r.waitOutcome("c1", messages.OutcomeDone)
+	if n := writes("stored") - before; n != 1 {
+		t.Errorf("stored %v for a create, want 1 (its reservation)", n)
+	}
+	r.delete("p1", "d1")
+	r.waitOutcome("d1", messages.OutcomeDone)
+	if n := writes("stored") - before; n != 2 {
+		t.Errorf("stored %v for a create and a delete, want 2 (its reservation, its release)", n)
+	}
+	if n := writes("stale") + writes("conflict"); n != 0 {
+		t.Errorf("%v writes lost with one worker and one command at a time, want none", n)
+	}
+}

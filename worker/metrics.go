@@ -33,6 +33,9 @@ type metrics struct {
 	// addrConflicts counts domains found holding an address another
 	// proxy's record holds (roomknown.go, recordFound).
 	addrConflicts prometheus.Counter
+	// hostWrites counts compare-and-set writes of host records by
+	// outcome (hostWriter.apply).
+	hostWrites *prometheus.CounterVec
 
 	// Latencies, in LatencyBuckets: a command from its acceptance to its
 	// answer (done, failed), by op and outcome; a create from the start
@@ -89,6 +92,10 @@ func newMetrics() *metrics {
 			Name: "proxyfleet_worker_address_conflicts_total",
 			Help: "Domains found on a host with no reservation whose addresses another proxy of the host's record holds, one with a domain there too (one with none gives them up): they keep their room, not the slot (the two proxies share an address until one is deleted).",
 		}),
+		hostWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_host_record_writes_total",
+			Help: "Compare-and-set writes of host records in PROXY_HOSTS by this worker, by outcome: stored; stale, the worker's view of the record was behind (it reads the record and writes again at once); conflict, another worker wrote the record since this one read it (it reads again after a short random pause).",
+		}, []string{"outcome"}),
 		commandSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "proxyfleet_command_duration_seconds",
 			Help:    "Commands from their acceptance by intake (their desired record's time) to their answer by this worker's executor, by op (create, delete) and outcome (done, failed); each answer once (not a duplicate of one stored before), re-drives not counted.",
@@ -124,6 +131,9 @@ func (m *metrics) init(hosts []string) {
 	for _, h := range hosts {
 		m.inFlight.WithLabelValues(h)
 	}
+	for _, o := range []string{hostWriteStored, hostWriteStale, hostWriteConflict} {
+		m.hostWrites.WithLabelValues(o)
+	}
 	for _, k := range []string{"domains", "volumes"} {
 		m.sweeps.WithLabelValues(k)
 	}
@@ -141,7 +151,7 @@ func opLabel(op string) string {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.commands, m.retries, m.dead, m.inFlight, m.sweeps, m.swept, m.redrives, m.repairs, m.strayPins, m.addrConflicts, m.commandSeconds, m.createRunning}
+	return []prometheus.Collector{m.commands, m.retries, m.dead, m.inFlight, m.sweeps, m.swept, m.redrives, m.repairs, m.strayPins, m.addrConflicts, m.hostWrites, m.commandSeconds, m.createRunning}
 }
 
 // register registers the worker's metrics on r: the counters, and a

@@ -154,7 +154,7 @@ var (
 		"proxyfleet_host_quarantined", "proxyfleet_sweeps_total", "proxyfleet_swept_total", "proxyfleet_redrives_total",
 		"proxyfleet_worker_consumer_repairs_total", "proxyfleet_worker_host_owned", "proxyfleet_worker_host_pulling",
 		"proxyfleet_worker_ready", "proxyfleet_worker_stray_pins_released_total", "proxyfleet_worker_address_conflicts_total",
-		"proxyfleet_host_addresses", "proxyfleet_command_duration_seconds", "proxyfleet_create_running_seconds",
+		"proxyfleet_host_addresses", "proxyfleet_host_record_writes_total", "proxyfleet_command_duration_seconds", "proxyfleet_create_running_seconds",
 	}
 	healthNames = []string{
 		"proxyfleet_rotation_size", "proxyfleet_rotation_changes_total", "proxyfleet_rotation_entries_total",
