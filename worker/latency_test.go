@@ -19,9 +19,9 @@ import (
 	"proxyfleet/worker"
 )
 
-// histogram is the sample count and sum of the series of name whose labels
-// include want, gathered from reg.
-func histogram(t *testing.T, reg *prometheus.Registry, name string, want ...string) (count uint64, sum float64) {
+// series are the metrics of name whose labels include want (name, value
+// pairs), gathered from reg, and its type.
+func series(t *testing.T, reg *prometheus.Registry, name string, want ...string) ([]*dto.Metric, dto.MetricType) {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -31,9 +31,7 @@ func histogram(t *testing.T, reg *prometheus.Registry, name string, want ...stri
 		if mf.GetName() != name {
 			continue
 		}
-		if mf.GetType() != dto.MetricType_HISTOGRAM {
-			t.Fatalf("%s is a %v, want a histogram", name, mf.GetType())
-		}
+		var out []*dto.Metric
 	next:
 		for _, m := range mf.GetMetric() {
 			have := map[string]string{}
@@ -45,13 +43,27 @@ func histogram(t *testing.T, reg *prometheus.Registry, name string, want ...stri
 					continue next
 				}
 			}
-			count += m.GetHistogram().GetSampleCount()
-			sum += m.GetHistogram().GetSampleSum()
+			out = append(out, m)
 		}
-		return count, sum
+		return out, mf.GetType()
 	}
 	t.Fatalf("no %s gathered", name)
-	return 0, 0
+	return nil, 0
+}
+
+// histogram is the sample count and sum of the series of name whose labels
+// include want, gathered from reg.
+func histogram(t *testing.T, reg *prometheus.Registry, name string, want ...string) (count uint64, sum float64) {
+	t.Helper()
+	ms, typ := series(t, reg, name, want...)
+	if typ != dto.MetricType_HISTOGRAM {
+		t.Fatalf("%s is a %v, want a histogram", name, typ)
+	}
+	for _, m := range ms {
+		count += m.GetHistogram().GetSampleCount()
+		sum += m.GetHistogram().GetSampleSum()
+	}
+	return count, sum
 }
 
 // TestLatencyHistograms: the worker times each command from its
@@ -180,32 +192,15 @@ func (r *rig) waitPastDedupeWindow() {
 // gathered from reg.
 func counterOf(t *testing.T, reg *prometheus.Registry, name string, want ...string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	ms, typ := series(t, reg, name, want...)
+	if typ != dto.MetricType_COUNTER {
+		t.Fatalf("%s is a %v, want a counter", name, typ)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		var sum float64
-	next:
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, l := range m.GetLabel() {
-				have[l.GetName()] = l.GetValue()
-			}
-			for i := 0; i+1 < len(want); i += 2 {
-				if have[want[i]] != want[i+1] {
-					continue next
-				}
-			}
-			sum += m.GetCounter().GetValue()
-		}
-		return sum
+	var sum float64
+	for _, m := range ms {
+		sum += m.GetCounter().GetValue()
 	}
-	t.Fatalf("no %s gathered", name)
-	return 0
+	return sum
 }
 
 // TestHostRecordWritesCounted: a worker counts its writes of host records
