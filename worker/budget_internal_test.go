@@ -33,7 +33,7 @@ func BenchmarkLastEventsRequests(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	w := &Worker{js: js, subj: subj}
+	w := &Worker{metrics: newMetrics(), js: js, subj: subj}
 	batches := countOf(b, nc, "$JS.API.DIRECT.GET."+messages.StreamEvents)
 	singles := countOf(b, nc, "$JS.API.DIRECT.GET."+messages.StreamEvents+".>")
 	ops := 0

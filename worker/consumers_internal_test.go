@@ -13,7 +13,7 @@ import (
 // once it has checked it has nothing to do, and one starts again when
 // asked, unless the worker is stopping.
 func TestIdleRunsHaveNoSupervisor(t *testing.T) {
-	w := &Worker{log: slog.New(slog.DiscardHandler)}
+	w := &Worker{metrics: newMetrics(), log: slog.New(slog.DiscardHandler)}
 	w.cfg.CheckInterval = time.Hour
 	w.life.open(stageSupervisors)
 	defer w.life.stopAll()

@@ -27,7 +27,7 @@ func TestHostRecordIsDecodedAgainWhenItsBytesDiffer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &Worker{hosts: kv, catalog: Catalog{Hosts: []string{"h1"}}, writers: map[string]*hostWriter{"h1": {host: "h1"}}}
+	w := &Worker{metrics: newMetrics(), hosts: kv, catalog: Catalog{Hosts: []string{"h1"}}, writers: map[string]*hostWriter{"h1": {host: "h1"}}}
 	put := func(kv jetstream.KeyValue, proxies map[string]uint64) uint64 {
 		b, _ := json.Marshal(messages.HostRecord{V: messages.Version, Host: "h1", Proxies: proxies, State: messages.HostOK})
 		rev, err := kv.Put(ctx, "h1", b)
@@ -83,7 +83,7 @@ func TestHostWriterGuessesFromItsViewAndNeverLosesAWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &Worker{hosts: kv, catalog: Catalog{Hosts: []string{"h1"}, MaxProxies: map[string]int{"h1": 10}}}
+	w := &Worker{metrics: newMetrics(), hosts: kv, catalog: Catalog{Hosts: []string{"h1"}, MaxProxies: map[string]int{"h1": 10}}}
 	w.hostView = newHostView(kv, nc, time.Second, slog.New(slog.DiscardHandler))
 	w.hostView.ready = true
 	w.startWriters()

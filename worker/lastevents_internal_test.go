@@ -37,7 +37,7 @@ func TestLastEventsReadsEveryIdInBatches(t *testing.T) {
 	if _, err := p.Publish(ctx, messages.StateEvent{ID: "p0", State: messages.StateFailed, Host: "h2", CommandID: "c2", CommandSeq: 2}); err != nil {
 		t.Fatal(err)
 	}
-	w := &Worker{js: js, subj: subj}
+	w := &Worker{metrics: newMetrics(), js: js, subj: subj}
 	got, err := w.lastEvents(ctx, ids)
 	if err != nil {
 		t.Fatal(err)

@@ -26,7 +26,7 @@ func TestTicksOnlyForThePulledHosts(t *testing.T) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: messages.StreamWork, Subjects: []string{subj.WorkAll()}}); err != nil {
 		t.Fatal(err)
 	}
-	w := &Worker{js: js, subj: subj, now: time.Now, log: slog.New(slog.DiscardHandler), cfg: Config{ObserveInterval: 50 * time.Millisecond}}
+	w := &Worker{metrics: newMetrics(), js: js, subj: subj, now: time.Now, log: slog.New(slog.DiscardHandler), cfg: Config{ObserveInterval: 50 * time.Millisecond}}
 	pulled, other := &consumerRun{w: w, host: "h1"}, &consumerRun{w: w, host: "h2"}
 	pulled.pulling.Store(true)
 	var mu sync.Mutex

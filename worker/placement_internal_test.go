@@ -57,7 +57,7 @@ func placementRig(tb testing.TB, hosts, full int) *Worker {
 		}
 	}
 	log := slog.New(slog.DiscardHandler)
-	w := &Worker{js: js, hosts: kv, log: log, catalog: Catalog{Hosts: names, MaxProxies: room}}
+	w := &Worker{metrics: newMetrics(), js: js, hosts: kv, log: log, catalog: Catalog{Hosts: names, MaxProxies: room}}
 	w.startWriters()
 	tb.Cleanup(w.stopWriters)
 	w.hostView = newHostView(kv, js.Conn(), time.Second, log)
