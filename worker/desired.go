@@ -47,13 +47,24 @@ func pickHost(id string, hosts []string) string {
 }
 
 // rendezvous is host's score for proxy id: the stable hash placement
-// breaks ties with.
+// breaks ties with, each id ranking the hosts in an order of its own
+// (TestRendezvousSpreadsIDs). FNV-1a's high bits hardly change with the
+// last bytes it hashes, and scores are compared whole, so its sum is
+// mixed by MurmurHash3's finalizer (fmix64), which spreads every bit of
+// it over the whole score (docs/DECISIONS.md, "Placement prefers the
+// worker's own hosts within a band of the most free room").
 func rendezvous(host, id string) uint64 {
 	f := fnv.New64a()
 	f.Write([]byte(host))
 	f.Write([]byte{0})
 	f.Write([]byte(id))
-	return f.Sum64()
+	h := f.Sum64()
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	return h
 }
 
 // commandKey is the PROXY_CMDIDS key of a command id: KV keys allow a

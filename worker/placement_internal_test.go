@@ -269,3 +269,24 @@ func BenchmarkReserveEditPlanned(b *testing.B) {
 		}
 	}
 }
+
+// The rendezvous hash ranks the hosts differently for each id: over 500
+// hosts named alike, 50,000 ids each pick every host first about as
+// often (100 each on average; a binomial spread stays well within 50 to
+// 150). Placement breaks ties among the hosts with the most free room by
+// it, so a hash that favoured some hosts would pile a burst on them.
+func TestRendezvousSpreadsIDs(t *testing.T) {
+	hosts := make([]string, 500)
+	for i := range hosts {
+		hosts[i] = fmt.Sprintf("h%03d", i+1)
+	}
+	first := map[string]int{}
+	for i := range 50000 {
+		first[pickHost(fmt.Sprintf("f%05d", i), hosts)]++
+	}
+	for _, h := range hosts {
+		if n := first[h]; n < 50 || n > 150 {
+			t.Errorf("%s first for %d of 50000 ids; want 50 to 150 (100 on average)", h, n)
+		}
+	}
+}
