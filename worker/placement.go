@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -38,10 +39,12 @@ func (in *intake) placeCreate(ctx context.Context, rec, cur *messages.Desired) (
 }
 
 // placeByRoom reserves room for id on the healthy (not quarantined) host
-// with the most free room, ties broken by the rendezvous hash of id and the
-// host (so every worker breaks them alike), and returns it. A host that
-// holds room for id already comes first: it needs none. With no healthy
-// host left with room, the create is rejected, saying so.
+// with the most free room, and returns it. The hosts within a band of the
+// most (placeBand) rank alike: of those, one this worker pulls comes
+// first, and the rendezvous hash of id and the host breaks the remaining
+// ties (so every worker breaks them alike). A host that holds room for id
+// already comes first: it needs none. With no healthy host left with
+// room, the create is rejected, saying so.
 //
 // The hosts are ranked on the records as the host view has them (it only
 // ranks: each reservation reads the record afresh), or as read now while
@@ -88,20 +91,74 @@ var candidateBufs = sync.Pool{New: func() any { return new([]candidate) }}
 // candidate is a host a create may be placed on.
 type candidate struct {
 	host   string
-	held   bool // the id holds room there already
-	free   int
+	held   bool   // the id holds room there already
+	owned  bool   // this worker pulls it (ownedHosts)
+	free   int    // its free room; in the top band, the band's least (topBand)
+	room   int    // its free room
+	index  int    // its place in the hosts ranked
 	score  uint64 // rendezvous(host, id), once a tie needed it
 	scored bool
 }
 
+// placeBandDiv divides the smallest room of the catalog's hosts into the
+// width of placement's top band (placeBand).
+const placeBandDiv = 16
+
+// placeBand is the width of placement's top band: a sixteenth of the
+// smallest room of rooms (the catalog's hosts'), at least 1. The hosts
+// within that of the most free room rank alike (topBand), and of those
+// the hosts this worker pulls come first, the fullest first: their
+// records are written by this worker's reservations and its executors'
+// and seen at once by its view, and its reservations on one host go out
+// together as one write (hostWriter), where a host the workers share
+// takes the writes of all of them, each judged on a view that lags in a
+// burst and refused when another's came first (docs/DECISIONS.md,
+// "Placement prefers the worker's own hosts within a band of the most
+// free room"). A host further behind comes after them all. With rooms
+// under 32, each free place counts.
+func placeBand(rooms []int) int {
+	if len(rooms) == 0 {
+		return 1
+	}
+	return max(1, slices.Min(rooms)/placeBandDiv)
+}
+
+// topBand makes the candidates within band of the most free room among
+// cands rank alike (see placeBand): their free room counts as the least
+// of the band. Others keep theirs.
+func topBand(cands []candidate, band int) {
+	if band <= 1 || len(cands) == 0 {
+		return
+	}
+	top := cands[0].free
+	for i := range cands {
+		top = max(top, cands[i].free)
+	}
+	floor := top - band + 1
+	for i := range cands {
+		cands[i].free = min(cands[i].free, floor)
+	}
+}
+
 // before says whether a goes before b: the host that holds room already,
-// then the most free room, then the higher rendezvous score.
+// then the most free room (the top band's hosts alike), then one this
+// worker pulls (of two, the fuller, then the first ranked), then the
+// higher rendezvous score.
 func (a *candidate) before(b *candidate, id string) bool {
 	if a.held != b.held {
 		return a.held
 	}
 	if a.free != b.free {
 		return a.free > b.free
+	}
+	if a.owned != b.owned {
+		return a.owned
+	}
+	if a.owned {
+		if a.room != b.room {
+			return a.room < b.room
+		}
+		return a.index < b.index
 	}
 	for _, c := range []*candidate{a, b} {
 		if !c.scored {
@@ -130,8 +187,9 @@ func (w *Worker) rankHosts(ctx context.Context, hosts []string, id string, fresh
 		cands = make([]candidate, 0, len(hosts))
 	}
 	rooms := w.rooms // the catalog's, in its order
+	owned := w.ownedHosts()
 	if !sameHosts(hosts, w.catalog.Hosts) || len(rooms) != len(hosts) {
-		rooms = nil
+		rooms, owned = nil, nil
 	}
 	judge := func(i int, h string, n int, held, quarantined, viewed bool) {
 		var room int
@@ -148,10 +206,11 @@ func (w *Worker) rankHosts(ctx context.Context, hosts []string, id string, fresh
 		case !held && n >= room:
 			notes = append(notes, fmt.Sprintf("%s full (%d of %d)", h, n, room))
 		default:
-			cands = append(cands, candidate{host: h, held: held, free: room - n})
+			cands = append(cands, candidate{host: h, held: held, owned: owned != nil && owned[i], free: room - n, room: room - n, index: i})
 		}
 	}
 	if !fresh && w.hostView.each(hosts, id, func(i int, h string, n int, held, quarantined bool) { judge(i, h, n, held, quarantined, true) }) {
+		topBand(cands, w.band)
 		return cands, recheck, notes, nil
 	}
 	for i, h := range hosts {
@@ -162,7 +221,36 @@ func (w *Worker) rankHosts(ctx context.Context, hosts []string, id string, fresh
 		_, held := rec.Proxies[id]
 		judge(i, h, len(rec.Proxies), held, rec.Quarantined(), false)
 	}
+	topBand(cands, w.band)
 	return cands, recheck, notes, nil
+}
+
+// ownedHosts says which of the catalog's hosts, in its order, the
+// membership assigns this worker; nil while it assigns none (or there is
+// no membership). Made anew only when the assignment changes.
+func (w *Worker) ownedHosts() []bool {
+	if w.members == nil {
+		return nil
+	}
+	mine := w.members.Mine()
+	if len(mine) == 0 {
+		return nil
+	}
+	w.ownedMu.Lock()
+	defer w.ownedMu.Unlock()
+	if sameHosts(mine, w.ownedOf) {
+		return w.owned
+	}
+	mineSet := make(map[string]bool, len(mine))
+	for _, h := range mine {
+		mineSet[h] = true
+	}
+	owned := make([]bool, len(w.catalog.Hosts))
+	for i, h := range w.catalog.Hosts {
+		owned[i] = mineSet[h]
+	}
+	w.ownedOf, w.owned = mine, owned
+	return owned
 }
 
 // rankInOrder has placement walk the catalog's hosts in its order: the
@@ -175,6 +263,7 @@ func (w *Worker) rankInOrder() {
 	for i, h := range w.catalog.Hosts {
 		w.rooms[i] = w.catalog.maxProxies(h)
 	}
+	w.band = placeBand(w.rooms)
 }
 
 // bestOf is the index of the best of cands (not empty) for id.

@@ -270,6 +270,83 @@ func BenchmarkReserveEditPlanned(b *testing.B) {
 	}
 }
 
+// assigned is a membership that assigns the worker hosts (sharing's
+// Mine); placement asks nothing else of it.
+type assigned struct {
+	sharing
+	hosts []string
+}
+
+func (a assigned) Mine() []string { return a.hosts }
+
+// Placement takes the most free room, but the hosts within a band of the
+// most rank alike (a sixteenth of the smallest room): of those, the
+// worker's own come first, the fullest first, so that its reservations
+// on one host go out together; without one of its own there, the
+// rendezvous hash spreads the creates. A host a band or more behind is
+// never taken while they have room. With small rooms each free place
+// counts, and the worker's own hosts only break ties.
+func TestPlacementPrefersOwnHostsWithinTheTopBand(t *testing.T) {
+	// pick ranks hosts with the given proxies of room each (from the
+	// view, as in a burst), this worker assigned mine, and returns where
+	// each of n creates would go.
+	pick := func(room int, proxies []int, mine []string, n int) map[string]int {
+		t.Helper()
+		v := newHostView(nil, nil, time.Second, slog.New(slog.DiscardHandler))
+		v.ready = true
+		names := hostNames(len(proxies))
+		rooms := map[string]int{}
+		w := &Worker{metrics: newMetrics(), log: slog.New(slog.DiscardHandler), hostView: v,
+			catalog: Catalog{Hosts: names, MaxProxies: rooms}}
+		if mine != nil {
+			w.members = assigned{hosts: mine}
+		}
+		for i, h := range names {
+			rooms[h] = room
+			rec := messages.HostRecord{V: messages.Version, Host: h, State: messages.HostOK, Proxies: map[string]uint64{}}
+			for p := range proxies[i] {
+				rec.Proxies[fmt.Sprintf("%s-p%d", h, p)] = 1
+			}
+			v.put(h, rec, uint64(i+1))
+		}
+		w.rankInOrder()
+		got := map[string]int{}
+		for i := range n {
+			id := fmt.Sprintf("p%d", i)
+			cands, _, _, err := w.rankHosts(context.Background(), names, id, false, nil)
+			if err != nil || len(cands) == 0 {
+				t.Fatalf("rank for %s: %d candidates, %v", id, len(cands), err)
+			}
+			got[cands[bestOf(cands, id)].host]++
+		}
+		return got
+	}
+	// Room 160: a band of 10. h1 has 160 free, h2 152, h3 151 (both in the
+	// band), h4 150 (behind it by 10).
+	proxies := []int{0, 8, 9, 10}
+	if got := pick(160, proxies, []string{"h3", "h4"}, 200); got["h3"] != 200 {
+		t.Errorf("own hosts h3, h4: creates went to %v; want all on h3, the own host in the top band", got)
+	}
+	if got := pick(160, proxies, []string{"h1", "h2"}, 200); got["h2"] != 200 {
+		t.Errorf("own hosts h1, h2: creates went to %v; want all on h2, the fuller own host in the top band", got)
+	}
+	got := pick(160, proxies, nil, 300)
+	if got["h4"] != 0 || got["h1"] == 0 || got["h2"] == 0 || got["h3"] == 0 {
+		t.Errorf("no own hosts: creates went to %v; want them spread over h1, h2 and h3, none on h4", got)
+	}
+	if got := pick(160, proxies, []string{"h4"}, 100); got["h4"] != 0 {
+		t.Errorf("own host h4 a band behind: creates went to %v; want none on h4", got)
+	}
+	// Room 20: a band of 1, the most free room decides; an own host only
+	// wins a tie.
+	if got := pick(20, []int{0, 1, 0}, []string{"h2"}, 50); got["h1"]+got["h3"] != 50 {
+		t.Errorf("room 20, own host h2 with one proxy more: creates went to %v; want none on h2", got)
+	}
+	if got := pick(20, []int{0, 1, 0}, []string{"h3"}, 50); got["h3"] != 50 {
+		t.Errorf("room 20, own host h3 tied for the most free room: creates went to %v; want all on h3", got)
+	}
+}
+
 // The rendezvous hash ranks the hosts differently for each id: over 500
 // hosts named alike, 50,000 ids each pick every host first about as
 // often (100 each on average; a binomial spread stays well within 50 to

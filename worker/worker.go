@@ -112,7 +112,15 @@ type Worker struct {
 	// hostView is every host's record, for placement to rank hosts (hostview.go).
 	hostView *hostView
 	rooms    []int // the room of each host of catalog.Hosts, in its order
-	locks    *keyedLocks
+	// band is the width of placement's top band (placeBand); 0 counts
+	// each free place.
+	band int
+	// owned is which of catalog.Hosts, in its order, the membership
+	// assigned this worker (ownedHosts), as of the assignment ownedOf.
+	ownedMu sync.Mutex
+	ownedOf []string
+	owned   []bool
+	locks   *keyedLocks
 	// observing bounds the observation passes run at once (ObservePasses).
 	observing chan struct{}
 	stats     Stats
