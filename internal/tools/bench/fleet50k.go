@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -122,6 +123,7 @@ type fleet50kResult struct {
 	verbErrs             []string
 	workerStats          string
 	cpu                  string // where the CPU went during the burst
+	fill                 string // how the proxies spread over the hosts (hostFill)
 }
 
 func runFleet50k(ctx context.Context, b *bench) (sectionResult, error) {
@@ -327,6 +329,9 @@ func fleet50kRun(ctx context.Context, b *bench, bin string, n int) (res fleet50k
 	res.changes += drainChanges(watch)
 	res.stages = stages.String() // the results that came after the last entry too
 	res.maxMsg, res.maxSnap, res.rotBytes, res.snapBytes, res.rotMsgs, res.meterLost = meter.read()
+	if res.fill, err = hostFill(ctx, js, fleetRoom(n, o.hosts)); err != nil {
+		return res, fmt.Errorf("read the host records: %w", err)
+	}
 	res.verbs, res.verbErrs = timeVerbs(ctx, bin, cfg, n)
 	res.warnings = procs.warningsSince(quietFrom)
 	for _, p := range procs.workers {
@@ -340,8 +345,8 @@ func fleet50kRun(ctx context.Context, b *bench, bin string, n int) (res fleet50k
 	if o.profileDir != "" {
 		procs.profileHeaps(b, o, n)
 	}
-	b.log.Printf("fleet50k %d: worker peak RSS %v MiB, health %v MiB; rotation subjects: %d messages, %d bytes, largest %d on the feed, %d on the snapshot subject; %d changes; %d warnings; verbs %v",
-		n, res.workerHWM, res.healthHWM, res.rotMsgs, res.rotBytes, res.maxMsg, res.maxSnap, res.changes, len(res.warnings), res.verbs)
+	b.log.Printf("fleet50k %d: worker peak RSS %v MiB, health %v MiB; rotation subjects: %d messages, %d bytes, largest %d on the feed, %d on the snapshot subject; %d changes; %d warnings; verbs %v; %s",
+		n, res.workerHWM, res.healthHWM, res.rotMsgs, res.rotBytes, res.maxMsg, res.maxSnap, res.changes, len(res.warnings), res.verbs, res.fill)
 	if o.hold > 0 {
 		b.log.Printf("fleet50k %d: holding the fleet for %s: proxyfleet --config %s", n, o.hold, cfg)
 		if err := sleepCtx(ctx, o.hold); err != nil {
@@ -356,8 +361,7 @@ func fleet50kRun(ctx context.Context, b *bench, bin string, n int) (res fleet50k
 // worker and health setting at its default, and every host an address
 // plan (fleet50kPlan).
 func fleet50kConfig(dir, simDir, url string, n, hosts int, plans bool) (string, error) {
-	room := (n + hosts - 1) / hosts
-	room += max(room/10, 1)
+	room := fleetRoom(n, hosts)
 	var b strings.Builder
 	fmt.Fprintf(&b, "nats: {url: %q}\nhosts:\n", url)
 	for h := range hosts {
@@ -373,6 +377,46 @@ func fleet50kConfig(dir, simDir, url string, n, hosts int, plans bool) (string, 
 `)
 	path := filepath.Join(dir, "config.yaml")
 	return path, os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// fleetRoom is each host's max_proxies in the config of n proxies over
+// hosts: its share with a tenth to spare.
+func fleetRoom(n, hosts int) int {
+	room := (n + hosts - 1) / hosts
+	return room + max(room/10, 1)
+}
+
+// hostFill says how the proxies spread over the hosts, from their
+// records in PROXY_HOSTS: the fewest, the median and the most any holds,
+// and how many hold room (of room each).
+func hostFill(ctx context.Context, js jetstream.JetStream, room int) (string, error) {
+	kv, err := js.KeyValue(ctx, messages.BucketHosts)
+	if err != nil {
+		return "", err
+	}
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		return "", err
+	}
+	var counts []int
+	for h := range keys.Keys() {
+		e, err := kv.Get(ctx, h)
+		if err != nil {
+			return "", fmt.Errorf("host %s: %w", h, err)
+		}
+		r, err := messages.DecodeHostRoom(e.Value())
+		if err != nil {
+			return "", fmt.Errorf("host %s: %w", h, err)
+		}
+		counts = append(counts, len(r.Proxies))
+	}
+	if len(counts) == 0 {
+		return "", errors.New("no host records")
+	}
+	slices.Sort(counts)
+	full := len(counts) - sort.SearchInts(counts, room)
+	return fmt.Sprintf("the hosts hold %d to %d proxies (median %d), %d of %d full (%d)",
+		counts[0], counts[len(counts)-1], counts[len(counts)/2], full, len(counts), room), nil
 }
 
 // fleet50kPlan is host h's address plan in the fleet50k config: an IPv4

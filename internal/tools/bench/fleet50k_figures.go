@@ -43,7 +43,7 @@ func fleet50kFigures(o fleet50kOpts, results []fleet50kResult, peer *fleet50kRes
 		n, k := r.n, "fleet_"+sizeName(r.n)+"_"
 		secs := r.inRotation.Seconds()
 		f := figure{Key: k + "in_rotation_s", Value: secs, Unit: "s", Target: atMost(boundInRotationS),
-			Ours: fmt.Sprintf("%.0f proxies/s into the rotation", float64(n)/secs),
+			Ours: fmt.Sprintf("%.0f proxies/s into the rotation; %s", float64(n)/secs, r.fill),
 			Peer: fmt.Sprintf("%d × (%s boot + 2 calls of %s) over %d hosts", n, fleetBootDelay, fleetCallDelay, o.hosts),
 			How:  how + " The time from the first publish until a watcher of PROXY_ROTATION has seen every proxy put.",
 			Runs: r.runs}
