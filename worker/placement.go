@@ -115,7 +115,10 @@ const placeBandDiv = 16
 // burst and refused when another's came first (docs/DECISIONS.md,
 // "Placement prefers the worker's own hosts within a band of the most
 // free room"). A host further behind comes after them all. With rooms
-// under 32, each free place counts.
+// under 32 there is no band: each free place counts, and the rendezvous
+// hash alone breaks ties, spreading the creates placed at once over the
+// hosts that tie (a hundred such creates on a worker's fullest host
+// would fill it while others stay empty).
 func placeBand(rooms []int) int {
 	if len(rooms) == 0 {
 		return 1
@@ -187,7 +190,10 @@ func (w *Worker) rankHosts(ctx context.Context, hosts []string, id string, fresh
 		cands = make([]candidate, 0, len(hosts))
 	}
 	rooms := w.rooms // the catalog's, in its order
-	owned := w.ownedHosts()
+	var owned []bool
+	if w.band > 1 {
+		owned = w.ownedHosts()
+	}
 	if !sameHosts(hosts, w.catalog.Hosts) || len(rooms) != len(hosts) {
 		rooms, owned = nil, nil
 	}
