@@ -40,11 +40,11 @@ func (in *intake) placeCreate(ctx context.Context, rec, cur *messages.Desired) (
 
 // placeByRoom reserves room for id on the healthy (not quarantined) host
 // with the most free room, and returns it. The hosts within a band of the
-// most (placeBand) rank alike: of those, one this worker pulls comes
-// first, and the rendezvous hash of id and the host breaks the remaining
-// ties (so every worker breaks them alike). A host that holds room for id
-// already comes first: it needs none. With no healthy host left with
-// room, the create is rejected, saying so.
+// most (placeBand) rank alike: of those, the ones this worker pulls come
+// first, the fullest first, and the rendezvous hash of id and the host
+// breaks the remaining ties (so every worker breaks them alike). A host
+// that holds room for id already comes first: it needs none. With no
+// healthy host left with room, the create is rejected, saying so.
 //
 // The hosts are ranked on the records as the host view has them (it only
 // ranks: each reservation reads the record afresh), or as read now while
