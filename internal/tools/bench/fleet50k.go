@@ -388,7 +388,7 @@ func fleetRoom(n, hosts int) int {
 
 // hostFill says how the proxies spread over the hosts, from their
 // records in PROXY_HOSTS: the fewest, the median and the most any holds,
-// and how many hold room (of room each).
+// and how many are full (hold room proxies).
 func hostFill(ctx context.Context, js jetstream.JetStream, room int) (string, error) {
 	kv, err := js.KeyValue(ctx, messages.BucketHosts)
 	if err != nil {
